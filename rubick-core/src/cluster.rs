@@ -1,0 +1,143 @@
+//! The cluster: groups of identical nodes, possibly of several GPU types.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{ApiVersion, Artifact, Kind};
+use crate::error::{ValidationError, ensure};
+
+/// A `Cluster` artifact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cluster {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<ApiVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Kind>,
+    /// A name for humans and logs.
+    pub name: String,
+    /// Groups of identical nodes. Node `i` of group `g` is called `g-i`.
+    pub node_groups: Vec<NodeGroup>,
+}
+
+/// `count` identical nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeGroup {
+    /// Unique within the cluster; node names are `<name>-<index>`.
+    pub name: String,
+    /// Number of nodes in the group.
+    #[schemars(range(min = 1))]
+    pub count: u32,
+    /// GPU model, e.g. `A800-80GB`. Jobs may ask for a type.
+    pub gpu_type: String,
+    #[schemars(range(min = 1))]
+    pub gpus_per_node: u32,
+    /// Memory of one GPU in GiB.
+    pub gpu_memory_gib: f64,
+    /// CPU cores (or vCPUs) per node.
+    #[schemars(range(min = 1))]
+    pub cpu_cores: u32,
+    /// Host memory per node in GiB.
+    pub host_memory_gib: f64,
+    /// GPU-to-GPU bandwidth inside a node (NVLink), GB/s per GPU, one direction.
+    #[serde(rename = "nvlinkGBps")]
+    pub nvlink_gbps: f64,
+    /// Network bandwidth between nodes, GB/s per node, one direction.
+    #[serde(rename = "interNodeGBps")]
+    pub inter_node_gbps: f64,
+    /// Host-to-GPU bandwidth (PCIe), GB/s per GPU, one direction.
+    #[serde(rename = "pcieGBps")]
+    pub pcie_gbps: f64,
+}
+
+impl NodeGroup {
+    pub fn total_gpus(&self) -> u32 {
+        self.count.saturating_mul(self.gpus_per_node)
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
+        ensure(self.count >= 1, "count", || format!("must be at least 1, got {}", self.count))?;
+        ensure(!self.gpu_type.trim().is_empty(), "gpuType", || "must not be empty".into())?;
+        ensure(self.gpus_per_node >= 1, "gpusPerNode", || {
+            format!("must be at least 1, got {}", self.gpus_per_node)
+        })?;
+        ensure(self.cpu_cores >= 1, "cpuCores", || format!("must be at least 1, got {}", self.cpu_cores))?;
+        for (field, value) in [
+            ("gpuMemoryGib", self.gpu_memory_gib),
+            ("hostMemoryGib", self.host_memory_gib),
+            ("nvlinkGBps", self.nvlink_gbps),
+            ("interNodeGBps", self.inter_node_gbps),
+            ("pcieGBps", self.pcie_gbps),
+        ] {
+            ensure(value.is_finite() && value > 0.0, field, || format!("must be a positive number, got {value}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Cluster {
+    pub fn total_gpus(&self) -> u32 {
+        self.node_groups.iter().map(NodeGroup::total_gpus).sum()
+    }
+
+    pub fn total_nodes(&self) -> u32 {
+        self.node_groups.iter().map(|g| g.count).sum()
+    }
+
+    pub fn group(&self, name: &str) -> Option<&NodeGroup> {
+        self.node_groups.iter().find(|g| g.name == name)
+    }
+
+    /// Distinct GPU types in the order they first appear.
+    pub fn gpu_types(&self) -> Vec<&str> {
+        let mut types: Vec<&str> = Vec::new();
+        for g in &self.node_groups {
+            if !types.contains(&g.gpu_type.as_str()) {
+                types.push(&g.gpu_type);
+            }
+        }
+        types
+    }
+
+    /// The paper's testbed: 8 nodes x 8 A800-80GB, 96 vCPUs and 1,600 GB per node.
+    pub fn example() -> Self {
+        Cluster {
+            api_version: Some(ApiVersion::CURRENT),
+            kind: Some(Kind::Cluster),
+            name: "a800-8x8".into(),
+            node_groups: vec![NodeGroup {
+                name: "a800".into(),
+                count: 8,
+                gpu_type: "A800-80GB".into(),
+                gpus_per_node: 8,
+                gpu_memory_gib: 80.0,
+                cpu_cores: 96,
+                host_memory_gib: 1600.0,
+                nvlink_gbps: 200.0,
+                inter_node_gbps: 25.0,
+                pcie_gbps: 25.0,
+            }],
+        }
+    }
+}
+
+impl Artifact for Cluster {
+    crate::artifact_header!(Kind::Cluster);
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
+        ensure(!self.node_groups.is_empty(), "nodeGroups", || "at least one node group is needed".into())?;
+        for (i, group) in self.node_groups.iter().enumerate() {
+            group.validate().map_err(|e| e.within(&format!("nodeGroups[{i}]")))?;
+            if self.node_groups[..i].iter().any(|g| g.name == group.name) {
+                return Err(ValidationError::new(
+                    format!("nodeGroups[{i}].name"),
+                    format!("`{}` is used by an earlier group", group.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

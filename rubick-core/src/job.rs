@@ -1,0 +1,194 @@
+//! Jobs: what users submit, and what the planner schedules.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{ApiVersion, Artifact, Kind};
+use crate::error::{ValidationError, ensure};
+use crate::model::ModelSpec;
+use crate::placement::Placement;
+use crate::plan::{Plan, PlanRequest};
+
+/// A `Job` artifact, also an entry of a `JobBatch`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Job {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<ApiVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Kind>,
+    /// Unique within a batch.
+    pub name: String,
+    pub model: ModelSpec,
+    /// Path of the job's fitted `PerfModel`, relative to the job file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perf_model: Option<String>,
+    /// Submission time in seconds (trace time or Unix time).
+    #[serde(default)]
+    pub submit_time_s: f64,
+    /// Iterations (global batches) left to run.
+    #[schemars(range(min = 1))]
+    pub iterations: u64,
+    /// What the user asked for; the guarantee is the throughput of this request.
+    pub request: JobRequest,
+    /// Whether the job's throughput must stay at least that of its request.
+    #[serde(default)]
+    pub guaranteed: bool,
+    /// Which plan changes the job's checkpoints can be resumed under.
+    #[serde(default)]
+    pub resharding: Resharding,
+    /// Seconds lost by a restart (checkpoint save + relaunch + warm-up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_cost_s: Option<f64>,
+    /// Where the job runs now, if it is running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<CurrentAllocation>,
+}
+
+/// The user's request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobRequest {
+    #[schemars(range(min = 1))]
+    pub gpus: u32,
+    /// CPU cores in all (not per GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_gib: Option<f64>,
+    /// The user's plan: complete (`dp4-tp2-pp1-mb2-ga1`) or a code (`zero-dp`, `248`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanRequest>,
+    /// GPU type the job must run on; any when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+}
+
+/// Plan changes a job's checkpoints survive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Resharding {
+    /// The plan never changes (only the same plan may be resumed).
+    None,
+    /// Only the data-parallel degree (and accumulation, micro-batch) may change.
+    #[default]
+    DataParallel,
+    /// Any TP/PP/DP layout: checkpoints are resharded on load.
+    Full,
+}
+
+/// A running job's plan and placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CurrentAllocation {
+    pub plan: Plan,
+    pub placement: Placement,
+    /// Nodes the job runs on, in placement order, when known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// Rounds since the allocation last changed.
+    #[serde(default)]
+    pub rounds_since_change: u32,
+}
+
+impl Job {
+    /// The job's rules; errors name the field relative to the job.
+    pub fn check(&self) -> Result<(), ValidationError> {
+        ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
+        self.model.check().map_err(|e| e.within("model"))?;
+        ensure(self.iterations >= 1, "iterations", || "must be at least 1, got 0".into())?;
+        ensure(self.submit_time_s.is_finite() && self.submit_time_s >= 0.0, "submitTimeS", || {
+            format!("must be a non-negative number, got {}", self.submit_time_s)
+        })?;
+        if let Some(cost) = self.restart_cost_s {
+            ensure(cost.is_finite() && cost >= 0.0, "restartCostS", || format!("must be non-negative, got {cost}"))?;
+        }
+        let request = &self.request;
+        let gpus = request.gpus;
+        ensure(gpus >= 1, "request.gpus", || format!("must be at least 1, got {gpus}"))?;
+        if let Some(cpus) = request.cpus {
+            ensure(cpus >= 1, "request.cpus", || "must be at least 1, got 0".into())?;
+        }
+        if let Some(mem) = request.host_memory_gib {
+            ensure(mem.is_finite() && mem > 0.0, "request.hostMemoryGib", || format!("must be positive, got {mem}"))?;
+        }
+        match request.plan {
+            Some(PlanRequest::Exact(plan)) => plan
+                .check(&self.model, gpus)
+                .map_err(|v| ValidationError::new("request.plan", format!("`{plan}`: {v}")))?,
+            Some(PlanRequest::Code(code)) => {
+                if let Some(code_gpus) = code.gpus() {
+                    ensure(code_gpus == gpus, "request.plan", || {
+                        format!("`{code}` uses {code_gpus} GPUs but request.gpus is {gpus}")
+                    })?;
+                }
+                let candidates = code.candidates(&self.model, gpus);
+                let first = candidates.first().ok_or_else(|| {
+                    ValidationError::new(
+                        "request.plan",
+                        format!(
+                            "`{code}` on {gpus} GPUs: the global batch {} is not divisible by the data-parallel degree",
+                            self.model.global_batch
+                        ),
+                    )
+                })?;
+                first
+                    .check(&self.model, gpus)
+                    .map_err(|v| ValidationError::new("request.plan", format!("`{code}` on {gpus} GPUs: {v}")))?;
+            }
+            None => {}
+        }
+        if let Some(current) = &self.current {
+            let plan = current.plan;
+            plan.check(&self.model, current.placement.gpus())
+                .map_err(|v| ValidationError::new("current.plan", format!("`{plan}` on placement {}: {v}", current.placement)))?;
+            ensure(
+                current.nodes.is_empty() || current.nodes.len() == current.placement.per_node().len(),
+                "current.nodes",
+                || format!("{} nodes named for placement {}", current.nodes.len(), current.placement),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Artifact for Job {
+    crate::artifact_header!(Kind::Job);
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        self.check()
+    }
+}
+
+/// A `JobBatch` artifact: the jobs of one scheduling round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobBatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<ApiVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Kind>,
+    pub jobs: Vec<Job>,
+}
+
+impl Artifact for JobBatch {
+    crate::artifact_header!(Kind::JobBatch);
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        for (i, job) in self.jobs.iter().enumerate() {
+            job.check().map_err(|e| e.within(&format!("jobs[{i}]")))?;
+            if let Some(kind) = job.kind {
+                ensure(kind == Kind::Job, &format!("jobs[{i}].kind"), || format!("expected `Job`, found `{kind}`"))?;
+            }
+            if self.jobs[..i].iter().any(|j| j.name == job.name) {
+                return Err(ValidationError::new(
+                    format!("jobs[{i}].name"),
+                    format!("`{}` is used by an earlier job", job.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,100 @@
+//! The `PerfModel` artifact: a job's fitted performance-model parameters.
+//!
+//! The model form itself (how parameters turn into iteration time) is versioned by
+//! `form`; fitting and evaluation are added by the rubick-fit work.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{ApiVersion, Artifact, Kind};
+use crate::error::{ValidationError, ensure};
+use crate::placement::Placement;
+use crate::plan::Plan;
+
+/// A `PerfModel` artifact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PerfModel {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<ApiVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Kind>,
+    /// The model (job) these parameters describe.
+    pub model: String,
+    /// Name and version of the model form, e.g. `rubick-whitebox/1`.
+    pub form: String,
+    /// Fitted parameters by name.
+    pub parameters: BTreeMap<String, FittedParameter>,
+    /// Where the fit came from.
+    pub fitted_from: FitSource,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<FitDiagnostics>,
+}
+
+/// One parameter with its uncertainty and bounds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FittedParameter {
+    pub value: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub std_error: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper: Option<f64>,
+}
+
+/// The data a model was fitted from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FitSource {
+    /// Profile table path or description.
+    pub source: String,
+    pub rows: u32,
+}
+
+/// How well the model explains its data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FitDiagnostics {
+    pub mean_rel_error: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cv_mean_rel_error: Option<f64>,
+    #[serde(default)]
+    pub rows: Vec<RowFit>,
+}
+
+/// The fit on one profiled row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RowFit {
+    pub plan: Plan,
+    pub placement: Placement,
+    pub measured_s: f64,
+    pub predicted_s: f64,
+}
+
+impl Artifact for PerfModel {
+    crate::artifact_header!(Kind::PerfModel);
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        ensure(!self.model.trim().is_empty(), "model", || "must not be empty".into())?;
+        ensure(!self.form.trim().is_empty(), "form", || "must not be empty".into())?;
+        for (name, p) in &self.parameters {
+            let field = format!("parameters.{name}");
+            ensure(p.value.is_finite(), &field, || format!("value must be finite, got {}", p.value))?;
+            if let (Some(lo), Some(hi)) = (p.lower, p.upper) {
+                ensure(lo <= hi, &field, || format!("lower bound {lo} exceeds upper bound {hi}"))?;
+            }
+            if let Some(lo) = p.lower {
+                ensure(p.value >= lo, &field, || format!("value {} is below its lower bound {lo}", p.value))?;
+            }
+            if let Some(hi) = p.upper {
+                ensure(p.value <= hi, &field, || format!("value {} is above its upper bound {hi}", p.value))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,578 @@
+//! Execution plans: how one training job is laid out over its GPUs.
+//!
+//! A [`Plan`] fixes every degree of freedom the scheduler may change: data, tensor and
+//! pipeline parallel degrees, the ZeRO stage, CPU offload, gradient accumulation,
+//! activation checkpointing and the per-GPU micro-batch. Two textual forms exist:
+//!
+//! * our readable form, e.g. `dp4-tp2-pp1-mb2-ga1-z1-gc` (see [`Plan::from_str`]);
+//! * the plan *codes* of the authors' reference data (`ga`, `gc`, `zero-dp`,
+//!   `zero-offload`, or three digits P T D), parsed into [`PlanCode`]. A code names a
+//!   family and its degrees but not the micro-batch; [`PlanCode::resolve`] completes it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ParseError;
+use crate::model::ModelSpec;
+
+/// ZeRO stage (Rajbhandari et al., 2020): which model states are sharded over the
+/// data-parallel group. 1 = optimizer states, 2 = + gradients, 3 = + parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum ZeroStage {
+    #[default]
+    None,
+    One,
+    Two,
+    Three,
+}
+
+impl ZeroStage {
+    pub const ALL: [ZeroStage; 4] = [Self::None, Self::One, Self::Two, Self::Three];
+
+    pub fn level(self) -> u8 {
+        match self {
+            Self::None => 0,
+            Self::One => 1,
+            Self::Two => 2,
+            Self::Three => 3,
+        }
+    }
+
+    pub fn from_level(level: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(level)).copied()
+    }
+}
+
+/// What ZeRO-Offload moves to host memory and the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Offload {
+    #[default]
+    None,
+    /// Optimizer states and the optimizer step on the CPU (ZeRO-Offload).
+    Optimizer,
+    /// Optimizer and parameters on the host (ZeRO-Infinity style, needs ZeRO-3).
+    OptimizerAndParams,
+}
+
+impl Offload {
+    pub const ALL: [Offload; 3] = [Self::None, Self::Optimizer, Self::OptimizerAndParams];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Optimizer => "optimizer",
+            Self::OptimizerAndParams => "optimizer+params",
+        }
+    }
+
+    fn token(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Optimizer => Some("offopt"),
+            Self::OptimizerAndParams => Some("offall"),
+        }
+    }
+}
+
+/// A complete execution plan of one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Plan {
+    /// Data-parallel degree.
+    pub dp: u32,
+    /// Tensor-parallel degree (inside a node).
+    pub tp: u32,
+    /// Pipeline-parallel degree (number of stages).
+    pub pp: u32,
+    pub zero: ZeroStage,
+    pub offload: Offload,
+    /// Gradient-accumulation steps (pipeline micro-batches when pp > 1).
+    pub ga: u32,
+    /// Activation (gradient) checkpointing.
+    pub checkpointing: bool,
+    /// Samples per GPU per micro-step.
+    pub micro_batch: u32,
+}
+
+/// The memory/behaviour family of a plan, the granularity of the reference data's
+/// measured limits (`max_micro_batch` in models.yaml).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanFamily {
+    /// Plain data parallelism (with gradient accumulation).
+    Dp,
+    /// Data parallelism with activation checkpointing.
+    DpGc,
+    /// ZeRO sharding without offload.
+    ZeroDp,
+    /// ZeRO with CPU offload.
+    ZeroOffload,
+    /// Tensor and/or pipeline parallelism (3-D).
+    TpPp,
+    /// 3-D with activation checkpointing.
+    TpPpGc,
+}
+
+impl PlanFamily {
+    pub const ALL: [PlanFamily; 6] = [
+        Self::Dp,
+        Self::DpGc,
+        Self::ZeroDp,
+        Self::ZeroOffload,
+        Self::TpPp,
+        Self::TpPpGc,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dp => "dp",
+            Self::DpGc => "dp_gc",
+            Self::ZeroDp => "zero_dp",
+            Self::ZeroOffload => "zero_offload",
+            Self::TpPp => "tp_pp",
+            Self::TpPpGc => "tp_pp_gc",
+        }
+    }
+}
+
+impl fmt::Display for PlanFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a plan is not valid for a job on a number of GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanViolation {
+    #[error("a parallel degree or batch factor is zero")]
+    ZeroDegree,
+    #[error("dp*tp*pp = {product} but the job has {gpus} GPUs")]
+    GpuCount { product: u32, gpus: u32 },
+    #[error("dp*micro_batch*ga = {product} but the global batch is {global_batch}")]
+    GlobalBatch { product: u64, global_batch: u64 },
+    #[error("tp {tp} does not divide the {heads} attention heads")]
+    TpHeads { tp: u32, heads: u32 },
+    #[error("tp {tp} does not divide the hidden size {hidden}")]
+    TpHidden { tp: u32, hidden: u32 },
+    #[error("pp {pp} does not divide the {layers} layers")]
+    PpLayers { pp: u32, layers: u32 },
+    #[error("ZeRO needs data parallelism (dp > 1) or offload")]
+    ZeroWithoutDp,
+    #[error("offload needs ZeRO stage 1 or higher")]
+    OffloadWithoutZero,
+    #[error("offloading parameters needs ZeRO stage 3")]
+    ParamOffloadWithoutZero3,
+    #[error("ZeRO stage {0} cannot be combined with pipeline parallelism (stage 1 at most)")]
+    ZeroWithPipeline(u8),
+}
+
+impl Plan {
+    /// Plain data parallelism on `dp` GPUs, one micro-step, no extras.
+    pub fn data_parallel(dp: u32, micro_batch: u32) -> Self {
+        Plan {
+            dp,
+            tp: 1,
+            pp: 1,
+            zero: ZeroStage::None,
+            offload: Offload::None,
+            ga: 1,
+            checkpointing: false,
+            micro_batch,
+        }
+    }
+
+    /// GPUs the plan occupies.
+    pub fn gpus(&self) -> u32 {
+        self.dp.saturating_mul(self.tp).saturating_mul(self.pp)
+    }
+
+    /// Samples per iteration (one optimizer step).
+    pub fn global_batch(&self) -> u64 {
+        u64::from(self.dp) * u64::from(self.micro_batch) * u64::from(self.ga)
+    }
+
+    pub fn family(&self) -> PlanFamily {
+        match (self.tp * self.pp > 1, self.checkpointing) {
+            (true, false) => PlanFamily::TpPp,
+            (true, true) => PlanFamily::TpPpGc,
+            (false, _) if self.offload != Offload::None => PlanFamily::ZeroOffload,
+            (false, _) if self.zero != ZeroStage::None => PlanFamily::ZeroDp,
+            (false, true) => PlanFamily::DpGc,
+            (false, false) => PlanFamily::Dp,
+        }
+    }
+
+    /// Rules that hold whatever the job: degrees positive, ZeRO/offload consistent.
+    pub fn check_shape(&self) -> Result<(), PlanViolation> {
+        if [self.dp, self.tp, self.pp, self.ga, self.micro_batch].contains(&0) {
+            return Err(PlanViolation::ZeroDegree);
+        }
+        if self.zero != ZeroStage::None && self.dp == 1 && self.offload == Offload::None {
+            return Err(PlanViolation::ZeroWithoutDp);
+        }
+        if self.offload != Offload::None && self.zero == ZeroStage::None {
+            return Err(PlanViolation::OffloadWithoutZero);
+        }
+        if self.offload == Offload::OptimizerAndParams && self.zero != ZeroStage::Three {
+            return Err(PlanViolation::ParamOffloadWithoutZero3);
+        }
+        if self.pp > 1 && self.zero > ZeroStage::One {
+            return Err(PlanViolation::ZeroWithPipeline(self.zero.level()));
+        }
+        Ok(())
+    }
+
+    /// All validity rules of this plan for `model` on `gpus` GPUs.
+    pub fn check(&self, model: &ModelSpec, gpus: u32) -> Result<(), PlanViolation> {
+        self.check_shape()?;
+        if self.gpus() != gpus {
+            return Err(PlanViolation::GpuCount { product: self.gpus(), gpus });
+        }
+        if self.global_batch() != model.global_batch {
+            return Err(PlanViolation::GlobalBatch {
+                product: self.global_batch(),
+                global_batch: model.global_batch,
+            });
+        }
+        if model.heads % self.tp != 0 {
+            return Err(PlanViolation::TpHeads { tp: self.tp, heads: model.heads });
+        }
+        if model.hidden % self.tp != 0 {
+            return Err(PlanViolation::TpHidden { tp: self.tp, hidden: model.hidden });
+        }
+        if model.layers % self.pp != 0 {
+            return Err(PlanViolation::PpLayers { pp: self.pp, layers: model.layers });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Plan {
+    /// The readable form: `dp4-tp2-pp1-mb2-ga1`, then `-z1`..`-z3`, `-offopt` or
+    /// `-offall`, and `-gc` when they apply.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dp{}-tp{}-pp{}-mb{}-ga{}",
+            self.dp, self.tp, self.pp, self.micro_batch, self.ga
+        )?;
+        if self.zero != ZeroStage::None {
+            write!(f, "-z{}", self.zero.level())?;
+        }
+        if let Some(token) = self.offload.token() {
+            write!(f, "-{token}")?;
+        }
+        if self.checkpointing {
+            f.write_str("-gc")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Plan {
+    type Err = ParseError;
+
+    /// Parses the readable form. Tokens are separated by `-` and may come in any
+    /// order; `dp`, `tp`, `pp` and `ga` default to 1, `mb` is required.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why: String| ParseError::new("plan", s, why);
+        let mut plan = Plan::data_parallel(1, 0);
+        let mut seen_mb = false;
+        let mut seen = Vec::new();
+        for token in s.trim().split('-') {
+            let key: String = token.chars().take_while(|c| c.is_ascii_alphabetic()).collect();
+            if seen.contains(&key) {
+                return Err(err(format!("`{key}` is given twice")));
+            }
+            let digits = &token[key.len()..];
+            let number = || -> Result<u32, ParseError> {
+                digits
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| err(format!("`{token}`: expected a positive integer after `{key}`")))
+            };
+            match key.as_str() {
+                "dp" => plan.dp = number()?,
+                "tp" => plan.tp = number()?,
+                "pp" => plan.pp = number()?,
+                "ga" => plan.ga = number()?,
+                "mb" => {
+                    plan.micro_batch = number()?;
+                    seen_mb = true;
+                }
+                "z" => {
+                    plan.zero = digits
+                        .parse::<u8>()
+                        .ok()
+                        .and_then(ZeroStage::from_level)
+                        .ok_or_else(|| err(format!("`{token}`: expected a ZeRO stage z0..z3")))?;
+                }
+                "offopt" | "offall" | "gc" if !digits.is_empty() => {
+                    return Err(err(format!("`{token}`: unexpected digits")));
+                }
+                "offopt" => plan.offload = Offload::Optimizer,
+                "offall" => plan.offload = Offload::OptimizerAndParams,
+                "gc" => plan.checkpointing = true,
+                _ => {
+                    return Err(err(format!(
+                        "unknown token `{token}` (expected dpN, tpN, ppN, mbN, gaN, zN, offopt, offall, gc)"
+                    )));
+                }
+            }
+            seen.push(key);
+        }
+        if !seen_mb {
+            return Err(err("the micro-batch `mbN` is missing".into()));
+        }
+        plan.check_shape().map_err(|v| err(v.to_string()))?;
+        Ok(plan)
+    }
+}
+
+/// A plan code of the authors' reference data: a family, and for 3-D plans the
+/// pipeline, tensor and data-parallel degrees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PlanCode {
+    /// `ga`: data parallelism with gradient accumulation.
+    Ga,
+    /// `gc`: data parallelism with activation checkpointing.
+    Gc,
+    /// `zero-dp`: ZeRO stage 2.
+    ZeroDp,
+    /// `zero-offload`: ZeRO stage 2 with the optimizer on the CPU.
+    ZeroOffload,
+    /// Three digits P T D: pipeline, tensor and data-parallel degree.
+    ThreeD { pp: u32, tp: u32, dp: u32 },
+}
+
+impl PlanCode {
+    /// The family of the plan this code resolves to.
+    pub fn family(&self) -> PlanFamily {
+        match self {
+            Self::Ga => PlanFamily::Dp,
+            Self::Gc => PlanFamily::DpGc,
+            Self::ZeroDp => PlanFamily::ZeroDp,
+            Self::ZeroOffload => PlanFamily::ZeroOffload,
+            Self::ThreeD { .. } => PlanFamily::TpPp,
+        }
+    }
+
+    /// GPUs the code implies, where it fixes them (3-D codes only).
+    pub fn gpus(&self) -> Option<u32> {
+        match self {
+            Self::ThreeD { pp, tp, dp } => Some(pp * tp * dp),
+            _ => None,
+        }
+    }
+
+    /// The plan skeleton on `gpus` GPUs: degrees, ZeRO, offload and checkpointing,
+    /// with micro-batch and accumulation still to choose.
+    fn skeleton(&self, gpus: u32) -> Plan {
+        let mut plan = Plan::data_parallel(gpus, 1);
+        match *self {
+            Self::Ga => {}
+            Self::Gc => plan.checkpointing = true,
+            Self::ZeroDp => plan.zero = ZeroStage::Two,
+            Self::ZeroOffload => {
+                plan.zero = ZeroStage::Two;
+                plan.offload = Offload::Optimizer;
+            }
+            Self::ThreeD { pp, tp, dp } => {
+                plan.dp = dp;
+                plan.tp = tp;
+                plan.pp = pp;
+            }
+        }
+        // The reference data runs ZeRO-2 on one GPU too; stage 2 on one rank shards
+        // nothing, so it is stage 0 there unless offload needs it.
+        if plan.dp == 1 && plan.offload == Offload::None {
+            plan.zero = ZeroStage::None;
+        }
+        plan
+    }
+
+    /// The complete plans this code stands for on `gpus` GPUs for `model`: every
+    /// micro-batch that divides the per-replica batch, largest first. The caller
+    /// picks the first that fits in memory.
+    pub fn candidates(&self, model: &ModelSpec, gpus: u32) -> Vec<Plan> {
+        let skeleton = self.skeleton(gpus);
+        let dp = u64::from(skeleton.dp);
+        if gpus == 0 || skeleton.gpus() != gpus || model.global_batch % dp != 0 {
+            return Vec::new();
+        }
+        let per_replica = model.global_batch / dp;
+        (1..=per_replica)
+            .rev()
+            .filter(|mb| per_replica % mb == 0)
+            .filter_map(|mb| {
+                let micro_batch = u32::try_from(mb).ok()?;
+                let ga = u32::try_from(per_replica / mb).ok()?;
+                Some(Plan { micro_batch, ga, ..skeleton })
+            })
+            .collect()
+    }
+}
+
+impl fmt::Display for PlanCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ga => f.write_str("ga"),
+            Self::Gc => f.write_str("gc"),
+            Self::ZeroDp => f.write_str("zero-dp"),
+            Self::ZeroOffload => f.write_str("zero-offload"),
+            Self::ThreeD { pp, tp, dp } if *pp < 10 && *tp < 10 && *dp < 10 => {
+                write!(f, "{pp}{tp}{dp}")
+            }
+            Self::ThreeD { pp, tp, dp } => write!(f, "pp{pp}-tp{tp}-dp{dp}"),
+        }
+    }
+}
+
+impl FromStr for PlanCode {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let code = s.trim();
+        match code {
+            "ga" => return Ok(Self::Ga),
+            "gc" => return Ok(Self::Gc),
+            "zero-dp" => return Ok(Self::ZeroDp),
+            "zero-offload" => return Ok(Self::ZeroOffload),
+            _ => {}
+        }
+        let digits: Vec<u32> = code.chars().filter_map(|c| c.to_digit(10)).collect();
+        if code.len() == 3 && digits.len() == 3 {
+            if digits.contains(&0) {
+                return Err(ParseError::new("plan code", s, "a degree of 0 in P T D".into()));
+            }
+            return Ok(Self::ThreeD { pp: digits[0], tp: digits[1], dp: digits[2] });
+        }
+        Err(ParseError::new(
+            "plan code",
+            s,
+            "expected ga, gc, zero-dp, zero-offload or three digits P T D (e.g. 248)".into(),
+        ))
+    }
+}
+
+/// A plan as a user may write it in a job: a complete plan or a reference code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PlanRequest {
+    Exact(Plan),
+    Code(PlanCode),
+}
+
+impl PlanRequest {
+    pub fn family(&self) -> PlanFamily {
+        match self {
+            Self::Exact(plan) => plan.family(),
+            Self::Code(code) => code.family(),
+        }
+    }
+}
+
+impl fmt::Display for PlanRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exact(plan) => plan.fmt(f),
+            Self::Code(code) => code.fmt(f),
+        }
+    }
+}
+
+impl FromStr for PlanRequest {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(code) = s.parse::<PlanCode>() {
+            return Ok(Self::Code(code));
+        }
+        match s.parse::<Plan>() {
+            Ok(plan) => Ok(Self::Exact(plan)),
+            Err(e) if s.contains("mb") || s.contains("dp") => Err(e),
+            Err(_) => Err(ParseError::new(
+                "plan",
+                s,
+                "expected a plan like dp4-tp2-pp1-mb2-ga1 or a code (ga, gc, zero-dp, zero-offload, 248)"
+                    .into(),
+            )),
+        }
+    }
+}
+
+crate::string_serde!(Plan, "A complete execution plan, e.g. `dp4-tp2-pp1-mb2-ga1-z1-gc`.", r"^(dp|tp|pp|mb|ga|z|offopt|offall|gc)[0-9]*(-(dp|tp|pp|mb|ga|z|offopt|offall|gc)[0-9]*)*$");
+crate::string_serde!(PlanCode, "A reference plan code: ga, gc, zero-dp, zero-offload or P T D digits.", r"^(ga|gc|zero-dp|zero-offload|[1-9]{3})$");
+crate::string_serde!(PlanRequest, "A complete plan (dp4-tp2-pp1-mb2-ga1) or a reference plan code (ga, gc, zero-dp, zero-offload, 248).", r"^\S+$");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readable_form_round_trips() {
+        for text in ["dp4-tp2-pp1-mb2-ga1", "dp8-tp1-pp1-mb1-ga1-z2-offopt-gc", "dp1-tp4-pp2-mb1-ga4"] {
+            let plan: Plan = text.parse().unwrap();
+            assert_eq!(plan.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn readable_form_accepts_any_order_and_defaults() {
+        let plan: Plan = "gc-mb2-dp4".parse().unwrap();
+        assert_eq!(plan, Plan { checkpointing: true, ..Plan::data_parallel(4, 2) });
+    }
+
+    #[test]
+    fn readable_form_rejects_nonsense() {
+        for bad in ["", "dp4", "dp0-mb1", "dp4-mb1-zz", "dp4-mb1-z7", "dp4-dp2-mb1", "dp1-mb1-z2", "dp2-mb1-offopt", "gc3-mb1"] {
+            assert!(bad.parse::<Plan>().is_err(), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn reference_codes_parse_and_print() {
+        for code in ["ga", "gc", "zero-dp", "zero-offload", "248", "151"] {
+            assert_eq!(code.parse::<PlanCode>().unwrap().to_string(), code);
+        }
+        assert_eq!("248".parse::<PlanCode>().unwrap(), PlanCode::ThreeD { pp: 2, tp: 4, dp: 8 });
+        assert!("208".parse::<PlanCode>().is_err());
+        assert!("zero".parse::<PlanCode>().is_err());
+    }
+
+    #[test]
+    fn zero_is_dropped_on_one_gpu_without_offload() {
+        let model = ModelSpec::example();
+        let plans = PlanCode::ZeroDp.candidates(&model, 1);
+        assert!(plans.iter().all(|p| p.zero == ZeroStage::None));
+        let plans = PlanCode::ZeroOffload.candidates(&model, 1);
+        assert!(plans.iter().all(|p| p.zero == ZeroStage::Two && p.offload == Offload::Optimizer));
+    }
+
+    #[test]
+    fn candidates_keep_the_global_batch() {
+        let model = ModelSpec::example();
+        for gpus in 1..=16 {
+            for plan in PlanCode::Ga.candidates(&model, gpus) {
+                assert_eq!(plan.global_batch(), model.global_batch);
+                assert_eq!(plan.gpus(), gpus);
+            }
+        }
+    }
+
+    #[test]
+    fn validity_rules_name_the_violation() {
+        let model = ModelSpec::example(); // 32 heads, hidden 4096, 32 layers, batch 16
+        let mut plan = Plan::data_parallel(4, 4);
+        assert_eq!(plan.check(&model, 4), Ok(()));
+        assert_eq!(plan.check(&model, 8), Err(PlanViolation::GpuCount { product: 4, gpus: 8 }));
+        plan.micro_batch = 3;
+        assert!(matches!(plan.check(&model, 4), Err(PlanViolation::GlobalBatch { .. })));
+        let plan = Plan { tp: 3, dp: 1, micro_batch: 16, ..Plan::data_parallel(1, 16) };
+        assert!(matches!(plan.check(&model, 3), Err(PlanViolation::TpHeads { .. })));
+        let plan = Plan { pp: 3, dp: 1, micro_batch: 16, ..Plan::data_parallel(1, 16) };
+        assert!(matches!(plan.check(&model, 3), Err(PlanViolation::PpLayers { .. })));
+    }
+}

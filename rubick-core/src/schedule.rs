@@ -1,0 +1,141 @@
+//! The `Schedule` artifact: the outcome of one scheduling round.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{ApiVersion, Artifact, Kind};
+use crate::error::{ValidationError, ensure};
+use crate::plan::Plan;
+
+/// A `Schedule` artifact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Schedule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<ApiVersion>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Kind>,
+    /// Name of the cluster the schedule is for.
+    pub cluster: String,
+    /// Round number (0 for a one-off round).
+    #[serde(default)]
+    pub round: u64,
+    /// Policy that produced it, e.g. `rubick` or `rubick-milp`.
+    pub policy: String,
+    pub assignments: Vec<Assignment>,
+    pub totals: Totals,
+    /// Value of the policy's objective.
+    pub objective: f64,
+    pub solver: SolverStats,
+}
+
+/// The decision for one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Assignment {
+    pub job: String,
+    /// None when the job waits this round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeShare>,
+    /// Predicted samples per second.
+    pub predicted_throughput: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee: Option<GuaranteeStatus>,
+    pub change: Change,
+    /// Why the allocation is what it is, for humans.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// What a job receives on one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeShare {
+    pub node: String,
+    /// GPU indices on the node.
+    pub gpus: Vec<u32>,
+    pub cpus: u32,
+    pub host_memory_gib: f64,
+}
+
+/// A guaranteed job's required and predicted throughput.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GuaranteeStatus {
+    /// Samples per second of the job's own request.
+    pub required_throughput: f64,
+    pub holds: bool,
+}
+
+/// How a job's allocation changed this round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Change {
+    /// Not running, not started.
+    Pending,
+    /// Started this round.
+    Started,
+    /// Same plan and placement.
+    Kept,
+    /// Different GPU count.
+    Resized,
+    /// Same resources, different plan.
+    Replanned,
+    /// Same plan and GPU count on other nodes.
+    Moved,
+    /// Was running, now waits.
+    Preempted,
+}
+
+/// Resources used in all.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Totals {
+    pub gpus_used: u32,
+    pub gpus_total: u32,
+    pub cpus_used: u32,
+    pub host_memory_gib_used: f64,
+    /// Sum of the jobs' predicted throughput normalised by their requests.
+    pub normalized_throughput: f64,
+}
+
+/// How the schedule was computed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SolverStats {
+    /// `heuristic` or `milp`.
+    pub method: String,
+    /// Relative optimality gap of a MILP solve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<f64>,
+    pub wall_s: f64,
+    /// Solver status, e.g. `optimal`, `time-limit`, `fallback`.
+    pub status: String,
+}
+
+impl Artifact for Schedule {
+    crate::artifact_header!(Kind::Schedule);
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        ensure(!self.policy.trim().is_empty(), "policy", || "must not be empty".into())?;
+        for (i, a) in self.assignments.iter().enumerate() {
+            let field = format!("assignments[{i}]");
+            ensure(!a.job.trim().is_empty(), &format!("{field}.job"), || "must not be empty".into())?;
+            if self.assignments[..i].iter().any(|b| b.job == a.job) {
+                return Err(ValidationError::new(format!("{field}.job"), format!("`{}` is assigned twice", a.job)));
+            }
+            if let Some(plan) = a.plan {
+                let gpus: u32 = a.nodes.iter().map(|n| n.gpus.len() as u32).sum();
+                ensure(gpus == plan.gpus(), &format!("{field}.nodes"), || {
+                    format!("{gpus} GPUs on the nodes but plan `{plan}` needs {}", plan.gpus())
+                })?;
+            }
+            ensure(a.predicted_throughput.is_finite() && a.predicted_throughput >= 0.0, &format!("{field}.predictedThroughput"), || {
+                format!("must be non-negative, got {}", a.predicted_throughput)
+            })?;
+        }
+        Ok(())
+    }
+}
