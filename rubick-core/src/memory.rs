@@ -40,6 +40,21 @@ pub struct MemoryBreakdown {
     pub total_gib: f64,
 }
 
+impl MemoryBreakdown {
+    /// The same figures rounded to 1 MiB, for listings.
+    pub fn rounded(self) -> Self {
+        let r = |x: f64| (x * 1024.0).round() / 1024.0;
+        MemoryBreakdown {
+            weights_gib: r(self.weights_gib),
+            gradients_gib: r(self.gradients_gib),
+            optimizer_gib: r(self.optimizer_gib),
+            activations_gib: r(self.activations_gib),
+            reserve_gib: r(self.reserve_gib),
+            total_gib: r(self.total_gib),
+        }
+    }
+}
+
 /// How feasibility was decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]

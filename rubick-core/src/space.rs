@@ -90,7 +90,7 @@ impl PlanSpace {
                 fits.then(|| SpaceEntry {
                     plan,
                     family: plan.family(),
-                    memory: estimator.estimate(model, &plan),
+                    memory: estimator.estimate(model, &plan).rounded(),
                     fit_basis,
                 })
             })

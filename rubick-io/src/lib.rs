@@ -1,1 +1,14 @@
-//! placeholder
+//! # rubick-io: the edge between the rubick domain and the outside world
+//!
+//! * [`files`]: artifact files (YAML) and atomic writes, `-` for stdin/stdout;
+//! * [`table`]: CSV and Parquet tables through polars, checked against the column
+//!   schemas of `rubick_core::tables`;
+//! * [`reference`]: the Rubick authors' reference data as core types;
+//! * [`cli`]: conventions every rubick binary shares (logging, exit codes, formats).
+
+pub mod cli;
+pub mod files;
+pub mod reference;
+pub mod table;
+
+pub use files::{IoError, check_artifacts, load_artifact, read_text, write_atomic, write_output};

@@ -1,1 +1,166 @@
-//! placeholder
+//! # rubick-plan: one scheduling round, and the tools around it
+//!
+//! Today: `space` (a job's feasible plans on N GPUs, with their memory estimate),
+//! `check` (validate artifacts) and `schema` (print the JSON Schemas). The round
+//! planner (`schedule`), resource curves and the simulator come with their issues.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use rubick_core::artifact::{self, Artifact, Kind};
+use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator, PlanSpace};
+use rubick_io::cli::{ListFormat, LogArgs, Outcome, ensure_one_stdin};
+use rubick_io::files::{load_artifact, parse_artifact, read_text};
+
+pub mod space;
+
+const EXAMPLES: &str = "\
+Examples:
+  # Feasible plans of the example jobs on 8 GPUs of the paper's testbed
+  rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8
+
+  # The same as CSV, for a spreadsheet
+  rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8 -o space.csv
+
+  # Validate artifacts before a round
+  rubick-plan check data/cluster-a800-8x8.yaml data/jobs-paper.yaml
+
+  # JSON Schema of the Cluster artifact, for editors and CI
+  rubick-plan schema cluster";
+
+/// Choose every job's execution plan and resources together, each scheduling round.
+///
+/// rubick-plan follows the Rubick paper (arXiv 2408.08586, MLSys 2025): a job's plan
+/// (data, tensor and pipeline parallelism, ZeRO, offload, accumulation,
+/// checkpointing) and its GPUs, CPUs and memory are chosen jointly, guided by a
+/// performance model, so that every guaranteed job keeps at least the throughput it
+/// asked for.
+#[derive(Debug, Parser)]
+#[command(name = "rubick-plan", version, after_help = EXAMPLES)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List a job's valid, memory-feasible plans on N GPUs with their GPU memory
+    Space(SpaceArgs),
+    /// Validate artifact files (kind taken from each file); exit 2 on the first bad one
+    Check {
+        /// Artifact files (YAML), `-` for stdin
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the JSON Schema of an artifact kind or table
+    Schema {
+        /// cluster, job, job-batch, model-spec, perf-model, schedule, table-profile, table-sim-jobs
+        name: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SpaceArgs {
+    /// A Job or a JobBatch (YAML), `-` for stdin
+    pub jobs: PathBuf,
+    /// The Cluster (YAML)
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// GPUs to plan for; default: each job's requested GPUs
+    #[arg(long)]
+    pub gpus: Option<u32>,
+    /// Output format; default by the extension of -o, else YAML
+    #[arg(long, value_enum)]
+    pub format: Option<ListFormat>,
+    /// Output file, `-` for stdout
+    #[arg(short, long, default_value = "-")]
+    pub output: PathBuf,
+    /// GiB kept free on every GPU for context, NCCL and fragmentation
+    #[arg(long, default_value_t = MemoryEstimator::default().reserve_gib)]
+    pub reserve_gib: f64,
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    match cli.command {
+        Command::Space(args) => space::run(&args),
+        Command::Check { files } => check(&files),
+        Command::Schema { name } => schema(&name),
+    }
+}
+
+/// Loads a Job or a JobBatch, whichever the file holds.
+pub fn load_jobs(path: &Path) -> anyhow::Result<Vec<Job>> {
+    let text = read_text(path)?;
+    let kind = artifact_kind(&text);
+    if kind == Some(Kind::Job) {
+        Ok(vec![parse_artifact::<Job>(path, &text)?])
+    } else {
+        Ok(parse_artifact::<JobBatch>(path, &text)?.jobs)
+    }
+}
+
+/// The `kind:` a YAML document declares, if it is one we know.
+fn artifact_kind(text: &str) -> Option<Kind> {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        kind: Kind,
+    }
+    serde_yaml_ng::from_str::<Probe>(text).ok().map(|p| p.kind)
+}
+
+fn check(files: &[PathBuf]) -> anyhow::Result<Outcome> {
+    ensure_one_stdin(&files.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
+    for path in files {
+        let text = read_text(path)?;
+        let Some(kind) = artifact_kind(&text) else {
+            // Let the Cluster parser explain what is wrong (missing kind, syntax).
+            parse_artifact::<Cluster>(path, &text)?;
+            bail!("{}: kind: not a rubick artifact kind", path.display());
+        };
+        match kind {
+            Kind::Cluster => drop(parse_artifact::<Cluster>(path, &text)?),
+            Kind::Job => drop(parse_artifact::<Job>(path, &text)?),
+            Kind::JobBatch => drop(parse_artifact::<JobBatch>(path, &text)?),
+            Kind::ModelSpec => drop(parse_artifact::<rubick_core::ModelSpec>(path, &text)?),
+            Kind::PerfModel => drop(parse_artifact::<rubick_core::perf::PerfModel>(path, &text)?),
+            Kind::Schedule => drop(parse_artifact::<rubick_core::schedule::Schedule>(path, &text)?),
+        }
+        tracing::info!("{}: valid {kind}", path.display());
+    }
+    Ok(Outcome::Done)
+}
+
+fn schema(name: &str) -> anyhow::Result<Outcome> {
+    let file = format!("{name}.json");
+    let schemas = rubick_core::schema::all_schemas();
+    let (_, text) = schemas.iter().find(|(n, _)| *n == file).with_context(|| {
+        let names: Vec<&str> = schemas.iter().map(|(n, _)| n.trim_end_matches(".json")).collect();
+        format!("unknown schema `{name}` (expected one of: {})", names.join(", "))
+    })?;
+    rubick_io::write_output(Path::new("-"), text.as_bytes())?;
+    Ok(Outcome::Done)
+}
+
+/// Loads the cluster of `--cluster`.
+pub fn load_cluster(path: &Path) -> anyhow::Result<Cluster> {
+    Ok(load_artifact::<Cluster>(path)?)
+}
+
+/// Renders any artifact as YAML with its header.
+pub fn artifact_yaml<T: Artifact + Clone>(value: &T) -> String {
+    artifact::to_yaml(value)
+}
+
+/// The plan spaces of one job on `gpus` GPUs, one per node group that can hold them.
+pub fn job_spaces(job: &Job, cluster: &Cluster, gpus: u32, estimator: &MemoryEstimator) -> Vec<PlanSpace> {
+    cluster
+        .node_groups
+        .iter()
+        .filter(|g| job.request.gpu_type.as_ref().is_none_or(|t| *t == g.gpu_type))
+        .filter(|g| g.total_gpus() >= gpus)
+        .map(|g| PlanSpace::enumerate(&job.model, gpus, g, estimator))
+        .collect()
+}

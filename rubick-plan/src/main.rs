@@ -1,1 +1,9 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = rubick_plan::Cli::parse();
+    rubick_io::cli::init_logging(&cli.log);
+    rubick_io::cli::report(rubick_plan::run(cli))
+}

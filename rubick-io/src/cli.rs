@@ -1,0 +1,113 @@
+//! Conventions every rubick binary shares.
+//!
+//! * logs (tracing) go to stderr: `-v`/`-vv`/`-vvv`, `-q`, or `RUST_LOG`;
+//! * stdout carries only the artifact; `-` means stdin/stdout;
+//! * exit 0 = done, 1 = a valid negative answer, 2 = an error (bad input, I/O);
+//!   a closed stdout pipe exits 0 quietly.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+
+use tracing_subscriber::EnvFilter;
+
+/// Logging flags, flattened into every tool's top-level arguments.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LogArgs {
+    /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Only errors on stderr
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+}
+
+/// Installs the stderr logger. `RUST_LOG` wins over the flags; colour only on a
+/// terminal and never with `NO_COLOR`.
+pub fn init_logging(args: &LogArgs) {
+    let level = match (args.quiet, args.verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_target(false)
+        .without_time()
+        .try_init();
+}
+
+/// What a command concluded, when it did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done: exit 0.
+    Done,
+    /// A valid negative answer (nothing schedulable, a guarantee cannot be met): the
+    /// reason goes to stderr, exit 1.
+    Negative(String),
+}
+
+pub const EXIT_NEGATIVE: u8 = 1;
+pub const EXIT_ERROR: u8 = 2;
+
+/// Turns a command's result into the process exit code, printing errors with their
+/// cause chain on stderr.
+pub fn report(result: anyhow::Result<Outcome>) -> ExitCode {
+    match result {
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::Negative(reason)) => {
+            eprintln!("{reason}");
+            ExitCode::from(EXIT_NEGATIVE)
+        }
+        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            for cause in error.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || matches!(
+                cause.downcast_ref::<crate::IoError>(),
+                Some(crate::IoError::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe
+            )
+    })
+}
+
+/// Fails when more than one input is `-`: stdin can be read only once.
+pub fn ensure_one_stdin(inputs: &[&Path]) -> anyhow::Result<()> {
+    let stdin_count = inputs.iter().filter(|p| crate::files::is_std(p)).count();
+    anyhow::ensure!(stdin_count <= 1, "only one input can be `-` (stdin); {stdin_count} are");
+    Ok(())
+}
+
+/// Output format of a listing: YAML (the default) or CSV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListFormat {
+    Yaml,
+    Csv,
+}
+
+impl ListFormat {
+    /// `--format` when given, else by the output's extension, else YAML.
+    pub fn resolve(flag: Option<ListFormat>, output: &Path) -> ListFormat {
+        flag.unwrap_or_else(|| match output.extension().and_then(|e| e.to_str()) {
+            Some("csv") => ListFormat::Csv,
+            _ => ListFormat::Yaml,
+        })
+    }
+}

@@ -1,0 +1,140 @@
+//! Files in and out: `-` is stdin/stdout, every written file is atomic.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use rubick_core::artifact::{self, Artifact};
+use rubick_core::error::ArtifactError;
+
+/// An input or output that failed, with the path it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}: not UTF-8 text (invalid byte at offset {offset}); is this a binary file?")]
+    NotText { path: String, offset: usize },
+    #[error("{path}: {source}")]
+    Artifact { path: String, source: ArtifactError },
+    #[error("{path}: {message}")]
+    Table { path: String, message: String },
+}
+
+impl IoError {
+    pub fn table(path: &Path, message: impl std::fmt::Display) -> Self {
+        IoError::Table { path: display(path), message: message.to_string() }
+    }
+}
+
+/// How a path is shown in messages (`-` as `<stdin>`).
+pub fn display(path: &Path) -> String {
+    if is_std(path) { "<stdin>".to_owned() } else { path.display().to_string() }
+}
+
+/// Whether the path means stdin/stdout.
+pub fn is_std(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// Reads a whole file (or stdin for `-`) as bytes.
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, IoError> {
+    let mut bytes = Vec::new();
+    let result = if is_std(path) {
+        std::io::stdin().lock().read_to_end(&mut bytes).map(|_| ())
+    } else {
+        std::fs::read(path).map(|b| bytes = b)
+    };
+    result.map_err(|source| IoError::Io { path: display(path), source })?;
+    Ok(bytes)
+}
+
+/// Reads a whole file (or stdin for `-`) as UTF-8 text.
+pub fn read_text(path: &Path) -> Result<String, IoError> {
+    let bytes = read_bytes(path)?;
+    String::from_utf8(bytes).map_err(|e| IoError::NotText { path: display(path), offset: e.utf8_error().valid_up_to() })
+}
+
+/// Reads, parses and validates one artifact document.
+pub fn load_artifact<T: Artifact>(path: &Path) -> Result<T, IoError> {
+    let text = read_text(path)?;
+    parse_artifact(path, &text)
+}
+
+/// Parses text read from `path` as artifact `T`; errors name the path.
+pub fn parse_artifact<T: Artifact>(path: &Path, text: &str) -> Result<T, IoError> {
+    if text.contains('\0') {
+        return Err(IoError::NotText { path: display(path), offset: text.find('\0').unwrap_or(0) });
+    }
+    artifact::parse_yaml(text).map_err(|source| IoError::Artifact { path: display(path), source })
+}
+
+/// Writes `bytes` to `path` atomically: into a temporary file in the same directory,
+/// flushed and synced, then renamed over the target. A crash leaves either the old
+/// file or the new one, never a partial one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+    let err = |source| IoError::Io { path: path.display().to_string(), source };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", path.file_name().and_then(|n| n.to_str()).unwrap_or("out")))
+        .suffix(".tmp")
+        .tempfile_in(&dir)
+        .map_err(err)?;
+    tmp.write_all(bytes).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
+    Ok(())
+}
+
+/// Writes an output: to stdout for `-` (a closed pipe is not an error: see
+/// [`crate::cli::report`]), else atomically to the file.
+pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+    if is_std(path) {
+        let mut out = std::io::stdout().lock();
+        out.write_all(bytes)
+            .and_then(|_| out.flush())
+            .map_err(|source| IoError::Io { path: "<stdout>".into(), source })
+    } else {
+        write_atomic(path, bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rubick_core::Cluster;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.yaml");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.yaml");
+        std::fs::write(&path, "apiVersion: rubick/v1\nkind: Cluster\nname: x\nnodeGroups: []\n").unwrap();
+        let err = load_artifact::<Cluster>(&path).unwrap_err().to_string();
+        assert!(err.starts_with(&path.display().to_string()), "{err}");
+        assert!(err.contains("nodeGroups"), "{err}");
+        std::fs::write(&path, [0xff_u8, 0xfe, 0x00, 0x41]).unwrap();
+        let err = load_artifact::<Cluster>(&path).unwrap_err().to_string();
+        assert!(err.contains("not UTF-8"), "{err}");
+    }
+}
+
+/// Validates artifact files of kind `T`, logging each; the first bad one is the error.
+pub fn check_artifacts<T: Artifact>(paths: &[PathBuf]) -> Result<(), IoError> {
+    for path in paths {
+        load_artifact::<T>(path)?;
+        let shown = display(path);
+        tracing::info!("{shown}: valid {}", T::KIND);
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! Reads the Rubick authors' reference data as it is on disk:
+//! `models.yaml`, `placements/<model>.csv`, `workloads/<trace>.csv` and
+//! `profiles/<model>/{config,data}.csv`.
+
+use std::path::{Path, PathBuf};
+
+use rubick_core::reference::{MeasuredRow, ModelFacts, ProfileRun, ReferenceModels, TraceJob};
+
+use crate::files::{IoError, read_text};
+use crate::table::{f64_column, read_table, required, str_column};
+
+/// Environment variable that points at the reference directory.
+pub const REFERENCE_ENV: &str = "RUBICK_REFERENCE";
+
+/// The reference directory: `$RUBICK_REFERENCE`, else the first
+/// `shared/reference/rubick-artifact` found in `start` or one of its ancestors (the
+/// project keeps `shared/` beside its checkout).
+pub fn locate(start: &Path) -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(REFERENCE_ENV) {
+        let dir = PathBuf::from(dir);
+        return dir.join("models.yaml").is_file().then_some(dir);
+    }
+    start
+        .ancestors()
+        .map(|a| a.join("shared/reference/rubick-artifact"))
+        .find(|d| d.join("models.yaml").is_file())
+}
+
+/// The reference data set, opened from its directory.
+#[derive(Debug, Clone)]
+pub struct ReferenceData {
+    pub dir: PathBuf,
+    pub models: ReferenceModels,
+}
+
+impl ReferenceData {
+    pub fn open(dir: &Path) -> Result<Self, IoError> {
+        let path = dir.join("models.yaml");
+        let text = read_text(&path)?;
+        let models = ReferenceModels::parse(&text).map_err(|message| IoError::table(&path, message))?;
+        Ok(ReferenceData { dir: dir.to_path_buf(), models })
+    }
+
+    /// Model names of `models.yaml`, sorted.
+    pub fn model_names(&self) -> Vec<&str> {
+        self.models.models.keys().map(String::as_str).collect()
+    }
+
+    pub fn facts(&self, model: &str) -> Option<&ModelFacts> {
+        self.models.models.get(model)
+    }
+
+    /// The measured rows of `placements/<model>.csv`.
+    pub fn measured_rows(&self, model: &str) -> Result<Vec<MeasuredRow>, IoError> {
+        read_measured_rows(&self.dir.join("placements").join(format!("{model}.csv")))
+    }
+
+    /// A trace of `workloads/` by name (`workload-base`) or any trace file in that format.
+    pub fn trace(&self, name: &str) -> Result<Vec<TraceJob>, IoError> {
+        read_trace(&self.dir.join("workloads").join(format!("{name}.csv")))
+    }
+
+    /// The profiling runs of a model (`profiles/<model>` or `profiles/<model>b`).
+    pub fn profiles(&self, model: &str) -> Result<Vec<ProfileRun>, IoError> {
+        let base = self.dir.join("profiles");
+        let dir = [model.to_owned(), format!("{model}b")]
+            .into_iter()
+            .map(|d| base.join(d))
+            .find(|d| d.is_dir())
+            .ok_or_else(|| IoError::table(&base, format!("no profile directory for model `{model}`")))?;
+        read_profiles(&dir.join("config.csv"), &dir.join("data.csv"))
+    }
+}
+
+/// Reads a `placements/<model>.csv` table of measured iteration times.
+pub fn read_measured_rows(path: &Path) -> Result<Vec<MeasuredRow>, IoError> {
+    let df = read_table(path, None, &["exec_plan", "placement"])?;
+    let codes = str_column(path, &df, "exec_plan")?;
+    let placements = str_column(path, &df, "placement")?;
+    let iter = f64_column(path, &df, "iter_time")?;
+    let phase = |name| if df.column(name).is_ok() { f64_column(path, &df, name).map(Some) } else { Ok(None) };
+    let (forward, sync, optimize) = (phase("forward")?, phase("overlap_sync")?, phase("optimize")?);
+    let mut rows = Vec::with_capacity(df.height());
+    for i in 0..df.height() {
+        let line = i + 2;
+        let code = codes[i].ok_or_else(|| IoError::table(path, format!("line {line}: exec_plan is empty")))?;
+        let placement = placements[i].ok_or_else(|| IoError::table(path, format!("line {line}: placement is empty")))?;
+        let iter_time = required(path, "iter_time", i, iter[i])?;
+        let phases = match (&forward, &sync, &optimize) {
+            (Some(f), Some(s), Some(o)) => match (f[i], s[i], o[i]) {
+                (Some(f), Some(s), Some(o)) => Some([f, s, o]),
+                _ => None,
+            },
+            _ => None,
+        };
+        let row = MeasuredRow::from_fields(code, placement, iter_time, phases)
+            .map_err(|e| IoError::table(path, format!("line {line}: {e}")))?;
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Reads a trace in the reference workload format.
+pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, IoError> {
+    let df = read_table(path, None, &["name", "application", "exec_plan"])?;
+    let names = str_column(path, &df, "name")?;
+    let apps = str_column(path, &df, "application")?;
+    let plans = str_column(path, &df, "exec_plan")?;
+    let num = |name| f64_column(path, &df, name);
+    let (submit, duration, gpus, cpus, bandwidth, steps, sla) = (
+        num("submission_time")?,
+        num("duration")?,
+        num("num_gpus")?,
+        num("num_cpus")?,
+        num("bandwidth")?,
+        num("steps")?,
+        num("is_sla")?,
+    );
+    let mut jobs = Vec::with_capacity(df.height());
+    for i in 0..df.height() {
+        let line = i + 2;
+        let text = |v: Option<&str>, col: &str| {
+            v.map(str::to_owned).ok_or_else(|| IoError::table(path, format!("line {line}: {col} is empty")))
+        };
+        let count = |v: Option<f64>, col: &str| -> Result<u32, IoError> {
+            let v = required(path, col, i, v)?;
+            if v < 0.0 || v.fract() != 0.0 || v > f64::from(u32::MAX) {
+                return Err(IoError::table(path, format!("line {line}: {col} must be a non-negative integer, got {v}")));
+            }
+            Ok(v as u32)
+        };
+        let exec_plan = text(plans[i], "exec_plan")?
+            .parse()
+            .map_err(|e| IoError::table(path, format!("line {line}: {e}")))?;
+        let num_gpus = count(gpus[i], "num_gpus")?;
+        if num_gpus == 0 {
+            return Err(IoError::table(path, format!("line {line}: num_gpus must be at least 1")));
+        }
+        jobs.push(TraceJob {
+            name: text(names[i], "name")?,
+            submission_time_s: required(path, "submission_time", i, submit[i])?,
+            duration_s: duration[i].unwrap_or(0.0),
+            application: text(apps[i], "application")?,
+            num_gpus,
+            num_cpus: count(cpus[i], "num_cpus")?,
+            bandwidth: bandwidth[i].unwrap_or(0.0),
+            exec_plan,
+            steps: u64::from(count(steps[i], "steps")?),
+            is_sla: sla[i].unwrap_or(0.0) != 0.0,
+        });
+    }
+    Ok(jobs)
+}
+
+/// Reads paired `config.csv` / `data.csv` profiling runs.
+pub fn read_profiles(config: &Path, data: &Path) -> Result<Vec<ProfileRun>, IoError> {
+    let cfg = read_table(config, None, &[])?;
+    let dat = read_table(data, None, &["strategy"])?;
+    if cfg.height() != dat.height() {
+        return Err(IoError::table(
+            data,
+            format!("{} rows but {} has {}; the files pair row by row", dat.height(), config.display(), cfg.height()),
+        ));
+    }
+    let c = |name| f64_column(config, &cfg, name);
+    let d = |name| f64_column(data, &dat, name);
+    let (nodes, gpus, params, batch, seq_hid, threads, zero, tp, pp) = (
+        c("nodes")?,
+        c("gpus")?,
+        c("parameter_size")?,
+        c("batch_size")?,
+        c("seq_hid")?,
+        c("num_cpu_threads")?,
+        c("zero_type")?,
+        c("is_tp")?,
+        c("is_pp")?,
+    );
+    let (fwd, tcc, topt, iter) = (d("forward_time")?, d("Tcc")?, d("Topt")?, d("iter_time")?);
+    let strategy = str_column(data, &dat, "strategy")?;
+    let mut runs = Vec::with_capacity(cfg.height());
+    for i in 0..cfg.height() {
+        let cr = |col: &str, v: &[Option<f64>]| required(config, col, i, v[i]);
+        let dr = |col: &str, v: &[Option<f64>]| required(data, col, i, v[i]);
+        runs.push(ProfileRun {
+            nodes: cr("nodes", &nodes)? as u32,
+            gpus: cr("gpus", &gpus)? as u32,
+            parameter_mib: cr("parameter_size", &params)?,
+            micro_batch: cr("batch_size", &batch)? as u32,
+            seq_hid: cr("seq_hid", &seq_hid)?,
+            cpu_threads: cr("num_cpu_threads", &threads)? as u32,
+            zero_type: cr("zero_type", &zero)? as u32,
+            is_tp: cr("is_tp", &tp)? != 0.0,
+            is_pp: cr("is_pp", &pp)? != 0.0,
+            forward_ms: dr("forward_time", &fwd)?,
+            backward_sync_ms: dr("Tcc", &tcc)?,
+            optimizer_ms: dr("Topt", &topt)?,
+            iter_ms: dr("iter_time", &iter)?,
+            strategy: strategy[i].unwrap_or_default().to_owned(),
+        });
+    }
+    Ok(runs)
+}
