@@ -68,7 +68,7 @@ impl Placement {
 
 impl fmt::Display for Placement {
     /// Digits when every node has at most 9 GPUs (`8844`), else comma-separated
-    /// counts (`16,16,8`).
+    /// counts (`16,16,8`; a single wide node is `16,`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.per_node.iter().all(|&g| g < 10) {
             for g in &self.per_node {
@@ -77,7 +77,9 @@ impl fmt::Display for Placement {
             Ok(())
         } else {
             let parts: Vec<String> = self.per_node.iter().map(u32::to_string).collect();
-            f.write_str(&parts.join(","))
+            f.write_str(&parts.join(","))?;
+            // One wide node: a trailing comma keeps `16,` apart from two nodes `16`.
+            if parts.len() == 1 { f.write_str(",") } else { Ok(()) }
         }
     }
 }
@@ -89,7 +91,9 @@ impl FromStr for Placement {
         let text = s.trim();
         let err = |why: &str| ParseError::new("placement", s, why.to_owned());
         let counts: Vec<u32> = if text.contains(',') {
-            text.split(',')
+            text.strip_suffix(',')
+                .unwrap_or(text)
+                .split(',')
                 .map(|part| part.trim().parse::<u32>())
                 .collect::<Result<_, _>>()
                 .map_err(|_| err("expected GPU counts separated by commas, e.g. 16,16,8"))?
@@ -135,6 +139,10 @@ mod tests {
         let p: Placement = "8,16,16".parse().unwrap();
         assert_eq!(p.to_string(), "16,16,8");
         assert_eq!(p.to_string().parse::<Placement>().unwrap(), p);
+        // Regression: one node of 10 printed as `10`, which reads as two nodes.
+        let wide = Placement::new(vec![10]).unwrap();
+        assert_eq!(wide.to_string(), "10,");
+        assert_eq!(wide.to_string().parse::<Placement>().unwrap(), wide);
     }
 
     #[test]

@@ -308,3 +308,29 @@ mod tests {
         assert!(err.contains("64 GPUs"), "{err}");
     }
 }
+
+/// The comparison as a Markdown table, one line per (model, family).
+pub fn agreement_table(rows: &[AgreementRow]) -> String {
+    let mut out = String::from(
+        "| model | family | global batch | fact max mb | estimated max mb | deciding plan | its GiB | verdict |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let verdict = match r.agreement {
+            Agreement::Agree => "agree",
+            Agreement::FactBelowEstimate => "fact below estimate (a cap, not memory)",
+            Agreement::FactAboveEstimate => "FACT ABOVE ESTIMATE (estimate too conservative)",
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.model,
+            r.family,
+            r.global_batch,
+            r.fact,
+            r.estimate,
+            r.deciding_plan.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            r.deciding_total_gib.map(|g| format!("{g:.1}")).unwrap_or_else(|| "-".into()),
+            verdict
+        ));
+    }
+    out
+}

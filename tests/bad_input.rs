@@ -1,0 +1,117 @@
+//! The bad-input corpus (`tests/bad-input/`): every malformed input exits 2 with a
+//! message naming the file and the field or line, never panics, and writes no output.
+
+use rubick_tests::{repo, run_in, temp};
+
+/// (file, tool + arguments with FILE and OUT placeholders, fragments the message must hold)
+const CASES: &[(&str, &str, &[&str])] = &[
+    ("cluster-malformed.yaml", CLUSTER, &["line 3"]),
+    ("cluster-unknown-field.yaml", CLUSTER, &["unknown field `gpuz`", "nodeGroups[0]"]),
+    ("cluster-wrong-type.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "invalid type"]),
+    ("cluster-zero-gpus.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "at least 1"]),
+    ("cluster-negative-gpus.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "-8"]),
+    ("cluster-empty.yaml", CLUSTER, &["empty"]),
+    ("cluster-comments-only.yaml", CLUSTER, &["empty"]),
+    ("cluster-binary.yaml", CLUSTER, &["not UTF-8"]),
+    ("cluster-missing-kind.yaml", CLUSTER, &["kind: missing"]),
+    ("cluster-wrong-kind.yaml", CLUSTER, &["kind: expected `Cluster`, found `JobBatch`"]),
+    ("cluster-bad-version.yaml", CLUSTER, &["apiVersion", "rubick/v2"]),
+    ("cluster-negative-bandwidth.yaml", CLUSTER, &["nodeGroups[0].interNodeGBps", "positive"]),
+    ("cluster-duplicate-group.yaml", CLUSTER, &["nodeGroups[1].name", "earlier group"]),
+    ("cluster-zero-count.yaml", CLUSTER, &["nodeGroups[0].count"]),
+    ("cluster-not-a-mapping.yaml", CLUSTER, &["invalid type"]),
+    ("jobs-batch-not-divisible.yaml", JOBS, &["jobs[0].request.plan", "not divisible"]),
+    ("jobs-tp-heads.yaml", JOBS, &["jobs[0].request.plan", "tp 3 does not divide the 32 attention heads"]),
+    ("jobs-pp-layers.yaml", JOBS, &["jobs[0].request.plan", "pp 3 does not divide the 32 layers"]),
+    ("jobs-zero-gpus.yaml", JOBS, &["jobs[0].request.gpus", "at least 1"]),
+    ("jobs-negative-gpus.yaml", JOBS, &["gpus", "-2"]),
+    ("jobs-unknown-field.yaml", JOBS, &["unknown field `priority`", "line"]),
+    ("jobs-duplicate-name.yaml", JOBS, &["jobs[1].name", "earlier job"]),
+    ("jobs-bad-plan-code.yaml", JOBS, &["plan", "2x8"]),
+    ("jobs-global-batch-mismatch.yaml", JOBS, &["jobs[0].request.plan", "global batch is 16"]),
+    ("jobs-missing-field.yaml", JOBS, &["missing field `iterations`"]),
+    ("jobs-zero-global-batch.yaml", JOBS, &["jobs[0].model.globalBatch"]),
+    ("jobs-wrong-type.yaml", JOBS, &["iterations", "invalid type"]),
+    ("jobs-tabs.yaml", JOBS, &["line 5"]),
+    ("jobs-bad-placement.yaml", JOBS, &["placement", "8x"]),
+    ("does-not-exist.yaml", JOBS, &["No such file"]),
+    ("perf-model-out-of-bounds.yaml", "rubick-fit check FILE", &["parameters.k_bwd", "below its lower bound"]),
+    ("schedule-gpu-mismatch.yaml", "rubick-run check FILE", &["assignments[0].nodes", "needs 8"]),
+    ("model-spec-negative-factor.yaml", "rubick-plan check FILE", &["activationFactor"]),
+];
+
+const CLUSTER: &str = "rubick-plan space JOBS --cluster FILE --gpus 8 -o OUT";
+const JOBS: &str = "rubick-plan space FILE --cluster CLUSTER -o OUT";
+
+#[test]
+fn every_bad_input_exits_2_naming_file_and_field_and_writes_nothing() {
+    let corpus = repo().join("tests/bad-input");
+    let data = repo().join("data");
+    let mut failures = Vec::new();
+    for (file, command, fragments) in CASES {
+        let dir = temp();
+        let out = dir.path().join("out.yaml");
+        let input = corpus.join(file);
+        let args: Vec<String> = command
+            .split_whitespace()
+            .map(|a| match a {
+                "FILE" => input.display().to_string(),
+                "OUT" => out.display().to_string(),
+                "JOBS" => data.join("jobs-paper.yaml").display().to_string(),
+                "CLUSTER" => data.join("cluster-a800-8x8.yaml").display().to_string(),
+                other => other.to_owned(),
+            })
+            .collect();
+        let refs: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+        let run = run_in(dir.path(), &args[0], &refs);
+        let mut problems = Vec::new();
+        if run.code != Some(2) {
+            problems.push(format!("exit code {:?}, expected 2", run.code));
+        }
+        if !run.stderr.contains(file) {
+            problems.push("the message does not name the file".to_owned());
+        }
+        for fragment in *fragments {
+            if !run.stderr.contains(fragment) {
+                problems.push(format!("the message lacks `{fragment}`"));
+            }
+        }
+        if run.stderr.contains("panicked") {
+            problems.push("panicked".to_owned());
+        }
+        if out.exists() {
+            problems.push("an output file was written".to_owned());
+        }
+        if std::fs::read_dir(dir.path()).map(|d| d.count()).unwrap_or(0) != 0 {
+            problems.push("files were left in the working directory".to_owned());
+        }
+        if !problems.is_empty() {
+            failures.push(format!("{file}: {}\n    stderr: {}", problems.join("; "), run.stderr.trim()));
+        }
+    }
+    assert!(CASES.len() >= 20, "the corpus must hold at least 20 cases");
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), CASES.len(), failures.join("\n"));
+}
+
+#[test]
+fn two_stdin_inputs_are_refused() {
+    let dir = temp();
+    let run = run_in(dir.path(), "rubick-plan", &["space", "-", "--cluster", "-"]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("only one input can be `-`"), "{}", run.stderr);
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    let dir = temp();
+    let data = repo().join("data");
+    let jobs = data.join("jobs-paper.yaml").display().to_string();
+    let cluster = data.join("cluster-a800-8x8.yaml").display().to_string();
+    for extra in [&["--gpus", "0"][..], &["--gpus", "-4"], &["--reserve-gib", "-1"], &["--format", "xml"]] {
+        let mut args = vec!["space", jobs.as_str(), "--cluster", cluster.as_str()];
+        args.extend_from_slice(extra);
+        let run = run_in(dir.path(), "rubick-plan", &args);
+        assert_eq!(run.code, Some(2), "{extra:?}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{extra:?}");
+    }
+}

@@ -1,0 +1,55 @@
+//! Helpers for the end-to-end tests: run the real binaries in a temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root (the workspace).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// A built rubick binary, found beside the test executable's directory
+/// (`target/<profile>/deps/..`). `cargo test --workspace` builds every tool's binary
+/// before it runs any test, because each tool has integration tests of its own.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let path = dir.join(name);
+    assert!(path.is_file(), "{} is not built: run the tests with `cargo test --workspace` (make test)", path.display());
+    path
+}
+
+/// Result of one run of a binary.
+#[derive(Debug)]
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(out: Output) -> Self {
+        Run {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// Runs `name args...` in `dir` with logs off unless asked.
+pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Run {
+    Command::new(binary(name))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("binary starts")
+        .into()
+}
+
+/// A fresh temporary directory for one test.
+pub fn temp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temporary directory")
+}
