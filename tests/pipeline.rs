@@ -1,5 +1,7 @@
 //! End-to-end runs of the tools on the example inputs in data/.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use rubick_tests::{repo, run_in, temp};
 
 fn data(name: &str) -> String {
@@ -9,7 +11,11 @@ fn data(name: &str) -> String {
 #[test]
 fn demo_lists_the_plan_space_of_every_example_job() {
     let dir = temp();
-    let run = run_in(dir.path(), "rubick-plan", &["space", &data("jobs-paper.yaml"), "--cluster", &data("cluster-a800-8x8.yaml"), "--gpus", "8"]);
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["space", &data("jobs-paper.yaml"), "--cluster", &data("cluster-a800-8x8.yaml"), "--gpus", "8"],
+    );
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let listing: serde_yaml_ng::Value = serde_yaml_ng::from_str(&run.stdout).expect("stdout is YAML");
     let spaces = listing.as_sequence().expect("a list of plan spaces");
@@ -31,7 +37,14 @@ fn demo_lists_the_plan_space_of_every_example_job() {
 fn output_is_byte_identical_across_runs_and_csv_goes_to_a_file() {
     let dir = temp();
     let args = |out: &str| {
-        vec!["space".to_owned(), data("jobs-paper.yaml"), "--cluster".into(), data("cluster-a800-8x8.yaml"), "-o".into(), out.to_owned()]
+        vec![
+            "space".to_owned(),
+            data("jobs-paper.yaml"),
+            "--cluster".into(),
+            data("cluster-a800-8x8.yaml"),
+            "-o".into(),
+            out.to_owned(),
+        ]
     };
     for name in ["a.yaml", "b.yaml", "a.csv", "b.csv"] {
         let a = args(name);
@@ -50,7 +63,11 @@ fn output_is_byte_identical_across_runs_and_csv_goes_to_a_file() {
 #[test]
 fn too_many_gpus_is_a_negative_answer() {
     let dir = temp();
-    let run = run_in(dir.path(), "rubick-plan", &["space", &data("jobs-paper.yaml"), "--cluster", &data("cluster-a800-8x8.yaml"), "--gpus", "1000"]);
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["space", &data("jobs-paper.yaml"), "--cluster", &data("cluster-a800-8x8.yaml"), "--gpus", "1000"],
+    );
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert!(run.stderr.contains("no feasible plan"), "{}", run.stderr);
 }

@@ -41,14 +41,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
-        Kind::Cluster,
-        Kind::Job,
-        Kind::JobBatch,
-        Kind::ModelSpec,
-        Kind::PerfModel,
-        Kind::Schedule,
-    ];
+    pub const ALL: [Kind; 6] =
+        [Kind::Cluster, Kind::Job, Kind::JobBatch, Kind::ModelSpec, Kind::PerfModel, Kind::Schedule];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -114,9 +108,8 @@ struct Probe {
 
 /// Parses and validates one YAML document of artifact `T`.
 pub fn parse_yaml<T: Artifact>(text: &str) -> Result<T, ArtifactError> {
-    let meaningful = text
-        .lines()
-        .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "---");
+    let meaningful =
+        text.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "---");
     if !meaningful {
         return Err(ArtifactError::Empty { expected: T::KIND.as_str() });
     }

@@ -60,9 +60,7 @@ impl NodeGroup {
         ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
         ensure(self.count >= 1, "count", || format!("must be at least 1, got {}", self.count))?;
         ensure(!self.gpu_type.trim().is_empty(), "gpuType", || "must not be empty".into())?;
-        ensure(self.gpus_per_node >= 1, "gpusPerNode", || {
-            format!("must be at least 1, got {}", self.gpus_per_node)
-        })?;
+        ensure(self.gpus_per_node >= 1, "gpusPerNode", || format!("must be at least 1, got {}", self.gpus_per_node))?;
         ensure(self.cpu_cores >= 1, "cpuCores", || format!("must be at least 1, got {}", self.cpu_cores))?;
         for (field, value) in [
             ("gpuMemoryGib", self.gpu_memory_gib),

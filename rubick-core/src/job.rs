@@ -142,8 +142,9 @@ impl Job {
         }
         if let Some(current) = &self.current {
             let plan = current.plan;
-            plan.check(&self.model, current.placement.gpus())
-                .map_err(|v| ValidationError::new("current.plan", format!("`{plan}` on placement {}: {v}", current.placement)))?;
+            plan.check(&self.model, current.placement.gpus()).map_err(|v| {
+                ValidationError::new("current.plan", format!("`{plan}` on placement {}: {v}", current.placement))
+            })?;
             ensure(
                 current.nodes.is_empty() || current.nodes.len() == current.placement.per_node().len(),
                 "current.nodes",

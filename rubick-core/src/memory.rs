@@ -93,11 +93,8 @@ impl MemoryEstimator {
             (_, ZeroStage::Three) => bytes.param * stage_params / dp,
             _ => bytes.param * stage_params,
         };
-        let gradients = if plan.zero >= ZeroStage::Two {
-            bytes.grad * stage_params / dp
-        } else {
-            bytes.grad * stage_params
-        };
+        let gradients =
+            if plan.zero >= ZeroStage::Two { bytes.grad * stage_params / dp } else { bytes.grad * stage_params };
         let optimizer = match (plan.offload, plan.zero) {
             (Offload::Optimizer | Offload::OptimizerAndParams, _) => 0.0,
             (_, ZeroStage::None) => bytes.optimizer * stage_params,
@@ -137,12 +134,11 @@ impl MemoryEstimator {
     /// model's measured limits when they were taken on GPUs of this size and cover the
     /// plan's family, the estimate otherwise.
     pub fn fits(&self, model: &ModelSpec, plan: &Plan, gpu_memory_gib: f64) -> (bool, FitBasis) {
-        if let Some(limits) = &model.measured_limits {
-            if limits.applies_to(gpu_memory_gib) {
-                if let Some(max) = limits.max_micro_batch(plan.family()) {
-                    return (max > 0 && plan.micro_batch <= max, FitBasis::Measured);
-                }
-            }
+        if let Some(limits) = &model.measured_limits
+            && limits.applies_to(gpu_memory_gib)
+            && let Some(max) = limits.max_micro_batch(plan.family())
+        {
+            return (max > 0 && plan.micro_batch <= max, FitBasis::Measured);
         }
         (self.estimate(model, plan).total_gib <= gpu_memory_gib, FitBasis::Estimate)
     }

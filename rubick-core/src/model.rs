@@ -146,12 +146,9 @@ impl ModelSpec {
         if let Some(p) = self.parameters {
             ensure(p > 0, "parameters", || "must be positive".into())?;
         }
-        for (field, value) in [
-            ("layers", self.layers),
-            ("hidden", self.hidden),
-            ("heads", self.heads),
-            ("seqLen", self.seq_len),
-        ] {
+        for (field, value) in
+            [("layers", self.layers), ("hidden", self.hidden), ("heads", self.heads), ("seqLen", self.seq_len)]
+        {
             ensure(value >= 1, field, || format!("must be at least 1, got {value}"))?;
         }
         ensure(self.global_batch >= 1, "globalBatch", || "must be at least 1, got 0".into())?;
@@ -162,11 +159,9 @@ impl ModelSpec {
         ] {
             ensure(value.is_finite() && value >= 0.0, field, || format!("must be a non-negative number, got {value}"))?;
         }
-        ensure(
-            self.activation_factor.is_finite() && self.activation_factor > 0.0,
-            "activationFactor",
-            || format!("must be a positive number, got {}", self.activation_factor),
-        )?;
+        ensure(self.activation_factor.is_finite() && self.activation_factor > 0.0, "activationFactor", || {
+            format!("must be a positive number, got {}", self.activation_factor)
+        })?;
         if let Some(ms) = self.forward_1gpu_ms {
             ensure(ms.is_finite() && ms > 0.0, "forward1gpuMs", || format!("must be positive, got {ms}"))?;
         }

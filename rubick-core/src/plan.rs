@@ -116,14 +116,7 @@ pub enum PlanFamily {
 }
 
 impl PlanFamily {
-    pub const ALL: [PlanFamily; 6] = [
-        Self::Dp,
-        Self::DpGc,
-        Self::ZeroDp,
-        Self::ZeroOffload,
-        Self::TpPp,
-        Self::TpPpGc,
-    ];
+    pub const ALL: [PlanFamily; 6] = [Self::Dp, Self::DpGc, Self::ZeroDp, Self::ZeroOffload, Self::TpPp, Self::TpPpGc];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -231,18 +224,15 @@ impl Plan {
             return Err(PlanViolation::GpuCount { product: self.gpus(), gpus });
         }
         if self.global_batch() != model.global_batch {
-            return Err(PlanViolation::GlobalBatch {
-                product: self.global_batch(),
-                global_batch: model.global_batch,
-            });
+            return Err(PlanViolation::GlobalBatch { product: self.global_batch(), global_batch: model.global_batch });
         }
-        if model.heads % self.tp != 0 {
+        if !model.heads.is_multiple_of(self.tp) {
             return Err(PlanViolation::TpHeads { tp: self.tp, heads: model.heads });
         }
-        if model.hidden % self.tp != 0 {
+        if !model.hidden.is_multiple_of(self.tp) {
             return Err(PlanViolation::TpHidden { tp: self.tp, hidden: model.hidden });
         }
-        if model.layers % self.pp != 0 {
+        if !model.layers.is_multiple_of(self.pp) {
             return Err(PlanViolation::PpLayers { pp: self.pp, layers: model.layers });
         }
         Ok(())
@@ -253,11 +243,7 @@ impl fmt::Display for Plan {
     /// The readable form: `dp4-tp2-pp1-mb2-ga1`, then `-z1`..`-z3`, `-offopt` or
     /// `-offall`, and `-gc` when they apply.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "dp{}-tp{}-pp{}-mb{}-ga{}",
-            self.dp, self.tp, self.pp, self.micro_batch, self.ga
-        )?;
+        write!(f, "dp{}-tp{}-pp{}-mb{}-ga{}", self.dp, self.tp, self.pp, self.micro_batch, self.ga)?;
         if self.zero != ZeroStage::None {
             write!(f, "-z{}", self.zero.level())?;
         }
@@ -400,13 +386,13 @@ impl PlanCode {
     pub fn candidates(&self, model: &ModelSpec, gpus: u32) -> Vec<Plan> {
         let skeleton = self.skeleton(gpus);
         let dp = u64::from(skeleton.dp);
-        if gpus == 0 || skeleton.gpus() != gpus || model.global_batch % dp != 0 {
+        if gpus == 0 || skeleton.gpus() != gpus || !model.global_batch.is_multiple_of(dp) {
             return Vec::new();
         }
         let per_replica = model.global_batch / dp;
         (1..=per_replica)
             .rev()
-            .filter(|mb| per_replica % mb == 0)
+            .filter(|mb| per_replica.is_multiple_of(*mb))
             .filter_map(|mb| {
                 let micro_batch = u32::try_from(mb).ok()?;
                 let ga = u32::try_from(per_replica / mb).ok()?;
@@ -496,16 +482,27 @@ impl FromStr for PlanRequest {
             Err(_) => Err(ParseError::new(
                 "plan",
                 s,
-                "expected a plan like dp4-tp2-pp1-mb2-ga1 or a code (ga, gc, zero-dp, zero-offload, 248)"
-                    .into(),
+                "expected a plan like dp4-tp2-pp1-mb2-ga1 or a code (ga, gc, zero-dp, zero-offload, 248)".into(),
             )),
         }
     }
 }
 
-crate::string_serde!(Plan, "A complete execution plan, e.g. `dp4-tp2-pp1-mb2-ga1-z1-gc`.", r"^(dp|tp|pp|mb|ga|z|offopt|offall|gc)[0-9]*(-(dp|tp|pp|mb|ga|z|offopt|offall|gc)[0-9]*)*$");
-crate::string_serde!(PlanCode, "A reference plan code: ga, gc, zero-dp, zero-offload or P T D digits.", r"^(ga|gc|zero-dp|zero-offload|[1-9]{3})$");
-crate::string_serde!(PlanRequest, "A complete plan (dp4-tp2-pp1-mb2-ga1) or a reference plan code (ga, gc, zero-dp, zero-offload, 248).", r"^\S+$");
+crate::string_serde!(
+    Plan,
+    "A complete execution plan, e.g. `dp4-tp2-pp1-mb2-ga1-z1-gc`.",
+    r"^(dp|tp|pp|mb|ga|z|offopt|offall|gc)[0-9]*(-(dp|tp|pp|mb|ga|z|offopt|offall|gc)[0-9]*)*$"
+);
+crate::string_serde!(
+    PlanCode,
+    "A reference plan code: ga, gc, zero-dp, zero-offload or P T D digits.",
+    r"^(ga|gc|zero-dp|zero-offload|[1-9]{3})$"
+);
+crate::string_serde!(
+    PlanRequest,
+    "A complete plan (dp4-tp2-pp1-mb2-ga1) or a reference plan code (ga, gc, zero-dp, zero-offload, 248).",
+    r"^\S+$"
+);
 
 #[cfg(test)]
 mod tests {
@@ -527,7 +524,9 @@ mod tests {
 
     #[test]
     fn readable_form_rejects_nonsense() {
-        for bad in ["", "dp4", "dp0-mb1", "dp4-mb1-zz", "dp4-mb1-z7", "dp4-dp2-mb1", "dp1-mb1-z2", "dp2-mb1-offopt", "gc3-mb1"] {
+        for bad in
+            ["", "dp4", "dp0-mb1", "dp4-mb1-zz", "dp4-mb1-z7", "dp4-dp2-mb1", "dp1-mb1-z2", "dp2-mb1-offopt", "gc3-mb1"]
+        {
             assert!(bad.parse::<Plan>().is_err(), "{bad} should not parse");
         }
     }

@@ -107,10 +107,10 @@ impl MeasuredRow {
         if !(iter_time_s.is_finite() && iter_time_s > 0.0) {
             return Err(format!("iter_time must be a positive number, got {iter_time_s}"));
         }
-        if let Some(gpus) = code.gpus() {
-            if gpus != placement.gpus() {
-                return Err(format!("plan `{code}` uses {gpus} GPUs but placement {placement} has {}", placement.gpus()));
-            }
+        if let Some(gpus) = code.gpus()
+            && gpus != placement.gpus()
+        {
+            return Err(format!("plan `{code}` uses {gpus} GPUs but placement {placement} has {}", placement.gpus()));
         }
         let phases = phases.and_then(|[f, o, p]| {
             if ![f, o, p].iter().all(|x| x.is_finite() && *x >= 0.0) {
@@ -222,9 +222,9 @@ fn family_configs(model: &ModelSpec, family: PlanFamily, mb: u32, gpus_per_node:
                 for pp in 1..=gpus_per_node / tp {
                     let plan = Plan { tp, pp, checkpointing: family == PlanFamily::TpPpGc, ..base };
                     let shape_ok = tp * pp >= 2
-                        && model.heads % tp == 0
-                        && model.hidden % tp == 0
-                        && model.layers % pp == 0;
+                        && model.heads.is_multiple_of(tp)
+                        && model.hidden.is_multiple_of(tp)
+                        && model.layers.is_multiple_of(pp);
                     if shape_ok {
                         plans.push(plan);
                     }
@@ -254,7 +254,7 @@ pub fn memory_agreement(
         .map(|(&family, &fact)| {
             let mut estimate = 0;
             let mut deciding = None;
-            for mb in (1..=batch).filter(|m| batch % m == 0) {
+            for mb in (1..=batch).filter(|m| batch.is_multiple_of(*m)) {
                 let mb = mb as u32;
                 let best = family_configs(&model, family, mb, gpus_per_node)
                     .into_iter()
@@ -289,26 +289,6 @@ pub fn memory_agreement(
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn phases_in_milliseconds_are_normalised() {
-        let row = MeasuredRow::from_fields("248", "88888888", 0.6729, Some([0.0, 353.94, 24.27])).unwrap();
-        let phases = row.phases.unwrap();
-        assert!((phases.backward_sync_s - 0.35394).abs() < 1e-9);
-        let row = MeasuredRow::from_fields("ga", "233", 0.299, Some([0.032, 0.083, 0.142])).unwrap();
-        assert!((row.phases.unwrap().optimizer_s - 0.142).abs() < 1e-12);
-    }
-
-    #[test]
-    fn rows_whose_plan_and_placement_disagree_are_rejected() {
-        let err = MeasuredRow::from_fields("248", "8888", 1.0, None).unwrap_err();
-        assert!(err.contains("64 GPUs"), "{err}");
-    }
-}
-
 /// The comparison as a Markdown table, one line per (model, family).
 pub fn agreement_table(rows: &[AgreementRow]) -> String {
     let mut out = String::from(
@@ -333,4 +313,24 @@ pub fn agreement_table(rows: &[AgreementRow]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_in_milliseconds_are_normalised() {
+        let row = MeasuredRow::from_fields("248", "88888888", 0.6729, Some([0.0, 353.94, 24.27])).unwrap();
+        let phases = row.phases.unwrap();
+        assert!((phases.backward_sync_s - 0.35394).abs() < 1e-9);
+        let row = MeasuredRow::from_fields("ga", "233", 0.299, Some([0.032, 0.083, 0.142])).unwrap();
+        assert!((row.phases.unwrap().optimizer_s - 0.142).abs() < 1e-12);
+    }
+
+    #[test]
+    fn rows_whose_plan_and_placement_disagree_are_rejected() {
+        let err = MeasuredRow::from_fields("248", "8888", 1.0, None).unwrap_err();
+        assert!(err.contains("64 GPUs"), "{err}");
+    }
 }

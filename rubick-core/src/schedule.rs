@@ -132,9 +132,11 @@ impl Artifact for Schedule {
                     format!("{gpus} GPUs on the nodes but plan `{plan}` needs {}", plan.gpus())
                 })?;
             }
-            ensure(a.predicted_throughput.is_finite() && a.predicted_throughput >= 0.0, &format!("{field}.predictedThroughput"), || {
-                format!("must be non-negative, got {}", a.predicted_throughput)
-            })?;
+            ensure(
+                a.predicted_throughput.is_finite() && a.predicted_throughput >= 0.0,
+                &format!("{field}.predictedThroughput"),
+                || format!("must be non-negative, got {}", a.predicted_throughput),
+            )?;
         }
         Ok(())
     }

@@ -90,12 +90,7 @@ mod tests {
             .as_array()
             .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
             .unwrap_or_default();
-        value["properties"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .map(|k| (k.clone(), required.contains(k)))
-            .collect()
+        value["properties"].as_object().unwrap().keys().map(|k| (k.clone(), required.contains(k))).collect()
     }
 
     #[test]
@@ -105,7 +100,8 @@ mod tests {
             let (_, text) = schemas.iter().find(|(name, _)| name == &format!("table-{}.json", table.name)).unwrap();
             let mut from_type = properties(text);
             from_type.sort();
-            let mut from_spec: Vec<(String, bool)> = table.columns.iter().map(|c| (c.name.to_owned(), c.required)).collect();
+            let mut from_spec: Vec<(String, bool)> =
+                table.columns.iter().map(|c| (c.name.to_owned(), c.required)).collect();
             from_spec.sort();
             assert_eq!(from_type, from_spec, "table {}", table.name);
         }

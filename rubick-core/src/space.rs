@@ -34,7 +34,7 @@ pub struct PlanSpace {
 }
 
 fn divisors(n: u64) -> impl Iterator<Item = u64> {
-    (1..=n).filter(move |d| n % d == 0)
+    (1..=n).filter(move |d| n.is_multiple_of(*d))
 }
 
 /// Every valid plan of `model` on `gpus` GPUs with tensor parallelism inside a node of
@@ -45,7 +45,7 @@ pub fn valid_plans(model: &ModelSpec, gpus: u32, gpus_per_node: u32) -> Vec<Plan
     for tp in divisors(u64::from(gpus)).filter(|&t| t <= u64::from(gpus_per_node)) {
         for pp in divisors(u64::from(gpus) / tp) {
             let dp = u64::from(gpus) / tp / pp;
-            if model.global_batch % dp != 0 {
+            if !model.global_batch.is_multiple_of(dp) {
                 continue;
             }
             let per_replica = model.global_batch / dp;

@@ -1,6 +1,8 @@
 //! Every artifact kind round-trips through YAML (property tests), and the committed
 //! JSON Schemas match the types.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
@@ -26,11 +28,8 @@ fn name() -> impl Strategy<Value = String> {
 }
 
 fn node_group() -> impl Strategy<Value = NodeGroup> {
-    (
-        (name(), 1u32..64, pow2(4), num(), 1u32..256),
-        (num(), num(), num(), num(), "[A-Z][A-Za-z0-9-]{1,12}"),
-    )
-        .prop_map(|((name, count, gpus_per_node, mem, cpu_cores), (host, nvlink, inter, pcie, gpu_type))| NodeGroup {
+    ((name(), 1u32..64, pow2(4), num(), 1u32..256), (num(), num(), num(), num(), "[A-Z][A-Za-z0-9-]{1,12}")).prop_map(
+        |((name, count, gpus_per_node, mem, cpu_cores), (host, nvlink, inter, pcie, gpu_type))| NodeGroup {
             name,
             count,
             gpu_type,
@@ -41,7 +40,8 @@ fn node_group() -> impl Strategy<Value = NodeGroup> {
             nvlink_gbps: nvlink,
             inter_node_gbps: inter,
             pcie_gbps: pcie,
-        })
+        },
+    )
 }
 
 fn cluster() -> impl Strategy<Value = Cluster> {
@@ -59,27 +59,35 @@ fn cluster() -> impl Strategy<Value = Cluster> {
 fn model_spec() -> impl Strategy<Value = ModelSpec> {
     (
         (name(), prop::option::of(1u64..100_000_000_000), pow2(6), pow2(13), pow2(6), pow2(12)),
-        (pow2(9), any::<bool>(), prop::option::of(num()), prop::option::of((num(), 0u32..64)), prop::option::of(1u32..200_000)),
+        (
+            pow2(9),
+            any::<bool>(),
+            prop::option::of(num()),
+            prop::option::of((num(), 0u32..64)),
+            prop::option::of(1u32..200_000),
+        ),
     )
-        .prop_map(|((name, parameters, layers, hidden, heads, seq_len), (batch, flash, fwd, limits, vocab))| ModelSpec {
-            api_version: None,
-            kind: None,
-            name,
-            parameters,
-            layers,
-            hidden: hidden.max(heads),
-            heads,
-            seq_len,
-            vocab,
-            global_batch: u64::from(batch),
-            state_bytes: StateBytes { param: 2.0, grad: 4.0, optimizer: 12.0 },
-            activation_factor: 34.0,
-            flash_attention: flash,
-            forward_1gpu_ms: fwd,
-            measured_limits: limits.map(|(gib, mb)| MeasuredLimits {
-                gpu_memory_gib: gib,
-                max_micro_batch: BTreeMap::from([(PlanFamily::ZeroDp, mb), (PlanFamily::TpPp, mb / 2)]),
-            }),
+        .prop_map(|((name, parameters, layers, hidden, heads, seq_len), (batch, flash, fwd, limits, vocab))| {
+            ModelSpec {
+                api_version: None,
+                kind: None,
+                name,
+                parameters,
+                layers,
+                hidden: hidden.max(heads),
+                heads,
+                seq_len,
+                vocab,
+                global_batch: u64::from(batch),
+                state_bytes: StateBytes { param: 2.0, grad: 4.0, optimizer: 12.0 },
+                activation_factor: 34.0,
+                flash_attention: flash,
+                forward_1gpu_ms: fwd,
+                measured_limits: limits.map(|(gib, mb)| MeasuredLimits {
+                    gpu_memory_gib: gib,
+                    max_micro_batch: BTreeMap::from([(PlanFamily::ZeroDp, mb), (PlanFamily::TpPp, mb / 2)]),
+                }),
+            }
         })
 }
 
@@ -128,7 +136,12 @@ fn job_batch() -> impl Strategy<Value = JobBatch> {
 }
 
 fn perf_model() -> impl Strategy<Value = PerfModel> {
-    (name(), prop::collection::btree_map("[a-z_]{1,8}", (num(), prop::option::of(num())), 0..6), 1u32..64, any::<bool>())
+    (
+        name(),
+        prop::collection::btree_map("[a-z_]{1,8}", (num(), prop::option::of(num())), 0..6),
+        1u32..64,
+        any::<bool>(),
+    )
         .prop_map(|(model, params, rows, diag)| PerfModel {
             api_version: None,
             kind: None,
@@ -136,7 +149,9 @@ fn perf_model() -> impl Strategy<Value = PerfModel> {
             form: "rubick-whitebox/1".into(),
             parameters: params
                 .into_iter()
-                .map(|(k, (v, se))| (k, FittedParameter { value: v, std_error: se, lower: Some(0.0), upper: Some(v + 1.0) }))
+                .map(|(k, (v, se))| {
+                    (k, FittedParameter { value: v, std_error: se, lower: Some(0.0), upper: Some(v + 1.0) })
+                })
                 .collect(),
             fitted_from: FitSource { source: "profile.parquet".into(), rows },
             diagnostics: diag.then(|| FitDiagnostics {
@@ -160,7 +175,12 @@ fn schedule() -> impl Strategy<Value = Schedule> {
             .map(|(i, (name, gpus, tput, guaranteed))| Assignment {
                 job: format!("{name}-{i}"),
                 plan: Some(Plan::data_parallel(gpus, 2)),
-                nodes: vec![NodeShare { node: format!("a800-{i}"), gpus: (0..gpus).collect(), cpus: gpus * 8, host_memory_gib: 64.0 }],
+                nodes: vec![NodeShare {
+                    node: format!("a800-{i}"),
+                    gpus: (0..gpus).collect(),
+                    cpus: gpus * 8,
+                    host_memory_gib: 64.0,
+                }],
                 predicted_throughput: tput,
                 guarantee: guaranteed.then(|| GuaranteeStatus { required_throughput: tput / 2.0, holds: true }),
                 change: Change::Started,
@@ -174,7 +194,13 @@ fn schedule() -> impl Strategy<Value = Schedule> {
             round: 7,
             policy: "rubick".into(),
             assignments,
-            totals: Totals { gpus_used: 8, gpus_total: 64, cpus_used: 64, host_memory_gib_used: 128.0, normalized_throughput: 1.5 },
+            totals: Totals {
+                gpus_used: 8,
+                gpus_total: 64,
+                cpus_used: 64,
+                host_memory_gib_used: 128.0,
+                normalized_throughput: 1.5,
+            },
             objective,
             solver: SolverStats { method: "heuristic".into(), gap: None, wall_s: 0.001, status: "optimal".into() },
         }
@@ -246,5 +272,8 @@ fn committed_schemas_match_the_types() {
             drifted.push(name);
         }
     }
-    assert!(drifted.is_empty(), "schemas drifted from the types: {drifted:?}; run `make schemas` and commit the result");
+    assert!(
+        drifted.is_empty(),
+        "schemas drifted from the types: {drifted:?}; run `make schemas` and commit the result"
+    );
 }

@@ -78,9 +78,7 @@ pub fn report(result: anyhow::Result<Outcome>) -> ExitCode {
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
             || matches!(
                 cause.downcast_ref::<crate::IoError>(),
                 Some(crate::IoError::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe

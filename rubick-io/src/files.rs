@@ -92,12 +92,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
 pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     if is_std(path) {
         let mut out = std::io::stdout().lock();
-        out.write_all(bytes)
-            .and_then(|_| out.flush())
-            .map_err(|source| IoError::Io { path: "<stdout>".into(), source })
+        out.write_all(bytes).and_then(|_| out.flush()).map_err(|source| IoError::Io { path: "<stdout>".into(), source })
     } else {
         write_atomic(path, bytes)
     }
+}
+
+/// Validates artifact files of kind `T`, logging each; the first bad one is the error.
+pub fn check_artifacts<T: Artifact>(paths: &[PathBuf]) -> Result<(), IoError> {
+    for path in paths {
+        load_artifact::<T>(path)?;
+        let shown = display(path);
+        tracing::info!("{shown}: valid {}", T::KIND);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -127,14 +135,4 @@ mod tests {
         let err = load_artifact::<Cluster>(&path).unwrap_err().to_string();
         assert!(err.contains("not UTF-8"), "{err}");
     }
-}
-
-/// Validates artifact files of kind `T`, logging each; the first bad one is the error.
-pub fn check_artifacts<T: Artifact>(paths: &[PathBuf]) -> Result<(), IoError> {
-    for path in paths {
-        load_artifact::<T>(path)?;
-        let shown = display(path);
-        tracing::info!("{shown}: valid {}", T::KIND);
-    }
-    Ok(())
 }

@@ -20,10 +20,7 @@ pub fn locate(start: &Path) -> Option<PathBuf> {
         let dir = PathBuf::from(dir);
         return dir.join("models.yaml").is_file().then_some(dir);
     }
-    start
-        .ancestors()
-        .map(|a| a.join("shared/reference/rubick-artifact"))
-        .find(|d| d.join("models.yaml").is_file())
+    start.ancestors().map(|a| a.join("shared/reference/rubick-artifact")).find(|d| d.join("models.yaml").is_file())
 }
 
 /// The reference data set, opened from its directory.
@@ -84,7 +81,8 @@ pub fn read_measured_rows(path: &Path) -> Result<Vec<MeasuredRow>, IoError> {
     for i in 0..df.height() {
         let line = i + 2;
         let code = codes[i].ok_or_else(|| IoError::table(path, format!("line {line}: exec_plan is empty")))?;
-        let placement = placements[i].ok_or_else(|| IoError::table(path, format!("line {line}: placement is empty")))?;
+        let placement =
+            placements[i].ok_or_else(|| IoError::table(path, format!("line {line}: placement is empty")))?;
         let iter_time = required(path, "iter_time", i, iter[i])?;
         let phases = match (&forward, &sync, &optimize) {
             (Some(f), Some(s), Some(o)) => match (f[i], s[i], o[i]) {
@@ -125,13 +123,15 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, IoError> {
         let count = |v: Option<f64>, col: &str| -> Result<u32, IoError> {
             let v = required(path, col, i, v)?;
             if v < 0.0 || v.fract() != 0.0 || v > f64::from(u32::MAX) {
-                return Err(IoError::table(path, format!("line {line}: {col} must be a non-negative integer, got {v}")));
+                return Err(IoError::table(
+                    path,
+                    format!("line {line}: {col} must be a non-negative integer, got {v}"),
+                ));
             }
             Ok(v as u32)
         };
-        let exec_plan = text(plans[i], "exec_plan")?
-            .parse()
-            .map_err(|e| IoError::table(path, format!("line {line}: {e}")))?;
+        let exec_plan =
+            text(plans[i], "exec_plan")?.parse().map_err(|e| IoError::table(path, format!("line {line}: {e}")))?;
         let num_gpus = count(gpus[i], "num_gpus")?;
         if num_gpus == 0 {
             return Err(IoError::table(path, format!("line {line}: num_gpus must be at least 1")));

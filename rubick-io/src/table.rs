@@ -40,10 +40,8 @@ pub fn read_table(path: &Path, format: Option<TableFormat>, text_columns: &[&str
             if let Err(e) = std::str::from_utf8(&bytes) {
                 return Err(IoError::NotText { path: display(path), offset: e.valid_up_to() });
             }
-            let overwrite: Schema = text_columns
-                .iter()
-                .map(|name| Field::new((*name).into(), DataType::String))
-                .collect();
+            let overwrite: Schema =
+                text_columns.iter().map(|name| Field::new((*name).into(), DataType::String)).collect();
             CsvReadOptions::default()
                 .with_has_header(true)
                 .with_infer_schema_length(None)
@@ -63,7 +61,10 @@ pub fn check_columns(path: &Path, df: &DataFrame, schema: &TableSchema) -> Resul
             if spec.required {
                 return Err(IoError::table(
                     path,
-                    format!("column `{}` is missing (a {} table needs it: {})", spec.name, schema.name, spec.description),
+                    format!(
+                        "column `{}` is missing (a {} table needs it: {})",
+                        spec.name, schema.name, spec.description
+                    ),
                 ));
             }
             continue;
@@ -87,7 +88,12 @@ pub fn check_columns(path: &Path, df: &DataFrame, schema: &TableSchema) -> Resul
 
 /// Writes a table (CSV to stdout for `-`), atomically. Parquet files carry the schema
 /// version and table name under the `rubick.schema` metadata key.
-pub fn write_table(df: &mut DataFrame, path: &Path, format: Option<TableFormat>, schema: &TableSchema) -> Result<(), IoError> {
+pub fn write_table(
+    df: &mut DataFrame,
+    path: &Path,
+    format: Option<TableFormat>,
+    schema: &TableSchema,
+) -> Result<(), IoError> {
     let mut bytes = Vec::new();
     let wrap = |e: PolarsError| IoError::table(path, e);
     let format = if is_std(path) { format.unwrap_or(TableFormat::Csv) } else { TableFormat::for_path(path, format) };
@@ -100,10 +106,7 @@ pub fn write_table(df: &mut DataFrame, path: &Path, format: Option<TableFormat>,
                 SCHEMA_KEY.to_owned(),
                 format!("{TABLE_SCHEMA_VERSION} {}", schema.name),
             )]);
-            ParquetWriter::new(&mut bytes)
-                .with_key_value_metadata(Some(metadata))
-                .finish(df)
-                .map_err(wrap)?;
+            ParquetWriter::new(&mut bytes).with_key_value_metadata(Some(metadata)).finish(df).map_err(wrap)?;
         }
     }
     write_output(path, &bytes)

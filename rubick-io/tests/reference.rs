@@ -1,6 +1,8 @@
 //! The reference data adapter reads the authors' data as it is, and the memory
 //! estimate is compared with their measured micro-batch limits.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use rubick_core::MemoryEstimator;
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
 use rubick_io::reference::{ReferenceData, locate};

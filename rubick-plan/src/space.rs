@@ -76,7 +76,8 @@ pub fn run(args: &SpaceArgs) -> anyhow::Result<Outcome> {
 fn to_frame(listing: &[JobSpace]) -> PolarsResult<DataFrame> {
     let rows: Vec<(&JobSpace, &rubick_core::SpaceEntry)> =
         listing.iter().flat_map(|js| js.space.plans.iter().map(move |e| (js, e))).collect();
-    let text = |f: &dyn Fn(&(&JobSpace, &rubick_core::SpaceEntry)) -> String| rows.iter().map(f).collect::<Vec<String>>();
+    let text =
+        |f: &dyn Fn(&(&JobSpace, &rubick_core::SpaceEntry)) -> String| rows.iter().map(f).collect::<Vec<String>>();
     let int = |f: &dyn Fn(&(&JobSpace, &rubick_core::SpaceEntry)) -> u32| rows.iter().map(f).collect::<Vec<u32>>();
     let num = |f: &dyn Fn(&(&JobSpace, &rubick_core::SpaceEntry)) -> f64| {
         rows.iter().map(|r| (f(r) * 1000.0).round() / 1000.0).collect::<Vec<f64>>()

@@ -44,8 +44,9 @@ pub struct GpuDevice {
 /// there is no NVIDIA driver.
 pub fn devices() -> anyhow::Result<Vec<GpuDevice>> {
     use anyhow::Context;
-    let nvml = nvml_wrapper::Nvml::init()
-        .context("NVML is not available: no NVIDIA driver on this machine (libnvidia-ml.so.1), so no GPU can be profiled here")?;
+    let nvml = nvml_wrapper::Nvml::init().context(
+        "NVML is not available: no NVIDIA driver on this machine (libnvidia-ml.so.1), so no GPU can be profiled here",
+    )?;
     let driver_version = nvml.sys_driver_version().context("NVML: driver version")?;
     let count = nvml.device_count().context("NVML: device count")?;
     (0..count)

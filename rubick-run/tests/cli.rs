@@ -9,10 +9,7 @@ fn cli_definition_is_consistent() {
 
 #[test]
 fn help_has_examples() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rubick-run"))
-        .arg("--help")
-        .output()
-        .expect("binary runs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rubick-run")).arg("--help").output().expect("binary runs");
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("Examples:"), "{help}");

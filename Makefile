@@ -1,0 +1,52 @@
+# rubick — build, test, lint, demo, bench. `make test` and `make demo` set up a fresh
+# machine themselves (system packages via apt when run as root).
+
+CARGO ?= cargo
+# One shared target directory: reuse $CARGO_TARGET_DIR when set (CI keeps one outside
+# the clone), else ./target.
+export CARGO_TARGET_DIR ?= $(CURDIR)/target
+BIN := $(CARGO_TARGET_DIR)/debug
+
+.PHONY: all setup build test lint demo bench schemas clean
+
+all: build
+
+# HiGHS (the MILP solver) is built from C++ source: it needs cmake, g++ and libclang.
+setup:
+	@missing=""; \
+	command -v cmake >/dev/null 2>&1 || missing="$$missing cmake"; \
+	command -v g++ >/dev/null 2>&1 || missing="$$missing g++"; \
+	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "setup: installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "setup: missing system packages:$$missing (install them, e.g. apt-get install$$missing)" >&2; exit 2; \
+	  fi; \
+	fi
+
+build: setup
+	$(CARGO) build --workspace --locked
+
+test: setup
+	$(CARGO) test --workspace --locked
+
+lint: setup
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+# The main job on the embedded local default: the plan space of the seven example
+# jobs on 8 GPUs of the paper's 8 x 8 A800 testbed.
+demo: build
+	$(BIN)/rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8 --format csv
+
+bench: setup
+	$(CARGO) bench -p rubick-plan --locked --bench rubick
+
+# Rewrite the committed JSON Schemas after changing an artifact type.
+schemas:
+	RUBICK_UPDATE_SCHEMAS=1 $(CARGO) test -p rubick-core --locked --test artifacts committed_schemas_match_the_types
+
+clean:
+	$(CARGO) clean

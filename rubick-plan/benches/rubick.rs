@@ -1,0 +1,61 @@
+//! `make bench`: every figure as one line `bench: NAME VALUE UNIT`.
+//!
+//! Figures measured in one run, so ratios between them are meaningful on a shared,
+//! noisy machine.
+
+use std::path::Path;
+use std::time::Instant;
+
+use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
+use rubick_core::{MemoryEstimator, PlanSpace};
+use rubick_io::reference::{ReferenceData, locate};
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cluster = rubick_plan::load_cluster(&root.join("data/cluster-a800-8x8.yaml"))?;
+    let jobs = rubick_plan::load_jobs(&root.join("data/jobs-paper.yaml"))?;
+    let group = &cluster.node_groups[0];
+    let estimator = MemoryEstimator::default();
+
+    // Plan space of the seven example jobs on 8 and on 64 GPUs.
+    for gpus in [8, 64] {
+        let mut samples = Vec::new();
+        let mut plans = 0;
+        for _ in 0..21 {
+            let start = Instant::now();
+            plans = jobs.iter().map(|j| PlanSpace::enumerate(&j.model, gpus, group, &estimator).plans.len()).sum();
+            samples.push(start.elapsed().as_secs_f64());
+        }
+        println!("bench: plan_space_7jobs_{gpus}gpu_ms {:.3} ms", median(samples) * 1e3);
+        println!("bench: plan_space_7jobs_{gpus}gpu_plans {plans} plans");
+    }
+
+    // The memory estimate against the reference's measured micro-batch limits.
+    match locate(&root) {
+        None => eprintln!("bench: skipping the memory table: ../shared/reference/rubick-artifact is absent"),
+        Some(dir) => {
+            let start = Instant::now();
+            let data = ReferenceData::open(&dir)?;
+            let rows: usize =
+                data.model_names().iter().map(|m| data.measured_rows(m).map(|r| r.len())).sum::<Result<_, _>>()?;
+            println!("bench: reference_load_512_rows_ms {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
+            println!("bench: reference_rows {rows} rows");
+            let mut table = Vec::new();
+            for model in data.model_names() {
+                table.extend(memory_agreement(model, data.facts(model).expect("listed model"), &estimator, 80.0, 8));
+            }
+            eprintln!("\n{}", agreement_table(&table));
+            let count = |a: Agreement| table.iter().filter(|r| r.agreement == a).count();
+            println!("bench: memory_facts_total {} facts", table.len());
+            println!("bench: memory_facts_agree {} facts", count(Agreement::Agree));
+            println!("bench: memory_facts_fact_below_estimate {} facts", count(Agreement::FactBelowEstimate));
+            println!("bench: memory_facts_fact_above_estimate {} facts", count(Agreement::FactAboveEstimate));
+        }
+    }
+    Ok(())
+}
