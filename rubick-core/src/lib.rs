@@ -10,15 +10,18 @@
 pub mod artifact;
 pub mod cluster;
 pub mod error;
+pub mod fit;
 pub mod job;
 pub mod memory;
 pub mod model;
 pub mod perf;
+pub mod perfmodel;
 pub mod placement;
 pub mod plan;
 pub mod reference;
 pub mod schedule;
 pub mod schema;
+pub mod select;
 pub mod space;
 pub mod tables;
 

@@ -23,6 +23,9 @@ pub struct PerfModel {
     pub kind: Option<Kind>,
     /// The model (job) these parameters describe.
     pub model: String,
+    /// The model's specification, so that the fitted model predicts on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_spec: Option<crate::model::ModelSpec>,
     /// Name and version of the model form, e.g. `rubick-whitebox/1`.
     pub form: String,
     /// Fitted parameters by name.
@@ -64,6 +67,9 @@ pub struct FitDiagnostics {
     pub cv_mean_rel_error: Option<f64>,
     #[serde(default)]
     pub rows: Vec<RowFit>,
+    /// Rows the model cannot explain (off by more than 2x), listed for humans.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inconsistent_rows: Vec<RowFit>,
 }
 
 /// The fit on one profiled row.

@@ -146,6 +146,7 @@ fn perf_model() -> impl Strategy<Value = PerfModel> {
             api_version: None,
             kind: None,
             model,
+            model_spec: None,
             form: "rubick-whitebox/1".into(),
             parameters: params
                 .into_iter()
@@ -163,6 +164,7 @@ fn perf_model() -> impl Strategy<Value = PerfModel> {
                     measured_s: 1.5,
                     predicted_s: 1.25,
                 }],
+                inconsistent_rows: Vec::new(),
             }),
         })
 }

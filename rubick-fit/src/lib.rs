@@ -1,22 +1,42 @@
 //! # rubick-fit: a job's performance model, fitted from a few profiling runs
 //!
-//! Today: `check` validates `PerfModel` files. Fitting (`fit`), prediction
-//! (`predict`) and evaluation against the reference data (`evaluate`) come with the
-//! rubick-fit issue; the model's artifact type lives in `rubick_core::perf`.
+//! * `fit` — fit the model form `rubick-whitebox/1` (in `rubick_core::perfmodel`) to a
+//!   profile table and write a `PerfModel`;
+//! * `predict` — iteration time (with a ~95 % interval) of configurations;
+//! * `evaluate` — against the authors' measured tables: profile K rows chosen by the
+//!   selection rule (or use their own profiling runs), predict the rest, report;
+//! * `check` — validate `PerfModel` files.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use rubick_core::perf::PerfModel;
+use rubick_core::artifact::to_yaml;
+use rubick_core::fit::{FitOptions, Observation, fit};
+use rubick_core::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
+use rubick_core::perfmodel::{FORM, Links, PARAMS, Params, predict};
+use rubick_core::{Cluster, Job, ModelSpec, Placement, Plan};
 use rubick_io::cli::{LogArgs, Outcome, ensure_one_stdin};
+use rubick_io::files::load_artifact;
+
+pub mod evaluate;
+pub mod plot;
 
 const EXAMPLES: &str = "\
 Examples:
-  # Validate a fitted model before a scheduling round uses it
-  rubick-fit check models/llama7.yaml
+  # How good is the model? Profile 8 rows per model of the authors' data, predict the rest
+  rubick-fit evaluate --reference ../shared/reference/rubick-artifact --model all \\
+      --cluster data/cluster-a800-8x8.yaml --samples 8 --summary summary.yaml --plot fit.svg
 
-  # From a pipeline
-  cat models/llama7.yaml | rubick-fit check -";
+  # Fit a job's model from its profile table
+  rubick-fit fit profile.csv --job job.yaml --cluster data/cluster-a800-8x8.yaml -o model.yaml
+
+  # Predict a configuration
+  rubick-fit predict model.yaml --cluster data/cluster-a800-8x8.yaml --plan dp8-mb1-ga1-z2 --placement 44
+
+  # Validate a fitted model
+  rubick-fit check model.yaml";
 
 /// Fit the performance model of a training job: iteration time across execution plans
 /// and placements, from a few profiled runs (Rubick, arXiv 2408.08586).
@@ -31,12 +51,69 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Fit a job's model from a profile table (CSV or Parquet) into a PerfModel
+    Fit {
+        /// Profile table (columns of the `profile` table schema), `-` for stdin (CSV)
+        profile: PathBuf,
+        /// The Job the profile measured (YAML)
+        #[arg(long)]
+        job: PathBuf,
+        #[arg(long)]
+        cluster: PathBuf,
+        /// Output PerfModel, `-` for stdout
+        #[arg(short, long, default_value = "-")]
+        output: PathBuf,
+    },
+    /// Predict iteration times of configurations with a fitted PerfModel
+    Predict {
+        model: PathBuf,
+        #[arg(long)]
+        cluster: PathBuf,
+        /// A plan (dp4-tp2-pp1-mb2-ga1); with --placement
+        #[arg(long, requires = "placement")]
+        plan: Option<Plan>,
+        /// GPUs per node, e.g. 44
+        #[arg(long, requires = "plan")]
+        placement: Option<Placement>,
+        /// A table of configurations (columns `plan`, `placement`), instead of one
+        #[arg(long, conflicts_with = "plan")]
+        table: Option<PathBuf>,
+    },
+    /// Evaluate the model against the authors' measured tables
+    Evaluate(EvaluateArgs),
     /// Validate PerfModel files (YAML); exit 2 naming the first bad file and field
     Check {
         /// PerfModel files, `-` for stdin
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EvaluateArgs {
+    /// The reference directory (rubick-artifact)
+    #[arg(long)]
+    pub reference: PathBuf,
+    /// A model of models.yaml, or `all`
+    #[arg(long, default_value = "all")]
+    pub model: String,
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// Rows to "profile" per model, chosen by the selection rule
+    #[arg(long, default_value_t = 8)]
+    pub samples: usize,
+    /// Fit from the authors' own profiling runs (profiles/<model>/) instead
+    #[arg(long)]
+    pub from_profiles: bool,
+    /// SUMMARY.yaml to write, `-` for stdout
+    #[arg(long, default_value = "-")]
+    pub summary: PathBuf,
+    /// Every row with its prediction (CSV or Parquet)
+    #[arg(long)]
+    pub rows: Option<PathBuf>,
+    /// Predicted vs measured, log-log, one colour per plan family (PNG or SVG)
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
@@ -46,5 +123,234 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             rubick_io::check_artifacts::<PerfModel>(&files)?;
             Ok(Outcome::Done)
         }
+        Command::Evaluate(args) => run_evaluate(&args),
+        Command::Fit { profile, job, cluster, output } => run_fit(&profile, &job, &cluster, &output),
+        Command::Predict { model, cluster, plan, placement, table } => {
+            run_predict(&model, &cluster, plan.zip(placement), table.as_deref())
+        }
     }
+}
+
+fn links_of(cluster: &Cluster) -> Links {
+    // The node group with the most GPUs: where multi-node jobs run.
+    cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from).unwrap_or(Links {
+        nvlink_gbps: 1.0,
+        network_gbps: 1.0,
+        pcie_gbps: 1.0,
+    })
+}
+
+fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
+    anyhow::ensure!(args.samples >= 1, "--samples: expected at least 1 row, got 0");
+    let cluster: Cluster = load_artifact(&args.cluster)?;
+    let links = links_of(&cluster);
+    let data = rubick_io::reference::ReferenceData::open(&args.reference)?;
+    let names: Vec<String> = if args.model == "all" {
+        data.model_names().into_iter().map(str::to_owned).collect()
+    } else {
+        if data.facts(&args.model).is_none() {
+            bail!(
+                "--model: `{}` is not in models.yaml (expected one of: {}, or all)",
+                args.model,
+                data.model_names().join(", ")
+            );
+        }
+        vec![args.model.clone()]
+    };
+    let mut reports = Vec::new();
+    for name in &names {
+        let facts = data.facts(name).context("listed model")?;
+        let model = facts.model_spec(name);
+        let measured = data.measured_rows(name)?;
+        let profiles = if args.from_profiles { Some(data.profiles(name)?) } else { None };
+        let (report, rows) =
+            evaluate::evaluate_model(name, &model, &measured, links, args.samples, profiles.as_deref())?;
+        tracing::info!(
+            "{name}: mean error {:.1} % over {} held-out rows",
+            100.0 * report.metrics.mean_rel_error.unwrap_or(f64::NAN),
+            report.metrics.rows - report.metrics.fitted_rows
+        );
+        reports.push((name.clone(), report, rows));
+    }
+    let source = if args.from_profiles { "profiles" } else { "placements" };
+    let (summary, rows) = evaluate::summarize(source, args.samples, reports);
+    if let Some(path) = &args.rows {
+        write_rows(path, &rows)?;
+    }
+    if let Some(path) = &args.plot {
+        plot::predicted_vs_measured(path, &rows)?;
+    }
+    rubick_io::write_output(&args.summary, serde_yaml_ng::to_string(&summary)?.as_bytes())?;
+    Ok(Outcome::Done)
+}
+
+fn write_rows(path: &Path, rows: &[evaluate::EvaluatedRow]) -> anyhow::Result<()> {
+    use polars::prelude::*;
+    let text = |f: fn(&evaluate::EvaluatedRow) -> &str| rows.iter().map(|r| f(r).to_owned()).collect::<Vec<String>>();
+    let num = |f: fn(&evaluate::EvaluatedRow) -> f64| rows.iter().map(f).collect::<Vec<f64>>();
+    let mut df = DataFrame::new_infer_height(vec![
+        Column::new("model".into(), text(|r| &r.model)),
+        Column::new("code".into(), text(|r| &r.code)),
+        Column::new("family".into(), text(|r| &r.family)),
+        Column::new("plan".into(), text(|r| &r.plan)),
+        Column::new("placement".into(), text(|r| &r.placement)),
+        Column::new("measured_s".into(), num(|r| r.measured_s)),
+        Column::new("predicted_s".into(), num(|r| r.predicted_s)),
+        Column::new("lower_s".into(), num(|r| r.lower_s)),
+        Column::new("upper_s".into(), num(|r| r.upper_s)),
+        Column::new("rel_error".into(), num(|r| r.rel_error())),
+        Column::new("fitted".into(), rows.iter().map(|r| r.fitted).collect::<Vec<bool>>()),
+        Column::new("flagged".into(), rows.iter().map(|r| r.flagged).collect::<Vec<bool>>()),
+    ])?;
+    const TABLE: rubick_core::tables::TableSchema =
+        rubick_core::tables::TableSchema { name: "evaluate-rows", columns: &[] };
+    rubick_io::table::write_table(&mut df, path, None, &TABLE)?;
+    Ok(())
+}
+
+/// Reads a profile table into observations of `job` on `cluster`.
+pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow::Result<Vec<Observation>> {
+    use rubick_io::table::{check_columns, f64_column, read_table, str_column};
+    let df = read_table(path, None, &["job", "model", "plan", "placement", "gpu_type"])?;
+    check_columns(path, &df, &rubick_core::tables::PROFILE)?;
+    let plans = str_column(path, &df, "plan")?;
+    let placements = str_column(path, &df, "placement")?;
+    let times = f64_column(path, &df, "iter_time_s")?;
+    let links = links_of(cluster);
+    let mut rows = Vec::with_capacity(df.height());
+    for i in 0..df.height() {
+        let line = i + 2;
+        let at = |what: &str| format!("{}: line {line}: {what}", path.display());
+        let plan: Plan = plans[i].context(at("plan is empty"))?.parse().with_context(|| at("plan"))?;
+        let placement: Placement =
+            placements[i].context(at("placement is empty"))?.parse().with_context(|| at("placement"))?;
+        let iter_time_s = times[i].with_context(|| at("iter_time_s is empty"))?;
+        plan.check(&job.model, placement.gpus())
+            .map_err(|v| anyhow::anyhow!("{}", at(&format!("plan `{plan}`: {v}"))))?;
+        rows.push(Observation { plan, placement, links, iter_time_s });
+    }
+    Ok(rows)
+}
+
+fn run_fit(profile: &Path, job: &Path, cluster: &Path, output: &Path) -> anyhow::Result<Outcome> {
+    ensure_one_stdin(&[profile, job, cluster])?;
+    let job: Job = load_artifact(job)?;
+    let cluster: Cluster = load_artifact(cluster)?;
+    let rows = profile_observations(profile, &job, &cluster)?;
+    let fitted =
+        fit(&job.model, &rows, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{}: {e}", profile.display()))?;
+    let row_fits: Vec<RowFit> = rows
+        .iter()
+        .map(|r| RowFit {
+            plan: r.plan,
+            placement: r.placement.clone(),
+            measured_s: r.iter_time_s,
+            predicted_s: predict(&job.model, &r.plan, &r.placement, &r.links, &fitted.params).total,
+        })
+        .collect();
+    let mean = row_fits.iter().map(|r| (r.predicted_s / r.measured_s - 1.0).abs()).sum::<f64>() / row_fits.len() as f64;
+    let (inconsistent, consistent): (Vec<RowFit>, Vec<RowFit>) = row_fits.into_iter().partition(|r| {
+        !(1.0 / evaluate::FLAG_FACTOR..=evaluate::FLAG_FACTOR).contains(&(r.measured_s / r.predicted_s))
+    });
+    let model = PerfModel {
+        api_version: None,
+        kind: None,
+        model: job.model.name.clone(),
+        model_spec: Some(job.model.clone()),
+        form: FORM.to_owned(),
+        parameters: parameters_of(&fitted.params, &fitted.std_errors),
+        fitted_from: FitSource { source: profile.display().to_string(), rows: rows.len() as u32 },
+        diagnostics: Some(FitDiagnostics {
+            mean_rel_error: mean,
+            cv_mean_rel_error: None,
+            rows: consistent,
+            inconsistent_rows: inconsistent,
+        }),
+    };
+    rubick_io::write_output(output, to_yaml(&model).as_bytes())?;
+    Ok(Outcome::Done)
+}
+
+fn parameters_of(params: &Params, std_errors: &[f64]) -> BTreeMap<String, FittedParameter> {
+    PARAMS
+        .iter()
+        .zip(params.values)
+        .zip(std_errors)
+        .map(|((spec, value), se)| {
+            (
+                spec.name.to_owned(),
+                FittedParameter {
+                    value,
+                    std_error: se.is_finite().then_some(*se),
+                    lower: Some(spec.lower),
+                    upper: Some(spec.upper),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The parameters of a PerfModel in the form's order; unknown names are errors.
+pub fn params_of(model: &PerfModel, path: &Path) -> anyhow::Result<Params> {
+    anyhow::ensure!(
+        model.form == FORM,
+        "{}: form: `{}` is not supported (expected `{FORM}`)",
+        path.display(),
+        model.form
+    );
+    let mut params = Params::prior(PARAMS[0].prior);
+    for (name, p) in &model.parameters {
+        let i = PARAMS
+            .iter()
+            .position(|s| s.name == name)
+            .with_context(|| format!("{}: parameters.{name}: not a parameter of {FORM}", path.display()))?;
+        params.values[i] = p.value;
+    }
+    Ok(params)
+}
+
+fn run_predict(
+    model_path: &Path,
+    cluster: &Path,
+    one: Option<(Plan, Placement)>,
+    table: Option<&Path>,
+) -> anyhow::Result<Outcome> {
+    let model: PerfModel = load_artifact(model_path)?;
+    let cluster: Cluster = load_artifact(cluster)?;
+    let spec: ModelSpec = model
+        .model_spec
+        .clone()
+        .with_context(|| format!("{}: modelSpec: missing (needed to predict)", model_path.display()))?;
+    let params = params_of(&model, model_path)?;
+    let links = links_of(&cluster);
+    let configs: Vec<(Plan, Placement)> = match (one, table) {
+        (Some(c), _) => vec![c],
+        (None, Some(path)) => {
+            use rubick_io::table::{read_table, str_column};
+            let df = read_table(path, None, &["plan", "placement"])?;
+            let plans = str_column(path, &df, "plan")?;
+            let placements = str_column(path, &df, "placement")?;
+            plans
+                .iter()
+                .zip(&placements)
+                .enumerate()
+                .map(|(i, (p, q))| {
+                    let at = || format!("{}: line {}", path.display(), i + 2);
+                    Ok((
+                        p.with_context(|| format!("{}: plan is empty", at()))?.parse().with_context(at)?,
+                        q.with_context(|| format!("{}: placement is empty", at()))?.parse().with_context(at)?,
+                    ))
+                })
+                .collect::<anyhow::Result<_>>()?
+        }
+        (None, None) => bail!("give --plan and --placement, or --table"),
+    };
+    let mut out = String::from("plan,placement,iter_time_s,samples_per_s\n");
+    for (plan, placement) in configs {
+        plan.check(&spec, placement.gpus()).map_err(|v| anyhow::anyhow!("plan `{plan}` on {placement}: {v}"))?;
+        let t = predict(&spec, &plan, &placement, &links, &params).total;
+        out.push_str(&format!("{plan},{placement},{t:.6},{:.4}\n", spec.global_batch as f64 / t));
+    }
+    rubick_io::write_output(Path::new("-"), out.as_bytes())?;
+    Ok(Outcome::Done)
 }

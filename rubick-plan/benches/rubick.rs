@@ -55,6 +55,47 @@ fn main() -> anyhow::Result<()> {
             println!("bench: memory_facts_agree {} facts", count(Agreement::Agree));
             println!("bench: memory_facts_fact_below_estimate {} facts", count(Agreement::FactBelowEstimate));
             println!("bench: memory_facts_fact_above_estimate {} facts", count(Agreement::FactAboveEstimate));
+
+            // Fitting one model: K = 8 rows chosen by the selection rule, median over
+            // the seven models of the median of 5 runs each.
+            let links = rubick_core::perfmodel::Links::from(group);
+            let mut per_model = Vec::new();
+            for model in data.model_names() {
+                let spec = data.facts(model).expect("listed model").model_spec(model);
+                let rows: Vec<_> = data
+                    .measured_rows(model)?
+                    .into_iter()
+                    .filter_map(|r| {
+                        let plan =
+                            rubick_core::space::resolve_code(&r.code, &spec, r.placement.gpus(), 80.0, &estimator)?;
+                        Some((plan, r))
+                    })
+                    .collect();
+                let candidates: Vec<_> = rows
+                    .iter()
+                    .map(|(plan, r)| rubick_core::select::Candidate { plan: *plan, placement: r.placement.clone() })
+                    .collect();
+                let obs: Vec<_> = rubick_core::select::select(&candidates, 8)
+                    .into_iter()
+                    .map(|i| rubick_core::fit::Observation {
+                        plan: rows[i].0,
+                        placement: rows[i].1.placement.clone(),
+                        links,
+                        iter_time_s: rows[i].1.iter_time_s,
+                    })
+                    .collect();
+                let mut samples = Vec::new();
+                for _ in 0..5 {
+                    let start = Instant::now();
+                    rubick_core::fit::fit(&spec, &obs, &rubick_core::fit::FitOptions::default())?;
+                    samples.push(start.elapsed().as_secs_f64());
+                }
+                let ms = median(samples) * 1e3;
+                eprintln!("fit {model}: {ms:.2} ms");
+                per_model.push(ms);
+            }
+            println!("bench: fit_one_model_ms {:.2} ms", median(per_model.clone()));
+            println!("bench: fit_one_model_max_ms {:.2} ms", per_model.iter().copied().fold(0.0, f64::max));
         }
     }
     Ok(())

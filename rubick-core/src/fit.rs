@@ -1,0 +1,313 @@
+//! Fitting the performance model: bounded nonlinear least squares on log error.
+//!
+//! Residuals are `ln(predicted / measured) / sigma` for every measured row, plus weak
+//! log-normal priors that pull each parameter toward its physical default, so that a
+//! handful of rows identify what they can and leave the rest at sensible values.
+//! Bounds are enforced by the parametrisation `ln θ = ln lo + (ln hi - ln lo) · s(φ)`
+//! with the logistic `s`, so the Levenberg-Marquardt solver (crate
+//! `levenberg-marquardt`) works on unconstrained `φ`. Several deterministic starts;
+//! the lowest cost wins. Standard errors come from `(JᵀJ)⁻¹` at the optimum.
+
+use levenberg_marquardt::{LeastSquaresProblem, LevenbergMarquardt};
+use nalgebra::{DMatrix, DVector, Dyn, Owned};
+
+use crate::model::ModelSpec;
+use crate::perfmodel::{Links, PARAMS, Params, idx, predict};
+use crate::placement::Placement;
+use crate::plan::Plan;
+
+const N: usize = PARAMS.len();
+
+/// One measured configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub plan: Plan,
+    pub placement: Placement,
+    pub links: Links,
+    pub iter_time_s: f64,
+}
+
+/// Why a fit could not be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FitError {
+    #[error("no measured rows to fit")]
+    NoRows,
+    #[error("row {row}: iteration time must be a positive, finite number of seconds, got {value}")]
+    BadTime { row: usize, value: f64 },
+    #[error("row {row}: plan `{plan}` uses {plan_gpus} GPUs but the placement has {placement_gpus}")]
+    GpuMismatch { row: usize, plan: Plan, plan_gpus: u32, placement_gpus: u32 },
+    #[error("the solver found no finite solution (the rows may contradict the model's form)")]
+    NoSolution,
+}
+
+/// Settings of a fit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FitOptions {
+    /// Expected log error of one measurement (0.1 ≈ 10 %).
+    pub sigma: f64,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions { sigma: 0.1 }
+    }
+}
+
+/// A fitted model with its uncertainty.
+#[derive(Debug, Clone)]
+pub struct Fit {
+    pub params: Params,
+    /// Standard error of each parameter (delta method from the φ covariance).
+    pub std_errors: [f64; N],
+    /// Covariance of φ, for prediction intervals.
+    covariance: DMatrix<f64>,
+    phi: DVector<f64>,
+    /// Final cost (half the sum of squared residuals incl. priors).
+    pub cost: f64,
+    /// Start index that won.
+    pub start: usize,
+}
+
+fn logistic(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn bounds(i: usize) -> (f64, f64) {
+    (PARAMS[i].lower.ln(), PARAMS[i].upper.ln())
+}
+
+fn theta_of(phi: &DVector<f64>) -> Params {
+    let mut values = [0.0; N];
+    for (i, v) in values.iter_mut().enumerate() {
+        let (lo, hi) = bounds(i);
+        *v = (lo + (hi - lo) * logistic(phi[i])).exp();
+    }
+    Params { values }
+}
+
+fn phi_of(theta: &Params) -> DVector<f64> {
+    DVector::from_iterator(
+        N,
+        (0..N).map(|i| {
+            let (lo, hi) = bounds(i);
+            let t = ((theta.values[i].ln() - lo) / (hi - lo)).clamp(1e-6, 1.0 - 1e-6);
+            (t / (1.0 - t)).ln()
+        }),
+    )
+}
+
+/// The compute prior: from the model's measured forward time when it has one
+/// (forward ≈ a third of forward + backward), else from the rows themselves.
+pub fn compute_prior(model: &ModelSpec, rows: &[Observation]) -> f64 {
+    let batch = model.global_batch.max(1) as f64;
+    if let Some(ms) = model.forward_1gpu_ms {
+        return 3.0 * ms / 1e3 / batch;
+    }
+    let mut per_sample: Vec<f64> =
+        rows.iter().map(|r| 0.7 * r.iter_time_s * f64::from(r.plan.gpus().max(1)) / batch).collect();
+    per_sample.sort_by(f64::total_cmp);
+    per_sample.get(per_sample.len() / 2).copied().unwrap_or(PARAMS[idx::COMPUTE].prior)
+}
+
+struct Problem<'a> {
+    model: &'a ModelSpec,
+    rows: &'a [Observation],
+    prior: Params,
+    sigma: f64,
+    phi: DVector<f64>,
+}
+
+impl Problem<'_> {
+    fn residuals_at(&self, phi: &DVector<f64>) -> DVector<f64> {
+        let theta = theta_of(phi);
+        let data = self.rows.iter().map(|r| {
+            let pred = predict(self.model, &r.plan, &r.placement, &r.links, &theta).total;
+            (pred.max(1e-12).ln() - r.iter_time_s.ln()) / self.sigma
+        });
+        let priors =
+            (0..N).map(|i| (theta.values[i].ln() - self.prior.values[i].ln()) / PARAMS[i].prior_sigma.max(1e-6));
+        DVector::from_iterator(self.rows.len() + N, data.chain(priors))
+    }
+}
+
+fn jacobian_of(f: impl Fn(&DVector<f64>) -> DVector<f64>, phi: &DVector<f64>, rows: usize) -> DMatrix<f64> {
+    let base = f(phi);
+    let mut jac = DMatrix::zeros(rows, phi.len());
+    for j in 0..phi.len() {
+        let h = 1e-6 * (1.0 + phi[j].abs());
+        let mut moved = phi.clone();
+        moved[j] += h;
+        let col = (f(&moved) - &base) / h;
+        jac.set_column(j, &col);
+    }
+    jac
+}
+
+impl LeastSquaresProblem<f64, Dyn, Dyn> for Problem<'_> {
+    type ResidualStorage = Owned<f64, Dyn>;
+    type JacobianStorage = Owned<f64, Dyn, Dyn>;
+    type ParameterStorage = Owned<f64, Dyn>;
+
+    fn set_params(&mut self, x: &DVector<f64>) {
+        self.phi.copy_from(x);
+    }
+
+    fn params(&self) -> DVector<f64> {
+        self.phi.clone()
+    }
+
+    fn residuals(&self) -> Option<DVector<f64>> {
+        let r = self.residuals_at(&self.phi);
+        r.iter().all(|x| x.is_finite()).then_some(r)
+    }
+
+    fn jacobian(&self) -> Option<DMatrix<f64>> {
+        let jac = jacobian_of(|p| self.residuals_at(p), &self.phi, self.rows.len() + N);
+        jac.iter().all(|x| x.is_finite()).then_some(jac)
+    }
+}
+
+/// Checks rows before fitting; the error names the row.
+pub fn check_rows(rows: &[Observation]) -> Result<(), FitError> {
+    if rows.is_empty() {
+        return Err(FitError::NoRows);
+    }
+    for (row, r) in rows.iter().enumerate() {
+        if !(r.iter_time_s.is_finite() && r.iter_time_s > 0.0) {
+            return Err(FitError::BadTime { row, value: r.iter_time_s });
+        }
+        if r.plan.gpus() != r.placement.gpus() {
+            return Err(FitError::GpuMismatch {
+                row,
+                plan: r.plan,
+                plan_gpus: r.plan.gpus(),
+                placement_gpus: r.placement.gpus(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Fits the model of `model` to `rows`.
+pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Result<Fit, FitError> {
+    check_rows(rows)?;
+    let prior = Params::prior(compute_prior(model, rows));
+    // Deterministic starts: the prior, and the prior with compute or communication
+    // scaled, so that a bad basin of either kind is escaped.
+    let mut starts = Vec::new();
+    for (param, factor) in [(None, 1.0), (Some(idx::COMPUTE), 0.5), (Some(idx::COMPUTE), 1.6), (Some(idx::NET), 0.2)] {
+        let mut theta = prior.clone();
+        if let Some(i) = param {
+            theta.values[i] *= factor;
+        }
+        starts.push(phi_of(&theta));
+    }
+    let mut best: Option<(f64, usize, DVector<f64>)> = None;
+    for (start, phi) in starts.into_iter().enumerate() {
+        let problem = Problem { model, rows, prior: prior.clone(), sigma: options.sigma, phi };
+        let (solved, _report) = LevenbergMarquardt::new().with_patience(60).minimize(problem);
+        let Some(r) = solved.residuals() else { continue };
+        let cost = 0.5 * r.norm_squared();
+        if cost.is_finite() && best.as_ref().is_none_or(|(c, _, _)| cost < *c - 1e-12) {
+            best = Some((cost, start, solved.phi));
+        }
+    }
+    let (cost, start, phi) = best.ok_or(FitError::NoSolution)?;
+    let problem = Problem { model, rows, prior, sigma: options.sigma, phi: phi.clone() };
+    let jac = jacobian_of(|p| problem.residuals_at(p), &phi, rows.len() + N);
+    let information = jac.transpose() * &jac;
+    let covariance =
+        information.clone().try_inverse().unwrap_or_else(|| DMatrix::from_diagonal_element(N, N, f64::NAN));
+    let params = theta_of(&phi);
+    let mut std_errors = [f64::NAN; N];
+    for (i, se) in std_errors.iter_mut().enumerate() {
+        let (lo, hi) = bounds(i);
+        let s = logistic(phi[i]);
+        let dtheta = params.values[i] * (hi - lo) * s * (1.0 - s);
+        *se = (dtheta * dtheta * covariance[(i, i)]).abs().sqrt();
+    }
+    Ok(Fit { params, std_errors, covariance, phi: phi_of(&theta_of(&phi)), cost, start })
+}
+
+impl Fit {
+    /// A prediction with a ~95 % interval from the parameters' covariance (delta
+    /// method on the log of the iteration time).
+    pub fn predict_interval(
+        &self,
+        model: &ModelSpec,
+        plan: &Plan,
+        placement: &Placement,
+        links: &Links,
+    ) -> (f64, f64, f64) {
+        let f = |phi: &DVector<f64>| {
+            let t = predict(model, plan, placement, links, &theta_of(phi)).total;
+            DVector::from_element(1, t.max(1e-12).ln())
+        };
+        let grad = jacobian_of(f, &self.phi, 1);
+        let var = (&grad * &self.covariance * grad.transpose())[(0, 0)];
+        let mid = predict(model, plan, placement, links, &self.params).total;
+        let half = 1.96 * var.max(0.0).sqrt();
+        if half.is_finite() { (mid * (-half).exp(), mid, mid * half.exp()) } else { (mid, mid, mid) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Cluster;
+
+    fn rows(truth: &Params, model: &ModelSpec) -> Vec<Observation> {
+        let links = Links::from(&Cluster::example().node_groups[0]);
+        [
+            ("dp1-mb8-ga2-z0", "1"),
+            ("dp2-mb8-z2", "2"),
+            ("dp8-mb2-z2", "8"),
+            ("dp8-mb2-z2", "44"),
+            ("dp16-mb1-z2", "88"),
+            ("dp8-mb2-z2-offopt", "8"),
+            ("dp4-mb4-z2-gc", "4"),
+            ("dp16-mb1", "88"),
+        ]
+        .iter()
+        .map(|(plan, placement)| {
+            let plan: Plan = plan.parse().unwrap();
+            let placement: Placement = placement.parse().unwrap();
+            let iter_time_s = predict(model, &plan, &placement, &links, truth).total;
+            Observation { plan, placement, links, iter_time_s }
+        })
+        .collect()
+    }
+
+    #[test]
+    fn recovers_what_it_generated() {
+        let mut model = ModelSpec::example();
+        model.global_batch = 16;
+        let mut truth = Params::prior(0.3);
+        truth.values[idx::NET] = 0.2;
+        truth.values[idx::GC] = 1.4;
+        let data = rows(&truth, &model);
+        let fit = fit(&model, &data, &FitOptions::default()).unwrap();
+        for r in &data {
+            let pred = predict(&model, &r.plan, &r.placement, &r.links, &fit.params).total;
+            assert!((pred / r.iter_time_s - 1.0).abs() < 0.03, "{} {} {pred} {}", r.plan, r.placement, r.iter_time_s);
+        }
+        let (lo, mid, hi) = fit.predict_interval(&model, &data[2].plan, &data[2].placement, &data[2].links);
+        assert!(lo <= mid && mid <= hi);
+    }
+
+    #[test]
+    fn degenerate_rows_are_errors_not_panics() {
+        let model = ModelSpec::example();
+        assert_eq!(fit(&model, &[], &FitOptions::default()).unwrap_err(), FitError::NoRows);
+        let mut data = rows(&Params::prior(0.3), &model);
+        data[1].iter_time_s = f64::NAN;
+        assert!(matches!(fit(&model, &data, &FitOptions::default()), Err(FitError::BadTime { row: 1, .. })));
+        data[1].iter_time_s = 0.0;
+        assert!(matches!(fit(&model, &data, &FitOptions::default()), Err(FitError::BadTime { row: 1, .. })));
+        // One row, or all rows equal: the priors keep the problem well posed.
+        let one = vec![rows(&Params::prior(0.3), &model)[0].clone()];
+        assert!(fit(&model, &one, &FitOptions::default()).is_ok());
+        let same = vec![one[0].clone(); 5];
+        assert!(fit(&model, &same, &FitOptions::default()).is_ok());
+    }
+}

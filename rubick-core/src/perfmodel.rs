@@ -1,0 +1,308 @@
+//! The performance model: iteration time of a job under a plan and placement.
+//!
+//! Form `rubick-whitebox/1`, a white-box model after the Rubick paper's (see
+//! `shared/reference/PERF_MODEL.md`) with its weak spots fixed: bandwidths come from
+//! the cluster (NVLink inside a node, the network across nodes, PCIe for offload), a
+//! pipeline bubble, TP and PP communication that scale with micro-batch, hidden,
+//! sequence and layers per stage, ZeRO stages 1-3 and offload, accumulation and
+//! checkpointing multipliers. Nothing in it is specific to one model: everything
+//! model-specific is a fitted [`Params`] value or a [`ModelSpec`] field.
+//!
+//! All times are seconds per iteration (one global batch).
+
+use crate::cluster::NodeGroup;
+use crate::model::ModelSpec;
+use crate::placement::Placement;
+use crate::plan::{Offload, Plan, ZeroStage};
+
+/// Name and version of the model form, stored in every `PerfModel`.
+pub const FORM: &str = "rubick-whitebox/1";
+
+/// One parameter of the form: its name, default (prior centre), bounds, prior width
+/// (standard deviation of the log-normal prior) and meaning.
+#[derive(Debug, Clone, Copy)]
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub prior: f64,
+    pub lower: f64,
+    pub upper: f64,
+    pub prior_sigma: f64,
+    pub doc: &'static str,
+}
+
+const fn spec(
+    name: &'static str,
+    prior: f64,
+    lower: f64,
+    upper: f64,
+    prior_sigma: f64,
+    doc: &'static str,
+) -> ParamSpec {
+    ParamSpec { name, prior, lower, upper, prior_sigma, doc }
+}
+
+/// Index of each parameter in [`PARAMS`] and [`Params::values`].
+pub mod idx {
+    pub const COMPUTE: usize = 0;
+    pub const GC: usize = 1;
+    pub const NVLINK: usize = 2;
+    pub const NET: usize = 3;
+    pub const NET_SHARE: usize = 4;
+    pub const OVERLAP: usize = 5;
+    pub const OPT: usize = 6;
+    pub const GATHER: usize = 7;
+    pub const OFFLOAD: usize = 8;
+    pub const OFFLOAD_CONST: usize = 9;
+    pub const CONST: usize = 10;
+    pub const COMPUTE_3D: usize = 11;
+    pub const PIPE_ETA: usize = 12;
+    pub const STAGE: usize = 13;
+    pub const TP_COMM: usize = 14;
+}
+
+/// The parameters of the form. The compute prior is replaced per job (from the
+/// model's measured forward time or the data).
+pub const PARAMS: [ParamSpec; 15] = [
+    spec("compute_s_per_sample", 0.01, 1e-6, 100.0, 2.0, "forward + backward seconds per sample on one GPU"),
+    spec("gc_factor", 1.33, 1.0, 2.5, 0.3, "compute multiplier with activation checkpointing"),
+    spec("nvlink_efficiency", 0.5, 0.01, 2.0, 1.0, "share of the cluster's NVLink bandwidth collectives reach"),
+    spec("network_efficiency", 0.5, 0.005, 4.0, 1.0, "share of the cluster's inter-node bandwidth collectives reach"),
+    spec("network_share_exp", 0.5, 0.01, 3.0, 1.0, "per-node network load grows as (min(GPUs on node, 4)/4)^exp"),
+    spec("overlap_k", 2.0, 1.0, 12.0, 0.7, "backward and gradient sync overlap as (a^k + b^k)^(1/k)"),
+    spec("optimizer_s_per_gparam", 0.03, 1e-5, 10.0, 1.5, "GPU optimizer step, seconds per 1e9 parameters"),
+    spec("zero_gather", 1.0, 0.05, 10.0, 1.0, "multiplier of the ZeRO parameter all-gather"),
+    spec(
+        "offload_s_per_gparam",
+        1.0,
+        1e-3,
+        200.0,
+        1.5,
+        "CPU optimizer + PCIe, seconds per 1e9 parameters of a GPU's shard",
+    ),
+    spec("offload_const_s", 0.02, 1e-5, 10.0, 1.5, "fixed cost of an offloaded step"),
+    spec("const_s", 0.01, 1e-5, 5.0, 1.5, "fixed cost per iteration"),
+    spec("compute_3d", 1.0, 0.2, 5.0, 0.7, "compute multiplier of TP/PP implementations"),
+    spec("pipeline_eta", 0.5, 0.01, 1.0, 1.0, "effective share of extra micro-batches that fill the pipeline"),
+    spec("stage_cost_s", 0.01, 1e-5, 2.0, 1.5, "fixed cost per pipeline stage"),
+    spec("tp_comm", 1.0, 0.05, 20.0, 1.0, "multiplier of the tensor-parallel all-reduce time"),
+];
+
+/// Values of every parameter, in the order of [`PARAMS`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    pub values: [f64; PARAMS.len()],
+}
+
+impl Params {
+    /// The prior centres, with the compute prior set to `compute_s_per_sample`.
+    pub fn prior(compute_s_per_sample: f64) -> Self {
+        let mut values = PARAMS.map(|p| p.prior);
+        values[idx::COMPUTE] = compute_s_per_sample.clamp(PARAMS[idx::COMPUTE].lower, PARAMS[idx::COMPUTE].upper);
+        Params { values }
+    }
+
+    fn v(&self, i: usize) -> f64 {
+        self.values[i]
+    }
+}
+
+/// The bandwidths a configuration sees, from the node group it runs on (GB/s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Links {
+    pub nvlink_gbps: f64,
+    pub network_gbps: f64,
+    pub pcie_gbps: f64,
+}
+
+impl From<&NodeGroup> for Links {
+    fn from(g: &NodeGroup) -> Self {
+        Links { nvlink_gbps: g.nvlink_gbps, network_gbps: g.inter_node_gbps, pcie_gbps: g.pcie_gbps }
+    }
+}
+
+/// Iteration time split by phase (seconds). `total` is what the job sees.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Prediction {
+    pub forward: f64,
+    /// Backward overlapped with gradient synchronisation (and the pipeline for 3-D).
+    pub backward_sync: f64,
+    /// Optimizer step, incl. offload and ZeRO gathers.
+    pub optimizer: f64,
+    /// Communication that is not hidden (for diagnostics; part of the phases above).
+    pub communication: f64,
+    pub total: f64,
+}
+
+/// Time of a collective moving `volume_bytes` per GPU over a group laid out as
+/// `placement`: over NVLink inside one node, else limited by the busiest node's
+/// network link, whose load grows with the GPUs it hosts.
+fn collective_s(volume_bytes: f64, placement: &Placement, links: &Links, p: &Params) -> f64 {
+    if volume_bytes <= 0.0 {
+        return 0.0;
+    }
+    let nvlink = links.nvlink_gbps * p.v(idx::NVLINK) * 1e9;
+    if !placement.is_multi_node() {
+        return volume_bytes / nvlink;
+    }
+    let busiest = f64::from(placement.max_per_node().min(4)) / 4.0;
+    let network = links.network_gbps * p.v(idx::NET) * 1e9;
+    volume_bytes * busiest.powf(p.v(idx::NET_SHARE)) / network + volume_bytes / nvlink
+}
+
+fn overlap(a: f64, b: f64, k: f64) -> f64 {
+    let m = a.max(b);
+    if m <= 0.0 {
+        return 0.0;
+    }
+    m * ((a / m).powf(k) + (b / m).powf(k)).powf(1.0 / k)
+}
+
+/// Predicts the iteration time of `plan` on `placement` for `model`.
+pub fn predict(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Links, p: &Params) -> Prediction {
+    if plan.tp * plan.pp > 1 {
+        predict_3d(model, plan, placement, links, p)
+    } else {
+        predict_dp(model, plan, placement, links, p)
+    }
+}
+
+fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Links, p: &Params) -> Prediction {
+    let n = f64::from(plan.gpus().max(1));
+    let d = f64::from(plan.dp.max(1));
+    let batch = model.global_batch as f64;
+    let params = model.parameter_count() as f64;
+    let grad_bytes = model.state_bytes.grad * params;
+    let gc = if plan.checkpointing { p.v(idx::GC) } else { 1.0 };
+    let compute = p.v(idx::COMPUTE) * batch / n;
+    let forward = compute / 3.0;
+    let backward = compute * (gc - 1.0 / 3.0);
+    let ring = (d - 1.0) / d;
+    let (sync_volume, gathers) = match plan.zero {
+        ZeroStage::None | ZeroStage::One => (2.0 * ring * grad_bytes, 0.0),
+        ZeroStage::Two => (ring * grad_bytes, 1.0),
+        ZeroStage::Three => (ring * grad_bytes * 3.0, 1.0),
+    };
+    let sync = collective_s(sync_volume, placement, links, p);
+    let ga = f64::from(plan.ga.max(1));
+    let backward_sync = backward * (ga - 1.0) / ga + overlap(backward / ga, sync, p.v(idx::OVERLAP));
+    let optimizer = match (plan.offload, plan.zero) {
+        (Offload::None, ZeroStage::None) => p.v(idx::OPT) * params / 1e9,
+        (Offload::None, ZeroStage::One) => {
+            p.v(idx::OPT) * params / n / 1e9 + p.v(idx::GATHER) * collective_s(ring * grad_bytes, placement, links, p)
+        }
+        (Offload::None, _) => {
+            p.v(idx::OPT) * params / n / 1e9
+                + gathers * p.v(idx::GATHER) * collective_s(ring * grad_bytes, placement, links, p)
+        }
+        (_, _) => {
+            let pcie = 2.0 * grad_bytes / n / (links.pcie_gbps * 1e9);
+            p.v(idx::OFFLOAD) * params / n / 1e9 + pcie + p.v(idx::OFFLOAD_CONST)
+        }
+    };
+    let total = forward + backward_sync + optimizer + p.v(idx::CONST);
+    Prediction { forward, backward_sync, optimizer, communication: (backward_sync - backward).max(0.0), total }
+}
+
+fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Links, p: &Params) -> Prediction {
+    let (tp, pp, dp) = (f64::from(plan.tp), f64::from(plan.pp), f64::from(plan.dp.max(1)));
+    let batch = model.global_batch as f64;
+    let per_replica = batch / dp;
+    let params = model.parameter_count() as f64;
+    let (s, h) = (f64::from(model.seq_len), f64::from(model.hidden));
+    let layers_per_stage = f64::from(model.layers) / pp;
+    let gc = if plan.checkpointing { p.v(idx::GC) } else { 1.0 };
+    let per_node = f64::from(placement.max_per_node().max(1));
+
+    // Compute of one replica's batch, split over its tp * pp GPUs.
+    let stage_compute = p.v(idx::COMPUTE) * p.v(idx::COMPUTE_3D) * per_replica / (tp * pp) * gc;
+    // Megatron: 4 all-reduces of s * b * h activations per layer (2 forward, 2 backward).
+    let nvlink = links.nvlink_gbps * p.v(idx::NVLINK) * 1e9;
+    let network = links.network_gbps * p.v(idx::NET) * 1e9;
+    let tp_bytes = 4.0 * layers_per_stage * per_replica * s * h * 2.0 * 2.0 * (tp - 1.0) / tp;
+    let tp_link = if tp <= per_node { nvlink } else { network };
+    let tp_comm = p.v(idx::TP_COMM) * tp_bytes / tp_link;
+    // Pipeline: (M + pp - 1) slots of one micro-batch each; only part of the extra
+    // micro-batches fill the bubble in practice.
+    let micro_batches = f64::from(plan.ga.max(1));
+    let m_eff = 1.0 + p.v(idx::PIPE_ETA) * (micro_batches - 1.0);
+    let bubble = (m_eff + pp - 1.0) / m_eff;
+    // Point-to-point activations between stages (forward and backward), across nodes
+    // when a stage boundary leaves the node.
+    let stage_gpus = tp * dp;
+    let p2p_link = if stage_gpus * pp <= per_node { nvlink } else { network };
+    let p2p = if pp > 1.0 { 2.0 * (pp - 1.0) * per_replica * s * h * 2.0 / tp / p2p_link } else { 0.0 };
+    let pipeline = bubble * (stage_compute + tp_comm) + p2p + p.v(idx::STAGE) * pp;
+    // Data-parallel gradient all-reduce of one stage's shard; the DP group stays in a
+    // node when a stage's tp * dp GPUs fit in one.
+    let stage_grad_bytes = model.state_bytes.grad * params / (tp * pp);
+    let dp_volume = 2.0 * (dp - 1.0) / dp * stage_grad_bytes;
+    let dp_comm = if dp <= 1.0 {
+        0.0
+    } else if stage_gpus <= per_node && !placement.is_multi_node() || stage_gpus <= f64::from(placement.min_per_node())
+    {
+        dp_volume / nvlink
+    } else {
+        collective_s(dp_volume, placement, links, p)
+    };
+    let backward_sync = overlap(pipeline * 2.0 / 3.0, dp_comm, p.v(idx::OVERLAP));
+    let forward = pipeline / 3.0;
+    let shard = if plan.zero >= ZeroStage::One { dp } else { 1.0 };
+    let optimizer = p.v(idx::OPT) * params / (tp * pp * shard) / 1e9;
+    let total = forward + backward_sync + optimizer + p.v(idx::CONST);
+    Prediction {
+        forward,
+        backward_sync,
+        optimizer,
+        communication: tp_comm + p2p + (backward_sync - pipeline * 2.0 / 3.0).max(0.0),
+        total,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Cluster;
+
+    fn links() -> Links {
+        Links::from(&Cluster::example().node_groups[0])
+    }
+
+    fn time(plan: &str, placement: &str) -> f64 {
+        let mut model = ModelSpec::example();
+        model.global_batch = 16;
+        let p = Params::prior(0.5);
+        predict(&model, &plan.parse().unwrap(), &placement.parse().unwrap(), &links(), &p).total
+    }
+
+    #[test]
+    fn more_gpus_are_faster_and_nodes_cost_bandwidth() {
+        assert!(time("dp8-mb2-z2", "8") < time("dp4-mb4-z2", "4"));
+        assert!(time("dp8-mb2-z2", "8") < time("dp8-mb2-z2", "44"));
+        assert!(time("dp8-mb2-z2", "44") < time("dp8-mb2-z2", "11111111") * 1.5);
+    }
+
+    #[test]
+    fn checkpointing_and_offload_cost_time() {
+        assert!(time("dp8-mb2-z2-gc", "8") > time("dp8-mb2-z2", "8"));
+        assert!(time("dp8-mb2-z2-offopt", "8") > time("dp8-mb2-z2", "8"));
+    }
+
+    #[test]
+    fn phases_add_up() {
+        let model = ModelSpec::example();
+        for (plan, placement) in [("dp8-mb2-z2", "8"), ("dp2-tp4-pp2-mb1-ga8", "88")] {
+            let pred =
+                predict(&model, &plan.parse().unwrap(), &placement.parse().unwrap(), &links(), &Params::prior(0.5));
+            let sum = pred.forward + pred.backward_sync + pred.optimizer + PARAMS[idx::CONST].prior;
+            assert!((sum - pred.total).abs() < 1e-12, "{plan}");
+            assert!(pred.total.is_finite() && pred.total > 0.0);
+        }
+    }
+
+    #[test]
+    fn pipeline_bubble_shrinks_with_micro_batches() {
+        let few = time("dp1-tp1-pp4-mb16-ga1", "4");
+        let many = time("dp1-tp1-pp4-mb1-ga16", "4");
+        assert!(many < few, "{many} {few}");
+    }
+}
