@@ -67,7 +67,7 @@ pub const PARAMS: [ParamSpec; 15] = [
     spec("gc_factor", 1.33, 1.0, 2.5, 0.3, "compute multiplier with activation checkpointing"),
     spec("nvlink_efficiency", 0.5, 0.01, 2.0, 1.0, "share of the cluster's NVLink bandwidth collectives reach"),
     spec("network_efficiency", 0.5, 0.005, 4.0, 1.0, "share of the cluster's inter-node bandwidth collectives reach"),
-    spec("network_share_exp", 0.5, 0.01, 3.0, 1.0, "per-node network load grows as (min(GPUs on node, 4)/4)^exp"),
+    spec("network_congestion_exp", 0.1, 0.001, 3.0, 1.5, "inter-node collective time grows as (nodes / 2)^exp"),
     spec("overlap_k", 2.0, 1.0, 12.0, 0.7, "backward and gradient sync overlap as (a^k + b^k)^(1/k)"),
     spec("optimizer_s_per_gparam", 0.03, 1e-5, 10.0, 1.5, "GPU optimizer step, seconds per 1e9 parameters"),
     spec("zero_gather", 1.0, 0.05, 10.0, 1.0, "multiplier of the ZeRO parameter all-gather"),
@@ -133,20 +133,28 @@ pub struct Prediction {
     pub total: f64,
 }
 
-/// Time of a collective moving `volume_bytes` per GPU over a group laid out as
-/// `placement`: over NVLink inside one node, else limited by the busiest node's
-/// network link, whose load grows with the GPUs it hosts.
-fn collective_s(volume_bytes: f64, placement: &Placement, links: &Links, p: &Params) -> f64 {
-    if volume_bytes <= 0.0 {
+/// Time of a collective over a group laid out as `placement`, where each GPU holds
+/// `bytes` and the collective moves `factor * (d - 1) / d * bytes` per GPU in a ring of
+/// `d` (2 for all-reduce, 1 for reduce-scatter or all-gather). Inside one node it runs
+/// over NVLink. Across nodes it is hierarchical (as NCCL does): a ring inside each node
+/// over NVLink, then a ring over the `N` nodes whose inter-node part moves
+/// `factor * (N - 1) / N * bytes` through each node's link, growing further as
+/// `(N / 2)^exp` with congestion.
+fn collective_s(factor: f64, bytes: f64, placement: &Placement, links: &Links, p: &Params) -> f64 {
+    let gpus = f64::from(placement.gpus());
+    if bytes <= 0.0 || gpus <= 1.0 {
         return 0.0;
     }
     let nvlink = links.nvlink_gbps * p.v(idx::NVLINK) * 1e9;
     if !placement.is_multi_node() {
-        return volume_bytes / nvlink;
+        return factor * (gpus - 1.0) / gpus * bytes / nvlink;
     }
-    let busiest = f64::from(placement.max_per_node().min(4)) / 4.0;
+    let per_node = f64::from(placement.max_per_node());
+    let nodes = f64::from(placement.nodes());
     let network = links.network_gbps * p.v(idx::NET) * 1e9;
-    volume_bytes * busiest.powf(p.v(idx::NET_SHARE)) / network + volume_bytes / nvlink
+    let intra = factor * (per_node - 1.0) / per_node * bytes / nvlink;
+    let inter = factor * (nodes - 1.0) / nodes * bytes / network * (nodes / 2.0).powf(p.v(idx::NET_SHARE));
+    intra + inter
 }
 
 fn overlap(a: f64, b: f64, k: f64) -> f64 {
@@ -176,27 +184,25 @@ fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let compute = p.v(idx::COMPUTE) * batch / n;
     let forward = compute / 3.0;
     let backward = compute * (gc - 1.0 / 3.0);
-    let ring = (d - 1.0) / d;
-    let (sync_volume, gathers) = match plan.zero {
-        ZeroStage::None | ZeroStage::One => (2.0 * ring * grad_bytes, 0.0),
-        ZeroStage::Two => (ring * grad_bytes, 1.0),
-        ZeroStage::Three => (ring * grad_bytes * 3.0, 1.0),
+    let _ = d;
+    let (sync_factor, gathers) = match plan.zero {
+        ZeroStage::None | ZeroStage::One => (2.0, 0.0),
+        ZeroStage::Two => (1.0, 1.0),
+        ZeroStage::Three => (3.0, 1.0),
     };
-    let sync = collective_s(sync_volume, placement, links, p);
+    let sync = collective_s(sync_factor, grad_bytes, placement, links, p);
+    let gather = collective_s(1.0, grad_bytes, placement, links, p);
     let ga = f64::from(plan.ga.max(1));
     let backward_sync = backward * (ga - 1.0) / ga + overlap(backward / ga, sync, p.v(idx::OVERLAP));
     let optimizer = match (plan.offload, plan.zero) {
         (Offload::None, ZeroStage::None) => p.v(idx::OPT) * params / 1e9,
-        (Offload::None, ZeroStage::One) => {
-            p.v(idx::OPT) * params / n / 1e9 + p.v(idx::GATHER) * collective_s(ring * grad_bytes, placement, links, p)
-        }
-        (Offload::None, _) => {
-            p.v(idx::OPT) * params / n / 1e9
-                + gathers * p.v(idx::GATHER) * collective_s(ring * grad_bytes, placement, links, p)
-        }
+        (Offload::None, ZeroStage::One) => p.v(idx::OPT) * params / n / 1e9 + p.v(idx::GATHER) * gather,
+        (Offload::None, _) => p.v(idx::OPT) * params / n / 1e9 + gathers * p.v(idx::GATHER) * gather,
         (_, _) => {
+            // CPU Adam over the GPU's shard, plus a part the node's host memory and
+            // cores share whatever the shard (both per 1e9 parameters), plus PCIe.
             let pcie = 2.0 * grad_bytes / n / (links.pcie_gbps * 1e9);
-            p.v(idx::OFFLOAD) * params / n / 1e9 + pcie + p.v(idx::OFFLOAD_CONST)
+            (p.v(idx::OFFLOAD) / n + p.v(idx::OFFLOAD_CONST)) * params / 1e9 + pcie
         }
     };
     let total = forward + backward_sync + optimizer + p.v(idx::CONST);
@@ -235,14 +241,18 @@ fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     // Data-parallel gradient all-reduce of one stage's shard; the DP group stays in a
     // node when a stage's tp * dp GPUs fit in one.
     let stage_grad_bytes = model.state_bytes.grad * params / (tp * pp);
-    let dp_volume = 2.0 * (dp - 1.0) / dp * stage_grad_bytes;
     let dp_comm = if dp <= 1.0 {
         0.0
-    } else if stage_gpus <= per_node && !placement.is_multi_node() || stage_gpus <= f64::from(placement.min_per_node())
-    {
-        dp_volume / nvlink
+    } else if stage_gpus <= f64::from(placement.min_per_node()) {
+        2.0 * (dp - 1.0) / dp * stage_grad_bytes / nvlink
     } else {
-        collective_s(dp_volume, placement, links, p)
+        // A stage's DP groups span nodes: tp groups (one per TP rank), each with
+        // per_node / tp members on a node, reduce hierarchically and share the link.
+        let nodes = (stage_gpus / per_node).ceil().max(2.0);
+        let local = (per_node / tp).max(1.0);
+        let intra = 2.0 * (local - 1.0) / local * stage_grad_bytes / nvlink;
+        let inter = 2.0 * (nodes - 1.0) / nodes * stage_grad_bytes * tp / network;
+        intra + inter * (nodes / 2.0).powf(p.v(idx::NET_SHARE))
     };
     let backward_sync = overlap(pipeline * 2.0 / 3.0, dp_comm, p.v(idx::OVERLAP));
     let forward = pipeline / 3.0;
