@@ -67,19 +67,12 @@ pub const PARAMS: [ParamSpec; 15] = [
     spec("gc_factor", 1.33, 1.0, 2.5, 0.3, "compute multiplier with activation checkpointing"),
     spec("nvlink_efficiency", 0.5, 0.01, 2.0, 1.0, "share of the cluster's NVLink bandwidth collectives reach"),
     spec("network_efficiency", 0.5, 0.005, 4.0, 1.0, "share of the cluster's inter-node bandwidth collectives reach"),
-    spec("network_congestion_exp", 0.1, 0.001, 3.0, 1.5, "inter-node collective time grows as (nodes / 2)^exp"),
+    spec("nic_scale_exp", 0.5, 0.001, 1.5, 1.0, "node network bandwidth grows as min(GPUs on a node)^exp"),
     spec("overlap_k", 2.0, 1.0, 12.0, 0.7, "backward and gradient sync overlap as (a^k + b^k)^(1/k)"),
     spec("optimizer_s_per_gparam", 0.03, 1e-5, 10.0, 1.5, "GPU optimizer step, seconds per 1e9 parameters"),
-    spec("zero_gather", 1.0, 0.05, 10.0, 1.0, "multiplier of the ZeRO parameter all-gather"),
-    spec(
-        "offload_s_per_gparam",
-        1.0,
-        1e-3,
-        200.0,
-        1.5,
-        "CPU optimizer + PCIe, seconds per 1e9 parameters of a GPU's shard",
-    ),
-    spec("offload_const_s", 0.02, 1e-5, 10.0, 1.5, "fixed cost of an offloaded step"),
+    spec("zero_gather", 0.3, 0.01, 10.0, 1.0, "multiplier of the ZeRO parameter all-gather"),
+    spec("offload_s_per_gparam", 0.6, 1e-3, 200.0, 0.7, "CPU optimizer, seconds per 1e9 parameters of a GPU's shard"),
+    spec("offload_shared_s_per_gparam", 0.3, 1e-3, 200.0, 0.7, "offload cost a node shares (host memory), s per 1e9 parameters"),
     spec("const_s", 0.01, 1e-5, 5.0, 1.5, "fixed cost per iteration"),
     spec("compute_3d", 1.0, 0.2, 5.0, 0.7, "compute multiplier of TP/PP implementations"),
     spec("pipeline_eta", 0.5, 0.01, 1.0, 1.0, "effective share of extra micro-batches that fill the pipeline"),
@@ -138,8 +131,8 @@ pub struct Prediction {
 /// `d` (2 for all-reduce, 1 for reduce-scatter or all-gather). Inside one node it runs
 /// over NVLink. Across nodes it is hierarchical (as NCCL does): a ring inside each node
 /// over NVLink, then a ring over the `N` nodes whose inter-node part moves
-/// `factor * (N - 1) / N * bytes` through each node's link, growing further as
-/// `(N / 2)^exp` with congestion.
+/// `factor * (N - 1) / N * bytes` through each node's link, whose bandwidth grows with
+/// the thinnest node's GPU count (see [`nic_scale`]).
 fn collective_s(factor: f64, bytes: f64, placement: &Placement, links: &Links, p: &Params) -> f64 {
     let gpus = f64::from(placement.gpus());
     if bytes <= 0.0 || gpus <= 1.0 {
@@ -153,8 +146,15 @@ fn collective_s(factor: f64, bytes: f64, placement: &Placement, links: &Links, p
     let nodes = f64::from(placement.nodes());
     let network = links.network_gbps * p.v(idx::NET) * 1e9;
     let intra = factor * (per_node - 1.0) / per_node * bytes / nvlink;
-    let inter = factor * (nodes - 1.0) / nodes * bytes / network * (nodes / 2.0).powf(p.v(idx::NET_SHARE));
+    let inter = factor * (nodes - 1.0) / nodes * bytes / (network * nic_scale(placement, p));
     intra + inter
+}
+
+/// How the network bandwidth of a node grows with the GPUs that use it: with one NIC
+/// per GPU (as on the paper's testbed) a collective's rings use as many NICs as the
+/// thinnest node has GPUs; `min(GPUs on a node)^exp`.
+fn nic_scale(placement: &Placement, p: &Params) -> f64 {
+    f64::from(placement.min_per_node().max(1)).powf(p.v(idx::NET_SHARE))
 }
 
 fn overlap(a: f64, b: f64, k: f64) -> f64 {
@@ -225,7 +225,10 @@ fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let nvlink = links.nvlink_gbps * p.v(idx::NVLINK) * 1e9;
     let network = links.network_gbps * p.v(idx::NET) * 1e9;
     let tp_bytes = 4.0 * layers_per_stage * per_replica * s * h * 2.0 * 2.0 * (tp - 1.0) / tp;
-    let tp_link = if tp <= per_node { nvlink } else { network };
+    // A TP group stays inside a node only when every node's GPU count is a multiple of
+    // tp; otherwise some groups straddle two nodes and the slowest sets the pace.
+    let aligned = placement.per_node().iter().all(|&g| f64::from(g) % tp == 0.0);
+    let tp_link = if aligned { nvlink } else { network * nic_scale(placement, p) };
     let tp_comm = p.v(idx::TP_COMM) * tp_bytes / tp_link;
     // Pipeline: (M + pp - 1) slots of one micro-batch each; only part of the extra
     // micro-batches fill the bubble in practice.
@@ -252,7 +255,7 @@ fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
         let local = (per_node / tp).max(1.0);
         let intra = 2.0 * (local - 1.0) / local * stage_grad_bytes / nvlink;
         let inter = 2.0 * (nodes - 1.0) / nodes * stage_grad_bytes * tp / network;
-        intra + inter * (nodes / 2.0).powf(p.v(idx::NET_SHARE))
+        intra + inter / nic_scale(placement, p)
     };
     let backward_sync = overlap(pipeline * 2.0 / 3.0, dp_comm, p.v(idx::OVERLAP));
     let forward = pipeline / 3.0;
