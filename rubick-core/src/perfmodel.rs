@@ -193,7 +193,11 @@ fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let sync = collective_s(sync_factor, grad_bytes, placement, links, p);
     let gather = collective_s(1.0, grad_bytes, placement, links, p);
     let ga = f64::from(plan.ga.max(1));
-    let backward_sync = backward * (ga - 1.0) / ga + overlap(backward / ga, sync, p.v(idx::OVERLAP));
+    // DeepSpeed's ZeRO-2/3 reduce gradients bucket by bucket inside the backward hooks
+    // (overlap_comm is off by default): the reduction adds to the backward. Plain DDP
+    // overlaps its all-reduce with the backward.
+    let k = if plan.zero >= ZeroStage::Two { 1.0 } else { p.v(idx::OVERLAP) };
+    let backward_sync = backward * (ga - 1.0) / ga + overlap(backward / ga, sync, k);
     let optimizer = match (plan.offload, plan.zero) {
         (Offload::None, ZeroStage::None) => p.v(idx::OPT) * params / 1e9,
         (Offload::None, ZeroStage::One) => p.v(idx::OPT) * params / n / 1e9 + p.v(idx::GATHER) * gather,
