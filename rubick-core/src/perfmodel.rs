@@ -67,7 +67,7 @@ pub const PARAMS: [ParamSpec; 15] = [
     spec("gc_factor", 1.33, 1.0, 2.5, 0.3, "compute multiplier with activation checkpointing"),
     spec("nvlink_efficiency", 0.5, 0.01, 2.0, 1.0, "share of the cluster's NVLink bandwidth collectives reach"),
     spec("network_efficiency", 0.5, 0.005, 4.0, 1.0, "share of the cluster's inter-node bandwidth collectives reach"),
-    spec("nic_scale_exp", 0.5, 0.001, 1.5, 1.0, "node network bandwidth grows as min(GPUs on a node)^exp"),
+    spec("nic_scale_exp", 0.5, 0.001, 1.5, 1.0, "node network bandwidth grows as gcd(GPUs per node)^exp"),
     spec("overlap_k", 2.0, 1.0, 12.0, 0.7, "backward and gradient sync overlap as (a^k + b^k)^(1/k)"),
     spec("optimizer_s_per_gparam", 0.03, 1e-5, 10.0, 1.5, "GPU optimizer step, seconds per 1e9 parameters"),
     spec("zero_gather", 0.3, 0.01, 10.0, 1.0, "multiplier of the ZeRO parameter all-gather"),
@@ -151,10 +151,15 @@ fn collective_s(factor: f64, bytes: f64, placement: &Placement, links: &Links, p
 }
 
 /// How the network bandwidth of a node grows with the GPUs that use it: with one NIC
-/// per GPU (as on the paper's testbed) a collective's rings use as many NICs as the
-/// thinnest node has GPUs; `min(GPUs on a node)^exp`.
+/// per GPU (as on the paper's testbed) NCCL builds as many symmetric inter-node rings
+/// as every node can feed equally, the greatest common divisor of the per-node GPU
+/// counts (8 for 8888, 4 for 44, 1 for 53); `gcd^exp`.
 fn nic_scale(placement: &Placement, p: &Params) -> f64 {
-    f64::from(placement.min_per_node().max(1)).powf(p.v(idx::NET_SHARE))
+    fn gcd(a: u32, b: u32) -> u32 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    let rings = placement.per_node().iter().fold(0, |acc, &g| gcd(acc, g)).max(1);
+    f64::from(rings).powf(p.v(idx::NET_SHARE))
 }
 
 fn overlap(a: f64, b: f64, k: f64) -> f64 {
