@@ -32,6 +32,8 @@ pub struct Observation {
 pub enum FitError {
     #[error("no measured rows to fit")]
     NoRows,
+    #[error("{rows} row(s) of {distinct} distinct configuration(s): a fit needs at least 2 different configurations")]
+    TooFewConfigurations { rows: usize, distinct: usize },
     #[error("row {row}: iteration time must be a positive, finite number of seconds, got {value}")]
     BadTime { row: usize, value: f64 },
     #[error("row {row}: plan `{plan}` uses {plan_gpus} GPUs but the placement has {placement_gpus}")]
@@ -80,7 +82,7 @@ fn theta_of(phi: &DVector<f64>) -> Params {
     let mut values = [0.0; N];
     for (i, v) in values.iter_mut().enumerate() {
         let (lo, hi) = bounds(i);
-        *v = (lo + (hi - lo) * logistic(phi[i])).exp();
+        *v = (lo + (hi - lo) * logistic(phi[i].clamp(-40.0, 40.0))).exp();
     }
     Params { values }
 }
@@ -185,6 +187,12 @@ pub fn check_rows(rows: &[Observation]) -> Result<(), FitError> {
             });
         }
     }
+    let mut distinct: Vec<(&Plan, &Placement)> = rows.iter().map(|r| (&r.plan, &r.placement)).collect();
+    distinct.sort();
+    distinct.dedup();
+    if distinct.len() < 2 {
+        return Err(FitError::TooFewConfigurations { rows: rows.len(), distinct: distinct.len() });
+    }
     Ok(())
 }
 
@@ -214,17 +222,23 @@ pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Res
     }
     let (cost, start, phi) = best.ok_or(FitError::NoSolution)?;
     let problem = Problem { model, rows, prior, sigma: options.sigma, phi: phi.clone() };
-    let jac = jacobian_of(|p| problem.residuals_at(p), &phi, rows.len() + N);
+    // Directions the solver cannot move in (a parameter pinned at a bound) may give
+    // non-finite differences; they carry no information.
+    let jac =
+        jacobian_of(|p| problem.residuals_at(p), &phi, rows.len() + N).map(|x| if x.is_finite() { x } else { 0.0 });
     let information = jac.transpose() * &jac;
-    let covariance =
-        information.clone().try_inverse().unwrap_or_else(|| DMatrix::from_diagonal_element(N, N, f64::NAN));
+    // A tiny ridge: a parameter pinned at a bound has no curvature left in φ, and its
+    // standard error (dθ/dφ ≈ 0 there) comes out as ~0 instead of undefined.
+    let ridge = DMatrix::from_diagonal_element(N, N, 1e-9);
+    let covariance = (information + ridge).try_inverse().unwrap_or_else(|| DMatrix::from_element(N, N, f64::NAN));
     let params = theta_of(&phi);
     let mut std_errors = [f64::NAN; N];
     for (i, se) in std_errors.iter_mut().enumerate() {
         let (lo, hi) = bounds(i);
         let s = logistic(phi[i]);
         let dtheta = params.values[i] * (hi - lo) * s * (1.0 - s);
-        *se = (dtheta * dtheta * covariance[(i, i)]).abs().sqrt();
+        let var = dtheta * dtheta * covariance[(i, i)];
+        *se = if var > 0.0 { var.sqrt() } else { f64::NAN };
     }
     Ok(Fit { params, std_errors, covariance, phi: phi_of(&theta_of(&phi)), cost, start })
 }
@@ -304,10 +318,13 @@ mod tests {
         assert!(matches!(fit(&model, &data, &FitOptions::default()), Err(FitError::BadTime { row: 1, .. })));
         data[1].iter_time_s = 0.0;
         assert!(matches!(fit(&model, &data, &FitOptions::default()), Err(FitError::BadTime { row: 1, .. })));
-        // One row, or all rows equal: the priors keep the problem well posed.
+        // One row, or all rows measuring one configuration: nothing to fit.
         let one = vec![rows(&Params::prior(0.3), &model)[0].clone()];
-        assert!(fit(&model, &one, &FitOptions::default()).is_ok());
+        assert!(matches!(fit(&model, &one, &FitOptions::default()), Err(FitError::TooFewConfigurations { .. })));
         let same = vec![one[0].clone(); 5];
-        assert!(fit(&model, &same, &FitOptions::default()).is_ok());
+        assert!(matches!(fit(&model, &same, &FitOptions::default()), Err(FitError::TooFewConfigurations { .. })));
+        // Two configurations are enough: the priors keep the problem well posed.
+        let two = rows(&Params::prior(0.3), &model)[..2].to_vec();
+        assert!(fit(&model, &two, &FitOptions::default()).is_ok());
     }
 }

@@ -159,6 +159,15 @@ pub fn profile_observation(run: &ProfileRun, model: &ModelSpec, links: Links) ->
     Some(Observation { plan, placement, links, iter_time_s: run.iter_ms / 1e3 })
 }
 
+/// The outcome of evaluating one model.
+#[derive(Debug)]
+pub struct Evaluation {
+    pub report: ModelReport,
+    pub rows: Vec<EvaluatedRow>,
+    /// The fitted model, as `rubick-fit fit` would write it.
+    pub perf_model: rubick_core::perf::PerfModel,
+}
+
 /// Evaluates one model: which rows were fitted is decided by `select` over all rows
 /// (`samples` of them), or the fit uses `profiles` when given.
 pub fn evaluate_model(
@@ -168,7 +177,7 @@ pub fn evaluate_model(
     links: Links,
     samples: usize,
     profiles: Option<&[ProfileRun]>,
-) -> anyhow::Result<(ModelReport, Vec<EvaluatedRow>)> {
+) -> anyhow::Result<Evaluation> {
     let estimator = MemoryEstimator::default();
     let mut usable = Vec::new();
     for row in measured {
@@ -242,7 +251,10 @@ pub fn evaluate_model(
             .map(|(p, v)| (p.name.to_owned(), (v * 1e6).round() / 1e6))
             .collect(),
     };
-    Ok((report, rows))
+    let source = if profiles.is_some() { "profiles" } else { "placements" };
+    let perf_model =
+        crate::perf_model_artifact(model, &observations, &fitted, &format!("reference {source} of {name}"));
+    Ok(Evaluation { report, rows, perf_model })
 }
 
 /// Pools the rows of several models into the overall block.

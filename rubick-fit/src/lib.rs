@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use rubick_core::artifact::to_yaml;
-use rubick_core::fit::{FitOptions, Observation, fit};
+use rubick_core::fit::{Fit, FitOptions, Observation, fit};
 use rubick_core::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
 use rubick_core::perfmodel::{FORM, Links, PARAMS, Params, predict};
 use rubick_core::{Cluster, Job, ModelSpec, Placement, Plan};
@@ -114,6 +114,9 @@ pub struct EvaluateArgs {
     /// Predicted vs measured, log-log, one colour per plan family (PNG or SVG)
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Write the fitted PerfModel of the (single) --model here, `-` for stdout
+    #[arg(long)]
+    pub model_out: Option<PathBuf>,
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
@@ -157,14 +160,21 @@ fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
         }
         vec![args.model.clone()]
     };
+    anyhow::ensure!(args.model_out.is_none() || names.len() == 1, "--model-out: needs a single --model, not `all`");
+    anyhow::ensure!(
+        !(args.model_out.as_deref().is_some_and(rubick_io::files::is_std) && rubick_io::files::is_std(&args.summary)),
+        "--model-out and --summary cannot both be stdout"
+    );
     let mut reports = Vec::new();
+    let mut perf_models = Vec::new();
     for name in &names {
         let facts = data.facts(name).context("listed model")?;
         let model = facts.model_spec(name);
         let measured = data.measured_rows(name)?;
         let profiles = if args.from_profiles { Some(data.profiles(name)?) } else { None };
-        let (report, rows) =
+        let evaluate::Evaluation { report, rows, perf_model } =
             evaluate::evaluate_model(name, &model, &measured, links, args.samples, profiles.as_deref())?;
+        perf_models.push(perf_model);
         tracing::info!(
             "{name}: mean error {:.1} % over {} held-out rows",
             100.0 * report.metrics.mean_rel_error.unwrap_or(f64::NAN),
@@ -181,6 +191,9 @@ fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
         plot::predicted_vs_measured(path, &rows)?;
     }
     rubick_io::write_output(&args.summary, serde_yaml_ng::to_string(&summary)?.as_bytes())?;
+    if let (Some(path), Some(model)) = (&args.model_out, perf_models.first()) {
+        rubick_io::write_output(path, to_yaml(model).as_bytes())?;
+    }
     Ok(Outcome::Done)
 }
 
@@ -239,36 +252,43 @@ fn run_fit(profile: &Path, job: &Path, cluster: &Path, output: &Path) -> anyhow:
     let rows = profile_observations(profile, &job, &cluster)?;
     let fitted =
         fit(&job.model, &rows, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{}: {e}", profile.display()))?;
+    let model = perf_model_artifact(&job.model, &rows, &fitted, &profile.display().to_string());
+    rubick_io::write_output(output, to_yaml(&model).as_bytes())?;
+    Ok(Outcome::Done)
+}
+
+/// The `PerfModel` artifact of a fit: parameters with standard errors and bounds, the
+/// model spec, and the fit on every row (rows more than 2x off listed apart).
+pub fn perf_model_artifact(spec: &ModelSpec, rows: &[Observation], fitted: &Fit, source: &str) -> PerfModel {
     let row_fits: Vec<RowFit> = rows
         .iter()
         .map(|r| RowFit {
             plan: r.plan,
             placement: r.placement.clone(),
             measured_s: r.iter_time_s,
-            predicted_s: predict(&job.model, &r.plan, &r.placement, &r.links, &fitted.params).total,
+            predicted_s: predict(spec, &r.plan, &r.placement, &r.links, &fitted.params).total,
         })
         .collect();
-    let mean = row_fits.iter().map(|r| (r.predicted_s / r.measured_s - 1.0).abs()).sum::<f64>() / row_fits.len() as f64;
+    let mean =
+        row_fits.iter().map(|r| (r.predicted_s / r.measured_s - 1.0).abs()).sum::<f64>() / row_fits.len().max(1) as f64;
     let (inconsistent, consistent): (Vec<RowFit>, Vec<RowFit>) = row_fits.into_iter().partition(|r| {
         !(1.0 / evaluate::FLAG_FACTOR..=evaluate::FLAG_FACTOR).contains(&(r.measured_s / r.predicted_s))
     });
-    let model = PerfModel {
+    PerfModel {
         api_version: None,
         kind: None,
-        model: job.model.name.clone(),
-        model_spec: Some(job.model.clone()),
+        model: spec.name.clone(),
+        model_spec: Some(spec.clone()),
         form: FORM.to_owned(),
         parameters: parameters_of(&fitted.params, &fitted.std_errors),
-        fitted_from: FitSource { source: profile.display().to_string(), rows: rows.len() as u32 },
+        fitted_from: FitSource { source: source.to_owned(), rows: rows.len() as u32 },
         diagnostics: Some(FitDiagnostics {
             mean_rel_error: mean,
             cv_mean_rel_error: None,
             rows: consistent,
             inconsistent_rows: inconsistent,
         }),
-    };
-    rubick_io::write_output(output, to_yaml(&model).as_bytes())?;
-    Ok(Outcome::Done)
+    }
 }
 
 fn parameters_of(params: &Params, std_errors: &[f64]) -> BTreeMap<String, FittedParameter> {
