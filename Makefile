@@ -37,9 +37,20 @@ lint: setup
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # The main job on the embedded local default: the plan space of the seven example
-# jobs on 8 GPUs of the paper's 8 x 8 A800 testbed.
+# jobs on 8 GPUs of the paper's 8 x 8 A800 testbed; then, when the authors' reference
+# data is beside the checkout, the performance model of one reference job (LLaMA-2-7B)
+# fitted from 8 of its measured rows, with the evaluation summary in out/.
+REFERENCE ?= $(or $(RUBICK_REFERENCE),../shared/reference/rubick-artifact)
 demo: build
 	$(BIN)/rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8 --format csv
+	@if [ -f "$(REFERENCE)/models.yaml" ]; then \
+	  mkdir -p out; \
+	  echo "# fitted performance model of llama7 (8 profiled rows); summary: out/demo-llama7-summary.yaml, plot: out/demo-llama7.svg" >&2; \
+	  $(BIN)/rubick-fit evaluate --reference "$(REFERENCE)" --model llama7 --cluster data/cluster-a800-8x8.yaml \
+	    --samples 8 --summary out/demo-llama7-summary.yaml --plot out/demo-llama7.svg --model-out -; \
+	else \
+	  echo "demo: $(REFERENCE) is absent; skipping the fitted-model part" >&2; \
+	fi
 
 bench: setup
 	$(CARGO) bench -p rubick-plan --locked --bench rubick

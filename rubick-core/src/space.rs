@@ -107,6 +107,19 @@ impl PlanSpace {
     }
 }
 
+/// The complete plan a reference code stands for on `gpus` GPUs: the largest
+/// micro-batch that fits (measured limits first, then the estimate), else the smallest.
+pub fn resolve_code(
+    code: &crate::plan::PlanCode,
+    model: &ModelSpec,
+    gpus: u32,
+    gpu_memory_gib: f64,
+    estimator: &MemoryEstimator,
+) -> Option<Plan> {
+    let candidates = code.candidates(model, gpus);
+    candidates.iter().find(|p| estimator.fits(model, p, gpu_memory_gib).0).or(candidates.last()).copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,17 +162,4 @@ mod tests {
         assert!(!space.plans.is_empty());
         assert!(space.plans.iter().all(|e| e.family != PlanFamily::Dp && e.family != PlanFamily::DpGc));
     }
-}
-
-/// The complete plan a reference code stands for on `gpus` GPUs: the largest
-/// micro-batch that fits (measured limits first, then the estimate), else the smallest.
-pub fn resolve_code(
-    code: &crate::plan::PlanCode,
-    model: &ModelSpec,
-    gpus: u32,
-    gpu_memory_gib: f64,
-    estimator: &MemoryEstimator,
-) -> Option<Plan> {
-    let candidates = code.candidates(model, gpus);
-    candidates.iter().find(|p| estimator.fits(model, p, gpu_memory_gib).0).or(candidates.last()).copied()
 }

@@ -225,6 +225,7 @@ fn write_rows(path: &Path, rows: &[evaluate::EvaluatedRow]) -> anyhow::Result<()
 pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow::Result<Vec<Observation>> {
     use rubick_io::table::{check_columns, f64_column, read_table, str_column};
     let df = read_table(path, None, &["job", "model", "plan", "placement", "gpu_type"])?;
+    anyhow::ensure!(df.height() > 0, "{}: no measured rows to fit (only a header)", path.display());
     check_columns(path, &df, &rubick_core::tables::PROFILE)?;
     let plans = str_column(path, &df, "plan")?;
     let placements = str_column(path, &df, "placement")?;
