@@ -188,7 +188,6 @@ pub fn predict(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Li
 
 fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Links, p: &Params) -> Prediction {
     let n = f64::from(plan.gpus().max(1));
-    let d = f64::from(plan.dp.max(1));
     let batch = model.global_batch as f64;
     let params = model.parameter_count() as f64;
     let grad_bytes = model.state_bytes.grad * params;
@@ -196,7 +195,6 @@ fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let compute = p.v(idx::COMPUTE) * batch / n;
     let forward = compute / 3.0;
     let backward = compute * (gc - 1.0 / 3.0);
-    let _ = d;
     let (sync_factor, gathers) = match plan.zero {
         ZeroStage::None | ZeroStage::One => (2.0, 0.0),
         ZeroStage::Two => (1.0, 1.0),
