@@ -3,9 +3,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The repository root (the workspace).
+/// The repository root (the workspace). Read at run time, so that a test binary built
+/// from another checkout sharing the target directory still looks here.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .parent()
+    .expect("tests/ has a parent")
+    .to_path_buf()
 }
 
 /// A built rubick binary, found beside the test executable's directory

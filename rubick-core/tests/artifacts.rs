@@ -263,7 +263,10 @@ proptest! {
 /// after changing a type: `RUBICK_UPDATE_SCHEMAS=1 cargo test -p rubick-core` (`make schemas`).
 #[test]
 fn committed_schemas_match_the_types() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas");
+    let dir = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("../schemas");
     let update = std::env::var_os("RUBICK_UPDATE_SCHEMAS").is_some();
     let mut drifted = Vec::new();
     for (name, text) in rubick_core::schema::all_schemas() {

@@ -8,7 +8,9 @@ use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
 use rubick_io::reference::{ReferenceData, locate};
 
 fn reference() -> Option<ReferenceData> {
-    let Some(dir) = locate(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))) else {
+    let Some(dir) = locate(&std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )) else {
         eprintln!("skipping: ../shared/reference/rubick-artifact is absent (set RUBICK_REFERENCE to its path)");
         return None;
     };

@@ -3,7 +3,6 @@
 //! Figures measured in one run, so ratios between them are meaningful on a shared,
 //! noisy machine.
 
-use std::path::Path;
 use std::time::Instant;
 
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
@@ -16,7 +15,10 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("..");
     let cluster = rubick_plan::load_cluster(&root.join("data/cluster-a800-8x8.yaml"))?;
     let jobs = rubick_plan::load_jobs(&root.join("data/jobs-paper.yaml"))?;
     let group = &cluster.node_groups[0];
