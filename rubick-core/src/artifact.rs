@@ -106,6 +106,14 @@ struct Probe {
     kind: Option<serde_yaml_ng::Value>,
 }
 
+/// The `kind:` a YAML document declares, when it is one of ours; `None` for text that
+/// is not a mapping, has no `kind` or an unknown one. Lets a tool that accepts several
+/// kinds (a `Job` or a `JobBatch`) pick the parser before parsing.
+pub fn declared_kind(text: &str) -> Option<Kind> {
+    let probe: Probe = serde_yaml_ng::from_str(text).ok()?;
+    serde_yaml_ng::from_value(probe.kind?).ok()
+}
+
 /// Parses and validates one YAML document of artifact `T`.
 pub fn parse_yaml<T: Artifact>(text: &str) -> Result<T, ArtifactError> {
     let meaningful =

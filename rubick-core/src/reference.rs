@@ -176,6 +176,46 @@ impl ProfileRun {
     }
 }
 
+/// The measured rows with the complete plan each code stands for on the testbed's
+/// GPUs (the largest micro-batch that fits); rows no plan fits are left out.
+pub fn resolve_rows<'a>(
+    rows: &'a [MeasuredRow],
+    model: &ModelSpec,
+    estimator: &MemoryEstimator,
+) -> Vec<(&'a MeasuredRow, Plan)> {
+    rows.iter()
+        .filter_map(|row| {
+            let plan =
+                crate::space::resolve_code(&row.code, model, row.placement.gpus(), TESTBED_GPU_MEMORY_GIB, estimator)?;
+            Some((row, plan))
+        })
+        .collect()
+}
+
+/// The `k` rows the selection rule would profile (indices into `resolved`), and their
+/// observations on `links`.
+pub fn profiled_rows(
+    resolved: &[(&MeasuredRow, Plan)],
+    k: usize,
+    links: crate::perfmodel::Links,
+) -> (Vec<usize>, Vec<crate::fit::Observation>) {
+    let candidates: Vec<crate::select::Candidate> = resolved
+        .iter()
+        .map(|(row, plan)| crate::select::Candidate { plan: *plan, placement: row.placement.clone() })
+        .collect();
+    let chosen = crate::select::select(&candidates, k);
+    let observations = chosen
+        .iter()
+        .map(|&i| crate::fit::Observation {
+            plan: resolved[i].1,
+            placement: resolved[i].0.placement.clone(),
+            links,
+            iter_time_s: resolved[i].0.iter_time_s,
+        })
+        .collect();
+    (chosen, observations)
+}
+
 /// How an estimated micro-batch limit compares with the measured fact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -7,9 +7,8 @@ use std::time::Instant;
 
 use rubick_core::fit::{FitOptions, Observation, fit};
 use rubick_core::perfmodel::{Links, predict};
-use rubick_core::plan::{Plan, PlanCode};
-use rubick_core::reference::{MeasuredRow, ProfileRun, TESTBED_GPU_MEMORY_GIB};
-use rubick_core::select::{Candidate, select};
+use rubick_core::plan::PlanCode;
+use rubick_core::reference::{MeasuredRow, ProfileRun, TESTBED_GPU_MEMORY_GIB, profiled_rows, resolve_rows};
 use rubick_core::space::resolve_code;
 use rubick_core::{MemoryEstimator, ModelSpec, Placement};
 use serde::Serialize;
@@ -17,6 +16,11 @@ use serde::Serialize;
 /// Rows whose measured time is more than this factor away from the prediction are
 /// flagged as inconsistent with the model.
 pub const FLAG_FACTOR: f64 = 2.0;
+
+/// Whether a measured time is more than [`FLAG_FACTOR`] away from its prediction.
+pub fn is_inconsistent(measured_s: f64, predicted_s: f64) -> bool {
+    !(1.0 / FLAG_FACTOR..=FLAG_FACTOR).contains(&(measured_s / predicted_s))
+}
 
 /// One measured row with its prediction.
 #[derive(Debug, Clone, Serialize)]
@@ -140,11 +144,6 @@ fn family_metrics(rows: &[&EvaluatedRow]) -> BTreeMap<String, Metrics> {
     families.into_iter().map(|(f, rs)| (f, metrics(&rs))).collect()
 }
 
-/// The plan of a measured row, resolved for `model` on the testbed's GPUs.
-pub fn row_plan(row: &MeasuredRow, model: &ModelSpec, estimator: &MemoryEstimator) -> Option<Plan> {
-    resolve_code(&row.code, model, row.placement.gpus(), TESTBED_GPU_MEMORY_GIB, estimator)
-}
-
 /// A profiling run of the authors' `profiles/` as an observation (one node).
 pub fn profile_observation(run: &ProfileRun, model: &ModelSpec, links: Links) -> Option<Observation> {
     let gpus = run.gpus.max(1);
@@ -179,29 +178,12 @@ pub fn evaluate_model(
     profiles: Option<&[ProfileRun]>,
 ) -> anyhow::Result<Evaluation> {
     let estimator = MemoryEstimator::default();
-    let mut usable = Vec::new();
-    for row in measured {
-        match row_plan(row, model, &estimator) {
-            Some(plan) => usable.push((row, plan)),
-            None => tracing::warn!("{name}: no plan for `{}` on {}; row skipped", row.code, row.placement),
-        }
+    let usable = resolve_rows(measured, model, &estimator);
+    if usable.len() < measured.len() {
+        tracing::warn!("{name}: {} rows have no plan that fits; left out", measured.len() - usable.len());
     }
-    let candidates: Vec<Candidate> =
-        usable.iter().map(|(row, plan)| Candidate { plan: *plan, placement: row.placement.clone() }).collect();
     let (chosen, observations): (Vec<usize>, Vec<Observation>) = match profiles {
-        None => {
-            let chosen = select(&candidates, samples);
-            let obs = chosen
-                .iter()
-                .map(|&i| Observation {
-                    plan: usable[i].1,
-                    placement: usable[i].0.placement.clone(),
-                    links,
-                    iter_time_s: usable[i].0.iter_time_s,
-                })
-                .collect();
-            (chosen, obs)
-        }
+        None => profiled_rows(&usable, samples, links),
         Some(runs) => (Vec::new(), runs.iter().filter_map(|r| profile_observation(r, model, links)).collect()),
     };
     let start = Instant::now();
@@ -214,7 +196,6 @@ pub fn evaluate_model(
         .map(|(i, (row, plan))| {
             let predicted = predict(model, plan, &row.placement, &links, &fitted.params).total;
             let (lower, _, upper) = fitted.predict_interval(model, plan, &row.placement, &links);
-            let ratio = row.iter_time_s / predicted;
             let is_fitted = chosen.contains(&i);
             EvaluatedRow {
                 model: name.to_owned(),
@@ -227,7 +208,7 @@ pub fn evaluate_model(
                 lower_s: lower,
                 upper_s: upper,
                 fitted: is_fitted,
-                flagged: !is_fitted && !(1.0 / FLAG_FACTOR..=FLAG_FACTOR).contains(&ratio),
+                flagged: !is_fitted && is_inconsistent(row.iter_time_s, predicted),
             }
         })
         .collect();

@@ -121,11 +121,7 @@ pub struct EvaluateArgs {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Check { files } => {
-            ensure_one_stdin(&files.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
-            rubick_io::check_artifacts::<PerfModel>(&files)?;
-            Ok(Outcome::Done)
-        }
+        Command::Check { files } => rubick_io::cli::check_command::<PerfModel>(&files),
         Command::Evaluate(args) => run_evaluate(&args),
         Command::Fit { profile, job, cluster, output } => run_fit(&profile, &job, &cluster, &output),
         Command::Predict { model, cluster, plan, placement, table } => {
@@ -272,9 +268,8 @@ pub fn perf_model_artifact(spec: &ModelSpec, rows: &[Observation], fitted: &Fit,
         .collect();
     let mean =
         row_fits.iter().map(|r| (r.predicted_s / r.measured_s - 1.0).abs()).sum::<f64>() / row_fits.len().max(1) as f64;
-    let (inconsistent, consistent): (Vec<RowFit>, Vec<RowFit>) = row_fits.into_iter().partition(|r| {
-        !(1.0 / evaluate::FLAG_FACTOR..=evaluate::FLAG_FACTOR).contains(&(r.measured_s / r.predicted_s))
-    });
+    let (inconsistent, consistent): (Vec<RowFit>, Vec<RowFit>) =
+        row_fits.into_iter().partition(|r| evaluate::is_inconsistent(r.measured_s, r.predicted_s));
     PerfModel {
         api_version: None,
         kind: None,

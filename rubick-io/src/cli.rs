@@ -93,6 +93,14 @@ pub fn ensure_one_stdin(inputs: &[&Path]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The body of every tool's `check FILES...` command for one artifact kind: one
+/// stdin at most, each file parsed and validated, the first bad one is the error.
+pub fn check_command<T: rubick_core::Artifact>(files: &[std::path::PathBuf]) -> anyhow::Result<Outcome> {
+    ensure_one_stdin(&files.iter().map(std::path::PathBuf::as_path).collect::<Vec<_>>())?;
+    crate::check_artifacts::<T>(files)?;
+    Ok(Outcome::Done)
+}
+
 /// Output format of a listing: YAML (the default) or CSV.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ListFormat {

@@ -64,28 +64,9 @@ fn main() -> anyhow::Result<()> {
             let mut per_model = Vec::new();
             for model in data.model_names() {
                 let spec = data.facts(model).expect("listed model").model_spec(model);
-                let rows: Vec<_> = data
-                    .measured_rows(model)?
-                    .into_iter()
-                    .filter_map(|r| {
-                        let plan =
-                            rubick_core::space::resolve_code(&r.code, &spec, r.placement.gpus(), 80.0, &estimator)?;
-                        Some((plan, r))
-                    })
-                    .collect();
-                let candidates: Vec<_> = rows
-                    .iter()
-                    .map(|(plan, r)| rubick_core::select::Candidate { plan: *plan, placement: r.placement.clone() })
-                    .collect();
-                let obs: Vec<_> = rubick_core::select::select(&candidates, 8)
-                    .into_iter()
-                    .map(|i| rubick_core::fit::Observation {
-                        plan: rows[i].0,
-                        placement: rows[i].1.placement.clone(),
-                        links,
-                        iter_time_s: rows[i].1.iter_time_s,
-                    })
-                    .collect();
+                let measured = data.measured_rows(model)?;
+                let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &estimator);
+                let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);
                 let mut samples = Vec::new();
                 for _ in 0..5 {
                     let start = Instant::now();

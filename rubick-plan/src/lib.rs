@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use rubick_core::artifact::{self, Artifact, Kind};
+use rubick_core::artifact::{self, Kind};
 use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator, PlanSpace};
 use rubick_io::cli::{ListFormat, LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::{load_artifact, parse_artifact, read_text};
@@ -94,7 +94,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
 /// Loads a Job or a JobBatch, whichever the file holds.
 pub fn load_jobs(path: &Path) -> anyhow::Result<Vec<Job>> {
     let text = read_text(path)?;
-    let kind = artifact_kind(&text);
+    let kind = artifact::declared_kind(&text);
     if kind == Some(Kind::Job) {
         Ok(vec![parse_artifact::<Job>(path, &text)?])
     } else {
@@ -102,20 +102,11 @@ pub fn load_jobs(path: &Path) -> anyhow::Result<Vec<Job>> {
     }
 }
 
-/// The `kind:` a YAML document declares, if it is one we know.
-fn artifact_kind(text: &str) -> Option<Kind> {
-    #[derive(serde::Deserialize)]
-    struct Probe {
-        kind: Kind,
-    }
-    serde_yaml_ng::from_str::<Probe>(text).ok().map(|p| p.kind)
-}
-
 fn check(files: &[PathBuf]) -> anyhow::Result<Outcome> {
     ensure_one_stdin(&files.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
     for path in files {
         let text = read_text(path)?;
-        let Some(kind) = artifact_kind(&text) else {
+        let Some(kind) = artifact::declared_kind(&text) else {
             // Let the Cluster parser explain what is wrong (missing kind, syntax).
             parse_artifact::<Cluster>(path, &text)?;
             bail!("{}: kind: not a rubick artifact kind", path.display());
@@ -147,11 +138,6 @@ fn schema(name: &str) -> anyhow::Result<Outcome> {
 /// Loads the cluster of `--cluster`.
 pub fn load_cluster(path: &Path) -> anyhow::Result<Cluster> {
     Ok(load_artifact::<Cluster>(path)?)
-}
-
-/// Renders any artifact as YAML with its header.
-pub fn artifact_yaml<T: Artifact + Clone>(value: &T) -> String {
-    artifact::to_yaml(value)
 }
 
 /// The plan spaces of one job on `gpus` GPUs, one per node group that can hold them.

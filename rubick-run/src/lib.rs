@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use rubick_core::schedule::Schedule;
-use rubick_io::cli::{LogArgs, Outcome, ensure_one_stdin};
+use rubick_io::cli::{LogArgs, Outcome};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -37,10 +37,6 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Check { files } => {
-            ensure_one_stdin(&files.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
-            rubick_io::check_artifacts::<Schedule>(&files)?;
-            Ok(Outcome::Done)
-        }
+        Command::Check { files } => rubick_io::cli::check_command::<Schedule>(&files),
     }
 }
