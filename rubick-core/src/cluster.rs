@@ -49,6 +49,18 @@ pub struct NodeGroup {
     /// Host-to-GPU bandwidth (PCIe), GB/s per GPU, one direction.
     #[serde(rename = "pcieGBps")]
     pub pcie_gbps: f64,
+    /// Compute speed of the GPU relative to the one the jobs' performance models were
+    /// fitted on (1 = the same; 2 = twice as fast).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub compute_speed: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
 }
 
 impl NodeGroup {
@@ -68,6 +80,7 @@ impl NodeGroup {
             ("nvlinkGBps", self.nvlink_gbps),
             ("interNodeGBps", self.inter_node_gbps),
             ("pcieGBps", self.pcie_gbps),
+            ("computeSpeed", self.compute_speed),
         ] {
             ensure(value.is_finite() && value > 0.0, field, || format!("must be a positive number, got {value}"))?;
         }
@@ -116,6 +129,7 @@ impl Cluster {
                 nvlink_gbps: 200.0,
                 inter_node_gbps: 25.0,
                 pcie_gbps: 25.0,
+                compute_speed: 1.0,
             }],
         }
     }

@@ -17,6 +17,7 @@ pub mod model;
 pub mod perf;
 pub mod perfmodel;
 pub mod placement;
+pub mod planner;
 pub mod plan;
 pub mod reference;
 pub mod schedule;

@@ -82,6 +82,23 @@ pub struct RowFit {
     pub predicted_s: f64,
 }
 
+impl PerfModel {
+    /// The parameters in the form's order (unlisted ones at their prior centre);
+    /// another form or an unknown parameter name is an error naming the field.
+    pub fn params(&self) -> Result<crate::perfmodel::Params, ValidationError> {
+        use crate::perfmodel::{FORM, PARAMS, Params};
+        ensure(self.form == FORM, "form", || format!("`{}` is not supported (expected `{FORM}`)", self.form))?;
+        let mut params = Params::prior(PARAMS[0].prior);
+        for (name, p) in &self.parameters {
+            let i = PARAMS.iter().position(|s| s.name == name).ok_or_else(|| {
+                ValidationError::new(format!("parameters.{name}"), format!("not a parameter of {FORM}"))
+            })?;
+            params.values[i] = p.value;
+        }
+        Ok(params)
+    }
+}
+
 impl Artifact for PerfModel {
     crate::artifact_header!(Kind::PerfModel);
 

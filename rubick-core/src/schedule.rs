@@ -44,6 +44,9 @@ pub struct Assignment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guarantee: Option<GuaranteeStatus>,
     pub change: Change,
+    /// Rounds since the allocation last changed (0 when it changed this round).
+    #[serde(default)]
+    pub rounds_since_change: u32,
     /// Why the allocation is what it is, for humans.
     #[serde(default)]
     pub reason: String,
@@ -110,7 +113,10 @@ pub struct SolverStats {
     /// Relative optimality gap of a MILP solve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gap: Option<f64>,
-    pub wall_s: f64,
+    /// Seconds the decision took; only recorded on request (`--record-time`), as it
+    /// would make otherwise identical schedules differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_s: Option<f64>,
     /// Solver status, e.g. `optimal`, `time-limit`, `fallback`.
     pub status: String,
 }

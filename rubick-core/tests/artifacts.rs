@@ -40,6 +40,7 @@ fn node_group() -> impl Strategy<Value = NodeGroup> {
             nvlink_gbps: nvlink,
             inter_node_gbps: inter,
             pcie_gbps: pcie,
+            compute_speed: 1.0,
         },
     )
 }
@@ -186,6 +187,7 @@ fn schedule() -> impl Strategy<Value = Schedule> {
                 predicted_throughput: tput,
                 guarantee: guaranteed.then(|| GuaranteeStatus { required_throughput: tput / 2.0, holds: true }),
                 change: Change::Started,
+                rounds_since_change: 0,
                 reason: "new job".into(),
             })
             .collect();
@@ -204,7 +206,7 @@ fn schedule() -> impl Strategy<Value = Schedule> {
                 normalized_throughput: 1.5,
             },
             objective,
-            solver: SolverStats { method: "heuristic".into(), gap: None, wall_s: 0.001, status: "optimal".into() },
+            solver: SolverStats { method: "heuristic".into(), gap: None, wall_s: Some(0.001), status: "optimal".into() },
         }
     })
 }

@@ -308,21 +308,7 @@ fn parameters_of(params: &Params, std_errors: &[f64]) -> BTreeMap<String, Fitted
 
 /// The parameters of a PerfModel in the form's order; unknown names are errors.
 pub fn params_of(model: &PerfModel, path: &Path) -> anyhow::Result<Params> {
-    anyhow::ensure!(
-        model.form == FORM,
-        "{}: form: `{}` is not supported (expected `{FORM}`)",
-        path.display(),
-        model.form
-    );
-    let mut params = Params::prior(PARAMS[0].prior);
-    for (name, p) in &model.parameters {
-        let i = PARAMS
-            .iter()
-            .position(|s| s.name == name)
-            .with_context(|| format!("{}: parameters.{name}: not a parameter of {FORM}", path.display()))?;
-        params.values[i] = p.value;
-    }
-    Ok(params)
+    model.params().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 fn run_predict(

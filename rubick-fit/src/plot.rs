@@ -1,39 +1,28 @@
 //! Plots of the evaluation: predicted vs measured iteration time, log-log.
 
 use std::path::Path;
-use std::sync::Once;
 
 use plotters::prelude::*;
-use plotters::style::FontStyle;
+use rubick_io::plot::{Figure, PALETTE, drawing_error, write_figure};
 
 use crate::evaluate::EvaluatedRow;
 
-/// DejaVu Sans, bundled so that plots need no system fonts (licence beside it).
-static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
-static REGISTER: Once = Once::new();
+struct Scatter<'a>(&'a [EvaluatedRow]);
 
-fn register_font() {
-    REGISTER.call_once(|| {
-        if plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_err() {
-            tracing::warn!("the bundled font could not be loaded; plot text may be missing");
-        }
-    });
+impl Figure for Scatter<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, plotters::coord::Shift>) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        draw(root, self.0)
+    }
 }
-
-const PALETTE: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
 
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, rows: &[EvaluatedRow]) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("drawing the plot: {e}");
+    let err = drawing_error::<DB::ErrorType>;
     root.fill(&WHITE).map_err(err)?;
     let lo = rows.iter().flat_map(|r| [r.measured_s, r.predicted_s]).fold(f64::INFINITY, f64::min).max(1e-4) * 0.8;
     let hi = rows.iter().flat_map(|r| [r.measured_s, r.predicted_s]).fold(0.0, f64::max).max(lo * 10.0) * 1.25;
@@ -81,21 +70,5 @@ where
 
 /// Writes the plot as SVG or PNG (by extension), atomically.
 pub fn predicted_vs_measured(path: &Path, rows: &[EvaluatedRow]) -> anyhow::Result<()> {
-    register_font();
-    let size = (900, 720);
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("svg") => {
-            let mut svg = String::new();
-            draw(SVGBackend::with_string(&mut svg, size).into_drawing_area(), rows)?;
-            rubick_io::write_atomic(path, svg.as_bytes())?;
-        }
-        Some("png") => {
-            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-            let tmp = tempfile::Builder::new().prefix(".plot.").suffix(".png").tempfile_in(dir)?;
-            draw(BitMapBackend::new(tmp.path(), size).into_drawing_area(), rows)?;
-            tmp.persist(path).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.error))?;
-        }
-        _ => anyhow::bail!("{}: expected a .png or .svg plot file", path.display()),
-    }
-    Ok(())
+    write_figure(path, (900, 720), &Scatter(rows))
 }

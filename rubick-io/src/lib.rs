@@ -4,10 +4,12 @@
 //! * [`table`]: CSV and Parquet tables through polars, checked against the column
 //!   schemas of `rubick_core::tables`;
 //! * [`reference`]: the Rubick authors' reference data as core types;
+//! * [`plot`]: figures as PNG or SVG with a bundled font;
 //! * [`cli`]: conventions every rubick binary shares (logging, exit codes, formats).
 
 pub mod cli;
 pub mod files;
+pub mod plot;
 pub mod reference;
 pub mod table;
 

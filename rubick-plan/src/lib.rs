@@ -1,8 +1,11 @@
 //! # rubick-plan: one scheduling round, and the tools around it
 //!
-//! Today: `space` (a job's feasible plans on N GPUs, with their memory estimate),
-//! `check` (validate artifacts) and `schema` (print the JSON Schemas). The round
-//! planner (`schedule`), resource curves and the simulator come with their issues.
+//! * `schedule`: one round, every job's plan and resources together (heuristic or
+//!   exact MILP), placed on nodes;
+//! * `curves`: every job's resource sensitivity curve, as a table and a plot;
+//! * `synth`: a realistic synthetic cluster and batch;
+//! * `space` (a job's feasible plans on N GPUs, with their memory estimate), `check`
+//!   (validate artifacts) and `schema` (print the JSON Schemas).
 
 use std::path::{Path, PathBuf};
 
@@ -13,10 +16,29 @@ use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator, PlanSpace};
 use rubick_io::cli::{ListFormat, LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::{load_artifact, parse_artifact, read_text};
 
+pub mod curves;
+pub mod milp;
+pub mod round;
+pub mod schedule;
 pub mod space;
+pub mod synth;
 
 const EXAMPLES: &str = "\
 Examples:
+  # One round for the example jobs, with an explanation per job on stderr
+  rubick-plan schedule --cluster data/cluster-a800-8x8.yaml --jobs data/jobs-paper.yaml --explain -o round.yaml
+
+  # The next round, exact MILP, from where the jobs run now
+  rubick-plan schedule --cluster data/cluster-a800-8x8.yaml --jobs data/jobs-paper.yaml \\
+      --current round.yaml --policy rubick-milp --time-limit 5 -o round2.yaml
+
+  # Resource sensitivity curves, models fitted on the authors' data, plotted
+  rubick-plan curves data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml \\
+      --reference ../shared/reference/rubick-artifact --plot curves.png -o curves.csv
+
+  # A synthetic 64-GPU cluster with 60 jobs, for benchmarks
+  rubick-plan synth --gpus 64 --jobs 60 --seed 1 --out-dir synth/
+
   # Feasible plans of the example jobs on 8 GPUs of the paper's testbed
   rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8
 
@@ -47,6 +69,13 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Plan one round: every job's plan, GPUs, cores, memory and nodes; exit 1 when a
+    /// guaranteed job cannot get its guarantee
+    Schedule(schedule::ScheduleArgs),
+    /// Print (CSV) and plot every job's resource sensitivity curve
+    Curves(curves::CurvesArgs),
+    /// Write a synthetic cluster and job batch (DIR/cluster.yaml, DIR/jobs.yaml)
+    Synth(synth::SynthArgs),
     /// List a job's valid, memory-feasible plans on N GPUs with their GPU memory
     Space(SpaceArgs),
     /// Validate artifact files (kind taken from each file); exit 2 on the first bad one
@@ -85,6 +114,9 @@ pub struct SpaceArgs {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
+        Command::Schedule(args) => schedule::run(&args),
+        Command::Curves(args) => curves::run(&args),
+        Command::Synth(args) => synth::run(&args),
         Command::Space(args) => space::run(&args),
         Command::Check { files } => check(&files),
         Command::Schema { name } => schema(&name),

@@ -1,0 +1,491 @@
+//! Resource sensitivity curves: a job's best predicted throughput as a function of
+//! its GPUs, CPU cores, host memory and bandwidth class, with the plan that achieves
+//! it, Pareto-pruned into the candidates a round chooses from.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use crate::cluster::{Cluster, NodeGroup};
+use crate::memory::{GIB, MemoryEstimator};
+use crate::model::ModelSpec;
+use crate::perfmodel::{Links, Params, idx, predict};
+use crate::placement::Placement;
+use crate::plan::{Offload, Plan, PlanRequest};
+use crate::space::{resolve_code, valid_plans};
+
+use super::{JobInput, PlannerConfig, Restriction, eligible_groups};
+
+/// Whether a configuration's collectives stay inside one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BandwidthClass {
+    /// All GPUs in one node (NVLink).
+    Intra,
+    /// Across nodes (the network).
+    Cross,
+}
+
+impl BandwidthClass {
+    pub fn of(placement: &Placement) -> Self {
+        if placement.is_multi_node() { BandwidthClass::Cross } else { BandwidthClass::Intra }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BandwidthClass::Intra => "intra-node",
+            BandwidthClass::Cross => "cross-node",
+        }
+    }
+}
+
+/// One configuration of one job: resources, the best plan on them, and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Index of the node group in the cluster.
+    pub group: usize,
+    pub gpus: u32,
+    pub cpus: u32,
+    pub host_memory_gib: f64,
+    /// GPUs per node the candidate assumes (its bandwidth class).
+    pub placement: Placement,
+    pub plan: Plan,
+    /// Predicted samples per second.
+    pub throughput: f64,
+    /// Throughput over that of the job's request.
+    pub normalized: f64,
+    /// Contribution to the round's objective when chosen.
+    pub value: f64,
+    /// The job's present allocation.
+    pub is_current: bool,
+    pub meets_guarantee: bool,
+}
+
+impl Candidate {
+    pub fn class(&self) -> BandwidthClass {
+        BandwidthClass::of(&self.placement)
+    }
+}
+
+/// A point of a curve as the `curves` command shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurvePoint {
+    pub group: usize,
+    pub gpus: u32,
+    pub cpus: u32,
+    pub class: BandwidthClass,
+    pub plan: Plan,
+    pub throughput: f64,
+    /// Kept by Pareto pruning.
+    pub pareto: bool,
+}
+
+/// A job's candidates for the round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobCurves {
+    pub name: String,
+    /// Samples per second of the job's own request (its guarantee when guaranteed).
+    pub request_throughput: f64,
+    pub guaranteed: bool,
+    /// The job keeps its allocation this round (cooldown after a change).
+    pub locked: bool,
+    /// The job must hold a candidate (guaranteed or locked).
+    pub must_run: bool,
+    pub weight: f64,
+    /// Sorted by group, GPUs, cores, memory; guaranteed jobs only keep candidates that
+    /// meet their guarantee, locked jobs only their current one.
+    pub candidates: Vec<Candidate>,
+    /// Index of the current allocation in `candidates`.
+    pub current: Option<usize>,
+}
+
+/// The candidates of every job of a round, in the batch's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CurveBook {
+    pub jobs: Vec<JobCurves>,
+}
+
+#[derive(Debug, Clone)]
+struct Raw {
+    group: usize,
+    gpus: u32,
+    cpus: u32,
+    mem: f64,
+    placement: Placement,
+    plan: Plan,
+    throughput: f64,
+}
+
+/// Evaluates throughput and caches plan spaces and curves across the jobs of a round
+/// (a synthetic batch of 2,000 jobs has a handful of distinct models).
+#[allow(missing_debug_implementations)]
+pub struct Evaluator<'a> {
+    pub cluster: &'a Cluster,
+    pub config: &'a PlannerConfig,
+    pub estimator: MemoryEstimator,
+    models: Vec<(ModelSpec, Params)>,
+    spaces: HashMap<(usize, usize, u32), Rc<Vec<Plan>>>,
+    curves: HashMap<(usize, usize, Restriction, u32), Rc<(Vec<Raw>, Vec<bool>)>>,
+}
+
+/// Host memory a plan needs in all: a share per GPU plus offloaded model states.
+pub fn host_memory_gib(config: &PlannerConfig, model: &ModelSpec, plan: &Plan) -> f64 {
+    let params = model.parameter_count() as f64;
+    let sb = model.state_bytes;
+    let offloaded = match plan.offload {
+        Offload::None => 0.0,
+        Offload::Optimizer => (sb.optimizer + sb.grad) * params,
+        Offload::OptimizerAndParams => (sb.optimizer + sb.grad + sb.param) * params,
+    };
+    config.host_gib_per_gpu * f64::from(plan.gpus()) + offloaded / GIB
+}
+
+/// Fallback performance-model parameters of a job without a fitted model: the compute
+/// time from the model's measured forward time, else from its FLOPs (6 x parameters x
+/// tokens per sample at 125 TFLOP/s, 40 % of an A100/A800's bf16 peak).
+pub fn default_params(model: &ModelSpec) -> Params {
+    let per_sample = match model.forward_1gpu_ms {
+        Some(ms) => 3.0 * ms / 1e3 / model.global_batch.max(1) as f64,
+        None => 6.0 * model.parameter_count() as f64 * f64::from(model.seq_len) / 125e12,
+    };
+    Params::prior(per_sample)
+}
+
+impl<'a> Evaluator<'a> {
+    pub fn new(cluster: &'a Cluster, config: &'a PlannerConfig) -> Self {
+        Evaluator {
+            cluster,
+            config,
+            estimator: MemoryEstimator::default(),
+            models: Vec::new(),
+            spaces: HashMap::new(),
+            curves: HashMap::new(),
+        }
+    }
+
+    fn model_key(&mut self, model: &ModelSpec, params: &Params) -> usize {
+        if let Some(i) = self.models.iter().position(|(m, p)| m == model && p == params) {
+            return i;
+        }
+        self.models.push((model.clone(), params.clone()));
+        self.models.len() - 1
+    }
+
+    /// Memory-feasible plans of a model on `gpus` GPUs of a group, cached.
+    fn space(&mut self, key: usize, group: usize, gpus: u32) -> Rc<Vec<Plan>> {
+        if let Some(s) = self.spaces.get(&(key, group, gpus)) {
+            return Rc::clone(s);
+        }
+        let g = &self.cluster.node_groups[group];
+        let model = &self.models[key].0;
+        let plans: Vec<Plan> = valid_plans(model, gpus, g.gpus_per_node)
+            .into_iter()
+            .filter(|p| self.estimator.fits(model, p, g.gpu_memory_gib).0)
+            .collect();
+        let plans = Rc::new(plans);
+        self.spaces.insert((key, group, gpus), Rc::clone(&plans));
+        plans
+    }
+
+    /// CPU cores per GPU the options of offloading plans offer on a group: half, all
+    /// and twice the node's fair share, within the node.
+    fn offload_cpu_levels(&self, group: &NodeGroup, max_per_node: u32) -> Vec<u32> {
+        let fair = (group.cpu_cores / group.gpus_per_node).max(1);
+        let mut levels: Vec<u32> = [fair / 2, fair, fair * 2]
+            .into_iter()
+            .map(|l| l.max(self.config.min_cpus_per_gpu))
+            .filter(|l| l * max_per_node <= group.cpu_cores)
+            .collect();
+        levels.dedup();
+        if levels.is_empty() {
+            levels.push((group.cpu_cores / max_per_node.max(1)).max(1));
+        }
+        levels
+    }
+
+    /// Predicted samples per second of `plan` on `placement` of `group` with `cpus`
+    /// cores. The CPU optimizer of offloading plans speeds up with cores beyond the
+    /// node's fair share (at which profiles are taken) and slows down below it.
+    pub fn throughput(
+        model: &ModelSpec,
+        params: &Params,
+        group: &NodeGroup,
+        plan: &Plan,
+        placement: &Placement,
+        cpus: u32,
+    ) -> f64 {
+        let pred = if (group.compute_speed - 1.0).abs() > 1e-12 {
+            let mut p = params.clone();
+            p.values[idx::COMPUTE] /= group.compute_speed;
+            predict(model, plan, placement, &Links::from(group), &p)
+        } else {
+            predict(model, plan, placement, &Links::from(group), params)
+        };
+        let mut t = pred.total;
+        if plan.offload != Offload::None {
+            let fair = f64::from((group.cpu_cores / group.gpus_per_node).max(1));
+            let per_gpu = f64::from(cpus.max(1)) / f64::from(plan.gpus().max(1));
+            t += pred.optimizer * ((fair / per_gpu).clamp(0.5, 8.0) - 1.0);
+        }
+        model.global_batch as f64 / t.max(1e-12)
+    }
+
+    /// The best allowed plan of a model on a concrete placement with `cpus` cores.
+    pub fn best_plan(
+        &mut self,
+        model: &ModelSpec,
+        params: &Params,
+        group: usize,
+        placement: &Placement,
+        cpus: u32,
+        restriction: Restriction,
+    ) -> Option<(Plan, f64)> {
+        let key = self.model_key(model, params);
+        let space = self.space(key, group, placement.gpus());
+        let g = &self.cluster.node_groups[group];
+        let mut best: Option<(Plan, f64)> = None;
+        for plan in space.iter().filter(|p| restriction.allows(p)) {
+            let thr = Self::throughput(model, params, g, plan, placement, cpus);
+            if best.as_ref().is_none_or(|(_, b)| thr > *b) {
+                best = Some((*plan, thr));
+            }
+        }
+        best
+    }
+
+    /// GPU counts a job may get on a group: every count up to a node, then whole nodes.
+    fn gpu_counts(&self, group: &NodeGroup, request_gpus: u32) -> Vec<u32> {
+        let gpn = group.gpus_per_node;
+        let max = group.total_gpus().min((request_gpus.saturating_mul(self.config.max_scale)).max(gpn));
+        let mut counts: Vec<u32> = (1..=gpn.min(max)).collect();
+        counts.extend((2..).map(|k| k * gpn).take_while(|&n| n <= max));
+        counts
+    }
+
+    /// Every (resources, best plan) point of a model on a group, and which survive
+    /// Pareto pruning; cached per model, group, restriction and size cap.
+    fn raw_curve(&mut self, key: usize, group: usize, restriction: Restriction, request_gpus: u32) -> Rc<(Vec<Raw>, Vec<bool>)> {
+        let cache_key = (key, group, restriction, request_gpus);
+        if let Some(c) = self.curves.get(&cache_key) {
+            return Rc::clone(c);
+        }
+        let g = self.cluster.node_groups[group].clone();
+        let counts = match restriction {
+            Restriction::Exact(plan) => vec![plan.gpus()],
+            _ => self.gpu_counts(&g, request_gpus),
+        };
+        let mut raw = Vec::new();
+        for n in counts {
+            if n > g.total_gpus() {
+                continue;
+            }
+            let space = self.space(key, group, n);
+            let (model, params) = &self.models[key];
+            let gpn = g.gpus_per_node;
+            let mut shapes = Vec::new();
+            if n <= gpn {
+                shapes.extend(Placement::new(vec![n]));
+                if n >= 2 && g.count >= 2 {
+                    shapes.extend(Placement::new(vec![n.div_ceil(2), n / 2]));
+                }
+            } else {
+                shapes.extend(Placement::packed(n, gpn));
+            }
+            for placement in shapes {
+                let base_cpus = self.config.min_cpus_per_gpu * n;
+                let levels = self.offload_cpu_levels(&g, placement.max_per_node());
+                let mut best: Vec<Option<(Plan, f64, u32)>> = vec![None; 1 + levels.len()];
+                for plan in space.iter().filter(|p| restriction.allows(p)) {
+                    if plan.offload == Offload::None {
+                        let thr = Self::throughput(model, params, &g, plan, &placement, base_cpus);
+                        if best[0].is_none_or(|(_, b, _)| thr > b) {
+                            best[0] = Some((*plan, thr, base_cpus));
+                        }
+                    } else {
+                        for (i, level) in levels.iter().enumerate() {
+                            let cpus = level * n;
+                            let thr = Self::throughput(model, params, &g, plan, &placement, cpus);
+                            if best[i + 1].is_none_or(|(_, b, _)| thr > b) {
+                                best[i + 1] = Some((*plan, thr, cpus));
+                            }
+                        }
+                    }
+                }
+                for (plan, throughput, cpus) in best.into_iter().flatten() {
+                    let mem = host_memory_gib(self.config, model, &plan);
+                    raw.push(Raw { group, gpus: n, cpus, mem, placement: placement.clone(), plan, throughput });
+                }
+            }
+        }
+        raw.sort_by(|a, b| {
+            (a.gpus, a.cpus)
+                .cmp(&(b.gpus, b.cpus))
+                .then(a.mem.total_cmp(&b.mem))
+                .then(b.throughput.total_cmp(&a.throughput))
+                .then(a.placement.cmp(&b.placement))
+                .then(a.plan.cmp(&b.plan))
+        });
+        let keep = pareto(&raw, self.config.min_gain);
+        let entry = Rc::new((raw, keep));
+        self.curves.insert(cache_key, Rc::clone(&entry));
+        entry
+    }
+
+    /// Throughput of the job's own request: its plan (or the best one) on its GPUs
+    /// packed onto the first group that can hold them, with its cores.
+    pub fn request_throughput(&mut self, input: &JobInput) -> Option<f64> {
+        let job = &input.job;
+        let (group, g) = eligible_groups(job, self.cluster)
+            .find(|(_, g)| g.total_gpus() >= job.request.gpus)
+            .or_else(|| eligible_groups(job, self.cluster).next())?;
+        let g = g.clone();
+        let gpus = job.request.gpus.min(g.total_gpus());
+        let placement = Placement::packed(gpus, g.gpus_per_node)?;
+        let fair = (g.cpu_cores / g.gpus_per_node).max(1);
+        let cpus = job.request.cpus.unwrap_or(fair * gpus);
+        let plan = match job.request.plan {
+            Some(PlanRequest::Exact(p)) if p.gpus() == gpus => Some(p),
+            Some(PlanRequest::Code(code)) => resolve_code(&code, &job.model, gpus, g.gpu_memory_gib, &self.estimator),
+            _ => None,
+        };
+        match plan {
+            Some(plan) => Some(Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus)),
+            None => self
+                .best_plan(&job.model, &input.params, group, &placement, cpus, Restriction::Any)
+                .map(|(_, thr)| thr),
+        }
+    }
+
+    /// A job's candidates and, when `points` is set, every curve point for display.
+    pub fn job_curves(&mut self, input: &JobInput, mut points: Option<&mut Vec<CurvePoint>>) -> JobCurves {
+        let job = &input.job;
+        let config = self.config.clone();
+        let key = self.model_key(&job.model, &input.params);
+        let restriction = input.restriction();
+        let locked = input.in_cooldown(&config) && input.current.is_some();
+        let weight = input.weight(&config);
+        let mut candidates = Vec::new();
+        let groups: Vec<usize> = eligible_groups(job, self.cluster).map(|(i, _)| i).collect();
+        if !locked {
+            for group in groups {
+                let curve = self.raw_curve(key, group, restriction, job.request.gpus);
+                let (raw, keep) = &*curve;
+                for (r, &k) in raw.iter().zip(keep) {
+                    if let Some(points) = points.as_deref_mut() {
+                        points.push(CurvePoint {
+                            group,
+                            gpus: r.gpus,
+                            cpus: r.cpus,
+                            class: BandwidthClass::of(&r.placement),
+                            plan: r.plan,
+                            throughput: r.throughput,
+                            pareto: k,
+                        });
+                    }
+                    if k {
+                        candidates.push(Candidate {
+                            group: r.group,
+                            gpus: r.gpus,
+                            cpus: r.cpus,
+                            host_memory_gib: r.mem,
+                            placement: r.placement.clone(),
+                            plan: r.plan,
+                            throughput: r.throughput,
+                            normalized: 0.0,
+                            value: 0.0,
+                            is_current: false,
+                            meets_guarantee: false,
+                        });
+                    }
+                }
+            }
+        }
+        let mut current_thr = None;
+        if let Some(cur) = &input.current {
+            let g = &self.cluster.node_groups[cur.group];
+            let thr = Self::throughput(&job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus);
+            current_thr = Some(thr);
+            // The same configuration found by the curve is the current one.
+            candidates.retain(|c| {
+                !(c.group == cur.group && c.plan == cur.plan && c.placement == cur.placement && c.cpus == cur.cpus)
+            });
+            candidates.push(Candidate {
+                group: cur.group,
+                gpus: cur.placement.gpus(),
+                cpus: cur.cpus,
+                host_memory_gib: cur.host_memory_gib,
+                placement: cur.placement.clone(),
+                plan: cur.plan,
+                throughput: thr,
+                normalized: 0.0,
+                value: 0.0,
+                is_current: true,
+                meets_guarantee: false,
+            });
+        }
+        let request_throughput = self
+            .request_throughput(input)
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .or_else(|| candidates.iter().map(|c| c.throughput).reduce(f64::max))
+            .unwrap_or(1.0);
+        // A restart pays off over the horizon or the job's remaining time, whichever
+        // is shorter: progress lost is restart_s of the new throughput.
+        let keep_share = current_thr.map(|thr| {
+            let remaining = input.job.iterations as f64 * job.model.global_batch as f64 / thr.max(1e-12);
+            let horizon = config.horizon_s.min(remaining).max(1e-9);
+            (1.0 - input.restart_s(&config) / horizon).max(0.0)
+        });
+        for c in &mut candidates {
+            c.normalized = c.throughput / request_throughput;
+            c.meets_guarantee = c.throughput >= request_throughput * (1.0 - 1e-9);
+            c.value = match keep_share {
+                Some(share) if !c.is_current => weight * c.normalized * share - config.change_min_gain,
+                _ => weight * c.normalized,
+            };
+        }
+        if job.guaranteed {
+            candidates.retain(|c| c.meets_guarantee);
+        }
+        candidates.sort_by(|a, b| {
+            (a.group, a.gpus, a.cpus)
+                .cmp(&(b.group, b.gpus, b.cpus))
+                .then(a.host_memory_gib.total_cmp(&b.host_memory_gib))
+                .then(b.is_current.cmp(&a.is_current))
+                .then(a.placement.cmp(&b.placement))
+                .then(a.plan.cmp(&b.plan))
+        });
+        let current = candidates.iter().position(|c| c.is_current);
+        JobCurves {
+            name: job.name.clone(),
+            request_throughput,
+            guaranteed: job.guaranteed,
+            locked: locked && current.is_some(),
+            must_run: job.guaranteed || (locked && current.is_some()),
+            weight,
+            candidates,
+            current,
+        }
+    }
+}
+
+/// Which points survive: a point is dropped when another point of the same group with
+/// no more GPUs, cores and memory reaches at least `1 / (1 + min_gain)` of its
+/// throughput. `raw` is sorted by resources, so dominating points come first.
+fn pareto(raw: &[Raw], min_gain: f64) -> Vec<bool> {
+    let mut keep = vec![false; raw.len()];
+    for (i, r) in raw.iter().enumerate() {
+        let dominated = raw[..i].iter().zip(&keep).any(|(d, &k)| {
+            k && d.group == r.group
+                && d.gpus <= r.gpus
+                && d.cpus <= r.cpus
+                && d.mem <= r.mem + 1e-9
+                && r.throughput <= d.throughput * (1.0 + min_gain)
+        });
+        keep[i] = !dominated;
+    }
+    keep
+}
+
+/// Candidates of every job of a round.
+pub fn build(cluster: &Cluster, config: &PlannerConfig, inputs: &[JobInput]) -> CurveBook {
+    let mut evaluator = Evaluator::new(cluster, config);
+    CurveBook { jobs: inputs.iter().map(|i| evaluator.job_curves(i, None)).collect() }
+}

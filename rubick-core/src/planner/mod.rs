@@ -1,0 +1,320 @@
+//! One scheduling round: every job's execution plan *and* resources, chosen together.
+//!
+//! The pieces, in the order a round uses them:
+//!
+//! 1. [`curves`]: per job and node group, the best predicted throughput over all the
+//!    plans the job may run as a function of GPUs, CPU cores, host memory and
+//!    bandwidth class, Pareto-pruned into [`Candidate`]s (the decision space).
+//! 2. [`heuristic`]: Rubick's greedy (guaranteed jobs first, then resources move from
+//!    the lowest to the highest normalised marginal gain). The exact MILP over the same
+//!    candidates lives in `rubick-plan` (it needs the HiGHS solver).
+//! 3. [`place`]: the chosen candidates onto concrete nodes and GPU indices.
+//!
+//! The decision works on node-group totals (GPUs, cores, memory of all a group's
+//! nodes); placement then packs onto nodes and, where fragmentation leaves no room for
+//! a candidate's shape, spreads the job or falls back to a smaller candidate, so no
+//! node is ever over-allocated. Everything here is deterministic.
+
+pub mod brute;
+pub mod curves;
+pub mod heuristic;
+pub mod place;
+pub mod rng;
+pub mod round;
+
+use crate::cluster::{Cluster, NodeGroup};
+use crate::job::{Job, Resharding};
+use crate::placement::Placement;
+use crate::plan::Plan;
+
+pub use curves::{Candidate, CurveBook, CurvePoint, JobCurves};
+pub use heuristic::{Decision, Infeasible};
+
+/// Knobs of a round. Defaults follow the paper where it states one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannerConfig {
+    /// More resources must buy at least this much more throughput (Pareto pruning).
+    pub min_gain: f64,
+    /// A change of a running job must raise the objective by at least this much
+    /// (in units of one job's requested throughput).
+    pub change_min_gain: f64,
+    /// Rounds after a change during which a job's allocation is left alone.
+    pub cooldown_rounds: u32,
+    /// Seconds over which a restart must pay for itself (capped by the job's
+    /// predicted remaining time).
+    pub horizon_s: f64,
+    /// Restart cost of jobs that declare none: checkpoint save + relaunch + warm-up.
+    pub default_restart_s: f64,
+    /// A pending job that has waited this long is admitted before younger ones, and
+    /// counts double in the objective per this much waiting (up to 4x).
+    pub starvation_s: f64,
+    /// A job gets at most this many times its requested GPUs (at least one node).
+    pub max_scale: u32,
+    /// CPU cores per GPU a job always gets.
+    pub min_cpus_per_gpu: u32,
+    /// Host memory per GPU a job always gets (process, data loader, pinned buffers), GiB.
+    pub host_gib_per_gpu: f64,
+    /// Time of the round (seconds, the jobs' clock), for waiting times.
+    pub now_s: f64,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        PlannerConfig {
+            min_gain: 0.01,
+            change_min_gain: 0.05,
+            cooldown_rounds: 3,
+            horizon_s: 3600.0,
+            default_restart_s: 260.0,
+            starvation_s: 3600.0,
+            max_scale: 4,
+            min_cpus_per_gpu: 4,
+            host_gib_per_gpu: 16.0,
+            now_s: 0.0,
+        }
+    }
+}
+
+/// Where a running job is now, resolved against the cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Current {
+    pub group: usize,
+    pub plan: Plan,
+    pub placement: Placement,
+    /// (node index within the group, GPU indices) per node, when known.
+    pub nodes: Vec<(u32, Vec<u32>)>,
+    pub cpus: u32,
+    pub host_memory_gib: f64,
+    pub rounds_since_change: u32,
+}
+
+/// What the planner knows of one job: the job, its performance-model parameters and
+/// where it runs now.
+#[derive(Debug, Clone)]
+pub struct JobInput {
+    pub job: Job,
+    pub params: crate::perfmodel::Params,
+    pub current: Option<Current>,
+}
+
+impl JobInput {
+    /// Seconds a restart of this job costs.
+    pub fn restart_s(&self, config: &PlannerConfig) -> f64 {
+        self.job.restart_cost_s.unwrap_or(config.default_restart_s)
+    }
+
+    /// Which plans the job may run this round, given its checkpoints.
+    pub fn restriction(&self) -> Restriction {
+        match (&self.current, self.job.resharding) {
+            (None, _) | (Some(_), Resharding::Full) => Restriction::Any,
+            (Some(c), Resharding::DataParallel) => Restriction::Layout {
+                tp: c.plan.tp,
+                pp: c.plan.pp,
+                zero: c.plan.zero,
+                offload: c.plan.offload,
+            },
+            (Some(c), Resharding::None) => Restriction::Exact(c.plan),
+        }
+    }
+
+    /// Whether the job must keep its allocation this round (cooldown after a change).
+    pub fn in_cooldown(&self, config: &PlannerConfig) -> bool {
+        self.current.as_ref().is_some_and(|c| c.rounds_since_change < config.cooldown_rounds)
+    }
+
+    /// The job's weight in the objective: 1, more for jobs starving in the queue.
+    pub fn weight(&self, config: &PlannerConfig) -> f64 {
+        if self.current.is_some() || config.starvation_s <= 0.0 {
+            return 1.0;
+        }
+        let waited = (config.now_s - self.job.submit_time_s).max(0.0);
+        (1.0 + (waited / config.starvation_s).floor()).min(4.0)
+    }
+
+    pub fn starving(&self, config: &PlannerConfig) -> bool {
+        self.weight(config) > 1.0
+    }
+}
+
+/// The plans a job's checkpoints allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Restriction {
+    Any,
+    /// Same TP, PP, ZeRO stage and offload; data parallelism, accumulation,
+    /// micro-batch and checkpointing may change.
+    Layout { tp: u32, pp: u32, zero: crate::plan::ZeroStage, offload: crate::plan::Offload },
+    /// Only this plan.
+    Exact(Plan),
+}
+
+impl Restriction {
+    pub fn allows(&self, plan: &Plan) -> bool {
+        match *self {
+            Restriction::Any => true,
+            Restriction::Layout { tp, pp, zero, offload } => {
+                plan.tp == tp && plan.pp == pp && plan.zero == zero && plan.offload == offload
+            }
+            Restriction::Exact(p) => *plan == p,
+        }
+    }
+}
+
+/// The node groups a job may run on (its GPU type, when it asks for one).
+pub fn eligible_groups<'a>(job: &'a Job, cluster: &'a Cluster) -> impl Iterator<Item = (usize, &'a NodeGroup)> + 'a {
+    cluster
+        .node_groups
+        .iter()
+        .enumerate()
+        .filter(move |(_, g)| job.request.gpu_type.as_ref().is_none_or(|t| *t == g.gpu_type))
+}
+
+/// Capacity of one node group in all.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Capacity {
+    pub gpus: f64,
+    pub cpus: f64,
+    pub mem: f64,
+}
+
+impl Capacity {
+    pub fn of(group: &NodeGroup) -> Self {
+        let n = f64::from(group.count);
+        Capacity {
+            gpus: f64::from(group.total_gpus()),
+            cpus: n * f64::from(group.cpu_cores),
+            mem: n * group.host_memory_gib,
+        }
+    }
+
+    pub fn fits(&self, c: &Candidate) -> bool {
+        f64::from(c.gpus) <= self.gpus + 1e-9
+            && f64::from(c.cpus) <= self.cpus + 1e-9
+            && c.host_memory_gib <= self.mem + 1e-6
+    }
+
+    pub fn take(&mut self, c: &Candidate) {
+        self.gpus -= f64::from(c.gpus);
+        self.cpus -= f64::from(c.cpus);
+        self.mem -= c.host_memory_gib;
+    }
+
+    pub fn give(&mut self, c: &Candidate) {
+        self.gpus += f64::from(c.gpus);
+        self.cpus += f64::from(c.cpus);
+        self.mem += c.host_memory_gib;
+    }
+}
+
+/// Total objective of a choice (one optional candidate index per job).
+pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
+    choice.iter().enumerate().filter_map(|(j, c)| c.map(|c| book.jobs[j].candidates[c].value)).sum()
+}
+
+/// Whether a choice respects every group's capacity and every job's obligations
+/// (guaranteed and locked jobs hold a candidate).
+pub fn feasible(book: &CurveBook, cluster: &Cluster, choice: &[Option<usize>]) -> bool {
+    let mut free: Vec<Capacity> = cluster.node_groups.iter().map(Capacity::of).collect();
+    for (j, c) in choice.iter().enumerate() {
+        match c {
+            None if book.jobs[j].must_run => return false,
+            None => {}
+            Some(c) => {
+                let cand = &book.jobs[j].candidates[*c];
+                free[cand.group].take(cand);
+            }
+        }
+    }
+    free.iter().all(|f| f.gpus >= -1e-9 && f.cpus >= -1e-9 && f.mem >= -1e-6)
+}
+
+/// The (group, index) of a node named `<group>-<index>`.
+pub fn node_by_name(cluster: &Cluster, name: &str) -> Option<(usize, u32)> {
+    cluster.node_groups.iter().enumerate().find_map(|(gi, g)| {
+        let index: u32 = name.strip_prefix(g.name.as_str())?.strip_prefix('-')?.parse().ok()?;
+        (index < g.count).then_some((gi, index))
+    })
+}
+
+/// A job's `current` allocation resolved against the cluster. Cores default to the
+/// node's fair share and host memory to the planner's estimate.
+pub fn current_of_job(
+    job: &Job,
+    cluster: &Cluster,
+    config: &PlannerConfig,
+) -> Result<Option<Current>, crate::error::ValidationError> {
+    use crate::error::ValidationError;
+    let Some(cur) = &job.current else { return Ok(None) };
+    let mut nodes = Vec::new();
+    let mut group = None;
+    for (i, name) in cur.nodes.iter().enumerate() {
+        let (g, index) = node_by_name(cluster, name).ok_or_else(|| {
+            ValidationError::new(format!("current.nodes[{i}]"), format!("`{name}` is not a node of the cluster"))
+        })?;
+        if group.is_some_and(|x| x != g) {
+            return Err(ValidationError::new(format!("current.nodes[{i}]"), "a job's nodes must be of one node group"));
+        }
+        group = Some(g);
+        nodes.push((index, Vec::new()));
+    }
+    let group = match group {
+        Some(g) => g,
+        None => eligible_groups(job, cluster).map(|(i, _)| i).next().ok_or_else(|| {
+            ValidationError::new("request.gpuType", "no node group of the cluster has this GPU type")
+        })?,
+    };
+    let g = &cluster.node_groups[group];
+    let gpus = cur.placement.gpus();
+    let fair = (g.cpu_cores / g.gpus_per_node).max(1);
+    let host = curves::host_memory_gib(config, &job.model, &cur.plan);
+    Ok(Some(Current {
+        group,
+        plan: cur.plan,
+        placement: cur.placement.clone(),
+        nodes,
+        cpus: cur.cpus.unwrap_or(fair * gpus),
+        host_memory_gib: host,
+        rounds_since_change: cur.rounds_since_change,
+    }))
+}
+
+/// A job's allocation as a previous round's schedule gave it.
+pub fn current_of_assignment(
+    a: &crate::schedule::Assignment,
+    cluster: &Cluster,
+) -> Result<Option<Current>, crate::error::ValidationError> {
+    use crate::error::ValidationError;
+    let Some(plan) = a.plan else { return Ok(None) };
+    if a.nodes.is_empty() {
+        return Ok(None);
+    }
+    let mut nodes = Vec::new();
+    let mut group = None;
+    for (i, share) in a.nodes.iter().enumerate() {
+        let (g, index) = node_by_name(cluster, &share.node).ok_or_else(|| {
+            ValidationError::new(format!("nodes[{i}].node"), format!("`{}` is not a node of the cluster", share.node))
+        })?;
+        if group.is_some_and(|x| x != g) {
+            return Err(ValidationError::new(format!("nodes[{i}].node"), "a job's nodes must be of one node group"));
+        }
+        let per_node = cluster.node_groups[g].gpus_per_node;
+        if let Some(&bad) = share.gpus.iter().find(|&&x| x >= per_node) {
+            return Err(ValidationError::new(
+                format!("nodes[{i}].gpus"),
+                format!("GPU {bad} does not exist on a node of {per_node} GPUs"),
+            ));
+        }
+        group = Some(g);
+        nodes.push((index, share.gpus.clone()));
+    }
+    let placement = Placement::new(a.nodes.iter().map(|s| s.gpus.len() as u32).collect())
+        .ok_or_else(|| ValidationError::new("nodes", "no GPUs assigned"))?;
+    Ok(Some(Current {
+        group: group.unwrap_or(0),
+        plan,
+        placement,
+        nodes,
+        cpus: a.nodes.iter().map(|s| s.cpus).sum(),
+        host_memory_gib: a.nodes.iter().map(|s| s.host_memory_gib).sum(),
+        rounds_since_change: a.rounds_since_change,
+    }))
+}

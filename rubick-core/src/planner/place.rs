@@ -1,0 +1,328 @@
+//! Placement: the round's decision onto concrete nodes and GPU indices.
+//!
+//! Jobs whose allocation does not change stay exactly where they are. The others are
+//! placed guaranteed first, then largest first: each part of a candidate's shape goes
+//! to the node that fits it most tightly (preferring the job's current nodes), so a
+//! tensor-parallel group never straddles nodes and a job spans nodes only when its
+//! candidate does. When fragmentation leaves no room for the shape, the job is spread
+//! over the nodes with the most free GPUs and its plan re-chosen for that placement;
+//! failing that it takes a smaller candidate, or waits. No node is ever over-allocated.
+
+use crate::cluster::Cluster;
+use crate::placement::Placement;
+use crate::plan::Plan;
+
+use super::curves::{CurveBook, Evaluator};
+use super::{JobInput, Restriction};
+
+/// One node's free resources.
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    pub group: usize,
+    /// Index within the group; the node is called `<group>-<index>`.
+    pub index: u32,
+    pub name: String,
+    /// `true` where the GPU is free.
+    pub gpu_free: Vec<bool>,
+    pub cpus_free: u32,
+    pub mem_free: f64,
+}
+
+impl NodeState {
+    pub fn free_gpus(&self) -> u32 {
+        self.gpu_free.iter().filter(|&&f| f).count() as u32
+    }
+}
+
+/// The nodes of a cluster, all free, group by group.
+pub fn nodes_of(cluster: &Cluster) -> Vec<NodeState> {
+    let mut nodes = Vec::new();
+    for (gi, g) in cluster.node_groups.iter().enumerate() {
+        for i in 0..g.count {
+            nodes.push(NodeState {
+                group: gi,
+                index: i,
+                name: format!("{}-{i}", g.name),
+                gpu_free: vec![true; g.gpus_per_node as usize],
+                cpus_free: g.cpu_cores,
+                mem_free: g.host_memory_gib,
+            });
+        }
+    }
+    nodes
+}
+
+/// What one job receives on one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Share {
+    /// Index into the cluster's node list (see [`nodes_of`]).
+    pub node: usize,
+    pub gpus: Vec<u32>,
+    pub cpus: u32,
+    pub mem: f64,
+}
+
+/// Where a job ends up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placed {
+    pub group: usize,
+    pub plan: Plan,
+    pub placement: Placement,
+    pub shares: Vec<Share>,
+    pub cpus: u32,
+    pub host_memory_gib: f64,
+    pub throughput: f64,
+    /// The candidate it realises; `None` when the plan was re-chosen for a spread.
+    pub candidate: Option<usize>,
+    /// Why the placement differs from the decision, if it does.
+    pub note: Option<String>,
+}
+
+/// Splits `total` over parts proportionally to `weights` (largest remainders first).
+fn split(total: u32, weights: &[u32]) -> Vec<u32> {
+    let sum: u32 = weights.iter().sum::<u32>().max(1);
+    let mut out: Vec<u32> = weights.iter().map(|w| (u64::from(total) * u64::from(*w) / u64::from(sum)) as u32).collect();
+    let mut left = total - out.iter().sum::<u32>();
+    let mut i = 0;
+    while left > 0 && !out.is_empty() {
+        out[i % weights.len()] += 1;
+        left -= 1;
+        i += 1;
+    }
+    out
+}
+
+fn take(nodes: &mut [NodeState], node: usize, gpus: u32, cpus: u32, mem: f64, exact: Option<&[u32]>) -> Share {
+    let n = &mut nodes[node];
+    let picked: Vec<u32> = match exact {
+        Some(ix) => ix.to_vec(),
+        None => (0..n.gpu_free.len() as u32).filter(|&i| n.gpu_free[i as usize]).take(gpus as usize).collect(),
+    };
+    for &i in &picked {
+        n.gpu_free[i as usize] = false;
+    }
+    n.cpus_free -= cpus;
+    n.mem_free -= mem;
+    Share { node, gpus: picked, cpus, mem }
+}
+
+/// Chooses a node for every part of `per_node` (decreasing), or `None`.
+fn layout(
+    nodes: &[NodeState],
+    group: usize,
+    per_node: &[u32],
+    cpus: u32,
+    mem: f64,
+    prefer: &[usize],
+) -> Option<Vec<(usize, u32, u32, f64)>> {
+    let total: u32 = per_node.iter().sum();
+    let cpu_parts = split(cpus, per_node);
+    let mut used: Vec<usize> = Vec::new();
+    let mut out = Vec::new();
+    for (part, &g) in per_node.iter().enumerate() {
+        let c = cpu_parts[part];
+        let m = mem * f64::from(g) / f64::from(total.max(1));
+        let best = nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, n)| {
+                n.group == group
+                    && !used.contains(i)
+                    && n.free_gpus() >= g
+                    && n.cpus_free >= c
+                    && n.mem_free + 1e-6 >= m
+            })
+            .min_by_key(|(i, n)| (!prefer.contains(i), n.free_gpus() - g, *i))?;
+        used.push(best.0);
+        out.push((best.0, g, c, m));
+    }
+    Some(out)
+}
+
+/// Spreads `gpus` over the group's nodes with the most free GPUs (current nodes
+/// first), each node's share of cores and memory proportional to its GPUs.
+fn spread(
+    nodes: &[NodeState],
+    group: usize,
+    gpus: u32,
+    cpus: u32,
+    mem: f64,
+    prefer: &[usize],
+) -> Option<Vec<(usize, u32, u32, f64)>> {
+    let mut order: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].group == group).collect();
+    order.sort_by_key(|&i| (!prefer.contains(&i), std::cmp::Reverse(nodes[i].free_gpus()), i));
+    let cpu_per_gpu = f64::from(cpus) / f64::from(gpus.max(1));
+    let mem_per_gpu = mem / f64::from(gpus.max(1));
+    let mut left = gpus;
+    let mut parts = Vec::new();
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        let n = &nodes[i];
+        let by_cpu = (f64::from(n.cpus_free) / cpu_per_gpu.max(1e-9)).floor() as u32;
+        let by_mem = if mem_per_gpu > 0.0 { (n.mem_free / mem_per_gpu + 1e-9).floor() as u32 } else { u32::MAX };
+        let g = n.free_gpus().min(by_cpu).min(by_mem).min(left);
+        if g > 0 {
+            parts.push((i, g));
+            left -= g;
+        }
+    }
+    if left > 0 {
+        return None;
+    }
+    let weights: Vec<u32> = parts.iter().map(|p| p.1).collect();
+    let cpu_parts = split(cpus, &weights);
+    let out: Vec<(usize, u32, u32, f64)> = parts
+        .iter()
+        .zip(cpu_parts)
+        .map(|(&(i, g), c)| (i, g, c, mem * f64::from(g) / f64::from(gpus.max(1))))
+        .collect();
+    out.iter().all(|&(i, _, c, m)| nodes[i].cpus_free >= c && nodes[i].mem_free + 1e-6 >= m).then_some(out)
+}
+
+/// Places the decision. `choice[j]` is job `j`'s candidate; the result has one entry
+/// per job, `None` for jobs that wait.
+pub fn place(
+    evaluator: &mut Evaluator<'_>,
+    book: &CurveBook,
+    inputs: &[JobInput],
+    choice: &[Option<usize>],
+) -> (Vec<Option<Placed>>, Vec<NodeState>) {
+    let cluster = evaluator.cluster;
+    let mut nodes = nodes_of(cluster);
+    let node_of = |group: usize, index: u32, nodes: &[NodeState]| {
+        nodes.iter().position(|n| n.group == group && n.index == index)
+    };
+    let mut out: Vec<Option<Placed>> = vec![None; inputs.len()];
+
+    // Unchanged allocations stay where they are.
+    for (j, input) in inputs.iter().enumerate() {
+        let (Some(c), Some(cur)) = (choice[j], &input.current) else { continue };
+        let cand = &book.jobs[j].candidates[c];
+        if !cand.is_current || cur.nodes.is_empty() {
+            continue;
+        }
+        let weights: Vec<u32> = cur.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
+        let counts: Vec<u32> = if weights.iter().all(|&w| w > 0) {
+            weights
+        } else {
+            // Only node names known: the placement's counts in node order.
+            cur.placement.per_node().to_vec()
+        };
+        let cpu_parts = split(cur.cpus, &counts);
+        let total: u32 = counts.iter().sum();
+        let mut ok = counts.len() == cur.nodes.len();
+        let mut plan_parts = Vec::new();
+        for (k, (idx, ix)) in cur.nodes.iter().enumerate() {
+            let Some(node) = node_of(cur.group, *idx, &nodes) else {
+                ok = false;
+                break;
+            };
+            let g = counts[k];
+            let m = cur.host_memory_gib * f64::from(g) / f64::from(total.max(1));
+            let n = &nodes[node];
+            let gpus_ok = if ix.is_empty() {
+                n.free_gpus() >= g
+            } else {
+                ix.iter().all(|&i| n.gpu_free.get(i as usize).copied().unwrap_or(false))
+            };
+            if !gpus_ok || n.cpus_free < cpu_parts[k] || n.mem_free + 1e-6 < m {
+                ok = false;
+                break;
+            }
+            plan_parts.push((node, g, cpu_parts[k], m, (!ix.is_empty()).then(|| ix.clone())));
+        }
+        if !ok {
+            continue;
+        }
+        let shares =
+            plan_parts.into_iter().map(|(node, g, c, m, ix)| take(&mut nodes, node, g, c, m, ix.as_deref())).collect();
+        out[j] = Some(Placed {
+            group: cur.group,
+            plan: cur.plan,
+            placement: cur.placement.clone(),
+            shares,
+            cpus: cur.cpus,
+            host_memory_gib: cur.host_memory_gib,
+            throughput: cand.throughput,
+            candidate: Some(c),
+            note: None,
+        });
+    }
+
+    // Everyone else: guaranteed first, then largest first.
+    let mut order: Vec<usize> = (0..inputs.len()).filter(|&j| choice[j].is_some() && out[j].is_none()).collect();
+    order.sort_by_key(|&j| {
+        let c = &book.jobs[j].candidates[choice[j].unwrap_or(0)];
+        (!book.jobs[j].must_run, std::cmp::Reverse(c.gpus), j)
+    });
+    for j in order {
+        let Some(c) = choice[j] else { continue };
+        let jc = &book.jobs[j];
+        let input = &inputs[j];
+        let prefer: Vec<usize> = input
+            .current
+            .iter()
+            .flat_map(|cur| cur.nodes.iter().filter_map(|(idx, _)| node_of(cur.group, *idx, &nodes)))
+            .collect();
+        // The chosen candidate, then cheaper ones of the same job, best value first.
+        let mut tries = vec![c];
+        let mut others: Vec<usize> = (0..jc.candidates.len())
+            .filter(|&k| k != c && jc.candidates[k].gpus <= jc.candidates[c].gpus)
+            .collect();
+        others.sort_by(|&a, &b| jc.candidates[b].value.total_cmp(&jc.candidates[a].value).then(a.cmp(&b)));
+        tries.extend(others);
+        for (attempt, &k) in tries.iter().enumerate() {
+            let cand = &jc.candidates[k];
+            let note = |what: &str| {
+                (attempt > 0).then(|| format!("{what}: no node layout for the chosen {} GPUs", jc.candidates[c].gpus))
+            };
+            if let Some(parts) = layout(&nodes, cand.group, cand.placement.per_node(), cand.cpus, cand.host_memory_gib, &prefer) {
+                let shares = parts.into_iter().map(|(node, g, cc, m)| take(&mut nodes, node, g, cc, m, None)).collect();
+                out[j] = Some(Placed {
+                    group: cand.group,
+                    plan: cand.plan,
+                    placement: cand.placement.clone(),
+                    shares,
+                    cpus: cand.cpus,
+                    host_memory_gib: cand.host_memory_gib,
+                    throughput: cand.throughput,
+                    candidate: Some(k),
+                    note: note("took a smaller configuration"),
+                });
+                break;
+            }
+            // Fragmented: spread the same resources and re-choose the plan.
+            if let Some(parts) = spread(&nodes, cand.group, cand.gpus, cand.cpus, cand.host_memory_gib, &prefer) {
+                let Some(placement) = Placement::new(parts.iter().map(|p| p.1).collect()) else { continue };
+                let restriction: Restriction = input.restriction();
+                let Some((plan, thr)) =
+                    evaluator.best_plan(&input.job.model, &input.params, cand.group, &placement, cand.cpus, restriction)
+                else {
+                    continue;
+                };
+                if jc.guaranteed && thr < jc.request_throughput * (1.0 - 1e-9) {
+                    continue;
+                }
+                let shares = parts.into_iter().map(|(node, g, cc, m)| take(&mut nodes, node, g, cc, m, None)).collect();
+                out[j] = Some(Placed {
+                    group: cand.group,
+                    plan,
+                    placement: placement.clone(),
+                    shares,
+                    cpus: cand.cpus,
+                    host_memory_gib: cand.host_memory_gib,
+                    throughput: thr,
+                    candidate: None,
+                    note: Some(format!(
+                        "spread as {placement} (fragmentation left no {} layout); plan re-chosen for it",
+                        cand.placement
+                    )),
+                });
+                break;
+            }
+        }
+    }
+    (out, nodes)
+}

@@ -1,0 +1,132 @@
+//! The exact round: a mixed-integer program over the Pareto candidates, solved by
+//! HiGHS.
+//!
+//! One binary `x[j, c]` per job and candidate, maximising `sum value[j, c] x[j, c]`
+//! (normalised throughput, with each running job's restart and minimum-gain cost
+//! already in the value of the candidates that change it) subject to
+//!
+//! * `sum_c x[j, c] <= 1` per job, `= 1` for guaranteed and locked jobs (a guaranteed
+//!   job's candidates all meet its guarantee, a locked job's is its current one);
+//! * per node group: GPUs, CPU cores and host memory of the chosen candidates within
+//!   the group's totals; a candidate inside one node fits one node by construction.
+//!
+//! Warm-started from the heuristic's choice, single-threaded (deterministic), with a
+//! time limit; the relative gap HiGHS proves is reported.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use highs::{HighsModelStatus, RowProblem, Sense};
+use rubick_core::Cluster;
+use rubick_core::planner::{Capacity, CurveBook};
+
+/// A solved round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MilpSolution {
+    pub choice: Vec<Option<usize>>,
+    pub objective: f64,
+    /// Relative gap between the solution and the best bound.
+    pub gap: f64,
+    /// `optimal` or `time-limit`.
+    pub status: &'static str,
+}
+
+/// Why there is no MILP solution.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MilpError {
+    #[error("no schedule gives every guaranteed job its guarantee")]
+    Infeasible,
+    #[error("HiGHS found no solution: {0}")]
+    Solver(String),
+}
+
+/// Solves the round. `warm` is a feasible choice to start from (the heuristic's).
+pub fn solve(
+    book: &CurveBook,
+    cluster: &Cluster,
+    warm: Option<&[Option<usize>]>,
+    time_limit: Duration,
+) -> Result<MilpSolution, MilpError> {
+    let mut pb = RowProblem::default();
+    let mut cols = Vec::new(); // (job, candidate, column)
+    for (j, jc) in book.jobs.iter().enumerate() {
+        for (c, cand) in jc.candidates.iter().enumerate() {
+            cols.push((j, c, pb.add_integer_column(cand.value, 0..=1)));
+        }
+    }
+    let mut start = 0;
+    for (j, jc) in book.jobs.iter().enumerate() {
+        let n = jc.candidates.len();
+        let row: Vec<_> = cols[start..start + n].iter().map(|&(_, _, col)| (col, 1.0)).collect();
+        start += n;
+        if jc.must_run {
+            if n == 0 {
+                return Err(MilpError::Infeasible);
+            }
+            pb.add_row(1.0..=1.0, row);
+        } else if n > 1 {
+            pb.add_row(..=1.0, row);
+        }
+        debug_assert!(cols[start - n..start].iter().all(|&(jj, _, _)| jj == j));
+    }
+    for (g, group) in cluster.node_groups.iter().enumerate() {
+        let cap = Capacity::of(group);
+        let in_group: Vec<_> =
+            cols.iter().filter(|&&(j, c, _)| book.jobs[j].candidates[c].group == g).copied().collect();
+        if in_group.is_empty() {
+            continue;
+        }
+        let dims: [(f64, &dyn Fn(usize, usize) -> f64); 3] = [
+            (cap.gpus, &|j, c| f64::from(book.jobs[j].candidates[c].gpus)),
+            (cap.cpus, &|j, c| f64::from(book.jobs[j].candidates[c].cpus)),
+            (cap.mem, &|j, c| book.jobs[j].candidates[c].host_memory_gib),
+        ];
+        for (limit, use_of) in dims {
+            pb.add_row(..=limit, in_group.iter().map(|&(j, c, col)| (col, use_of(j, c))));
+        }
+    }
+    if cols.is_empty() {
+        return Ok(MilpSolution { choice: vec![None; book.jobs.len()], objective: 0.0, gap: 0.0, status: "optimal" });
+    }
+    let mut model = pb.try_optimise(Sense::Maximise).map_err(|e| MilpError::Solver(format!("{e:?}")))?;
+    model.set_threads(NonZeroU32::MIN);
+    model.set_option("time_limit", time_limit.as_secs_f64().max(0.01));
+    model.set_option("mip_rel_gap", 1e-4);
+    model.set_option("random_seed", 0);
+    if let Some(warm) = warm {
+        let mut x = vec![0.0; cols.len()];
+        for (i, &(j, c, _)) in cols.iter().enumerate() {
+            if warm[j] == Some(c) {
+                x[i] = 1.0;
+            }
+        }
+        if model.try_set_solution(Some(&x), None, None, None).is_err() {
+            tracing::debug!("HiGHS refused the warm start");
+        }
+    }
+    let solved = model.try_solve().map_err(|e| MilpError::Solver(format!("{e:?}")))?;
+    let status = match solved.status() {
+        HighsModelStatus::Optimal => "optimal",
+        HighsModelStatus::ReachedTimeLimit => "time-limit",
+        HighsModelStatus::Infeasible => return Err(MilpError::Infeasible),
+        other => {
+            if solved.primal_solution_status() != highs::HighsSolutionStatus::Feasible {
+                return Err(MilpError::Solver(format!("{other:?}")));
+            }
+            "stopped"
+        }
+    };
+    if solved.primal_solution_status() != highs::HighsSolutionStatus::Feasible {
+        return Err(MilpError::Solver(format!("{status} without a feasible solution")));
+    }
+    let x = solved.get_solution();
+    let mut choice = vec![None; book.jobs.len()];
+    for (i, &(j, c, _)) in cols.iter().enumerate() {
+        if x.columns()[i] > 0.5 {
+            choice[j] = Some(c);
+        }
+    }
+    let objective = rubick_core::planner::objective(book, &choice);
+    let gap = solved.mip_gap();
+    Ok(MilpSolution { choice, objective, gap: if gap.is_finite() { gap.max(0.0) } else { 0.0 }, status })
+}

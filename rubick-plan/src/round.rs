@@ -1,0 +1,182 @@
+//! One round end to end: jobs (with their performance models and current
+//! allocations) in, a `Schedule` out, by the heuristic or the MILP.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rubick_core::perf::PerfModel;
+use rubick_core::perfmodel::{Links, Params};
+use rubick_core::planner::curves::{Evaluator, default_params};
+use rubick_core::planner::round::{Outcome, assemble};
+use rubick_core::planner::{CurveBook, Infeasible, JobInput, PlannerConfig, current_of_assignment, current_of_job, heuristic};
+use rubick_core::schedule::{Schedule, SolverStats};
+use rubick_core::{Cluster, Job, MemoryEstimator};
+use rubick_io::files::load_artifact;
+use rubick_io::reference::ReferenceData;
+
+use crate::milp;
+
+/// How a round decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Policy {
+    /// Rubick's greedy heuristic (the MILP only when the greedy misses a guarantee).
+    Rubick,
+    /// The exact MILP over the Pareto candidates, warm-started from the heuristic.
+    RubickMilp,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Rubick => "rubick",
+            Policy::RubickMilp => "rubick-milp",
+        }
+    }
+}
+
+/// A round's result with what was computed on the way.
+#[derive(Debug)]
+pub struct RoundResult {
+    pub outcome: Outcome,
+    pub book: CurveBook,
+    /// Objective of the heuristic's decision, when it found one.
+    pub heuristic_objective: Option<f64>,
+    pub wall: Duration,
+}
+
+/// Plans one round.
+pub fn plan_round(
+    cluster: &Cluster,
+    config: &PlannerConfig,
+    inputs: &[JobInput],
+    policy: Policy,
+    time_limit: Duration,
+    round: u64,
+) -> Result<RoundResult, Infeasible> {
+    let start = Instant::now();
+    let mut evaluator = Evaluator::new(cluster, config);
+    let book = CurveBook { jobs: inputs.iter().map(|i| evaluator.job_curves(i, None)).collect() };
+    let greedy = heuristic::solve(&book, cluster, inputs, config);
+    let heuristic_objective = greedy.as_ref().ok().map(|d| d.objective);
+    let (choice, objective, method, gap, status) = match (policy, greedy) {
+        (Policy::Rubick, Ok(d)) => (d.choice, d.objective, "heuristic", None, "heuristic".to_string()),
+        (Policy::RubickMilp, greedy) => {
+            let warm = greedy.as_ref().ok().map(|d| d.choice.clone());
+            match milp::solve(&book, cluster, warm.as_deref(), time_limit) {
+                Ok(s) if greedy.as_ref().is_ok_and(|d| d.objective > s.objective + 1e-9) => {
+                    let d = greedy.as_ref().map_err(Clone::clone)?;
+                    (d.choice.clone(), d.objective, "heuristic", Some(s.gap), format!("fallback: MILP {}", s.status))
+                }
+                Ok(s) => (s.choice, s.objective, "milp", Some(s.gap), s.status.to_string()),
+                Err(milp::MilpError::Infeasible) => return Err(greedy.err().unwrap_or_else(|| infeasible(&book))),
+                Err(e) => {
+                    let d = greedy?;
+                    tracing::warn!("{e}; using the heuristic's schedule");
+                    (d.choice, d.objective, "heuristic", None, "fallback".to_string())
+                }
+            }
+        }
+        (Policy::Rubick, Err(why)) => {
+            // The greedy missed a guarantee: let the exact search decide feasibility.
+            match milp::solve(&book, cluster, None, time_limit) {
+                Ok(s) => (s.choice, s.objective, "milp", Some(s.gap), "heuristic-missed-guarantee".to_string()),
+                Err(_) => return Err(why),
+            }
+        }
+    };
+    let solver = SolverStats { method: method.into(), gap, wall_s: None, status };
+    let outcome =
+        assemble(&mut evaluator, &book, inputs, &choice, objective, round, policy.as_str(), solver);
+    Ok(RoundResult { outcome, book, heuristic_objective, wall: start.elapsed() })
+}
+
+fn infeasible(book: &CurveBook) -> Infeasible {
+    let jobs: Vec<String> = book.jobs.iter().filter(|j| j.guaranteed).map(|j| j.name.clone()).collect();
+    Infeasible {
+        reason: format!("the guaranteed jobs ({}) cannot all get their guarantee on this cluster", jobs.join(", ")),
+        jobs,
+    }
+}
+
+/// Where jobs' performance models come from.
+#[derive(Debug, Default)]
+pub struct ModelSource<'a> {
+    /// Directory that relative `perfModel` paths start from (the jobs file's).
+    pub base: Option<&'a Path>,
+    /// The authors' reference data: jobs of its models without a `perfModel` get one
+    /// fitted from 8 profiled rows.
+    pub reference: Option<&'a ReferenceData>,
+}
+
+/// Performance-model parameters of every job: its `perfModel` file, else a fit on the
+/// reference data when that has the model, else the FLOPs-based default.
+pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> anyhow::Result<Vec<Params>> {
+    let mut fitted: HashMap<String, Params> = HashMap::new();
+    let links = cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from);
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        if let Some(path) = &job.perf_model {
+            let path = source.base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path));
+            let model: PerfModel = load_artifact(&path)?;
+            let params = model.params().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            out.push(params);
+            continue;
+        }
+        let name = &job.model.name;
+        let from_reference = match (source.reference, links) {
+            (Some(data), Some(links)) if data.facts(name).is_some() => {
+                if let Some(p) = fitted.get(name) {
+                    Some(p.clone())
+                } else {
+                    let params = fit_reference(data, name, links)
+                        .with_context(|| format!("fitting `{name}` on the reference data"))?;
+                    fitted.insert(name.clone(), params.clone());
+                    Some(params)
+                }
+            }
+            _ => None,
+        };
+        out.push(from_reference.unwrap_or_else(|| default_params(&job.model)));
+    }
+    Ok(out)
+}
+
+fn fit_reference(data: &ReferenceData, model: &str, links: Links) -> anyhow::Result<Params> {
+    let spec = data.facts(model).context("listed model")?.model_spec(model);
+    let measured = data.measured_rows(model)?;
+    let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &MemoryEstimator::default());
+    let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);
+    Ok(rubick_core::fit::fit(&spec, &obs, &rubick_core::fit::FitOptions::default())?.params)
+}
+
+/// The planner's inputs: jobs with parameters and current allocations, taken from the
+/// previous round's schedule where it names the job, else from the job's `current`.
+pub fn job_inputs(
+    jobs: Vec<Job>,
+    params: Vec<Params>,
+    cluster: &Cluster,
+    config: &PlannerConfig,
+    previous: Option<(&Path, &Schedule)>,
+) -> anyhow::Result<Vec<JobInput>> {
+    let mut inputs = Vec::with_capacity(jobs.len());
+    for (i, (job, params)) in jobs.into_iter().zip(params).enumerate() {
+        let from_schedule = match previous {
+            Some((path, schedule)) => match schedule.assignments.iter().position(|a| a.job == job.name) {
+                Some(k) => Some(current_of_assignment(&schedule.assignments[k], cluster).map_err(|e| {
+                    anyhow::anyhow!("{}: {}", path.display(), e.within(&format!("assignments[{k}]")))
+                })?),
+                None => None,
+            },
+            None => None,
+        };
+        let current = match from_schedule {
+            Some(c) => c,
+            None => current_of_job(&job, cluster, config)
+                .map_err(|e| anyhow::anyhow!("{}", e.within(&format!("jobs[{i}]"))))?,
+        };
+        inputs.push(JobInput { job, params, current });
+    }
+    Ok(inputs)
+}

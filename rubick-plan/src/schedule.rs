@@ -1,0 +1,154 @@
+//! `rubick-plan schedule`: one round for a batch of jobs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rubick_core::artifact::to_yaml;
+use rubick_core::planner::PlannerConfig;
+use rubick_core::schedule::Schedule;
+use rubick_io::cli::Outcome;
+use rubick_io::files::{load_artifact, write_output};
+use rubick_io::reference::ReferenceData;
+
+use crate::round::{ModelSource, Policy, job_inputs, job_params, plan_round};
+
+/// Knobs of the planner shared by `schedule` and `curves`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlannerArgs {
+    /// More resources must buy at least this share more throughput (Pareto pruning)
+    #[arg(long, default_value_t = PlannerConfig::default().min_gain)]
+    pub min_gain: f64,
+    /// A change of a running job must raise the objective by this much (in requests)
+    #[arg(long, default_value_t = PlannerConfig::default().change_min_gain)]
+    pub change_min_gain: f64,
+    /// Rounds a job's allocation is left alone after a change
+    #[arg(long, default_value_t = PlannerConfig::default().cooldown_rounds)]
+    pub cooldown: u32,
+    /// Seconds over which a restart must pay for itself
+    #[arg(long, default_value_t = PlannerConfig::default().horizon_s)]
+    pub horizon: f64,
+    /// Restart cost (s) of jobs that declare none
+    #[arg(long, default_value_t = PlannerConfig::default().default_restart_s)]
+    pub restart_cost: f64,
+    /// Seconds of waiting after which a queued job is admitted first
+    #[arg(long, default_value_t = PlannerConfig::default().starvation_s)]
+    pub starvation: f64,
+    /// A job gets at most this many times its requested GPUs (at least a node)
+    #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
+    pub max_scale: u32,
+    /// Time of the round on the jobs' clock (s); default: the latest submission
+    #[arg(long)]
+    pub now: Option<f64>,
+    /// The authors' reference data: jobs of its models without a perfModel get one
+    /// fitted from 8 profiled rows (else the model's FLOPs decide its speed)
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+}
+
+impl PlannerArgs {
+    pub fn config(&self, jobs: &[rubick_core::Job]) -> anyhow::Result<PlannerConfig> {
+        for (name, v) in [
+            ("--min-gain", self.min_gain),
+            ("--change-min-gain", self.change_min_gain),
+            ("--horizon", self.horizon),
+            ("--restart-cost", self.restart_cost),
+            ("--starvation", self.starvation),
+        ] {
+            anyhow::ensure!(v.is_finite() && v >= 0.0, "{name}: must be a non-negative number, got {v}");
+        }
+        anyhow::ensure!(self.max_scale >= 1, "--max-scale: must be at least 1");
+        let now = self.now.unwrap_or_else(|| jobs.iter().map(|j| j.submit_time_s).fold(0.0, f64::max));
+        Ok(PlannerConfig {
+            min_gain: self.min_gain,
+            change_min_gain: self.change_min_gain,
+            cooldown_rounds: self.cooldown,
+            horizon_s: self.horizon,
+            default_restart_s: self.restart_cost,
+            starvation_s: self.starvation,
+            max_scale: self.max_scale,
+            now_s: now,
+            ..PlannerConfig::default()
+        })
+    }
+
+    /// The reference data of `--reference`.
+    pub fn reference(&self) -> anyhow::Result<Option<ReferenceData>> {
+        match &self.reference {
+            Some(dir) => Ok(Some(ReferenceData::open(dir)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ScheduleArgs {
+    /// The Cluster (YAML)
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// A JobBatch or a Job (YAML), `-` for stdin
+    #[arg(long)]
+    pub jobs: PathBuf,
+    /// The previous round's Schedule: where jobs run now (overrides jobs' `current`)
+    #[arg(long)]
+    pub current: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "rubick")]
+    pub policy: Policy,
+    /// Time limit of the MILP, seconds
+    #[arg(long, default_value_t = 10.0)]
+    pub time_limit: f64,
+    /// Output Schedule, `-` for stdout
+    #[arg(short, long, default_value = "-")]
+    pub output: PathBuf,
+    /// Print, per job, the old and new plan and resources and why, on stderr
+    #[arg(long)]
+    pub explain: bool,
+    /// Record the decision's wall time in the schedule (makes outputs differ run to run)
+    #[arg(long)]
+    pub record_time: bool,
+    #[command(flatten)]
+    pub planner: PlannerArgs,
+}
+
+pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
+    anyhow::ensure!(
+        args.time_limit.is_finite() && args.time_limit > 0.0,
+        "--time-limit: must be a positive number of seconds, got {}",
+        args.time_limit
+    );
+    rubick_io::cli::ensure_one_stdin(&[args.jobs.as_path(), args.cluster.as_path()])?;
+    let cluster = crate::load_cluster(&args.cluster)?;
+    let jobs = crate::load_jobs(&args.jobs)?;
+    let previous: Option<Schedule> = args.current.as_deref().map(load_artifact).transpose()?;
+    let config = args.planner.config(&jobs)?;
+    let reference = args.planner.reference()?;
+    let base = args.jobs.parent().filter(|p| !p.as_os_str().is_empty() && !rubick_io::files::is_std(&args.jobs));
+    let params = job_params(&jobs, &cluster, &ModelSource { base, reference: reference.as_ref() })?;
+    let prev = args.current.as_deref().zip(previous.as_ref());
+    let inputs = job_inputs(jobs, params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
+    let round = previous.as_ref().map_or(0, |s| s.round + 1);
+    let result = match plan_round(&cluster, &config, &inputs, args.policy, Duration::from_secs_f64(args.time_limit), round) {
+        Ok(r) => r,
+        Err(why) => return Ok(Outcome::Negative(why.reason)),
+    };
+    let mut schedule = result.outcome.schedule;
+    tracing::info!(
+        "round {round}: {} jobs, {}/{} GPUs used, objective {:.4} ({}, {}) in {:.1} ms",
+        inputs.len(),
+        schedule.totals.gpus_used,
+        schedule.totals.gpus_total,
+        schedule.objective,
+        schedule.solver.method,
+        schedule.solver.status,
+        result.wall.as_secs_f64() * 1e3
+    );
+    if args.record_time {
+        schedule.solver.wall_s = Some(result.wall.as_secs_f64());
+    }
+    if args.explain {
+        for line in &result.outcome.explain {
+            eprintln!("{line}");
+        }
+    }
+    write_output(&args.output, to_yaml(&schedule).as_bytes())?;
+    Ok(Outcome::Done)
+}
