@@ -7,11 +7,70 @@ use std::time::Instant;
 
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
 use rubick_core::{MemoryEstimator, PlanSpace};
+use rubick_core::planner::PlannerConfig;
 use rubick_io::reference::{ReferenceData, locate};
+use rubick_plan::round::{Policy, plan_round};
+use rubick_plan::synth;
+use std::time::Duration;
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
+}
+
+fn round_ms(gpus: u32, jobs: u32, policy: Policy, runs: usize) -> anyhow::Result<(f64, f64)> {
+    let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
+    let (cluster, inputs) = synth::instance(gpus, jobs, 1, &config)?;
+    let mut samples = Vec::new();
+    let mut objective = 0.0;
+    for _ in 0..runs {
+        let start = Instant::now();
+        let r = plan_round(&cluster, &config, &inputs, policy, Duration::from_secs(10), 0)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        samples.push(start.elapsed().as_secs_f64());
+        objective = r.outcome.schedule.objective;
+    }
+    Ok((median(samples) * 1e3, objective))
+}
+
+/// The planner's figures (issue: rubick-plan one round).
+fn planner_figures() -> anyhow::Result<()> {
+    let (ms, _) = round_ms(64, 60, Policy::Rubick, 21)?;
+    println!("bench: plan_64gpu_60jobs_ms {ms:.3} ms");
+    let mut last = 0.0;
+    for gpus in [256u32, 512, 1024, 2048, 4096] {
+        let jobs = (u64::from(gpus) * 2000 / 4096) as u32;
+        let (ms, _) = round_ms(gpus, jobs, Policy::Rubick, if gpus >= 2048 { 3 } else { 5 })?;
+        let growth = if last > 0.0 { format!(" ({:.2}x the previous size)", ms / last) } else { String::new() };
+        eprintln!("heuristic round {gpus} GPUs / {jobs} jobs: {ms:.1} ms{growth}");
+        println!("bench: plan_{gpus}gpu_{jobs}jobs_ms {ms:.3} ms");
+        last = ms;
+    }
+    // The exact round at 1,024 GPUs / 256 jobs, and the heuristic against it.
+    let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
+    let (cluster, inputs) = synth::instance(1024, 256, 1, &config)?;
+    let start = Instant::now();
+    let r = plan_round(&cluster, &config, &inputs, Policy::RubickMilp, Duration::from_secs(10), 0)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("bench: milp_256jobs_1024gpu_s {:.3} s", start.elapsed().as_secs_f64());
+    println!("bench: milp_gap_pct {:.4} %", r.outcome.schedule.solver.gap.unwrap_or(f64::NAN) * 100.0);
+    eprintln!("MILP status: {} ({})", r.outcome.schedule.solver.status, r.outcome.schedule.solver.method);
+    let mut gaps = Vec::new();
+    for (gpus, jobs) in [(64, 60), (256, 128), (1024, 256)] {
+        for seed in 1..=3 {
+            let (cluster, inputs) = synth::instance(gpus, jobs, seed, &config)?;
+            let r = plan_round(&cluster, &config, &inputs, Policy::RubickMilp, Duration::from_secs(10), 0)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let (Some(h), milp) = (r.heuristic_objective, r.outcome.schedule.objective) else { continue };
+            let pct = if milp.abs() > 1e-12 { (milp - h) / milp.abs() * 100.0 } else { 0.0 };
+            eprintln!("heuristic vs MILP, {gpus} GPUs / {jobs} jobs, seed {seed}: {h:.3} vs {milp:.3} ({pct:.2} %)");
+            gaps.push(pct);
+        }
+    }
+    let mean = gaps.iter().sum::<f64>() / gaps.len().max(1) as f64;
+    println!("bench: heuristic_vs_milp_pct {mean:.3} %");
+    println!("bench: heuristic_vs_milp_max_pct {:.3} %", gaps.iter().copied().fold(0.0, f64::max));
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,6 +95,8 @@ fn main() -> anyhow::Result<()> {
         println!("bench: plan_space_7jobs_{gpus}gpu_ms {:.3} ms", median(samples) * 1e3);
         println!("bench: plan_space_7jobs_{gpus}gpu_plans {plans} plans");
     }
+
+    planner_figures()?;
 
     // The memory estimate against the reference's measured micro-batch limits.
     match locate(&root) {

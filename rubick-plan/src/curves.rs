@@ -99,6 +99,7 @@ pub fn run(args: &CurvesArgs) -> anyhow::Result<Outcome> {
     let params = job_params(&jobs, &cluster, &ModelSource { base, reference: reference.as_ref() })?;
     let inputs = job_inputs(jobs, params, &cluster, &config, None)?;
     let mut evaluator = Evaluator::new(&cluster, &config);
+    evaluator.cross_splits = true;
     let mut csv = String::from("job,node_group,gpus,cpus,bandwidth,plan,throughput,normalized,pareto\n");
     let mut lines = Vec::new();
     for input in &inputs {

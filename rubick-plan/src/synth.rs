@@ -3,7 +3,8 @@
 //!
 //! The jobs use the seven models of the Rubick evaluation (`data/jobs-paper.yaml`,
 //! embedded): small models more often than large ones, requests around each model's
-//! typical size, about half guaranteed, about a third already running (placed on the
+//! typical size, about half guaranteed (while the guarantees need at most 60 % of
+//! the GPUs, as admission control would keep them), about a third already running (placed on the
 //! cluster without overlap, with the best plan for their placement), restart costs
 //! from one to seven minutes, and the resharding rules their frameworks allow.
 
@@ -68,6 +69,7 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
     let mut nodes = nodes_of(cluster);
     let mut out = Vec::with_capacity(count as usize);
     let now = 3600.0;
+    let mut guaranteed_gpus = 0;
     for i in 0..count {
         let t = &templates.jobs[*rng.weighted(&weights)];
         let mut job = t.clone();
@@ -96,7 +98,11 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
         if job.check().is_err() {
             job.request.plan = Some(PlanRequest::Exact(plan));
         }
-        job.guaranteed = rng.unit() < 0.5;
+        // Admission control keeps the guarantees within 60 % of the cluster's GPUs.
+        job.guaranteed = rng.unit() < 0.5 && guaranteed_gpus + gpus <= total * 3 / 5;
+        if job.guaranteed {
+            guaranteed_gpus += gpus;
+        }
         job.iterations = 200 + rng.below(20_000);
         job.submit_time_s = (rng.unit() * now).round();
         job.restart_cost_s = Some(60.0 + (rng.below(7) * 60) as f64);
@@ -154,4 +160,19 @@ pub fn run(args: &SynthArgs) -> anyhow::Result<Outcome> {
     write_atomic(&Path::new(&args.out_dir).join("jobs.yaml"), to_yaml(&batch).as_bytes())?;
     tracing::info!("wrote {} jobs on {} GPUs to {}", batch.jobs.len(), cluster.total_gpus(), args.out_dir.display());
     Ok(Outcome::Done)
+}
+
+/// A synthetic round ready to plan: the cluster and the jobs' planner inputs (with
+/// the FLOPs-based default performance models).
+pub fn instance(
+    gpus: u32,
+    count: u32,
+    seed: u64,
+    config: &PlannerConfig,
+) -> anyhow::Result<(Cluster, Vec<rubick_core::planner::JobInput>)> {
+    let cluster = cluster(gpus);
+    let batch = jobs(&cluster, count, seed)?;
+    let params = batch.jobs.iter().map(|j| default_params(&j.model)).collect();
+    let inputs = crate::round::job_inputs(batch.jobs, params, &cluster, config, None)?;
+    Ok((cluster, inputs))
 }

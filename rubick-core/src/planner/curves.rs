@@ -8,7 +8,7 @@ use std::rc::Rc;
 use crate::cluster::{Cluster, NodeGroup};
 use crate::memory::{GIB, MemoryEstimator};
 use crate::model::ModelSpec;
-use crate::perfmodel::{Links, Params, idx, predict};
+use crate::perfmodel::{Links, Params, Prediction, idx, predict};
 use crate::placement::Placement;
 use crate::plan::{Offload, Plan, PlanRequest};
 use crate::space::{resolve_code, valid_plans};
@@ -36,6 +36,11 @@ impl BandwidthClass {
         }
     }
 }
+
+/// Added to the value of a locked job's current allocation: pausing a job in its
+/// cooldown never pays, unless a guarantee needs its resources. Reported objectives
+/// leave it out (see [`super::objective`]).
+pub const LOCK_BONUS: f64 = 100.0;
 
 /// One configuration of one job: resources, the best plan on them, and its value.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,7 +92,8 @@ pub struct JobCurves {
     pub guaranteed: bool,
     /// The job keeps its allocation this round (cooldown after a change).
     pub locked: bool,
-    /// The job must hold a candidate (guaranteed or locked).
+    /// The job must hold a candidate (it is guaranteed). A locked job may still be
+    /// paused, but only to make room for a guarantee.
     pub must_run: bool,
     pub weight: f64,
     /// Sorted by group, GPUs, cores, memory; guaranteed jobs only keep candidates that
@@ -121,9 +127,15 @@ pub struct Evaluator<'a> {
     pub cluster: &'a Cluster,
     pub config: &'a PlannerConfig,
     pub estimator: MemoryEstimator,
+    /// Also evaluate jobs of up to a node split over two nodes (for display: such
+    /// points never survive pruning, as one node is faster for the same resources).
+    pub cross_splits: bool,
     models: Vec<(ModelSpec, Params)>,
     spaces: HashMap<(usize, usize, u32), Rc<Vec<Plan>>>,
-    curves: HashMap<(usize, usize, Restriction, u32), Rc<(Vec<Raw>, Vec<bool>)>>,
+    /// Per (model, group, restriction): the largest GPU count computed, the points
+    /// and which survive Pareto pruning. Pruning only looks at points with fewer
+    /// resources, so a job with a smaller cap takes a prefix of the same curve.
+    curves: HashMap<(usize, usize, Restriction), (u32, Rc<(Vec<Raw>, Vec<bool>)>)>,
 }
 
 /// Host memory a plan needs in all: a share per GPU plus offloaded model states.
@@ -155,6 +167,7 @@ impl<'a> Evaluator<'a> {
             cluster,
             config,
             estimator: MemoryEstimator::default(),
+            cross_splits: false,
             models: Vec::new(),
             spaces: HashMap::new(),
             curves: HashMap::new(),
@@ -212,13 +225,21 @@ impl<'a> Evaluator<'a> {
         placement: &Placement,
         cpus: u32,
     ) -> f64 {
-        let pred = if (group.compute_speed - 1.0).abs() > 1e-12 {
+        let pred = Self::prediction(model, params, group, plan, placement);
+        Self::throughput_with_cpus(model, group, plan, &pred, cpus)
+    }
+
+    fn prediction(model: &ModelSpec, params: &Params, group: &NodeGroup, plan: &Plan, placement: &Placement) -> Prediction {
+        if (group.compute_speed - 1.0).abs() > 1e-12 {
             let mut p = params.clone();
             p.values[idx::COMPUTE] /= group.compute_speed;
             predict(model, plan, placement, &Links::from(group), &p)
         } else {
             predict(model, plan, placement, &Links::from(group), params)
-        };
+        }
+    }
+
+    fn throughput_with_cpus(model: &ModelSpec, group: &NodeGroup, plan: &Plan, pred: &Prediction, cpus: u32) -> f64 {
         let mut t = pred.total;
         if plan.offload != Offload::None {
             let fair = f64::from((group.cpu_cores / group.gpus_per_node).max(1));
@@ -262,16 +283,25 @@ impl<'a> Evaluator<'a> {
 
     /// Every (resources, best plan) point of a model on a group, and which survive
     /// Pareto pruning; cached per model, group, restriction and size cap.
-    fn raw_curve(&mut self, key: usize, group: usize, restriction: Restriction, request_gpus: u32) -> Rc<(Vec<Raw>, Vec<bool>)> {
-        let cache_key = (key, group, restriction, request_gpus);
-        if let Some(c) = self.curves.get(&cache_key) {
-            return Rc::clone(c);
-        }
+    fn raw_curve(
+        &mut self,
+        key: usize,
+        group: usize,
+        restriction: Restriction,
+        request_gpus: u32,
+    ) -> (u32, Rc<(Vec<Raw>, Vec<bool>)>) {
         let g = self.cluster.node_groups[group].clone();
         let counts = match restriction {
             Restriction::Exact(plan) => vec![plan.gpus()],
             _ => self.gpu_counts(&g, request_gpus),
         };
+        let cap = counts.last().copied().unwrap_or(0);
+        let cache_key = (key, group, restriction);
+        if let Some((computed, c)) = self.curves.get(&cache_key)
+            && *computed >= cap
+        {
+            return (cap, Rc::clone(c));
+        }
         let mut raw = Vec::new();
         for n in counts {
             if n > g.total_gpus() {
@@ -283,7 +313,7 @@ impl<'a> Evaluator<'a> {
             let mut shapes = Vec::new();
             if n <= gpn {
                 shapes.extend(Placement::new(vec![n]));
-                if n >= 2 && g.count >= 2 {
+                if self.cross_splits && n >= 2 && g.count >= 2 {
                     shapes.extend(Placement::new(vec![n.div_ceil(2), n / 2]));
                 }
             } else {
@@ -300,9 +330,10 @@ impl<'a> Evaluator<'a> {
                             best[0] = Some((*plan, thr, base_cpus));
                         }
                     } else {
+                        let pred = Self::prediction(model, params, &g, plan, &placement);
                         for (i, level) in levels.iter().enumerate() {
                             let cpus = level * n;
-                            let thr = Self::throughput(model, params, &g, plan, &placement, cpus);
+                            let thr = Self::throughput_with_cpus(model, &g, plan, &pred, cpus);
                             if best[i + 1].is_none_or(|(_, b, _)| thr > b) {
                                 best[i + 1] = Some((*plan, thr, cpus));
                             }
@@ -325,8 +356,8 @@ impl<'a> Evaluator<'a> {
         });
         let keep = pareto(&raw, self.config.min_gain);
         let entry = Rc::new((raw, keep));
-        self.curves.insert(cache_key, Rc::clone(&entry));
-        entry
+        self.curves.insert(cache_key, (cap, Rc::clone(&entry)));
+        (cap, entry)
     }
 
     /// Throughput of the job's own request: its plan (or the best one) on its GPUs
@@ -364,11 +395,11 @@ impl<'a> Evaluator<'a> {
         let weight = input.weight(&config);
         let mut candidates = Vec::new();
         let groups: Vec<usize> = eligible_groups(job, self.cluster).map(|(i, _)| i).collect();
-        if !locked {
+        if !locked || points.is_some() {
             for group in groups {
-                let curve = self.raw_curve(key, group, restriction, job.request.gpus);
+                let (cap, curve) = self.raw_curve(key, group, restriction, job.request.gpus);
                 let (raw, keep) = &*curve;
-                for (r, &k) in raw.iter().zip(keep) {
+                for (r, &k) in raw.iter().zip(keep).filter(|(r, _)| r.gpus <= cap) {
                     if let Some(points) = points.as_deref_mut() {
                         points.push(CurvePoint {
                             group,
@@ -380,7 +411,7 @@ impl<'a> Evaluator<'a> {
                             pareto: k,
                         });
                     }
-                    if k {
+                    if k && !locked {
                         candidates.push(Candidate {
                             group: r.group,
                             gpus: r.gpus,
@@ -438,6 +469,7 @@ impl<'a> Evaluator<'a> {
             c.meets_guarantee = c.throughput >= request_throughput * (1.0 - 1e-9);
             c.value = match keep_share {
                 Some(share) if !c.is_current => weight * c.normalized * share - config.change_min_gain,
+                _ if c.is_current && locked => weight * c.normalized + LOCK_BONUS,
                 _ => weight * c.normalized,
             };
         }
@@ -458,7 +490,7 @@ impl<'a> Evaluator<'a> {
             request_throughput,
             guaranteed: job.guaranteed,
             locked: locked && current.is_some(),
-            must_run: job.guaranteed || (locked && current.is_some()),
+            must_run: job.guaranteed,
             weight,
             candidates,
             current,

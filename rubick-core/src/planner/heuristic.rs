@@ -103,13 +103,19 @@ impl<'a> State<'a> {
     }
 
     /// Frees at least `need` in `group` by shrinking or pausing other jobs (never `j`,
-    /// locked jobs, or below a guarantee), cheapest loss per freed share first.
+    /// `protect`ed jobs, or below a guarantee), cheapest loss per freed share first.
     /// Returns the victims' new choices and the value lost; nothing is applied.
-    fn make_room(&self, j: usize, group: usize, need: Capacity, protect: &dyn Fn(usize) -> bool) -> Option<(Vec<(usize, Option<usize>)>, f64)> {
+    fn make_room(
+        &self,
+        j: usize,
+        group: usize,
+        need: Capacity,
+        protect: &dyn Fn(usize) -> bool,
+    ) -> Option<(Vec<(usize, Option<usize>)>, f64)> {
         let mut offers: Vec<(f64, usize, Option<usize>, f64, Capacity)> = Vec::new();
         for (k, jc) in self.book.jobs.iter().enumerate() {
             let Some(cur) = self.choice[k] else { continue };
-            if k == j || jc.locked || protect(k) {
+            if k == j || protect(k) {
                 continue;
             }
             let held = self.cand(k, cur);
@@ -221,19 +227,14 @@ pub fn solve(book: &CurveBook, cluster: &Cluster, inputs: &[JobInput], config: &
     let n = book.jobs.len();
     let mut st = State { book, choice: vec![None; n], free, total };
 
-    // Running jobs keep their allocation to begin with (locked ones for good).
+    // Running jobs keep their allocation to begin with (locked ones first).
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&j| !book.jobs[j].locked);
     for &j in &order {
-        if let Some(cur) = book.jobs[j].current {
-            if st.fits(j, cur) {
-                st.set(j, Some(cur));
-            } else if book.jobs[j].locked {
-                return Err(Infeasible {
-                    jobs: vec![book.jobs[j].name.clone()],
-                    reason: format!("the current allocations exceed the cluster (at job `{}`)", book.jobs[j].name),
-                });
-            }
+        if let Some(cur) = book.jobs[j].current
+            && st.fits(j, cur)
+        {
+            st.set(j, Some(cur));
         }
     }
 
@@ -247,6 +248,7 @@ pub fn solve(book: &CurveBook, cluster: &Cluster, inputs: &[JobInput], config: &
             .then(ia.job.submit_time_s.total_cmp(&ib.job.submit_time_s))
             .then(a.cmp(&b))
     });
+    // Only a guarantee may pause a job in its cooldown.
     let guaranteed = |k: usize| book.jobs[k].guaranteed;
     for &j in &queue {
         if !book.jobs[j].guaranteed || st.choice[j].is_some() {
@@ -287,7 +289,7 @@ pub fn solve(book: &CurveBook, cluster: &Cluster, inputs: &[JobInput], config: &
             } else {
                 let gpus = job.candidates.iter().map(|c| c.gpus).min().unwrap_or(0);
                 format!(
-                    "guaranteed job `{}` needs at least {gpus} GPUs for its requested {:.3} samples/s, and the other guaranteed and locked jobs leave too little",
+                    "guaranteed job `{}` needs at least {gpus} GPUs for its requested {:.3} samples/s, and the other guaranteed jobs leave too little",
                     job.name, job.request_throughput
                 )
             };
@@ -295,10 +297,11 @@ pub fn solve(book: &CurveBook, cluster: &Cluster, inputs: &[JobInput], config: &
         }
     }
 
-    // Queued jobs in admission order: their cheapest candidate when it fits; starving
-    // jobs make room from younger, non-guaranteed jobs.
+    // Starving jobs, oldest first: their cheapest useful candidate, making room
+    // from younger, non-guaranteed jobs outside their cooldown. Everyone else is
+    // admitted by marginal gain below.
     for &j in &queue {
-        if st.choice[j].is_some() || book.jobs[j].candidates.is_empty() {
+        if st.choice[j].is_some() || book.jobs[j].candidates.is_empty() || !inputs[j].starving(config) {
             continue;
         }
         let jc = &book.jobs[j];
@@ -308,9 +311,9 @@ pub fn solve(book: &CurveBook, cluster: &Cluster, inputs: &[JobInput], config: &
         let Some(c) = cheapest else { continue };
         if st.fits(j, c) {
             st.set(j, Some(c));
-        } else if inputs[j].starving(config) {
+        } else {
             let need = st.deficit(j, c);
-            let protect = |k: usize| book.jobs[k].guaranteed || inputs[k].starving(config);
+            let protect = |k: usize| book.jobs[k].guaranteed || book.jobs[k].locked || inputs[k].starving(config);
             if let Some((moves, lost)) = st.make_room(j, st.cand(j, c).group, need, &protect)
                 && lost < st.cand(j, c).value
             {
@@ -381,7 +384,8 @@ fn improve(st: &mut State<'_>) {
             }
             let group = st.cand(m.job, m.to).group;
             let need = st.deficit(m.job, m.to);
-            let Some((moves, lost)) = st.make_room(m.job, group, need, &|_| false) else { continue };
+            let locked = |k: usize| st.book.jobs[k].locked;
+            let Some((moves, lost)) = st.make_room(m.job, group, need, &locked) else { continue };
             if m.gain - lost <= EPS {
                 continue;
             }

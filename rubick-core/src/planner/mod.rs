@@ -205,9 +205,12 @@ impl Capacity {
     }
 }
 
-/// Total objective of a choice (one optional candidate index per job).
+/// Total objective of a choice (one optional candidate index per job), without the
+/// constant that keeping every locked job adds ([`curves::LOCK_BONUS`] each).
 pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
-    choice.iter().enumerate().filter_map(|(j, c)| c.map(|c| book.jobs[j].candidates[c].value)).sum()
+    let locked = book.jobs.iter().filter(|j| j.locked).count() as f64;
+    let sum: f64 = choice.iter().enumerate().filter_map(|(j, c)| c.map(|c| book.jobs[j].candidates[c].value)).sum();
+    sum - locked * curves::LOCK_BONUS
 }
 
 /// Whether a choice respects every group's capacity and every job's obligations
