@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use highs::{HighsModelStatus, RowProblem, Sense};
 use rubick_core::Cluster;
-use rubick_core::planner::{Capacity, CurveBook};
+use rubick_core::planner::CurveBook;
 
 /// A solved round.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,8 +69,8 @@ pub fn solve(
         }
         debug_assert!(cols[start - n..start].iter().all(|&(jj, _, _)| jj == j));
     }
-    for (g, group) in cluster.node_groups.iter().enumerate() {
-        let cap = Capacity::of(group);
+    for g in 0..cluster.node_groups.len() {
+        let cap = book.capacity[g];
         let in_group: Vec<_> =
             cols.iter().filter(|&&(j, c, _)| book.jobs[j].candidates[c].group == g).copied().collect();
         if in_group.is_empty() {

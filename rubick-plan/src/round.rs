@@ -9,6 +9,7 @@ use anyhow::Context;
 use rubick_core::perf::PerfModel;
 use rubick_core::perfmodel::{Links, Params};
 use rubick_core::planner::curves::{Evaluator, default_params};
+use rubick_core::planner::place::stranded;
 use rubick_core::planner::round::{Outcome, assemble};
 use rubick_core::planner::{CurveBook, Infeasible, JobInput, PlannerConfig, current_of_assignment, current_of_job, heuristic};
 use rubick_core::schedule::{Schedule, SolverStats};
@@ -46,7 +47,72 @@ pub struct RoundResult {
     pub wall: Duration,
 }
 
-/// Plans one round.
+/// A decision: the choice, its objective, and how it was reached.
+struct Decided {
+    choice: Vec<Option<usize>>,
+    objective: f64,
+    method: &'static str,
+    gap: Option<f64>,
+    status: String,
+}
+
+fn decide(
+    book: &CurveBook,
+    cluster: &Cluster,
+    config: &PlannerConfig,
+    inputs: &[JobInput],
+    policy: Policy,
+    time_limit: Duration,
+) -> (Result<Decided, Infeasible>, Option<f64>) {
+    let greedy = heuristic::solve(book, cluster, inputs, config);
+    let heuristic_objective = greedy.as_ref().ok().map(|d| d.objective);
+    let decided = match (policy, greedy) {
+        (Policy::Rubick, Ok(d)) => {
+            Ok(Decided { choice: d.choice, objective: d.objective, method: "heuristic", gap: None, status: "heuristic".into() })
+        }
+        (Policy::RubickMilp, greedy) => {
+            let warm = greedy.as_ref().ok().map(|d| d.choice.clone());
+            match milp::solve(book, cluster, warm.as_deref(), time_limit) {
+                Ok(s) if greedy.as_ref().is_ok_and(|d| d.objective > s.objective + 1e-9) => greedy.map(|d| Decided {
+                    choice: d.choice,
+                    objective: d.objective,
+                    method: "heuristic",
+                    gap: Some(s.gap),
+                    status: format!("fallback: MILP {}", s.status),
+                }),
+                Ok(s) => Ok(Decided {
+                    choice: s.choice,
+                    objective: s.objective,
+                    method: "milp",
+                    gap: Some(s.gap),
+                    status: s.status.into(),
+                }),
+                Err(milp::MilpError::Infeasible) => Err(greedy.err().unwrap_or_else(|| infeasible(book))),
+                Err(e) => greedy.map(|d| {
+                    tracing::warn!("{e}; using the heuristic's schedule");
+                    Decided { choice: d.choice, objective: d.objective, method: "heuristic", gap: None, status: "fallback".into() }
+                }),
+            }
+        }
+        // The greedy missed a guarantee: let the exact search decide feasibility.
+        (Policy::Rubick, Err(why)) => match milp::solve(book, cluster, None, time_limit) {
+            Ok(s) => Ok(Decided {
+                choice: s.choice,
+                objective: s.objective,
+                method: "milp",
+                gap: Some(s.gap),
+                status: "heuristic-missed-guarantee".into(),
+            }),
+            Err(_) => Err(why),
+        },
+    };
+    (decided, heuristic_objective)
+}
+
+/// Plans one round. The decision sees each node group's totals; when placement then
+/// cannot give a guaranteed job its resources (cores or memory stranded beside GPUs
+/// on different nodes), the stranded resources are taken out and the round decided
+/// again, a few times at most.
 pub fn plan_round(
     cluster: &Cluster,
     config: &PlannerConfig,
@@ -57,39 +123,37 @@ pub fn plan_round(
 ) -> Result<RoundResult, Infeasible> {
     let start = Instant::now();
     let mut evaluator = Evaluator::new(cluster, config);
-    let book = CurveBook { jobs: inputs.iter().map(|i| evaluator.job_curves(i, None)).collect() };
-    let greedy = heuristic::solve(&book, cluster, inputs, config);
-    let heuristic_objective = greedy.as_ref().ok().map(|d| d.objective);
-    let (choice, objective, method, gap, status) = match (policy, greedy) {
-        (Policy::Rubick, Ok(d)) => (d.choice, d.objective, "heuristic", None, "heuristic".to_string()),
-        (Policy::RubickMilp, greedy) => {
-            let warm = greedy.as_ref().ok().map(|d| d.choice.clone());
-            match milp::solve(&book, cluster, warm.as_deref(), time_limit) {
-                Ok(s) if greedy.as_ref().is_ok_and(|d| d.objective > s.objective + 1e-9) => {
-                    let d = greedy.as_ref().map_err(Clone::clone)?;
-                    (d.choice.clone(), d.objective, "heuristic", Some(s.gap), format!("fallback: MILP {}", s.status))
-                }
-                Ok(s) => (s.choice, s.objective, "milp", Some(s.gap), s.status.to_string()),
-                Err(milp::MilpError::Infeasible) => return Err(greedy.err().unwrap_or_else(|| infeasible(&book))),
-                Err(e) => {
-                    let d = greedy?;
-                    tracing::warn!("{e}; using the heuristic's schedule");
-                    (d.choice, d.objective, "heuristic", None, "fallback".to_string())
-                }
-            }
+    let jobs = inputs.iter().map(|i| evaluator.job_curves(i, None)).collect();
+    let mut book = CurveBook::new(jobs, cluster);
+    let mut attempt = 0;
+    let mut previous: Option<RoundResult> = None;
+    loop {
+        attempt += 1;
+        let (decided, heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit);
+        let d = match (decided, previous) {
+            (Ok(d), _) => d,
+            // Without the stranded resources there is no decision: keep the last one.
+            (Err(_), Some(prev)) => return Ok(prev),
+            (Err(e), None) => return Err(e),
+        };
+        let solver = SolverStats { method: d.method.into(), gap: d.gap, wall_s: None, status: d.status };
+        let outcome =
+            assemble(&mut evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver);
+        let held = outcome.schedule.assignments.iter().all(|a| a.guarantee.as_ref().is_none_or(|g| g.holds));
+        let stranded = stranded(&outcome.nodes, cluster, config);
+        let progress = stranded.iter().any(|s| s.gpus > 0.0 || s.cpus > 0.0 || s.mem > 1e-6);
+        let result = RoundResult { outcome, book: book.clone(), heuristic_objective, wall: start.elapsed() };
+        if held || attempt >= 4 || !progress {
+            return Ok(result);
         }
-        (Policy::Rubick, Err(why)) => {
-            // The greedy missed a guarantee: let the exact search decide feasibility.
-            match milp::solve(&book, cluster, None, time_limit) {
-                Ok(s) => (s.choice, s.objective, "milp", Some(s.gap), "heuristic-missed-guarantee".to_string()),
-                Err(_) => return Err(why),
-            }
+        previous = Some(result);
+        tracing::debug!("attempt {attempt}: a guaranteed job could not be placed; deciding again without stranded resources");
+        for (cap, s) in book.capacity.iter_mut().zip(&stranded) {
+            cap.gpus -= s.gpus;
+            cap.cpus -= s.cpus;
+            cap.mem -= s.mem;
         }
-    };
-    let solver = SolverStats { method: method.into(), gap, wall_s: None, status };
-    let outcome =
-        assemble(&mut evaluator, &book, inputs, &choice, objective, round, policy.as_str(), solver);
-    Ok(RoundResult { outcome, book, heuristic_objective, wall: start.elapsed() })
+    }
 }
 
 fn infeasible(book: &CurveBook) -> Infeasible {

@@ -70,6 +70,8 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
     let mut out = Vec::with_capacity(count as usize);
     let now = 3600.0;
     let mut guaranteed_gpus = 0;
+    // Requests and running jobs take the node's fair share of cores per GPU.
+    let fair = (group.cpu_cores / group.gpus_per_node).clamp(1, 12);
     for i in 0..count {
         let t = &templates.jobs[*rng.weighted(&weights)];
         let mut job = t.clone();
@@ -82,7 +84,7 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
         let mut gpus = ((f64::from(t.request.gpus) * scale).max(1.0) as u32).next_power_of_two().min(cap);
         let fits = |g: u32, ev: &mut Evaluator<'_>| {
             Placement::packed(g, group.gpus_per_node)
-                .and_then(|p| ev.best_plan(&job.model, &params, 0, &p, g * 12, Restriction::Any))
+                .and_then(|p| ev.best_plan(&job.model, &params, 0, &p, g * fair, Restriction::Any))
         };
         while fits(gpus, &mut evaluator).is_none() && gpus < cap {
             gpus *= 2;
@@ -90,7 +92,7 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
         let Some(placement) = Placement::packed(gpus, group.gpus_per_node) else { continue };
         let Some((plan, _)) = fits(gpus, &mut evaluator) else { continue };
         job.request.gpus = gpus;
-        job.request.cpus = Some(12 * gpus);
+        job.request.cpus = Some(fair * gpus);
         job.request.plan = match t.request.plan {
             Some(PlanRequest::Code(code)) if code.gpus().is_none() => Some(PlanRequest::Code(code)),
             _ => Some(PlanRequest::Exact(plan)),
@@ -114,10 +116,17 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
         job.current = None;
         // About a third run already, where the cluster has room for their request.
         if rng.unit() < 0.35 {
+            let mem = rubick_core::planner::curves::host_memory_gib(&config, group, &job.model, &plan);
+            let mem_of = |part: u32| mem * f64::from(part) / f64::from(gpus);
             let mut chosen = Vec::new();
             for &part in placement.per_node() {
                 if let Some(n) = (0..nodes.len())
-                    .filter(|k| !chosen.contains(k) && nodes[*k].free_gpus() >= part)
+                    .filter(|k| {
+                        !chosen.contains(k)
+                            && nodes[*k].free_gpus() >= part
+                            && nodes[*k].cpus_free >= fair * part
+                            && nodes[*k].mem_free >= mem_of(part)
+                    })
                     .min_by_key(|&k| (nodes[k].free_gpus(), k))
                 {
                     chosen.push(n);
@@ -132,13 +141,14 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
                     for &g in free.iter().take(part as usize) {
                         nodes[k].gpu_free[g] = false;
                     }
-                    nodes[k].cpus_free = nodes[k].cpus_free.saturating_sub(12 * part);
+                    nodes[k].cpus_free -= fair * part;
+                    nodes[k].mem_free -= mem_of(part);
                 }
                 job.current = Some(CurrentAllocation {
                     plan,
                     placement: placement.clone(),
                     nodes: chosen.iter().map(|&k| nodes[k].name.clone()).collect(),
-                    cpus: Some(12 * gpus),
+                    cpus: Some(fair * gpus),
                     rounds_since_change: rng.below(8) as u32,
                 });
             }

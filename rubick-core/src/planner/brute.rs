@@ -2,14 +2,13 @@
 //! heuristic and the MILP are checked against. Depth-first with capacity pruning and
 //! an optimistic bound; exact.
 
-use crate::cluster::Cluster;
 
 use super::Capacity;
 use super::curves::CurveBook;
 
 /// The best objective and a choice reaching it; `None` when no choice gives every
 /// guaranteed (and locked) job a candidate within capacity.
-pub fn solve(book: &CurveBook, cluster: &Cluster) -> Option<(f64, Vec<Option<usize>>)> {
+pub fn solve(book: &CurveBook) -> Option<(f64, Vec<Option<usize>>)> {
     let n = book.jobs.len();
     // best[j]: the largest value jobs j.. can add, ignoring capacity.
     let mut bound = vec![0.0; n + 1];
@@ -18,7 +17,7 @@ pub fn solve(book: &CurveBook, cluster: &Cluster) -> Option<(f64, Vec<Option<usi
         let top = jc.candidates.iter().map(|c| c.value).fold(if jc.must_run { f64::NEG_INFINITY } else { 0.0 }, f64::max);
         bound[j] = bound[j + 1] + if top.is_finite() { top } else { 0.0 };
     }
-    let mut free: Vec<Capacity> = cluster.node_groups.iter().map(Capacity::of).collect();
+    let mut free: Vec<Capacity> = book.capacity.clone();
     let mut choice = vec![None; n];
     let mut best: Option<(f64, Vec<Option<usize>>)> = None;
     dfs(book, 0, 0.0, &bound, &mut free, &mut choice, &mut best);

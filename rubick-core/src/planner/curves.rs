@@ -13,7 +13,7 @@ use crate::placement::Placement;
 use crate::plan::{Offload, Plan, PlanRequest};
 use crate::space::{resolve_code, valid_plans};
 
-use super::{JobInput, PlannerConfig, Restriction, eligible_groups};
+use super::{Capacity, JobInput, PlannerConfig, Restriction, eligible_groups};
 
 /// Whether a configuration's collectives stay inside one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -103,10 +103,20 @@ pub struct JobCurves {
     pub current: Option<usize>,
 }
 
-/// The candidates of every job of a round, in the batch's order.
+/// The candidates of every job of a round, in the batch's order, and what each node
+/// group offers them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CurveBook {
     pub jobs: Vec<JobCurves>,
+    /// Per node group: its totals, less what placement found stranded (GPUs on nodes
+    /// without cores or memory left, and the reverse) in an earlier attempt.
+    pub capacity: Vec<Capacity>,
+}
+
+impl CurveBook {
+    pub fn new(jobs: Vec<JobCurves>, cluster: &Cluster) -> Self {
+        CurveBook { jobs, capacity: cluster.node_groups.iter().map(Capacity::of).collect() }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -139,7 +149,7 @@ pub struct Evaluator<'a> {
 }
 
 /// Host memory a plan needs in all: a share per GPU plus offloaded model states.
-pub fn host_memory_gib(config: &PlannerConfig, model: &ModelSpec, plan: &Plan) -> f64 {
+pub fn host_memory_gib(config: &PlannerConfig, group: &NodeGroup, model: &ModelSpec, plan: &Plan) -> f64 {
     let params = model.parameter_count() as f64;
     let sb = model.state_bytes;
     let offloaded = match plan.offload {
@@ -147,7 +157,7 @@ pub fn host_memory_gib(config: &PlannerConfig, model: &ModelSpec, plan: &Plan) -
         Offload::Optimizer => (sb.optimizer + sb.grad) * params,
         Offload::OptimizerAndParams => (sb.optimizer + sb.grad + sb.param) * params,
     };
-    config.host_gib_per_gpu * f64::from(plan.gpus()) + offloaded / GIB
+    config.base_host_gib_per_gpu(group) * f64::from(plan.gpus()) + offloaded / GIB
 }
 
 /// Fallback performance-model parameters of a job without a fitted model: the compute
@@ -204,7 +214,7 @@ impl<'a> Evaluator<'a> {
         let fair = (group.cpu_cores / group.gpus_per_node).max(1);
         let mut levels: Vec<u32> = [fair / 2, fair, fair * 2]
             .into_iter()
-            .map(|l| l.max(self.config.min_cpus_per_gpu))
+            .map(|l| l.max(self.config.base_cpus_per_gpu(group)))
             .filter(|l| l * max_per_node <= group.cpu_cores)
             .collect();
         levels.dedup();
@@ -320,7 +330,7 @@ impl<'a> Evaluator<'a> {
                 shapes.extend(Placement::packed(n, gpn));
             }
             for placement in shapes {
-                let base_cpus = self.config.min_cpus_per_gpu * n;
+                let base_cpus = self.config.base_cpus_per_gpu(&g) * n;
                 let levels = self.offload_cpu_levels(&g, placement.max_per_node());
                 let mut best: Vec<Option<(Plan, f64, u32)>> = vec![None; 1 + levels.len()];
                 for plan in space.iter().filter(|p| restriction.allows(p)) {
@@ -341,7 +351,13 @@ impl<'a> Evaluator<'a> {
                     }
                 }
                 for (plan, throughput, cpus) in best.into_iter().flatten() {
-                    let mem = host_memory_gib(self.config, model, &plan);
+                    let mem = host_memory_gib(self.config, &g, model, &plan);
+                    // Every node's part of the cores and memory must fit a node.
+                    let parts = placement.per_node();
+                    let biggest = f64::from(parts[0]) / f64::from(n);
+                    if (f64::from(cpus) * biggest).ceil() > f64::from(g.cpu_cores) || mem * biggest > g.host_memory_gib {
+                        continue;
+                    }
                     raw.push(Raw { group, gpus: n, cpus, mem, placement: placement.clone(), plan, throughput });
                 }
             }
@@ -519,5 +535,6 @@ fn pareto(raw: &[Raw], min_gain: f64) -> Vec<bool> {
 /// Candidates of every job of a round.
 pub fn build(cluster: &Cluster, config: &PlannerConfig, inputs: &[JobInput]) -> CurveBook {
     let mut evaluator = Evaluator::new(cluster, config);
-    CurveBook { jobs: inputs.iter().map(|i| evaluator.job_curves(i, None)).collect() }
+    let jobs = inputs.iter().map(|i| evaluator.job_curves(i, None)).collect();
+    CurveBook::new(jobs, cluster)
 }

@@ -218,8 +218,8 @@ impl Ord for Move {
 
 /// Runs the heuristic. Fails only when guaranteed jobs cannot all be satisfied.
 pub fn solve(book: &CurveBook, cluster: &Cluster, inputs: &[JobInput], config: &PlannerConfig) -> Result<Decision, Infeasible> {
-    let free: Vec<Capacity> = cluster.node_groups.iter().map(Capacity::of).collect();
-    let total = free.iter().fold(Capacity::default(), |a, c| Capacity {
+    let free: Vec<Capacity> = book.capacity.clone();
+    let total = cluster.node_groups.iter().map(Capacity::of).fold(Capacity::default(), |a, c| Capacity {
         gpus: a.gpus + c.gpus,
         cpus: a.cpus + c.cpus,
         mem: a.mem + c.mem,

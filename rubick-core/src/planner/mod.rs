@@ -58,6 +58,19 @@ pub struct PlannerConfig {
     pub now_s: f64,
 }
 
+impl PlannerConfig {
+    /// Cores per GPU every job gets on a group: the configured minimum, or the node's
+    /// fair share when that is lower.
+    pub fn base_cpus_per_gpu(&self, group: &NodeGroup) -> u32 {
+        self.min_cpus_per_gpu.min(group.cpu_cores / group.gpus_per_node.max(1)).max(1)
+    }
+
+    /// Host memory per GPU every job gets on a group (GiB), likewise.
+    pub fn base_host_gib_per_gpu(&self, group: &NodeGroup) -> f64 {
+        self.host_gib_per_gpu.min(group.host_memory_gib / f64::from(group.gpus_per_node.max(1)))
+    }
+}
+
 impl Default for PlannerConfig {
     fn default() -> Self {
         PlannerConfig {
@@ -215,8 +228,8 @@ pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
 
 /// Whether a choice respects every group's capacity and every job's obligations
 /// (guaranteed and locked jobs hold a candidate).
-pub fn feasible(book: &CurveBook, cluster: &Cluster, choice: &[Option<usize>]) -> bool {
-    let mut free: Vec<Capacity> = cluster.node_groups.iter().map(Capacity::of).collect();
+pub fn feasible(book: &CurveBook, choice: &[Option<usize>]) -> bool {
+    let mut free: Vec<Capacity> = book.capacity.clone();
     for (j, c) in choice.iter().enumerate() {
         match c {
             None if book.jobs[j].must_run => return false,
@@ -268,7 +281,7 @@ pub fn current_of_job(
     let g = &cluster.node_groups[group];
     let gpus = cur.placement.gpus();
     let fair = (g.cpu_cores / g.gpus_per_node).max(1);
-    let host = curves::host_memory_gib(config, &job.model, &cur.plan);
+    let host = curves::host_memory_gib(config, g, &job.model, &cur.plan);
     Ok(Some(Current {
         group,
         plan: cur.plan,

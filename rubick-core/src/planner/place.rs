@@ -13,7 +13,7 @@ use crate::placement::Placement;
 use crate::plan::Plan;
 
 use super::curves::{CurveBook, Evaluator};
-use super::{JobInput, Restriction};
+use super::{Capacity, JobInput, PlannerConfig, Restriction};
 
 /// One node's free resources.
 #[derive(Debug, Clone)]
@@ -325,4 +325,26 @@ pub fn place(
         }
     }
     (out, nodes)
+}
+
+/// Per node group, the resources no job can use after a placement: free GPUs on nodes
+/// whose free cores or memory cannot feed them (at the least a job gets per GPU), and
+/// free cores and memory on nodes with no usable GPU left.
+pub fn stranded(nodes: &[NodeState], cluster: &Cluster, config: &PlannerConfig) -> Vec<Capacity> {
+    let mut out = vec![Capacity::default(); cluster.node_groups.len()];
+    for n in nodes {
+        let g = &cluster.node_groups[n.group];
+        let fg = n.free_gpus();
+        let by_cpu = n.cpus_free / config.base_cpus_per_gpu(g);
+        let per_gpu = config.base_host_gib_per_gpu(g);
+        let by_mem = if per_gpu > 0.0 { (n.mem_free / per_gpu + 1e-9).floor() as u32 } else { u32::MAX };
+        let usable = fg.min(by_cpu).min(by_mem);
+        let s = &mut out[n.group];
+        s.gpus += f64::from(fg - usable);
+        if usable == 0 {
+            s.cpus += f64::from(n.cpus_free);
+            s.mem += n.mem_free.max(0.0);
+        }
+    }
+    out
 }

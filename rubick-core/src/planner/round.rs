@@ -4,7 +4,7 @@ use crate::artifact::{ApiVersion, Kind};
 use crate::schedule::{Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, Totals};
 
 use super::curves::{CurveBook, Evaluator};
-use super::place::{Placed, place};
+use super::place::{NodeState, Placed, place};
 use super::JobInput;
 
 /// The schedule of a decision, and one explanation line per job.
@@ -13,6 +13,8 @@ pub struct Outcome {
     pub schedule: Schedule,
     pub explain: Vec<String>,
     pub placed: Vec<Option<Placed>>,
+    /// The nodes' free resources after placement.
+    pub nodes: Vec<NodeState>,
 }
 
 fn describe(plan: &crate::plan::Plan, placement: &crate::placement::Placement, cpus: u32) -> String {
@@ -139,7 +141,7 @@ pub fn assemble(
         objective: round6(objective),
         solver,
     };
-    Outcome { schedule, explain, placed }
+    Outcome { schedule, explain, placed, nodes }
 }
 
 /// Six significant decimals: plans print the same on every platform.

@@ -1,0 +1,197 @@
+//! Invariants of a round, on thousands of random instances: no node over-allocated,
+//! guarantees met whenever brute force says they can be, the MILP equal to brute
+//! force and the heuristic never better than the MILP, checkpoints and gangs and the
+//! global batch respected, byte-identical output for the same input.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use rubick_core::artifact::to_yaml;
+use rubick_core::planner::curves::Evaluator;
+use rubick_core::planner::{CurveBook, JobInput, PlannerConfig, Restriction, brute, node_by_name};
+use rubick_core::schedule::{Change, Schedule};
+use rubick_core::{Artifact, Cluster};
+use rubick_plan::round::{Policy, RoundResult, plan_round};
+use rubick_plan::synth;
+
+/// A small random instance: `nodes` nodes of `per_node` GPUs with random cores and
+/// memory, and `jobs` synthetic jobs (some running, some guaranteed, some locked).
+fn instance(seed: u64, nodes: u32, per_node: u32, cores: u32, mem: f64, jobs: u32) -> (Cluster, Vec<JobInput>, PlannerConfig) {
+    let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
+    let mut cluster = synth::cluster(nodes * 8);
+    let g = &mut cluster.node_groups[0];
+    g.gpus_per_node = per_node;
+    g.cpu_cores = cores;
+    g.host_memory_gib = mem;
+    let batch = synth::jobs(&cluster, jobs, seed).expect("synthetic jobs");
+    let params = batch.jobs.iter().map(|j| rubick_core::planner::curves::default_params(&j.model)).collect();
+    let inputs = rubick_plan::round::job_inputs(batch.jobs, params, &cluster, &config, None).expect("inputs");
+    (cluster, inputs, config)
+}
+
+fn book_of(cluster: &Cluster, config: &PlannerConfig, inputs: &[JobInput]) -> CurveBook {
+    let mut ev = Evaluator::new(cluster, config);
+    CurveBook::new(inputs.iter().map(|i| ev.job_curves(i, None)).collect(), cluster)
+}
+
+/// Node capacity, gang, global batch and checkpoint rules of one schedule.
+fn check_schedule(cluster: &Cluster, inputs: &[JobInput], r: &RoundResult) -> Result<(), TestCaseError> {
+    let s = &r.outcome.schedule;
+    prop_assert!(s.validate().is_ok(), "{:?}", s.validate());
+    let mut used: BTreeMap<String, (Vec<u32>, u32, f64)> = BTreeMap::new();
+    for (a, input) in s.assignments.iter().zip(inputs) {
+        prop_assert_eq!(&a.job, &input.job.name);
+        let Some(plan) = a.plan else {
+            prop_assert!(a.nodes.is_empty());
+            continue;
+        };
+        prop_assert_eq!(plan.global_batch(), input.job.model.global_batch, "{}", plan);
+        prop_assert!(plan.check(&input.job.model, plan.gpus()).is_ok());
+        let gpus: u32 = a.nodes.iter().map(|n| n.gpus.len() as u32).sum();
+        prop_assert_eq!(gpus, plan.gpus(), "gang: all of a job's GPUs or none");
+        match input.restriction() {
+            Restriction::Any => {}
+            r => prop_assert!(r.allows(&plan), "{}: {plan} breaks {r:?}", a.job),
+        }
+        for n in &a.nodes {
+            prop_assert!(node_by_name(cluster, &n.node).is_some(), "{}", n.node);
+            let e = used.entry(n.node.clone()).or_default();
+            e.0.extend(&n.gpus);
+            e.1 += n.cpus;
+            e.2 += n.host_memory_gib;
+        }
+    }
+    let g = &cluster.node_groups[0];
+    for (node, (gpus, cpus, mem)) in &used {
+        let mut sorted = gpus.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        prop_assert_eq!(sorted.len(), gpus.len(), "{}: a GPU given twice", node);
+        prop_assert!(gpus.iter().all(|&i| i < g.gpus_per_node), "{node}: GPU index out of range");
+        prop_assert!(*cpus <= g.cpu_cores, "{node}: {cpus} cores > {}", g.cpu_cores);
+        prop_assert!(*mem <= g.host_memory_gib + 1e-3, "{node}: {mem} GiB > {}", g.host_memory_gib);
+    }
+    // A job in its cooldown keeps its allocation unless a guarantee needed it.
+    for ((a, jc), input) in s.assignments.iter().zip(&r.book.jobs).zip(inputs) {
+        if jc.locked && input.current.is_some() && a.change != Change::Kept {
+            prop_assert!(
+                a.change == Change::Preempted,
+                "{}: {:?} in its cooldown",
+                a.job,
+                a.change
+            );
+        }
+    }
+    Ok(())
+}
+
+fn guarantees_hold(s: &Schedule) -> bool {
+    s.assignments.iter().all(|a| a.guarantee.as_ref().is_none_or(|g| g.holds))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    /// Up to 6 jobs on up to 16 GPUs: brute force decides.
+    #[test]
+    fn small_rounds_match_brute_force(
+        seed in any::<u64>(),
+        nodes in 1u32..=2,
+        per_node in prop::sample::select(vec![4u32, 8]),
+        cores in 8u32..=96,
+        mem in 64.0f64..=1600.0,
+        jobs in 1u32..=6,
+    ) {
+        let (cluster, inputs, config) = instance(seed, nodes, per_node, cores, mem.round(), jobs);
+        let book = book_of(&cluster, &config, &inputs);
+        let best = brute::solve(&book);
+        let limit = Duration::from_secs(20);
+        let heuristic = plan_round(&cluster, &config, &inputs, Policy::Rubick, limit, 0);
+        let milp = plan_round(&cluster, &config, &inputs, Policy::RubickMilp, limit, 0);
+        match best {
+            None => {
+                prop_assert!(heuristic.is_err(), "brute force finds no feasible round, the heuristic did");
+                prop_assert!(milp.is_err(), "brute force finds no feasible round, the MILP did");
+            }
+            Some((best, _)) => {
+                let (h, m) = (heuristic.expect("feasible: heuristic"), milp.expect("feasible: MILP"));
+                check_schedule(&cluster, &inputs, &h)?;
+                check_schedule(&cluster, &inputs, &m)?;
+                // The MILP decided on the capacity its final attempt saw (placement may
+                // have taken stranded resources out): brute force on the same.
+                let best = if m.book.capacity == book.capacity { best } else {
+                    brute::solve(&m.book).expect("the MILP found a choice").0
+                };
+                let best = best - book.jobs.iter().filter(|j| j.locked).count() as f64 * rubick_core::planner::curves::LOCK_BONUS;
+                let tol = 1e-6 * best.abs().max(1.0);
+                let milp = m.outcome.schedule.objective;
+                prop_assert!((milp - best).abs() <= tol + 1e-6, "MILP {milp} vs brute force {best}");
+                if let Some(ho) = h.heuristic_objective.filter(|_| h.book.capacity == m.book.capacity) {
+                    prop_assert!(ho <= milp + tol, "heuristic {ho} beats the MILP {milp}");
+                }
+                prop_assert!(guarantees_hold(&h.outcome.schedule),
+                    "heuristic: a guarantee fails though brute force meets all:\n{}", h.outcome.explain.join("\n"));
+                prop_assert!(guarantees_hold(&m.outcome.schedule),
+                    "MILP: a guarantee fails though brute force meets all:\n{}", m.outcome.explain.join("\n"));
+            }
+        }
+    }
+
+    /// Larger rounds: no node over-allocated, same input gives the same bytes.
+    #[test]
+    fn rounds_never_overallocate_and_are_deterministic(
+        seed in any::<u64>(),
+        nodes in 1u32..=8,
+        cores in 8u32..=96,
+        mem in 64.0f64..=1600.0,
+        jobs in 1u32..=40,
+    ) {
+        let (cluster, inputs, config) = instance(seed, nodes, 8, cores, mem.round(), jobs);
+        let first = plan_round(&cluster, &config, &inputs, Policy::Rubick, Duration::from_secs(5), 0);
+        let second = plan_round(&cluster, &config, &inputs, Policy::Rubick, Duration::from_secs(5), 0);
+        match (first, second) {
+            (Ok(a), Ok(b)) => {
+                check_schedule(&cluster, &inputs, &a)?;
+                prop_assert_eq!(to_yaml(&a.outcome.schedule), to_yaml(&b.outcome.schedule));
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(a, b),
+            (a, b) => prop_assert!(false, "nondeterministic: {:?} vs {:?}", a.is_ok(), b.is_ok()),
+        }
+    }
+}
+
+/// Prints one instance's rounds: `SEED=.. NODES=.. PER_NODE=.. CORES=.. MEM=.. JOBS=..
+/// cargo test -p rubick-plan --test planner -- --ignored --nocapture show_instance`.
+#[test]
+#[ignore = "a debugging aid, run by hand"]
+fn show_instance() {
+    let var = |k: &str, d: f64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (cluster, inputs, config) = instance(
+        std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
+        var("NODES", 2.0) as u32,
+        var("PER_NODE", 8.0) as u32,
+        var("CORES", 96.0) as u32,
+        var("MEM", 1600.0),
+        var("JOBS", 4.0) as u32,
+    );
+    let book = book_of(&cluster, &config, &inputs);
+    for (jc, i) in book.jobs.iter().zip(&inputs) {
+        println!("{} guaranteed={} locked={} req={:.3} current={:?}", jc.name, jc.guaranteed, jc.locked, jc.request_throughput, i.current.as_ref().map(|c| (c.plan.to_string(), c.placement.to_string(), c.cpus, c.host_memory_gib)));
+        for c in &jc.candidates {
+            println!("   {} gpus {} cpus {} mem {:.0} {} thr {:.3} value {:.3}{}", c.placement, c.gpus, c.cpus, c.host_memory_gib, c.plan, c.throughput, c.value, if c.is_current { " (current)" } else { "" });
+        }
+    }
+    println!("brute force: {:?}", brute::solve(&book));
+    for policy in [Policy::Rubick, Policy::RubickMilp] {
+        match plan_round(&cluster, &config, &inputs, policy, Duration::from_secs(5), 0) {
+            Ok(r) => {
+                println!("{policy:?}: objective {} heuristic {:?}", r.outcome.schedule.objective, r.heuristic_objective);
+                for line in &r.outcome.explain {
+                    println!("  {line}");
+                }
+            }
+            Err(e) => println!("{policy:?}: {e}"),
+        }
+    }
+}
