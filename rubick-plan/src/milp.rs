@@ -91,7 +91,8 @@ pub fn solve(
     let mut model = pb.try_optimise(Sense::Maximise).map_err(|e| MilpError::Solver(format!("{e:?}")))?;
     model.set_threads(NonZeroU32::MIN);
     model.set_option("time_limit", time_limit.as_secs_f64().max(0.01));
-    model.set_option("mip_rel_gap", 1e-4);
+    model.set_option("mip_rel_gap", 1e-6);
+    model.set_option("mip_abs_gap", 1e-7);
     model.set_option("random_seed", 0);
     if let Some(warm) = warm {
         let mut x = vec![0.0; cols.len()];

@@ -129,7 +129,13 @@ pub fn plan_round(
     let mut previous: Option<RoundResult> = None;
     loop {
         attempt += 1;
-        let (decided, heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit);
+        let (mut decided, mut heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit);
+        if decided.is_err() && book.jobs.iter().any(|j| j.locked && j.must_run) {
+            // Guarantees need resources of jobs in their cooldown: let those be paused.
+            tracing::debug!("guarantees cannot be met with every job in its cooldown kept; softening the locks");
+            book.soften_locks();
+            (decided, heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit);
+        }
         let d = match (decided, previous) {
             (Ok(d), _) => d,
             // Without the stranded resources there is no decision: keep the last one.

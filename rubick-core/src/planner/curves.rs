@@ -37,9 +37,10 @@ impl BandwidthClass {
     }
 }
 
-/// Added to the value of a locked job's current allocation: pausing a job in its
-/// cooldown never pays, unless a guarantee needs its resources. Reported objectives
-/// leave it out (see [`super::objective`]).
+/// Added to the value of a locked job's current allocation, so that once locks are
+/// softened (see [`CurveBook::soften_locks`]) a job in its cooldown is paused only when
+/// a guarantee needs its resources. Reported objectives leave it out (see
+/// [`super::objective`]).
 pub const LOCK_BONUS: f64 = 100.0;
 
 /// One configuration of one job: resources, the best plan on them, and its value.
@@ -92,8 +93,8 @@ pub struct JobCurves {
     pub guaranteed: bool,
     /// The job keeps its allocation this round (cooldown after a change).
     pub locked: bool,
-    /// The job must hold a candidate (it is guaranteed). A locked job may still be
-    /// paused, but only to make room for a guarantee.
+    /// The job must hold a candidate: it is guaranteed, or locked (see
+    /// [`CurveBook::soften_locks`]).
     pub must_run: bool,
     pub weight: f64,
     /// Sorted by group, GPUs, cores, memory; guaranteed jobs only keep candidates that
@@ -116,6 +117,15 @@ pub struct CurveBook {
 impl CurveBook {
     pub fn new(jobs: Vec<JobCurves>, cluster: &Cluster) -> Self {
         CurveBook { jobs, capacity: cluster.node_groups.iter().map(Capacity::of).collect() }
+    }
+
+    /// Lets jobs in their cooldown be paused (they stay locked against any other
+    /// change, and keeping them is still worth [`LOCK_BONUS`] each): for rounds whose
+    /// guarantees cannot all be met otherwise.
+    pub fn soften_locks(&mut self) {
+        for j in &mut self.jobs {
+            j.must_run = j.guaranteed;
+        }
     }
 }
 
@@ -506,7 +516,7 @@ impl<'a> Evaluator<'a> {
             request_throughput,
             guaranteed: job.guaranteed,
             locked: locked && current.is_some(),
-            must_run: job.guaranteed,
+            must_run: job.guaranteed || (locked && current.is_some()),
             weight,
             candidates,
             current,

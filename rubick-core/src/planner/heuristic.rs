@@ -326,6 +326,13 @@ pub fn solve(book: &CurveBook, cluster: &Cluster, inputs: &[JobInput], config: &
     }
 
     improve(&mut st);
+    if let Some(j) = (0..n).find(|&j| book.jobs[j].must_run && st.choice[j].is_none()) {
+        let name = book.jobs[j].name.clone();
+        return Err(Infeasible {
+            reason: format!("job `{name}` is in its cooldown but its current allocation no longer fits"),
+            jobs: vec![name],
+        });
+    }
     let objective = objective(book, &st.choice);
     Ok(Decision { choice: st.choice, objective })
 }
