@@ -9,7 +9,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use rubick_core::artifact::to_yaml;
 use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{CurveBook, JobInput, PlannerConfig, Restriction, brute, node_by_name};
+use rubick_core::planner::{CurveBook, JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_core::{Artifact, Cluster};
 use rubick_plan::round::{Policy, RoundResult, plan_round};
@@ -119,16 +119,16 @@ proptest! {
                 prop_assert!(heuristic.is_err(), "brute force finds no feasible round, the heuristic did");
                 prop_assert!(milp.is_err(), "brute force finds no feasible round, the MILP did");
             }
-            Some((best, _)) => {
+            Some((best, best_choice)) => {
                 let (h, m) = (heuristic.expect("feasible: heuristic"), milp.expect("feasible: MILP"));
                 check_schedule(&cluster, &inputs, &h)?;
                 check_schedule(&cluster, &inputs, &m)?;
                 // The MILP decided on the capacity its final attempt saw (placement may
                 // have taken stranded resources out): brute force on the same.
-                let best = if m.book == book { best } else {
-                    brute::solve(&m.book).expect("the MILP found a choice").0
+                let (_, best_choice) = if m.book == book { (best, best_choice) } else {
+                    brute::solve(&m.book).expect("the MILP found a choice")
                 };
-                let best = best - book.jobs.iter().filter(|j| j.locked).count() as f64 * rubick_core::planner::curves::LOCK_BONUS;
+                let best = objective(if m.book == book { &book } else { &m.book }, &best_choice);
                 let tol = 1e-6 * best.abs().max(1.0);
                 let milp = m.outcome.schedule.objective;
                 prop_assert!((milp - best).abs() <= tol + 1e-6, "MILP {milp} vs brute force {best}");

@@ -219,11 +219,16 @@ impl Capacity {
 }
 
 /// Total objective of a choice (one optional candidate index per job), without the
-/// constant that keeping every locked job adds ([`curves::LOCK_BONUS`] each).
+/// [`curves::LOCK_BONUS`] of the locked jobs it keeps.
 pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
-    let locked = book.jobs.iter().filter(|j| j.locked).count() as f64;
-    let sum: f64 = choice.iter().enumerate().filter_map(|(j, c)| c.map(|c| book.jobs[j].candidates[c].value)).sum();
-    sum - locked * curves::LOCK_BONUS
+    choice
+        .iter()
+        .enumerate()
+        .filter_map(|(j, c)| {
+            let jc = &book.jobs[j];
+            c.map(|c| jc.candidates[c].value - if jc.locked { curves::LOCK_BONUS } else { 0.0 })
+        })
+        .sum()
 }
 
 /// Whether a choice respects every group's capacity and every job's obligations
