@@ -36,21 +36,28 @@ lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-# The main job on the embedded local default: the plan space of the seven example
-# jobs on 8 GPUs of the paper's 8 x 8 A800 testbed; then, when the authors' reference
-# data is beside the checkout, the performance model of one reference job (LLaMA-2-7B)
-# fitted from 8 of its measured rows, with the evaluation summary in out/.
+# The main job on the embedded local default: one scheduling round for the seven
+# example jobs on the paper's 8 x 8 A800 testbed (schedule in out/, the per-job
+# explanation on stderr), their resource sensitivity curves (out/demo-curves.png) and
+# plan spaces (out/demo-space.csv). When the authors' reference data is beside the
+# checkout, the jobs' performance models are fitted on it, and the model of LLaMA-2-7B
+# is evaluated too (out/demo-llama7-summary.yaml and .svg).
 REFERENCE ?= $(or $(RUBICK_REFERENCE),../shared/reference/rubick-artifact)
 demo: build
-	$(BIN)/rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8 --format csv
+	@mkdir -p out
+	@if [ -f "$(REFERENCE)/models.yaml" ]; then ref="--reference $(REFERENCE)"; else \
+	  ref=""; echo "demo: $(REFERENCE) is absent; performance models from the models' FLOPs" >&2; fi; \
+	set -x; \
+	$(BIN)/rubick-plan schedule --cluster data/cluster-a800-8x8.yaml --jobs data/jobs-paper.yaml $$ref --explain -o out/demo-round0.yaml && \
+	$(BIN)/rubick-plan schedule --cluster data/cluster-a800-8x8.yaml --jobs data/jobs-paper.yaml $$ref --current out/demo-round0.yaml --policy rubick-milp --explain -o out/demo-round1.yaml && \
+	$(BIN)/rubick-plan curves data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml $$ref -o out/demo-curves.csv --plot out/demo-curves.png && \
+	$(BIN)/rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8 -o out/demo-space.csv
 	@if [ -f "$(REFERENCE)/models.yaml" ]; then \
-	  mkdir -p out; \
 	  echo "# fitted performance model of llama7 (8 profiled rows); summary: out/demo-llama7-summary.yaml, plot: out/demo-llama7.svg" >&2; \
 	  $(BIN)/rubick-fit evaluate --reference "$(REFERENCE)" --model llama7 --cluster data/cluster-a800-8x8.yaml \
-	    --samples 8 --summary out/demo-llama7-summary.yaml --plot out/demo-llama7.svg --model-out -; \
-	else \
-	  echo "demo: $(REFERENCE) is absent; skipping the fitted-model part" >&2; \
+	    --samples 8 --summary out/demo-llama7-summary.yaml --plot out/demo-llama7.svg --model-out out/demo-llama7-model.yaml; \
 	fi
+	@echo "demo: schedules out/demo-round0.yaml, out/demo-round1.yaml; curves out/demo-curves.png" >&2
 
 bench: setup
 	$(CARGO) bench -p rubick-plan --locked --bench rubick

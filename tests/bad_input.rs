@@ -40,7 +40,14 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("perf-model-out-of-bounds.yaml", "rubick-fit check FILE", &["parameters.k_bwd", "below its lower bound"]),
     ("schedule-gpu-mismatch.yaml", "rubick-run check FILE", &["assignments[0].nodes", "needs 8"]),
     ("model-spec-negative-factor.yaml", "rubick-plan check FILE", &["activationFactor"]),
+    ("schedule-unknown-node.yaml", CURRENT, &["assignments[0].nodes[0].node", "`b800-3` is not a node"]),
+    ("schedule-gpu-out-of-range.yaml", CURRENT, &["assignments[0].nodes[0].gpus", "GPU 9 does not exist"]),
+    ("jobs-current-unknown-node.yaml", SCHEDULE, &["jobs[0].current.nodes[1]", "`a800-8` is not a node"]),
+    ("jobs-missing-perf-model.yaml", SCHEDULE, &["no-such-model.yaml", "No such file"]),
 ];
+
+const CURRENT: &str = "rubick-plan schedule --cluster CLUSTER --jobs JOBS --current FILE -o OUT";
+const SCHEDULE: &str = "rubick-plan schedule --cluster CLUSTER --jobs FILE -o OUT";
 
 const CLUSTER: &str = "rubick-plan space JOBS --cluster FILE --gpus 8 -o OUT";
 const JOBS: &str = "rubick-plan space FILE --cluster CLUSTER -o OUT";
@@ -115,5 +122,21 @@ fn bad_flags_exit_2() {
         let run = run_in(dir.path(), "rubick-plan", &args);
         assert_eq!(run.code, Some(2), "{extra:?}: {}", run.stderr);
         assert!(!run.stderr.contains("panicked"), "{extra:?}");
+    }
+}
+
+#[test]
+fn bad_schedule_flags_exit_2() {
+    let dir = temp();
+    let data = repo().join("data");
+    let jobs = data.join("jobs-paper.yaml").display().to_string();
+    let cluster = data.join("cluster-a800-8x8.yaml").display().to_string();
+    for extra in [&["--time-limit", "0"][..], &["--min-gain", "-1"], &["--policy", "fifo"], &["--max-scale", "0"]] {
+        let mut args = vec!["schedule", "--jobs", jobs.as_str(), "--cluster", cluster.as_str(), "-o", "out.yaml"];
+        args.extend_from_slice(extra);
+        let run = run_in(dir.path(), "rubick-plan", &args);
+        assert_eq!(run.code, Some(2), "{extra:?}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{extra:?}");
+        assert!(!dir.path().join("out.yaml").exists(), "{extra:?}: output written");
     }
 }

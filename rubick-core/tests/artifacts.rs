@@ -206,7 +206,12 @@ fn schedule() -> impl Strategy<Value = Schedule> {
                 normalized_throughput: 1.5,
             },
             objective,
-            solver: SolverStats { method: "heuristic".into(), gap: None, wall_s: Some(0.001), status: "optimal".into() },
+            solver: SolverStats {
+                method: "heuristic".into(),
+                gap: None,
+                wall_s: Some(0.001),
+                status: "optimal".into(),
+            },
         }
     })
 }

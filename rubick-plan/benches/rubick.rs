@@ -5,9 +5,9 @@
 
 use std::time::Instant;
 
+use rubick_core::planner::PlannerConfig;
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
 use rubick_core::{MemoryEstimator, PlanSpace};
-use rubick_core::planner::PlannerConfig;
 use rubick_io::reference::{ReferenceData, locate};
 use rubick_plan::round::{Policy, plan_round};
 use rubick_plan::synth;

@@ -42,6 +42,17 @@ struct CurvesFigure {
     lines: Vec<Line>,
 }
 
+/// GPU counts worth a label: the powers of two.
+fn key_points(max: f64) -> Vec<f64> {
+    let mut points = Vec::new();
+    let mut x = 1.0;
+    while x <= max {
+        points.push(x);
+        x *= 2.0;
+    }
+    points
+}
+
 impl Figure for CurvesFigure {
     fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, plotters::coord::Shift>) -> anyhow::Result<()>
     where
@@ -57,10 +68,12 @@ impl Figure for CurvesFigure {
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(60)
-            .build_cartesian_2d((0.9..x_max).log_scale(), 0.0..y_max)
+            .build_cartesian_2d((0.9..x_max).log_scale().with_key_points(key_points(x_max)), 0.0..y_max)
             .map_err(err)?;
         chart
             .configure_mesh()
+            .light_line_style(WHITE)
+            .x_label_formatter(&|x| format!("{x:.0}"))
             .x_desc("GPUs (best plan, cores and bandwidth class at each count)")
             .y_desc("throughput / throughput of the request")
             .label_style(("sans-serif", 14))
@@ -95,9 +108,9 @@ pub fn run(args: &CurvesArgs) -> anyhow::Result<Outcome> {
     let jobs = crate::load_jobs(&args.jobs)?;
     let config = args.planner.config(&jobs)?;
     let reference = args.planner.reference()?;
-    let base = args.jobs.parent().filter(|p| !p.as_os_str().is_empty() && !rubick_io::files::is_std(&args.jobs));
-    let params = job_params(&jobs, &cluster, &ModelSource { base, reference: reference.as_ref() })?;
-    let inputs = job_inputs(jobs, params, &cluster, &config, None)?;
+    let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
+    let params = job_params(&jobs, &cluster, &source)?;
+    let inputs = job_inputs((&args.jobs, jobs), params, &cluster, &config, None)?;
     let mut evaluator = Evaluator::new(&cluster, &config);
     evaluator.cross_splits = true;
     let mut csv = String::from("job,node_group,gpus,cpus,bandwidth,plan,throughput,normalized,pareto\n");

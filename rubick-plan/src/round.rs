@@ -11,7 +11,9 @@ use rubick_core::perfmodel::{Links, Params};
 use rubick_core::planner::curves::{Evaluator, default_params};
 use rubick_core::planner::place::stranded;
 use rubick_core::planner::round::{Outcome, assemble};
-use rubick_core::planner::{CurveBook, Infeasible, JobInput, PlannerConfig, current_of_assignment, current_of_job, heuristic};
+use rubick_core::planner::{
+    CurveBook, Infeasible, JobInput, PlannerConfig, current_of_assignment, current_of_job, heuristic,
+};
 use rubick_core::schedule::{Schedule, SolverStats};
 use rubick_core::{Cluster, Job, MemoryEstimator};
 use rubick_io::files::load_artifact;
@@ -67,9 +69,13 @@ fn decide(
     let greedy = heuristic::solve(book, cluster, inputs, config);
     let heuristic_objective = greedy.as_ref().ok().map(|d| d.objective);
     let decided = match (policy, greedy) {
-        (Policy::Rubick, Ok(d)) => {
-            Ok(Decided { choice: d.choice, objective: d.objective, method: "heuristic", gap: None, status: "heuristic".into() })
-        }
+        (Policy::Rubick, Ok(d)) => Ok(Decided {
+            choice: d.choice,
+            objective: d.objective,
+            method: "heuristic",
+            gap: None,
+            status: "heuristic".into(),
+        }),
         (Policy::RubickMilp, greedy) => {
             let warm = greedy.as_ref().ok().map(|d| d.choice.clone());
             match milp::solve(book, cluster, warm.as_deref(), time_limit) {
@@ -90,7 +96,13 @@ fn decide(
                 Err(milp::MilpError::Infeasible) => Err(greedy.err().unwrap_or_else(|| infeasible(book))),
                 Err(e) => greedy.map(|d| {
                     tracing::warn!("{e}; using the heuristic's schedule");
-                    Decided { choice: d.choice, objective: d.objective, method: "heuristic", gap: None, status: "fallback".into() }
+                    Decided {
+                        choice: d.choice,
+                        objective: d.objective,
+                        method: "heuristic",
+                        gap: None,
+                        status: "fallback".into(),
+                    }
                 }),
             }
         }
@@ -143,8 +155,7 @@ pub fn plan_round(
             (Err(e), None) => return Err(e),
         };
         let solver = SolverStats { method: d.method.into(), gap: d.gap, wall_s: None, status: d.status };
-        let outcome =
-            assemble(&mut evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver);
+        let outcome = assemble(&mut evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver);
         let held = outcome.schedule.assignments.iter().all(|a| a.guarantee.as_ref().is_none_or(|g| g.holds));
         let stranded = stranded(&outcome.nodes, cluster, config);
         let progress = stranded.iter().any(|s| s.gpus > 0.0 || s.cpus > 0.0 || s.mem > 1e-6);
@@ -153,7 +164,9 @@ pub fn plan_round(
             return Ok(result);
         }
         previous = Some(result);
-        tracing::debug!("attempt {attempt}: a guaranteed job could not be placed; deciding again without stranded resources");
+        tracing::debug!(
+            "attempt {attempt}: a guaranteed job could not be placed; deciding again without stranded resources"
+        );
         for (cap, s) in book.capacity.iter_mut().zip(&stranded) {
             cap.gpus -= s.gpus;
             cap.cpus -= s.cpus;
@@ -173,8 +186,8 @@ fn infeasible(book: &CurveBook) -> Infeasible {
 /// Where jobs' performance models come from.
 #[derive(Debug, Default)]
 pub struct ModelSource<'a> {
-    /// Directory that relative `perfModel` paths start from (the jobs file's).
-    pub base: Option<&'a Path>,
+    /// The jobs file: relative `perfModel` paths start from its directory.
+    pub jobs_path: Option<&'a Path>,
     /// The authors' reference data: jobs of its models without a `perfModel` get one
     /// fitted from 8 profiled rows.
     pub reference: Option<&'a ReferenceData>,
@@ -186,10 +199,15 @@ pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> 
     let mut fitted: HashMap<String, Params> = HashMap::new();
     let links = cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from);
     let mut out = Vec::with_capacity(jobs.len());
-    for job in jobs {
+    let base = source.jobs_path.filter(|p| !rubick_io::files::is_std(p)).and_then(Path::parent);
+    for (i, job) in jobs.iter().enumerate() {
         if let Some(path) = &job.perf_model {
-            let path = source.base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path));
-            let model: PerfModel = load_artifact(&path)?;
+            let path = base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path));
+            let context = || {
+                let jobs = source.jobs_path.map_or_else(|| "jobs".into(), rubick_io::files::display);
+                format!("{jobs}: jobs[{i}].perfModel")
+            };
+            let model: PerfModel = load_artifact(&path).with_context(context)?;
             let params = model.params().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             out.push(params);
             continue;
@@ -224,7 +242,7 @@ fn fit_reference(data: &ReferenceData, model: &str, links: Links) -> anyhow::Res
 /// The planner's inputs: jobs with parameters and current allocations, taken from the
 /// previous round's schedule where it names the job, else from the job's `current`.
 pub fn job_inputs(
-    jobs: Vec<Job>,
+    (jobs_path, jobs): (&Path, Vec<Job>),
     params: Vec<Params>,
     cluster: &Cluster,
     config: &PlannerConfig,
@@ -232,19 +250,20 @@ pub fn job_inputs(
 ) -> anyhow::Result<Vec<JobInput>> {
     let mut inputs = Vec::with_capacity(jobs.len());
     for (i, (job, params)) in jobs.into_iter().zip(params).enumerate() {
-        let from_schedule = match previous {
-            Some((path, schedule)) => match schedule.assignments.iter().position(|a| a.job == job.name) {
-                Some(k) => Some(current_of_assignment(&schedule.assignments[k], cluster).map_err(|e| {
-                    anyhow::anyhow!("{}: {}", path.display(), e.within(&format!("assignments[{k}]")))
-                })?),
+        let from_schedule =
+            match previous {
+                Some((path, schedule)) => match schedule.assignments.iter().position(|a| a.job == job.name) {
+                    Some(k) => Some(current_of_assignment(&schedule.assignments[k], cluster).map_err(|e| {
+                        anyhow::anyhow!("{}: {}", path.display(), e.within(&format!("assignments[{k}]")))
+                    })?),
+                    None => None,
+                },
                 None => None,
-            },
-            None => None,
-        };
+            };
         let current = match from_schedule {
             Some(c) => c,
             None => current_of_job(&job, cluster, config)
-                .map_err(|e| anyhow::anyhow!("{}", e.within(&format!("jobs[{i}]"))))?,
+                .map_err(|e| anyhow::anyhow!("{}: {}", jobs_path.display(), e.within(&format!("jobs[{i}]"))))?,
         };
         inputs.push(JobInput { job, params, current });
     }

@@ -121,15 +121,16 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let previous: Option<Schedule> = args.current.as_deref().map(load_artifact).transpose()?;
     let config = args.planner.config(&jobs)?;
     let reference = args.planner.reference()?;
-    let base = args.jobs.parent().filter(|p| !p.as_os_str().is_empty() && !rubick_io::files::is_std(&args.jobs));
-    let params = job_params(&jobs, &cluster, &ModelSource { base, reference: reference.as_ref() })?;
+    let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
+    let params = job_params(&jobs, &cluster, &source)?;
     let prev = args.current.as_deref().zip(previous.as_ref());
-    let inputs = job_inputs(jobs, params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
+    let inputs = job_inputs((&args.jobs, jobs), params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
     let round = previous.as_ref().map_or(0, |s| s.round + 1);
-    let result = match plan_round(&cluster, &config, &inputs, args.policy, Duration::from_secs_f64(args.time_limit), round) {
-        Ok(r) => r,
-        Err(why) => return Ok(Outcome::Negative(why.reason)),
-    };
+    let result =
+        match plan_round(&cluster, &config, &inputs, args.policy, Duration::from_secs_f64(args.time_limit), round) {
+            Ok(r) => r,
+            Err(why) => return Ok(Outcome::Negative(why.reason)),
+        };
     let mut schedule = result.outcome.schedule;
     tracing::info!(
         "round {round}: {} jobs, {}/{} GPUs used, objective {:.4} ({}, {}) in {:.1} ms",

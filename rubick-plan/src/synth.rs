@@ -53,13 +53,18 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
         .jobs
         .iter()
         .enumerate()
-        .map(|(i, t)| (i, match t.model.name.as_str() {
-            "llama30" => 0.04,
-            "llama7" => 0.09,
-            "gpt2" => 0.12,
-            "t5" => 0.15,
-            _ => 0.2,
-        }))
+        .map(|(i, t)| {
+            (
+                i,
+                match t.model.name.as_str() {
+                    "llama30" => 0.04,
+                    "llama7" => 0.09,
+                    "gpt2" => 0.12,
+                    "t5" => 0.15,
+                    _ => 0.2,
+                },
+            )
+        })
         .collect();
     let mut rng = SplitMix64::new(seed ^ 0x5275_6269_636B);
     let group = &cluster.node_groups[0];
@@ -183,6 +188,6 @@ pub fn instance(
     let cluster = cluster(gpus);
     let batch = jobs(&cluster, count, seed)?;
     let params = batch.jobs.iter().map(|j| default_params(&j.model)).collect();
-    let inputs = crate::round::job_inputs(batch.jobs, params, &cluster, config, None)?;
+    let inputs = crate::round::job_inputs((Path::new("<synthetic>"), batch.jobs), params, &cluster, config, None)?;
     Ok((cluster, inputs))
 }

@@ -17,7 +17,14 @@ use rubick_plan::synth;
 
 /// A small random instance: `nodes` nodes of `per_node` GPUs with random cores and
 /// memory, and `jobs` synthetic jobs (some running, some guaranteed, some locked).
-fn instance(seed: u64, nodes: u32, per_node: u32, cores: u32, mem: f64, jobs: u32) -> (Cluster, Vec<JobInput>, PlannerConfig) {
+fn instance(
+    seed: u64,
+    nodes: u32,
+    per_node: u32,
+    cores: u32,
+    mem: f64,
+    jobs: u32,
+) -> (Cluster, Vec<JobInput>, PlannerConfig) {
     let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
     let mut cluster = synth::cluster(nodes * 8);
     let g = &mut cluster.node_groups[0];
@@ -26,7 +33,14 @@ fn instance(seed: u64, nodes: u32, per_node: u32, cores: u32, mem: f64, jobs: u3
     g.host_memory_gib = mem;
     let batch = synth::jobs(&cluster, jobs, seed).expect("synthetic jobs");
     let params = batch.jobs.iter().map(|j| rubick_core::planner::curves::default_params(&j.model)).collect();
-    let inputs = rubick_plan::round::job_inputs(batch.jobs, params, &cluster, &config, None).expect("inputs");
+    let inputs = rubick_plan::round::job_inputs(
+        (std::path::Path::new("<synthetic>"), batch.jobs),
+        params,
+        &cluster,
+        &config,
+        None,
+    )
+    .expect("inputs");
     (cluster, inputs, config)
 }
 
@@ -75,12 +89,7 @@ fn check_schedule(cluster: &Cluster, inputs: &[JobInput], r: &RoundResult) -> Re
     // A job in its cooldown keeps its allocation unless a guarantee needed it.
     for ((a, jc), input) in s.assignments.iter().zip(&r.book.jobs).zip(inputs) {
         if jc.locked && input.current.is_some() && a.change != Change::Kept {
-            prop_assert!(
-                a.change == Change::Preempted,
-                "{}: {:?} in its cooldown",
-                a.job,
-                a.change
-            );
+            prop_assert!(a.change == Change::Preempted, "{}: {:?} in its cooldown", a.job, a.change);
         }
     }
     Ok(())
@@ -182,16 +191,36 @@ fn show_instance() {
     );
     let book = book_of(&cluster, &config, &inputs);
     for (jc, i) in book.jobs.iter().zip(&inputs) {
-        println!("{} guaranteed={} locked={} req={:.3} current={:?}", jc.name, jc.guaranteed, jc.locked, jc.request_throughput, i.current.as_ref().map(|c| (c.plan.to_string(), c.placement.to_string(), c.cpus, c.host_memory_gib)));
+        println!(
+            "{} guaranteed={} locked={} req={:.3} current={:?}",
+            jc.name,
+            jc.guaranteed,
+            jc.locked,
+            jc.request_throughput,
+            i.current.as_ref().map(|c| (c.plan.to_string(), c.placement.to_string(), c.cpus, c.host_memory_gib))
+        );
         for c in &jc.candidates {
-            println!("   {} gpus {} cpus {} mem {:.0} {} thr {:.3} value {:.3}{}", c.placement, c.gpus, c.cpus, c.host_memory_gib, c.plan, c.throughput, c.value, if c.is_current { " (current)" } else { "" });
+            println!(
+                "   {} gpus {} cpus {} mem {:.0} {} thr {:.3} value {:.3}{}",
+                c.placement,
+                c.gpus,
+                c.cpus,
+                c.host_memory_gib,
+                c.plan,
+                c.throughput,
+                c.value,
+                if c.is_current { " (current)" } else { "" }
+            );
         }
     }
     println!("brute force: {:?}", brute::solve(&book));
     for policy in [Policy::Rubick, Policy::RubickMilp] {
         match plan_round(&cluster, &config, &inputs, policy, Duration::from_secs(5), 0) {
             Ok(r) => {
-                println!("{policy:?}: objective {} heuristic {:?}", r.outcome.schedule.objective, r.heuristic_objective);
+                println!(
+                    "{policy:?}: objective {} heuristic {:?}",
+                    r.outcome.schedule.objective, r.heuristic_objective
+                );
                 for line in &r.outcome.explain {
                     println!("  {line}");
                 }

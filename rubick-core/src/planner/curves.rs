@@ -140,6 +140,9 @@ struct Raw {
     throughput: f64,
 }
 
+/// Every point of a curve, and which survive Pareto pruning.
+type RawCurve = (Vec<Raw>, Vec<bool>);
+
 /// Evaluates throughput and caches plan spaces and curves across the jobs of a round
 /// (a synthetic batch of 2,000 jobs has a handful of distinct models).
 #[allow(missing_debug_implementations)]
@@ -155,7 +158,7 @@ pub struct Evaluator<'a> {
     /// Per (model, group, restriction): the largest GPU count computed, the points
     /// and which survive Pareto pruning. Pruning only looks at points with fewer
     /// resources, so a job with a smaller cap takes a prefix of the same curve.
-    curves: HashMap<(usize, usize, Restriction), (u32, Rc<(Vec<Raw>, Vec<bool>)>)>,
+    curves: HashMap<(usize, usize, Restriction), (u32, Rc<RawCurve>)>,
 }
 
 /// Host memory a plan needs in all: a share per GPU plus offloaded model states.
@@ -249,7 +252,13 @@ impl<'a> Evaluator<'a> {
         Self::throughput_with_cpus(model, group, plan, &pred, cpus)
     }
 
-    fn prediction(model: &ModelSpec, params: &Params, group: &NodeGroup, plan: &Plan, placement: &Placement) -> Prediction {
+    fn prediction(
+        model: &ModelSpec,
+        params: &Params,
+        group: &NodeGroup,
+        plan: &Plan,
+        placement: &Placement,
+    ) -> Prediction {
         if (group.compute_speed - 1.0).abs() > 1e-12 {
             let mut p = params.clone();
             p.values[idx::COMPUTE] /= group.compute_speed;
@@ -309,7 +318,7 @@ impl<'a> Evaluator<'a> {
         group: usize,
         restriction: Restriction,
         request_gpus: u32,
-    ) -> (u32, Rc<(Vec<Raw>, Vec<bool>)>) {
+    ) -> (u32, Rc<RawCurve>) {
         let g = self.cluster.node_groups[group].clone();
         let counts = match restriction {
             Restriction::Exact(plan) => vec![plan.gpus()],
@@ -365,7 +374,8 @@ impl<'a> Evaluator<'a> {
                     // Every node's part of the cores and memory must fit a node.
                     let parts = placement.per_node();
                     let biggest = f64::from(parts[0]) / f64::from(n);
-                    if (f64::from(cpus) * biggest).ceil() > f64::from(g.cpu_cores) || mem * biggest > g.host_memory_gib {
+                    if (f64::from(cpus) * biggest).ceil() > f64::from(g.cpu_cores) || mem * biggest > g.host_memory_gib
+                    {
                         continue;
                     }
                     raw.push(Raw { group, gpus: n, cpus, mem, placement: placement.clone(), plan, throughput });
@@ -405,9 +415,9 @@ impl<'a> Evaluator<'a> {
         };
         match plan {
             Some(plan) => Some(Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus)),
-            None => self
-                .best_plan(&job.model, &input.params, group, &placement, cpus, Restriction::Any)
-                .map(|(_, thr)| thr),
+            None => {
+                self.best_plan(&job.model, &input.params, group, &placement, cpus, Restriction::Any).map(|(_, thr)| thr)
+            }
         }
     }
 

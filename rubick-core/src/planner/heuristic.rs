@@ -34,6 +34,9 @@ pub struct Infeasible {
     pub reason: String,
 }
 
+/// Victims' new choices, and the value they lose.
+type Room = (Vec<(usize, Option<usize>)>, f64);
+
 struct State<'a> {
     book: &'a CurveBook,
     choice: Vec<Option<usize>>,
@@ -111,7 +114,7 @@ impl<'a> State<'a> {
         group: usize,
         need: Capacity,
         protect: &dyn Fn(usize) -> bool,
-    ) -> Option<(Vec<(usize, Option<usize>)>, f64)> {
+    ) -> Option<Room> {
         let mut offers: Vec<(f64, usize, Option<usize>, f64, Capacity)> = Vec::new();
         for (k, jc) in self.book.jobs.iter().enumerate() {
             let Some(cur) = self.choice[k] else { continue };
@@ -145,7 +148,9 @@ impl<'a> State<'a> {
                         cpus: f64::from(held.cpus - c.cpus),
                         mem: held.host_memory_gib - c.host_memory_gib,
                     },
-                    None => Capacity { gpus: f64::from(held.gpus), cpus: f64::from(held.cpus), mem: held.host_memory_gib },
+                    None => {
+                        Capacity { gpus: f64::from(held.gpus), cpus: f64::from(held.cpus), mem: held.host_memory_gib }
+                    }
                 };
                 let useful = useful_share(&freed, &need, &self.total);
                 if useful <= EPS {
@@ -209,15 +214,17 @@ impl PartialOrd for Move {
 impl Ord for Move {
     /// Highest rate first; ties by lower job index, then lower candidate (determinism).
     fn cmp(&self, other: &Self) -> Ordering {
-        self.rate
-            .total_cmp(&other.rate)
-            .then(other.job.cmp(&self.job))
-            .then(other.to.cmp(&self.to))
+        self.rate.total_cmp(&other.rate).then(other.job.cmp(&self.job)).then(other.to.cmp(&self.to))
     }
 }
 
 /// Runs the heuristic. Fails only when guaranteed jobs cannot all be satisfied.
-pub fn solve(book: &CurveBook, cluster: &Cluster, inputs: &[JobInput], config: &PlannerConfig) -> Result<Decision, Infeasible> {
+pub fn solve(
+    book: &CurveBook,
+    cluster: &Cluster,
+    inputs: &[JobInput],
+    config: &PlannerConfig,
+) -> Result<Decision, Infeasible> {
     let free: Vec<Capacity> = book.capacity.clone();
     let total = cluster.node_groups.iter().map(Capacity::of).fold(Capacity::default(), |a, c| Capacity {
         gpus: a.gpus + c.gpus,
@@ -367,8 +374,8 @@ fn improve(st: &mut State<'_>) {
     loop {
         rounds += 1;
         let mut heap = BinaryHeap::new();
-        for j in 0..n {
-            push_moves(st, &mut heap, j, version[j]);
+        for (j, &v) in version.iter().enumerate() {
+            push_moves(st, &mut heap, j, v);
         }
         let mut blocked = Vec::new();
         while let Some(m) = heap.pop() {

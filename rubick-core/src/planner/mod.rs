@@ -120,12 +120,9 @@ impl JobInput {
     pub fn restriction(&self) -> Restriction {
         match (&self.current, self.job.resharding) {
             (None, _) | (Some(_), Resharding::Full) => Restriction::Any,
-            (Some(c), Resharding::DataParallel) => Restriction::Layout {
-                tp: c.plan.tp,
-                pp: c.plan.pp,
-                zero: c.plan.zero,
-                offload: c.plan.offload,
-            },
+            (Some(c), Resharding::DataParallel) => {
+                Restriction::Layout { tp: c.plan.tp, pp: c.plan.pp, zero: c.plan.zero, offload: c.plan.offload }
+            }
             (Some(c), Resharding::None) => Restriction::Exact(c.plan),
         }
     }
@@ -155,7 +152,12 @@ pub enum Restriction {
     Any,
     /// Same TP, PP, ZeRO stage and offload; data parallelism, accumulation,
     /// micro-batch and checkpointing may change.
-    Layout { tp: u32, pp: u32, zero: crate::plan::ZeroStage, offload: crate::plan::Offload },
+    Layout {
+        tp: u32,
+        pp: u32,
+        zero: crate::plan::ZeroStage,
+        offload: crate::plan::Offload,
+    },
     /// Only this plan.
     Exact(Plan),
 }
@@ -279,9 +281,10 @@ pub fn current_of_job(
     }
     let group = match group {
         Some(g) => g,
-        None => eligible_groups(job, cluster).map(|(i, _)| i).next().ok_or_else(|| {
-            ValidationError::new("request.gpuType", "no node group of the cluster has this GPU type")
-        })?,
+        None => eligible_groups(job, cluster)
+            .map(|(i, _)| i)
+            .next()
+            .ok_or_else(|| ValidationError::new("request.gpuType", "no node group of the cluster has this GPU type"))?,
     };
     let g = &cluster.node_groups[group];
     let gpus = cur.placement.gpus();

@@ -81,7 +81,8 @@ pub struct Placed {
 /// Splits `total` over parts proportionally to `weights` (largest remainders first).
 fn split(total: u32, weights: &[u32]) -> Vec<u32> {
     let sum: u32 = weights.iter().sum::<u32>().max(1);
-    let mut out: Vec<u32> = weights.iter().map(|w| (u64::from(total) * u64::from(*w) / u64::from(sum)) as u32).collect();
+    let mut out: Vec<u32> =
+        weights.iter().map(|w| (u64::from(total) * u64::from(*w) / u64::from(sum)) as u32).collect();
     let mut left = total - out.iter().sum::<u32>();
     let mut i = 0;
     while left > 0 && !out.is_empty() {
@@ -191,9 +192,8 @@ pub fn place(
 ) -> (Vec<Option<Placed>>, Vec<NodeState>) {
     let cluster = evaluator.cluster;
     let mut nodes = nodes_of(cluster);
-    let node_of = |group: usize, index: u32, nodes: &[NodeState]| {
-        nodes.iter().position(|n| n.group == group && n.index == index)
-    };
+    let node_of =
+        |group: usize, index: u32, nodes: &[NodeState]| nodes.iter().position(|n| n.group == group && n.index == index);
     let mut out: Vec<Option<Placed>> = vec![None; inputs.len()];
 
     // Unchanged allocations stay where they are.
@@ -268,9 +268,8 @@ pub fn place(
             .collect();
         // The chosen candidate, then cheaper ones of the same job, best value first.
         let mut tries = vec![c];
-        let mut others: Vec<usize> = (0..jc.candidates.len())
-            .filter(|&k| k != c && jc.candidates[k].gpus <= jc.candidates[c].gpus)
-            .collect();
+        let mut others: Vec<usize> =
+            (0..jc.candidates.len()).filter(|&k| k != c && jc.candidates[k].gpus <= jc.candidates[c].gpus).collect();
         others.sort_by(|&a, &b| jc.candidates[b].value.total_cmp(&jc.candidates[a].value).then(a.cmp(&b)));
         tries.extend(others);
         for (attempt, &k) in tries.iter().enumerate() {
@@ -278,7 +277,9 @@ pub fn place(
             let note = |what: &str| {
                 (attempt > 0).then(|| format!("{what}: no node layout for the chosen {} GPUs", jc.candidates[c].gpus))
             };
-            if let Some(parts) = layout(&nodes, cand.group, cand.placement.per_node(), cand.cpus, cand.host_memory_gib, &prefer) {
+            if let Some(parts) =
+                layout(&nodes, cand.group, cand.placement.per_node(), cand.cpus, cand.host_memory_gib, &prefer)
+            {
                 let shares = parts.into_iter().map(|(node, g, cc, m)| take(&mut nodes, node, g, cc, m, None)).collect();
                 out[j] = Some(Placed {
                     group: cand.group,
@@ -297,9 +298,14 @@ pub fn place(
             if let Some(parts) = spread(&nodes, cand.group, cand.gpus, cand.cpus, cand.host_memory_gib, &prefer) {
                 let Some(placement) = Placement::new(parts.iter().map(|p| p.1).collect()) else { continue };
                 let restriction: Restriction = input.restriction();
-                let Some((plan, thr)) =
-                    evaluator.best_plan(&input.job.model, &input.params, cand.group, &placement, cand.cpus, restriction)
-                else {
+                let Some((plan, thr)) = evaluator.best_plan(
+                    &input.job.model,
+                    &input.params,
+                    cand.group,
+                    &placement,
+                    cand.cpus,
+                    restriction,
+                ) else {
                     continue;
                 };
                 if jc.guaranteed && thr < jc.request_throughput * (1.0 - 1e-9) {

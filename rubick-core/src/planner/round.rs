@@ -3,9 +3,9 @@
 use crate::artifact::{ApiVersion, Kind};
 use crate::schedule::{Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, Totals};
 
+use super::JobInput;
 use super::curves::{CurveBook, Evaluator};
 use super::place::{NodeState, Placed, place};
-use super::JobInput;
 
 /// The schedule of a decision, and one explanation line per job.
 #[derive(Debug)]
@@ -88,7 +88,9 @@ pub fn assemble(
         let old = cur.map_or("-".to_string(), |c| describe(&c.plan, &c.placement, c.cpus));
         let new = p.map_or("-".to_string(), |p| describe(&p.plan, &p.placement, p.cpus));
         let guarantee_text = match &guarantee {
-            Some(g) => format!(", guarantee {:.3} {}", g.required_throughput, if g.holds { "held" } else { "NOT held" }),
+            Some(g) => {
+                format!(", guarantee {:.3} {}", g.required_throughput, if g.holds { "held" } else { "NOT held" })
+            }
             None => String::new(),
         };
         explain.push(format!(

@@ -1,0 +1,155 @@
+//! End-to-end rounds: `rubick-plan schedule`, `curves` and `synth` as a user runs them.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use rubick_core::Artifact;
+use rubick_core::artifact::parse_yaml;
+use rubick_core::schedule::{Change, Schedule};
+use rubick_tests::{repo, run_in, temp};
+
+fn data(name: &str) -> String {
+    repo().join("data").join(name).display().to_string()
+}
+
+fn schedule_of(path: &std::path::Path) -> Schedule {
+    let s: Schedule = parse_yaml(&std::fs::read_to_string(path).unwrap()).unwrap();
+    s.validate().unwrap();
+    s
+}
+
+#[test]
+fn a_round_then_the_next_keeps_what_does_not_pay_to_change() {
+    let dir = temp();
+    let (cluster, jobs) = (data("cluster-a800-8x8.yaml"), data("jobs-paper.yaml"));
+    let base = ["schedule", "--cluster", cluster.as_str(), "--jobs", jobs.as_str()];
+    let mut first = base.to_vec();
+    first.extend(["--explain", "-o", "round0.yaml"]);
+    let run = run_in(dir.path(), "rubick-plan", &first);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "stdout stays empty with -o");
+    // --explain: one line per job, old -> new.
+    let lines: Vec<&str> = run.stderr.lines().filter(|l| l.contains(" -> ")).collect();
+    assert_eq!(lines.len(), 7, "{}", run.stderr);
+    assert!(lines.iter().any(|l| l.starts_with("roberta-0: Started") && l.contains("guarantee")), "{}", run.stderr);
+    let round0 = schedule_of(&dir.path().join("round0.yaml"));
+    assert_eq!(round0.round, 0);
+    assert_eq!(round0.assignments.len(), 7);
+    assert!(round0.totals.gpus_used <= 64);
+    for a in &round0.assignments {
+        if let Some(g) = &a.guarantee {
+            assert!(g.holds, "{}: guarantee", a.job);
+        }
+    }
+    // Same input, same bytes.
+    let mut again = base.to_vec();
+    again.extend(["-o", "again.yaml"]);
+    assert_eq!(run_in(dir.path(), "rubick-plan", &again).code, Some(0));
+    assert_eq!(
+        std::fs::read(dir.path().join("round0.yaml")).unwrap(),
+        std::fs::read(dir.path().join("again.yaml")).unwrap()
+    );
+    // The next round from where the jobs run: nothing pays for a restart.
+    let mut next = base.to_vec();
+    next.extend(["--current", "round0.yaml", "--policy", "rubick-milp", "-o", "round1.yaml"]);
+    let run = run_in(dir.path(), "rubick-plan", &next);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let round1 = schedule_of(&dir.path().join("round1.yaml"));
+    assert_eq!(round1.round, 1);
+    assert_eq!(round1.solver.method, "milp");
+    for (a, b) in round0.assignments.iter().zip(&round1.assignments) {
+        if a.plan.is_some() {
+            assert_eq!(b.change, Change::Kept, "{}: {}", b.job, b.reason);
+            assert_eq!(a.nodes, b.nodes, "{}: kept in place", b.job);
+            assert_eq!(b.rounds_since_change, 1);
+        }
+    }
+}
+
+#[test]
+fn an_unsatisfiable_guarantee_exits_1_with_the_reason() {
+    let dir = temp();
+    let batch = "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n".to_owned()
+        + &["a", "b"]
+            .iter()
+            .map(|n| {
+                format!(
+                    "  - name: {n}\n    model: {{ name: bert, parameters: 336297858, layers: 24, hidden: 1536, heads: 16, seqLen: 1024, globalBatch: 64 }}\n    iterations: 100\n    request: {{ gpus: 64 }}\n    guaranteed: true\n"
+                )
+            })
+            .collect::<String>();
+    std::fs::write(dir.path().join("jobs.yaml"), batch).unwrap();
+    let cluster = data("cluster-a800-8x8.yaml");
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["schedule", "--cluster", &cluster, "--jobs", "jobs.yaml", "-o", "out.yaml"],
+    );
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(run.stderr.contains("guaranteed job"), "{}", run.stderr);
+    assert!(!dir.path().join("out.yaml").exists(), "no schedule for an unsatisfiable round");
+}
+
+#[test]
+fn synthetic_batches_are_valid_and_plan_exactly() {
+    let dir = temp();
+    let run =
+        run_in(dir.path(), "rubick-plan", &["synth", "--gpus", "64", "--jobs", "30", "--seed", "7", "--out-dir", "s"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let run = run_in(dir.path(), "rubick-plan", &["check", "s/cluster.yaml", "s/jobs.yaml"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let jobs = std::fs::read_to_string(dir.path().join("s/jobs.yaml")).unwrap();
+    assert!(jobs.matches("guaranteed: true").count() >= 5, "about half guaranteed");
+    assert!(jobs.contains("current:"), "some jobs already run");
+    let run =
+        run_in(dir.path(), "rubick-plan", &["synth", "--gpus", "64", "--jobs", "30", "--seed", "7", "--out-dir", "t"]);
+    assert_eq!(run.code, Some(0));
+    assert_eq!(jobs, std::fs::read_to_string(dir.path().join("t/jobs.yaml")).unwrap(), "same seed, same batch");
+    for policy in ["rubick", "rubick-milp"] {
+        let out = format!("{policy}.yaml");
+        let run = run_in(
+            dir.path(),
+            "rubick-plan",
+            &["schedule", "--cluster", "s/cluster.yaml", "--jobs", "s/jobs.yaml", "--policy", policy, "-o", &out],
+        );
+        assert_eq!(run.code, Some(0), "{policy}: {}", run.stderr);
+        let s = schedule_of(&dir.path().join(&out));
+        assert!(s.totals.gpus_used <= 64 && s.totals.gpus_used > 0);
+    }
+    let (h, m) = (schedule_of(&dir.path().join("rubick.yaml")), schedule_of(&dir.path().join("rubick-milp.yaml")));
+    assert!(h.objective <= m.objective + 1e-6, "heuristic {} beats MILP {}", h.objective, m.objective);
+}
+
+#[test]
+fn curves_print_a_table_and_draw_a_plot() {
+    let dir = temp();
+    let mut args = vec![
+        "curves".to_owned(),
+        data("jobs-paper.yaml"),
+        "--cluster".into(),
+        data("cluster-a800-8x8.yaml"),
+        "-o".into(),
+        "curves.csv".into(),
+        "--plot".into(),
+        "curves.png".into(),
+    ];
+    match rubick_io_reference() {
+        Some(dir) => args.extend(["--reference".to_owned(), dir]),
+        None => eprintln!("../shared/reference/rubick-artifact is absent: curves use the FLOPs-based model"),
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = run_in(dir.path(), "rubick-plan", &refs);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let csv = std::fs::read_to_string(dir.path().join("curves.csv")).unwrap();
+    assert!(csv.starts_with("job,node_group,gpus,cpus,bandwidth,plan,throughput,normalized,pareto\n"));
+    for job in ["vit-0", "roberta-0", "bert-0", "t5-0", "gpt2-0", "llama7-0", "llama30-0"] {
+        assert!(csv.lines().any(|l| l.starts_with(&format!("{job},")) && l.ends_with(",true")), "{job}");
+    }
+    assert!(csv.contains(",cross-node,"), "both bandwidth classes");
+    let png = std::fs::read(dir.path().join("curves.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+}
+
+fn rubick_io_reference() -> Option<String> {
+    let dir = repo().join("../shared/reference/rubick-artifact");
+    dir.join("models.yaml").is_file().then(|| dir.display().to_string())
+}
