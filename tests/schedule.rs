@@ -153,3 +153,29 @@ fn rubick_io_reference() -> Option<String> {
     let dir = repo().join("../shared/reference/rubick-artifact");
     dir.join("models.yaml").is_file().then(|| dir.display().to_string())
 }
+
+#[test]
+fn jobs_land_on_the_gpu_type_they_ask_for() {
+    let dir = temp();
+    let cluster = "apiVersion: rubick/v1\nkind: Cluster\nname: mixed\nnodeGroups:\n\
+  - { name: a800, count: 2, gpuType: A800-80GB, gpusPerNode: 8, gpuMemoryGib: 80, cpuCores: 96, hostMemoryGib: 1600, nvlinkGBps: 200, interNodeGBps: 25, pcieGBps: 25 }\n\
+  - { name: h800, count: 1, gpuType: H800-80GB, gpusPerNode: 8, gpuMemoryGib: 80, cpuCores: 128, hostMemoryGib: 2000, nvlinkGBps: 400, interNodeGBps: 50, pcieGBps: 50, computeSpeed: 2.0 }\n";
+    let jobs = "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n\
+  - { name: fast, model: { name: bert, parameters: 336297858, layers: 24, hidden: 1536, heads: 16, seqLen: 1024, globalBatch: 32 }, iterations: 100, request: { gpus: 4, gpuType: H800-80GB }, guaranteed: true }\n\
+  - { name: any, model: { name: t5, parameters: 1240809472, layers: 16, hidden: 1280, heads: 16, seqLen: 768, globalBatch: 16 }, iterations: 100, request: { gpus: 4 } }\n";
+    std::fs::write(dir.path().join("cluster.yaml"), cluster).unwrap();
+    std::fs::write(dir.path().join("jobs.yaml"), jobs).unwrap();
+    for policy in ["rubick", "rubick-milp"] {
+        let run = run_in(
+            dir.path(),
+            "rubick-plan",
+            &["schedule", "--cluster", "cluster.yaml", "--jobs", "jobs.yaml", "--policy", policy, "-o", "s.yaml"],
+        );
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let s = schedule_of(&dir.path().join("s.yaml"));
+        let fast = &s.assignments[0];
+        assert!(!fast.nodes.is_empty() && fast.nodes.iter().all(|n| n.node.starts_with("h800-")), "{policy}: {fast:?}");
+        assert!(fast.guarantee.as_ref().unwrap().holds);
+        assert!(s.assignments[1].plan.is_some(), "{policy}: the other job runs somewhere");
+    }
+}

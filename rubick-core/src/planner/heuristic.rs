@@ -108,13 +108,7 @@ impl<'a> State<'a> {
     /// Frees at least `need` in `group` by shrinking or pausing other jobs (never `j`,
     /// `protect`ed jobs, or below a guarantee), cheapest loss per freed share first.
     /// Returns the victims' new choices and the value lost; nothing is applied.
-    fn make_room(
-        &self,
-        j: usize,
-        group: usize,
-        need: Capacity,
-        protect: &dyn Fn(usize) -> bool,
-    ) -> Option<Room> {
+    fn make_room(&self, j: usize, group: usize, need: Capacity, protect: &dyn Fn(usize) -> bool) -> Option<Room> {
         let mut offers: Vec<(f64, usize, Option<usize>, f64, Capacity)> = Vec::new();
         for (k, jc) in self.book.jobs.iter().enumerate() {
             let Some(cur) = self.choice[k] else { continue };
