@@ -354,9 +354,27 @@ impl PlanCode {
         }
     }
 
+    /// The reference code of a complete plan, if the reference data has its kind:
+    /// `ga`, `gc`, `zero-dp` (ZeRO-2), `zero-offload` (ZeRO-2 + optimizer offload), or
+    /// P T D for tensor/pipeline plans without ZeRO, offload or checkpointing. On one
+    /// GPU `ga` and `zero-dp` are the same plan; this returns `ga`.
+    pub fn of(plan: &Plan) -> Option<PlanCode> {
+        if plan.tp * plan.pp > 1 {
+            let plain = !plan.checkpointing && plan.zero == ZeroStage::None && plan.offload == Offload::None;
+            return plain.then_some(Self::ThreeD { pp: plan.pp, tp: plan.tp, dp: plan.dp });
+        }
+        match (plan.zero, plan.offload, plan.checkpointing) {
+            (ZeroStage::None, Offload::None, false) => Some(Self::Ga),
+            (ZeroStage::None, Offload::None, true) => Some(Self::Gc),
+            (ZeroStage::Two, Offload::None, false) => Some(Self::ZeroDp),
+            (ZeroStage::Two, Offload::Optimizer, false) => Some(Self::ZeroOffload),
+            _ => None,
+        }
+    }
+
     /// The plan skeleton on `gpus` GPUs: degrees, ZeRO, offload and checkpointing,
-    /// with micro-batch and accumulation still to choose.
-    fn skeleton(&self, gpus: u32) -> Plan {
+    /// with micro-batch 1 and accumulation 1 (not yet fitted to a global batch).
+    pub fn skeleton(&self, gpus: u32) -> Plan {
         let mut plan = Plan::data_parallel(gpus, 1);
         match *self {
             Self::Ga => {}

@@ -20,6 +20,8 @@ pub mod curves;
 pub mod milp;
 pub mod round;
 pub mod schedule;
+pub mod sim;
+pub mod simulate;
 pub mod space;
 pub mod synth;
 
@@ -35,6 +37,11 @@ Examples:
   # Resource sensitivity curves, models fitted on the authors' data, plotted
   rubick-plan curves data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml \\
       --reference ../shared/reference/rubick-artifact --plot curves.png -o curves.csv
+
+  # Replay the authors' base trace with Rubick, then compare with a static FIFO queue
+  rubick-plan simulate --cluster data/cluster-a800-8x8.yaml --reference ../shared/reference/rubick-artifact \\
+      --trace ../shared/reference/rubick-artifact/workloads/workload-base.csv --summary rubick.yaml --plot-dir plots/
+  rubick-plan compare rubick.yaml static.yaml --plot jct-cdf.png
 
   # A synthetic 64-GPU cluster with 60 jobs, for benchmarks
   rubick-plan synth --gpus 64 --jobs 60 --seed 1 --out-dir synth/
@@ -76,6 +83,10 @@ pub enum Command {
     Curves(curves::CurvesArgs),
     /// Write a synthetic cluster and job batch (DIR/cluster.yaml, DIR/jobs.yaml)
     Synth(synth::SynthArgs),
+    /// Replay a job trace against a policy: measured truth, fitted belief
+    Simulate(simulate::SimulateArgs),
+    /// Side-by-side table (Markdown) of simulation summaries, and their JCT CDFs
+    Compare(simulate::CompareArgs),
     /// List a job's valid, memory-feasible plans on N GPUs with their GPU memory
     Space(SpaceArgs),
     /// Validate artifact files (kind taken from each file); exit 2 on the first bad one
@@ -117,6 +128,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Schedule(args) => schedule::run(&args),
         Command::Curves(args) => curves::run(&args),
         Command::Synth(args) => synth::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
+        Command::Compare(args) => simulate::compare(&args),
         Command::Space(args) => space::run(&args),
         Command::Check { files } => check(&files),
         Command::Schema { name } => schema(&name),

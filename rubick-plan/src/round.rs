@@ -133,8 +133,22 @@ pub fn plan_round(
     time_limit: Duration,
     round: u64,
 ) -> Result<RoundResult, Infeasible> {
-    let start = Instant::now();
     let mut evaluator = Evaluator::new(cluster, config);
+    plan_round_with(&mut evaluator, inputs, policy, time_limit, round)
+}
+
+/// [`plan_round`] with an evaluator kept across rounds (its caches of plan spaces and
+/// curves stay warm; set `evaluator.config.now_s` for each round).
+pub fn plan_round_with(
+    evaluator: &mut Evaluator<'_>,
+    inputs: &[JobInput],
+    policy: Policy,
+    time_limit: Duration,
+    round: u64,
+) -> Result<RoundResult, Infeasible> {
+    let start = Instant::now();
+    let cluster = evaluator.cluster;
+    let config = &evaluator.config.clone();
     let jobs = inputs.iter().map(|i| evaluator.job_curves(i, None)).collect();
     let mut book = CurveBook::new(jobs, cluster);
     let mut attempt = 0;
@@ -155,8 +169,15 @@ pub fn plan_round(
             (Err(e), None) => return Err(e),
         };
         let solver = SolverStats { method: d.method.into(), gap: d.gap, wall_s: None, status: d.status };
-        let outcome = assemble(&mut evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver);
-        let held = outcome.schedule.assignments.iter().all(|a| a.guarantee.as_ref().is_none_or(|g| g.holds));
+        let outcome = assemble(evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver);
+        // Guarantees that must hold: of running jobs, and of every guaranteed job
+        // unless guaranteed jobs may wait in the queue.
+        let held = outcome
+            .schedule
+            .assignments
+            .iter()
+            .zip(&book.jobs)
+            .all(|(a, jc)| a.guarantee.as_ref().is_none_or(|g| g.holds || (a.plan.is_none() && !jc.must_run)));
         let stranded = stranded(&outcome.nodes, cluster, config);
         let progress = stranded.iter().any(|s| s.gpus > 0.0 || s.cpus > 0.0 || s.mem > 1e-6);
         let result = RoundResult { outcome, book: book.clone(), heuristic_objective, wall: start.elapsed() };
@@ -265,7 +286,7 @@ pub fn job_inputs(
             None => current_of_job(&job, cluster, config)
                 .map_err(|e| anyhow::anyhow!("{}: {}", jobs_path.display(), e.within(&format!("jobs[{i}]"))))?,
         };
-        inputs.push(JobInput { job, params, current });
+        inputs.push(JobInput { job, params, current, allowed: rubick_core::planner::Restriction::Any, priority: 1.0 });
     }
     Ok(inputs)
 }

@@ -62,6 +62,8 @@ pub struct Candidate {
     pub value: f64,
     /// The job's present allocation.
     pub is_current: bool,
+    /// Exactly the job's request (its plan on its GPUs, packed, with its cores).
+    pub is_request: bool,
     pub meets_guarantee: bool,
 }
 
@@ -148,7 +150,9 @@ type RawCurve = (Vec<Raw>, Vec<bool>);
 #[allow(missing_debug_implementations)]
 pub struct Evaluator<'a> {
     pub cluster: &'a Cluster,
-    pub config: &'a PlannerConfig,
+    /// The round's knobs; `now_s` may change between rounds, the rest may not (the
+    /// caches depend on them).
+    pub config: PlannerConfig,
     pub estimator: MemoryEstimator,
     /// Also evaluate jobs of up to a node split over two nodes (for display: such
     /// points never survive pruning, as one node is faster for the same resources).
@@ -185,10 +189,10 @@ pub fn default_params(model: &ModelSpec) -> Params {
 }
 
 impl<'a> Evaluator<'a> {
-    pub fn new(cluster: &'a Cluster, config: &'a PlannerConfig) -> Self {
+    pub fn new(cluster: &'a Cluster, config: &PlannerConfig) -> Self {
         Evaluator {
             cluster,
-            config,
+            config: config.clone(),
             estimator: MemoryEstimator::default(),
             cross_splits: false,
             models: Vec::new(),
@@ -212,8 +216,10 @@ impl<'a> Evaluator<'a> {
         }
         let g = &self.cluster.node_groups[group];
         let model = &self.models[key].0;
+        let reference_only = self.config.reference_plans_only;
         let plans: Vec<Plan> = valid_plans(model, gpus, g.gpus_per_node)
             .into_iter()
+            .filter(|p| !reference_only || crate::plan::PlanCode::of(p).is_some())
             .filter(|p| self.estimator.fits(model, p, g.gpu_memory_gib).0)
             .collect();
         let plans = Rc::new(plans);
@@ -370,7 +376,7 @@ impl<'a> Evaluator<'a> {
                     }
                 }
                 for (plan, throughput, cpus) in best.into_iter().flatten() {
-                    let mem = host_memory_gib(self.config, &g, model, &plan);
+                    let mem = host_memory_gib(&self.config, &g, model, &plan);
                     // Every node's part of the cores and memory must fit a node.
                     let parts = placement.per_node();
                     let biggest = f64::from(parts[0]) / f64::from(n);
@@ -399,6 +405,13 @@ impl<'a> Evaluator<'a> {
     /// Throughput of the job's own request: its plan (or the best one) on its GPUs
     /// packed onto the first group that can hold them, with its cores.
     pub fn request_throughput(&mut self, input: &JobInput) -> Option<f64> {
+        self.request_config(input).map(|r| r.5)
+    }
+
+    /// The job's own request as a configuration: (group, plan when the user gave one,
+    /// placement, cores, the plan evaluated, throughput).
+    #[allow(clippy::type_complexity)]
+    fn request_config(&mut self, input: &JobInput) -> Option<(usize, Option<Plan>, Placement, u32, Plan, f64)> {
         let job = &input.job;
         let (group, g) = eligible_groups(job, self.cluster)
             .find(|(_, g)| g.total_gpus() >= job.request.gpus)
@@ -414,10 +427,13 @@ impl<'a> Evaluator<'a> {
             _ => None,
         };
         match plan {
-            Some(plan) => Some(Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus)),
-            None => {
-                self.best_plan(&job.model, &input.params, group, &placement, cpus, Restriction::Any).map(|(_, thr)| thr)
+            Some(plan) => {
+                let thr = Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus);
+                Some((group, Some(plan), placement, cpus, plan, thr))
             }
+            None => self
+                .best_plan(&job.model, &input.params, group, &placement, cpus, Restriction::Any)
+                .map(|(plan, thr)| (group, None, placement, cpus, plan, thr)),
         }
     }
 
@@ -435,7 +451,16 @@ impl<'a> Evaluator<'a> {
             for group in groups {
                 let (cap, curve) = self.raw_curve(key, group, restriction, job.request.gpus);
                 let (raw, keep) = &*curve;
-                for (r, &k) in raw.iter().zip(keep).filter(|(r, _)| r.gpus <= cap) {
+                // Fixed GPU counts: the request's, or the nearest count with a plan.
+                let fixed = config.fixed_gpus.then(|| {
+                    let want = job.request.gpus.min(cap);
+                    raw.iter().map(|r| r.gpus).min_by_key(|&g| (g.abs_diff(want), g)).unwrap_or(want)
+                });
+                for (r, &pareto) in
+                    raw.iter().zip(keep).filter(|(r, _)| r.gpus <= cap && fixed.is_none_or(|g| r.gpus == g))
+                {
+                    // With fixed GPU counts, every configuration of that count stays.
+                    let k = pareto || fixed.is_some();
                     if let Some(points) = points.as_deref_mut() {
                         points.push(CurvePoint {
                             group,
@@ -459,6 +484,7 @@ impl<'a> Evaluator<'a> {
                             normalized: 0.0,
                             value: 0.0,
                             is_current: false,
+                            is_request: false,
                             meets_guarantee: false,
                         });
                     }
@@ -485,11 +511,44 @@ impl<'a> Evaluator<'a> {
                 normalized: 0.0,
                 value: 0.0,
                 is_current: true,
+                is_request: false,
                 meets_guarantee: false,
             });
         }
-        let request_throughput = self
-            .request_throughput(input)
+        let request = self.request_config(input);
+        // A guaranteed job may always run exactly as it asked (when its plan fits and
+        // its checkpoints allow it): that configuration meets the guarantee whatever
+        // the model's error.
+        if let (true, false, Some((group, Some(plan), placement, cpus, _, thr))) = (job.guaranteed, locked, &request) {
+            let g = &self.cluster.node_groups[*group];
+            let mem = host_memory_gib(&config, g, &job.model, plan);
+            let share = f64::from(placement.max_per_node()) / f64::from(placement.gpus().max(1));
+            let fits_node = f64::from(*cpus) * share <= f64::from(g.cpu_cores) && mem * share <= g.host_memory_gib;
+            if restriction.allows(plan) && fits_node && self.estimator.fits(&job.model, plan, g.gpu_memory_gib).0 {
+                let same = |c: &Candidate| {
+                    c.group == *group && c.plan == *plan && c.placement == *placement && c.cpus == *cpus
+                };
+                match candidates.iter_mut().find(|c| same(c)) {
+                    Some(c) => c.is_request = true,
+                    None => candidates.push(Candidate {
+                        group: *group,
+                        gpus: placement.gpus(),
+                        cpus: *cpus,
+                        host_memory_gib: mem,
+                        placement: placement.clone(),
+                        plan: *plan,
+                        throughput: *thr,
+                        normalized: 0.0,
+                        value: 0.0,
+                        is_current: false,
+                        is_request: true,
+                        meets_guarantee: true,
+                    }),
+                }
+            }
+        }
+        let request_throughput = request
+            .map(|r| r.5)
             .filter(|t| t.is_finite() && *t > 0.0)
             .or_else(|| candidates.iter().map(|c| c.throughput).reduce(f64::max))
             .unwrap_or(1.0);
@@ -502,14 +561,21 @@ impl<'a> Evaluator<'a> {
         });
         for c in &mut candidates {
             c.normalized = c.throughput / request_throughput;
-            c.meets_guarantee = c.throughput >= request_throughput * (1.0 - 1e-9);
+            // Other configurations must beat the request by the margin the model's
+            // error calls for.
+            c.meets_guarantee =
+                c.is_request || c.throughput >= request_throughput * (1.0 + config.guarantee_margin) * (1.0 - 1e-9);
             c.value = match keep_share {
                 Some(share) if !c.is_current => weight * c.normalized * share - config.change_min_gain,
                 _ if c.is_current && locked => weight * c.normalized + LOCK_BONUS,
                 _ => weight * c.normalized,
             };
         }
-        if job.guaranteed {
+        // A guaranteed job keeps only configurations that meet its guarantee. When
+        // guaranteed jobs queue and none can (its request does not fit, the margin is
+        // out of reach), it is admitted best-effort rather than never.
+        let guaranteed = job.guaranteed && !(config.queue_guaranteed && !candidates.iter().any(|c| c.meets_guarantee));
+        if guaranteed {
             candidates.retain(|c| c.meets_guarantee);
         }
         candidates.sort_by(|a, b| {
@@ -524,9 +590,10 @@ impl<'a> Evaluator<'a> {
         JobCurves {
             name: job.name.clone(),
             request_throughput,
-            guaranteed: job.guaranteed,
+            guaranteed,
             locked: locked && current.is_some(),
-            must_run: job.guaranteed || (locked && current.is_some()),
+            must_run: (guaranteed && (input.current.is_some() || !config.queue_guaranteed))
+                || (locked && current.is_some()),
             weight,
             candidates,
             current,

@@ -280,6 +280,9 @@ pub fn solve(
                 }
             }
         }
+        if !placed && !book.jobs[j].must_run {
+            continue; // waits in the queue for room for its guarantee
+        }
         if !placed {
             let job = &book.jobs[j];
             let reason = if job.candidates.is_empty() {

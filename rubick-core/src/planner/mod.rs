@@ -56,6 +56,19 @@ pub struct PlannerConfig {
     pub host_gib_per_gpu: f64,
     /// Time of the round (seconds, the jobs' clock), for waiting times.
     pub now_s: f64,
+    /// Only plans the authors' reference data has a kind of (see
+    /// [`crate::plan::PlanCode::of`]): what a simulation replaying their measurements
+    /// can take the truth of.
+    pub reference_plans_only: bool,
+    /// Every job keeps the GPU count it asked for (plans and cores still change).
+    pub fixed_gpus: bool,
+    /// A configuration other than the job's own request meets a guarantee only when
+    /// its predicted throughput beats the request's by this share (the model's error).
+    pub guarantee_margin: f64,
+    /// A guaranteed job that is not running yet waits in the queue when its guarantee
+    /// does not fit (admission control); once running, its guarantee holds. When false,
+    /// every guaranteed job must run this round.
+    pub queue_guaranteed: bool,
 }
 
 impl PlannerConfig {
@@ -84,6 +97,10 @@ impl Default for PlannerConfig {
             min_cpus_per_gpu: 4,
             host_gib_per_gpu: 16.0,
             now_s: 0.0,
+            reference_plans_only: false,
+            fixed_gpus: false,
+            queue_guaranteed: false,
+            guarantee_margin: 0.0,
         }
     }
 }
@@ -108,6 +125,12 @@ pub struct JobInput {
     pub job: Job,
     pub params: crate::perfmodel::Params,
     pub current: Option<Current>,
+    /// Plans the policy allows whatever the checkpoints (e.g. the user's plan family
+    /// for a policy that only resizes).
+    pub allowed: Restriction,
+    /// Multiplies the job's weight in the objective (queue order: earlier in the queue,
+    /// more weight); 1 by default.
+    pub priority: f64,
 }
 
 impl JobInput {
@@ -119,7 +142,7 @@ impl JobInput {
     /// Which plans the job may run this round, given its checkpoints.
     pub fn restriction(&self) -> Restriction {
         match (&self.current, self.job.resharding) {
-            (None, _) | (Some(_), Resharding::Full) => Restriction::Any,
+            (None, _) | (Some(_), Resharding::Full) => self.allowed,
             (Some(c), Resharding::DataParallel) => {
                 Restriction::Layout { tp: c.plan.tp, pp: c.plan.pp, zero: c.plan.zero, offload: c.plan.offload }
             }
@@ -134,6 +157,10 @@ impl JobInput {
 
     /// The job's weight in the objective: 1, more for jobs starving in the queue.
     pub fn weight(&self, config: &PlannerConfig) -> f64 {
+        self.priority * self.starvation_weight(config)
+    }
+
+    fn starvation_weight(&self, config: &PlannerConfig) -> f64 {
         if self.current.is_some() || config.starvation_s <= 0.0 {
             return 1.0;
         }
@@ -142,7 +169,7 @@ impl JobInput {
     }
 
     pub fn starving(&self, config: &PlannerConfig) -> bool {
-        self.weight(config) > 1.0
+        self.starvation_weight(config) > 1.0
     }
 }
 

@@ -308,7 +308,8 @@ pub fn place(
                 ) else {
                     continue;
                 };
-                if jc.guaranteed && thr < jc.request_throughput * (1.0 - 1e-9) {
+                let margin = evaluator.config.guarantee_margin;
+                if jc.guaranteed && thr < jc.request_throughput * (1.0 + margin) * (1.0 - 1e-9) {
                     continue;
                 }
                 let shares = parts.into_iter().map(|(node, g, cc, m)| take(&mut nodes, node, g, cc, m, None)).collect();
