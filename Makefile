@@ -41,7 +41,8 @@ lint: setup
 # explanation on stderr), their resource sensitivity curves (out/demo-curves.png) and
 # plan spaces (out/demo-space.csv). When the authors' reference data is beside the
 # checkout, the jobs' performance models are fitted on it, and the model of LLaMA-2-7B
-# is evaluated too (out/demo-llama7-summary.yaml and .svg).
+# is evaluated too (out/demo-llama7-summary.yaml and .svg), and the authors' 10-job
+# trace is simulated under Rubick and a static queue (out/demo-sim-*).
 REFERENCE ?= $(or $(RUBICK_REFERENCE),../shared/reference/rubick-artifact)
 demo: build
 	@mkdir -p out
@@ -53,6 +54,13 @@ demo: build
 	$(BIN)/rubick-plan curves data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml $$ref -o out/demo-curves.csv --plot out/demo-curves.png && \
 	$(BIN)/rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8 -o out/demo-space.csv
 	@if [ -f "$(REFERENCE)/models.yaml" ]; then \
+	  echo "# a short simulation: the authors' 10-job trace under Rubick and a static FIFO queue; plots in out/demo-sim-*/" >&2; \
+	  for p in rubick static; do \
+	    $(BIN)/rubick-plan simulate --cluster data/cluster-a800-8x8.yaml --reference "$(REFERENCE)" \
+	      --trace "$(REFERENCE)/workloads/naive.csv" --policy $$p --summary out/demo-sim-$$p.yaml \
+	      --jobs-out out/demo-sim-$$p.csv --plot-dir out/demo-sim-$$p || exit 1; \
+	  done; \
+	  $(BIN)/rubick-plan compare out/demo-sim-rubick.yaml out/demo-sim-static.yaml --plot out/demo-sim-jct-cdf.png; \
 	  echo "# fitted performance model of llama7 (8 profiled rows); summary: out/demo-llama7-summary.yaml, plot: out/demo-llama7.svg" >&2; \
 	  $(BIN)/rubick-fit evaluate --reference "$(REFERENCE)" --model llama7 --cluster data/cluster-a800-8x8.yaml \
 	    --samples 8 --summary out/demo-llama7-summary.yaml --plot out/demo-llama7.svg --model-out out/demo-llama7-model.yaml; \

@@ -593,3 +593,33 @@ mod tests {
         assert!(matches!(plan.check(&model, 3), Err(PlanViolation::PpLayers { .. })));
     }
 }
+
+#[cfg(test)]
+mod code_of_tests {
+    use super::*;
+
+    #[test]
+    fn a_codes_skeleton_maps_back_to_the_code() {
+        let codes = [
+            PlanCode::Ga,
+            PlanCode::Gc,
+            PlanCode::ZeroDp,
+            PlanCode::ZeroOffload,
+            PlanCode::ThreeD { pp: 2, tp: 4, dp: 2 },
+            PlanCode::ThreeD { pp: 1, tp: 8, dp: 1 },
+        ];
+        for code in codes {
+            for gpus in [2, 4, 8, 16] {
+                let plan = code.skeleton(gpus);
+                if plan.gpus() != gpus {
+                    continue;
+                }
+                assert_eq!(PlanCode::of(&plan), Some(code), "{code} on {gpus}");
+            }
+        }
+        // ZeRO-1 and ZeRO-3 are not kinds the reference measured.
+        let mut plan = PlanCode::ZeroDp.skeleton(8);
+        plan.zero = ZeroStage::Three;
+        assert_eq!(PlanCode::of(&plan), None);
+    }
+}

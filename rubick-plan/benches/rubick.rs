@@ -139,6 +139,30 @@ fn main() -> anyhow::Result<()> {
                 per_model.push(ms);
             }
             println!("bench: fit_one_model_ms {:.2} ms", median(per_model.clone()));
+
+            // One simulation of the 406-job base trace with Rubick (FIFO admission).
+            let trace = dir.join("workloads/workload-base.csv");
+            let (jobs, truth) = rubick_plan::simulate::load_trace(&trace, &cluster, &data)?;
+            let config = rubick_plan::sim::SimConfig::defaults(
+                rubick_plan::sim::SimPolicy::Rubick,
+                rubick_plan::sim::Queue::Fifo,
+            );
+            let mut samples = Vec::new();
+            let mut summary = None;
+            for _ in 0..5 {
+                let start = Instant::now();
+                let result = rubick_plan::sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
+                let wall = start.elapsed();
+                samples.push(wall.as_secs_f64());
+                summary = Some(rubick_plan::simulate::summarize("workload-base", &config, &result, wall));
+            }
+            println!("bench: simulate_base_rubick_s {:.3} s", median(samples));
+            if let Some(s) = summary {
+                eprintln!(
+                    "simulate workload-base rubick: {}/{} finished, avg JCT {:.0} s, makespan {:.0} s, {} restarts",
+                    s.finished, s.jobs, s.avg_jct_s, s.makespan_s, s.restarts
+                );
+            }
             println!("bench: fit_one_model_max_ms {:.2} ms", per_model.iter().copied().fold(0.0, f64::max));
         }
     }

@@ -76,13 +76,13 @@ pub fn solve(
         if in_group.is_empty() {
             continue;
         }
-        let dims: [(f64, &dyn Fn(usize, usize) -> f64); 3] = [
-            (cap.gpus, &|j, c| f64::from(book.jobs[j].candidates[c].gpus)),
-            (cap.cpus, &|j, c| f64::from(book.jobs[j].candidates[c].cpus)),
-            (cap.mem, &|j, c| book.jobs[j].candidates[c].host_memory_gib),
-        ];
-        for (limit, use_of) in dims {
-            pb.add_row(..=limit, in_group.iter().map(|&(j, c, col)| (col, use_of(j, c))));
+        // GPUs, cores and memory of the chosen candidates within the group's.
+        let use_of = |j: usize, c: usize| {
+            let cand = &book.jobs[j].candidates[c];
+            [f64::from(cand.gpus), f64::from(cand.cpus), cand.host_memory_gib]
+        };
+        for (dim, limit) in [cap.gpus, cap.cpus, cap.mem].into_iter().enumerate() {
+            pb.add_row(..=limit, in_group.iter().map(|&(j, c, col)| (col, use_of(j, c)[dim])));
         }
     }
     if cols.is_empty() {

@@ -169,15 +169,26 @@ pub fn plan_round_with(
             (Err(e), None) => return Err(e),
         };
         let solver = SolverStats { method: d.method.into(), gap: d.gap, wall_s: None, status: d.status };
-        let outcome = assemble(evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver);
         // Guarantees that must hold: of running jobs, and of every guaranteed job
         // unless guaranteed jobs may wait in the queue.
-        let held = outcome
-            .schedule
-            .assignments
-            .iter()
-            .zip(&book.jobs)
-            .all(|(a, jc)| a.guarantee.as_ref().is_none_or(|g| g.holds || (a.plan.is_none() && !jc.must_run)));
+        let holds = |o: &Outcome| {
+            o.schedule
+                .assignments
+                .iter()
+                .zip(&book.jobs)
+                .all(|(a, jc)| a.guarantee.as_ref().is_none_or(|g| g.holds || (a.plan.is_none() && !jc.must_run)))
+        };
+        let mut outcome =
+            assemble(evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver.clone(), false);
+        if !holds(&outcome) {
+            // Keeping running jobs in place left no room for a guarantee: let them move.
+            let repacked =
+                assemble(evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver, true);
+            if holds(&repacked) {
+                outcome = repacked;
+            }
+        }
+        let held = holds(&outcome);
         let stranded = stranded(&outcome.nodes, cluster, config);
         let progress = stranded.iter().any(|s| s.gpus > 0.0 || s.cpus > 0.0 || s.mem > 1e-6);
         let result = RoundResult { outcome, book: book.clone(), heuristic_objective, wall: start.elapsed() };

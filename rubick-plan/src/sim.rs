@@ -79,6 +79,30 @@ pub struct SimConfig {
     pub milp_time_limit: Duration,
 }
 
+impl SimConfig {
+    /// The authors' conventions (60 s rounds, 260 s restarts) and this project's
+    /// defaults for replaying traces: plans of the kinds the reference measured,
+    /// guaranteed jobs admitted when their guarantee fits, a 30 % margin on
+    /// predictions for guarantees, changes worth half a request, 20-round cooldowns.
+    pub fn defaults(policy: SimPolicy, queue: Queue) -> Self {
+        SimConfig {
+            round_s: 60.0,
+            restart_penalty_s: 260.0,
+            policy,
+            queue,
+            planner: PlannerConfig {
+                reference_plans_only: true,
+                queue_guaranteed: true,
+                guarantee_margin: 0.3,
+                change_min_gain: 0.5,
+                cooldown_rounds: 20,
+                ..PlannerConfig::default()
+            },
+            milp_time_limit: Duration::from_secs(2),
+        }
+    }
+}
+
 /// One job of a simulation: what the trace says, and the policy's belief of its speed.
 #[derive(Debug, Clone)]
 pub struct SimJob {

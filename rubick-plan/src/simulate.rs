@@ -240,22 +240,14 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
             j.job.guaranteed = true;
         }
     }
-    let config = SimConfig {
-        round_s: args.round_s,
-        restart_penalty_s: args.restart_penalty,
-        policy: args.policy,
-        queue: args.queue,
-        planner: PlannerConfig {
-            reference_plans_only: true,
-            queue_guaranteed: true,
-            guarantee_margin: args.guarantee_margin,
-            change_min_gain: args.change_min_gain,
-            cooldown_rounds: args.cooldown,
-            horizon_s: args.horizon,
-            ..PlannerConfig::default()
-        },
-        milp_time_limit: Duration::from_secs_f64(args.time_limit),
-    };
+    let mut config = SimConfig::defaults(args.policy, args.queue);
+    config.round_s = args.round_s;
+    config.restart_penalty_s = args.restart_penalty;
+    config.milp_time_limit = Duration::from_secs_f64(args.time_limit);
+    config.planner.guarantee_margin = args.guarantee_margin;
+    config.planner.change_min_gain = args.change_min_gain;
+    config.planner.cooldown_rounds = args.cooldown;
+    config.planner.horizon_s = args.horizon;
     let bar = progress_bar(jobs.len() as u64);
     let start = Instant::now();
     let result = simulate(&cluster, &jobs, &truth, &config, |done, _| {

@@ -574,7 +574,7 @@ impl<'a> Evaluator<'a> {
         // A guaranteed job keeps only configurations that meet its guarantee. When
         // guaranteed jobs queue and none can (its request does not fit, the margin is
         // out of reach), it is admitted best-effort rather than never.
-        let guaranteed = job.guaranteed && !(config.queue_guaranteed && !candidates.iter().any(|c| c.meets_guarantee));
+        let guaranteed = job.guaranteed && (!config.queue_guaranteed || candidates.iter().any(|c| c.meets_guarantee));
         if guaranteed {
             candidates.retain(|c| c.meets_guarantee);
         }

@@ -183,12 +183,15 @@ fn spread(
 }
 
 /// Places the decision. `choice[j]` is job `j`'s candidate; the result has one entry
-/// per job, `None` for jobs that wait.
+/// per job, `None` for jobs that wait. With `repack`, only jobs in their cooldown stay
+/// where they are; the others are placed afresh (they may move), for rounds where
+/// keeping everyone in place leaves no room for a guarantee.
 pub fn place(
     evaluator: &mut Evaluator<'_>,
     book: &CurveBook,
     inputs: &[JobInput],
     choice: &[Option<usize>],
+    repack: bool,
 ) -> (Vec<Option<Placed>>, Vec<NodeState>) {
     let cluster = evaluator.cluster;
     let mut nodes = nodes_of(cluster);
@@ -200,7 +203,7 @@ pub fn place(
     for (j, input) in inputs.iter().enumerate() {
         let (Some(c), Some(cur)) = (choice[j], &input.current) else { continue };
         let cand = &book.jobs[j].candidates[c];
-        if !cand.is_current || cur.nodes.is_empty() {
+        if !cand.is_current || cur.nodes.is_empty() || (repack && !book.jobs[j].locked) {
             continue;
         }
         let weights: Vec<u32> = cur.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();

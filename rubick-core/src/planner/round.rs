@@ -32,8 +32,9 @@ pub fn assemble(
     round: u64,
     policy: &str,
     solver: SolverStats,
+    repack: bool,
 ) -> Outcome {
-    let (placed, nodes) = place(evaluator, book, inputs, choice);
+    let (placed, nodes) = place(evaluator, book, inputs, choice, repack);
     let cluster = evaluator.cluster;
     let mut assignments = Vec::with_capacity(inputs.len());
     let mut explain = Vec::with_capacity(inputs.len());

@@ -1,0 +1,120 @@
+//! End-to-end simulations on the authors' naive trace: every output, determinism,
+//! the comparison table, and bad traces.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use rubick_tests::{repo, run_in, temp};
+
+fn reference() -> Option<String> {
+    let dir = repo().join("../shared/reference/rubick-artifact");
+    if dir.join("models.yaml").is_file() {
+        Some(dir.display().to_string())
+    } else {
+        eprintln!("skipping: ../shared/reference/rubick-artifact is absent (the simulator's truth)");
+        None
+    }
+}
+
+fn simulate(dir: &std::path::Path, reference: &str, policy: &str, out: &str) -> rubick_tests::Run {
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let trace = format!("{reference}/workloads/naive.csv");
+    run_in(
+        dir,
+        "rubick-plan",
+        &[
+            "simulate",
+            "--cluster",
+            &cluster,
+            "--reference",
+            reference,
+            "--trace",
+            &trace,
+            "--policy",
+            policy,
+            "--summary",
+            &format!("{out}.yaml"),
+            "--jobs-out",
+            &format!("{out}.csv"),
+            "--plot-dir",
+            &format!("{out}-plots"),
+        ],
+    )
+}
+
+#[test]
+fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
+    let Some(reference) = reference() else { return };
+    let dir = temp();
+    for policy in ["rubick", "rubick-milp", "static", "static-backfill", "rubick-no-plan", "rubick-no-resize"] {
+        let run = simulate(dir.path(), &reference, policy, policy);
+        assert_eq!(run.code, Some(0), "{policy}: {}", run.stderr);
+        let summary: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(dir.path().join(format!("{policy}.yaml"))).unwrap())
+                .unwrap();
+        for key in [
+            "jobs",
+            "finished",
+            "avg_jct_s",
+            "median_jct_s",
+            "p99_jct_s",
+            "makespan_s",
+            "restarts",
+            "gpu_hours",
+            "guarantee_violations",
+            "unmeasured_share",
+            "sim_wall_s",
+        ] {
+            assert!(summary.get(key).is_some(), "{policy}: summary lacks {key}");
+        }
+        assert_eq!(summary["jobs"].as_u64(), Some(10), "{policy}");
+        assert_eq!(summary["finished"].as_u64(), Some(10), "{policy}: every job finishes");
+        let csv = std::fs::read_to_string(dir.path().join(format!("{policy}.csv"))).unwrap();
+        assert!(csv.starts_with("job,model,submit_s,first_start_s,finish_s,jct_s,queueing_s,restarts,"), "{csv}");
+        assert_eq!(csv.lines().count(), 11);
+        let png = std::fs::read(dir.path().join(format!("{policy}-plots/jct-cdf.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG"));
+    }
+    // The static policies never reconfigure.
+    let s: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(dir.path().join("static.yaml")).unwrap()).unwrap();
+    assert_eq!(s["restarts"].as_u64(), Some(0));
+    // Same inputs, same per-job table.
+    let run = simulate(dir.path(), &reference, "rubick", "again");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        std::fs::read(dir.path().join("rubick.csv")).unwrap(),
+        std::fs::read(dir.path().join("again.csv")).unwrap()
+    );
+    // Side by side.
+    let run = run_in(dir.path(), "rubick-plan", &["compare", "rubick.yaml", "static.yaml", "--plot", "cdf.svg"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.starts_with("| trace | policy |"), "{}", run.stdout);
+    assert!(run.stdout.contains("| naive | rubick |") && run.stdout.contains("| naive | static |"), "{}", run.stdout);
+    assert!(std::fs::read_to_string(dir.path().join("cdf.svg")).unwrap().contains("<svg"));
+}
+
+#[test]
+fn a_bad_trace_exits_2_naming_file_and_line() {
+    let Some(reference) = reference() else { return };
+    let dir = temp();
+    std::fs::write(
+        dir.path().join("bad.csv"),
+        "name,submission_time,duration,application,num_gpus,num_cpus,bandwidth,exec_plan,steps,is_sla\n\
+         a,0,10,vit,2,16,0,zero-dp,100,0\n\
+         b,5,10,resnet,2,16,0,ga,100,0\n",
+    )
+    .unwrap();
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", "bad.csv", "--summary", "s.yaml"],
+    );
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("bad.csv") && run.stderr.contains("line 3") && run.stderr.contains("resnet"),
+        "{}",
+        run.stderr
+    );
+    assert!(!dir.path().join("s.yaml").exists());
+}
