@@ -65,6 +65,7 @@ fn decide(
     inputs: &[JobInput],
     policy: Policy,
     time_limit: Duration,
+    milp_fallback: bool,
 ) -> (Result<Decided, Infeasible>, Option<f64>) {
     let greedy = heuristic::solve(book, cluster, inputs, config);
     let heuristic_objective = greedy.as_ref().ok().map(|d| d.objective);
@@ -107,6 +108,7 @@ fn decide(
             }
         }
         // The greedy missed a guarantee: let the exact search decide feasibility.
+        (Policy::Rubick, Err(why)) if !milp_fallback => Err(why),
         (Policy::Rubick, Err(why)) => match milp::solve(book, cluster, None, time_limit) {
             Ok(s) => Ok(Decided {
                 choice: s.choice,
@@ -155,12 +157,16 @@ pub fn plan_round_with(
     let mut previous: Option<RoundResult> = None;
     loop {
         attempt += 1;
-        let (mut decided, mut heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit);
-        if decided.is_err() && book.jobs.iter().any(|j| j.locked && j.must_run) {
+        // With jobs locked in their cooldown, a failed greedy first softens the locks
+        // (cheap) before the exact search decides feasibility.
+        let hard_locks = book.jobs.iter().any(|j| j.locked && j.must_run);
+        let (mut decided, mut heuristic_objective) =
+            decide(&book, cluster, config, inputs, policy, time_limit, !hard_locks);
+        if decided.is_err() && hard_locks {
             // Guarantees need resources of jobs in their cooldown: let those be paused.
             tracing::debug!("guarantees cannot be met with every job in its cooldown kept; softening the locks");
             book.soften_locks();
-            (decided, heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit);
+            (decided, heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit, true);
         }
         let d = match (decided, previous) {
             (Ok(d), _) => d,
