@@ -82,8 +82,9 @@ pub struct SimConfig {
 impl SimConfig {
     /// The authors' conventions (60 s rounds, 260 s restarts) and this project's
     /// defaults for replaying traces: plans of the kinds the reference measured,
-    /// guaranteed jobs admitted when their guarantee fits, a 30 % margin on
-    /// predictions for guarantees, changes worth half a request, 20-round cooldowns.
+    /// guaranteed jobs admitted when their guarantee fits and kept to their plan's
+    /// layout with a 30 % margin on predictions, changes worth half a request,
+    /// 20-round cooldowns.
     pub fn defaults(policy: SimPolicy, queue: Queue) -> Self {
         SimConfig {
             round_s: 60.0,
@@ -94,6 +95,7 @@ impl SimConfig {
                 reference_plans_only: true,
                 queue_guaranteed: true,
                 guarantee_margin: 0.3,
+                guarantee_keeps_layout: true,
                 change_min_gain: 0.5,
                 cooldown_rounds: 20,
                 ..PlannerConfig::default()

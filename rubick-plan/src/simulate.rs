@@ -73,6 +73,11 @@ pub struct SimulateArgs {
     /// share faster than the request (the belief's error; the truth decides violations)
     #[arg(long, default_value_t = 0.3)]
     pub guarantee_margin: f64,
+    /// Guaranteed jobs keep their requested plan's layout (TP/PP/ZeRO/offload) and are
+    /// never spread over fragments, unless they run exactly as requested (`false`
+    /// trades guarantee safety for speed)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub guarantee_keeps_layout: bool,
 }
 
 /// The summary of one simulation.
@@ -245,6 +250,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     config.restart_penalty_s = args.restart_penalty;
     config.milp_time_limit = Duration::from_secs_f64(args.time_limit);
     config.planner.guarantee_margin = args.guarantee_margin;
+    config.planner.guarantee_keeps_layout = args.guarantee_keeps_layout;
     config.planner.change_min_gain = args.change_min_gain;
     config.planner.cooldown_rounds = args.cooldown;
     config.planner.horizon_s = args.horizon;

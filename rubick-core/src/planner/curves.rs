@@ -547,6 +547,12 @@ impl<'a> Evaluator<'a> {
                 }
             }
         }
+        let request_layout = request.as_ref().and_then(|r| r.1).map(|p| Restriction::Layout {
+            tp: p.tp,
+            pp: p.pp,
+            zero: p.zero,
+            offload: p.offload,
+        });
         let request_throughput = request
             .map(|r| r.5)
             .filter(|t| t.is_finite() && *t > 0.0)
@@ -563,8 +569,10 @@ impl<'a> Evaluator<'a> {
             c.normalized = c.throughput / request_throughput;
             // Other configurations must beat the request by the margin the model's
             // error calls for.
-            c.meets_guarantee =
-                c.is_request || c.throughput >= request_throughput * (1.0 + config.guarantee_margin) * (1.0 - 1e-9);
+            let layout_ok = !config.guarantee_keeps_layout
+                || request_layout.is_none_or(|r: Restriction| r.allows(&c.plan) || c.is_current);
+            c.meets_guarantee = c.is_request
+                || (layout_ok && c.throughput >= request_throughput * (1.0 + config.guarantee_margin) * (1.0 - 1e-9));
             c.value = match keep_share {
                 Some(share) if !c.is_current => weight * c.normalized * share - config.change_min_gain,
                 _ if c.is_current && locked => weight * c.normalized + LOCK_BONUS,

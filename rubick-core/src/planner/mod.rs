@@ -65,6 +65,10 @@ pub struct PlannerConfig {
     /// A configuration other than the job's own request meets a guarantee only when
     /// its predicted throughput beats the request's by this share (the model's error).
     pub guarantee_margin: f64,
+    /// Besides the request itself, a guaranteed job only gets configurations with its
+    /// requested plan's layout (TP, PP, ZeRO, offload; data parallelism, accumulation
+    /// and checkpointing may change): where the model extrapolates least.
+    pub guarantee_keeps_layout: bool,
     /// A guaranteed job that is not running yet waits in the queue when its guarantee
     /// does not fit (admission control); once running, its guarantee holds. When false,
     /// every guaranteed job must run this round.
@@ -101,6 +105,7 @@ impl Default for PlannerConfig {
             fixed_gpus: false,
             queue_guaranteed: false,
             guarantee_margin: 0.0,
+            guarantee_keeps_layout: false,
         }
     }
 }

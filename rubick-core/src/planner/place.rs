@@ -297,7 +297,12 @@ pub fn place(
                 });
                 break;
             }
-            // Fragmented: spread the same resources and re-choose the plan.
+            // Fragmented: spread the same resources and re-choose the plan (not for a
+            // guaranteed job when guarantees are conservative: an unprofiled spread is
+            // where the model errs most).
+            if jc.guaranteed && evaluator.config.guarantee_keeps_layout {
+                continue;
+            }
             if let Some(parts) = spread(&nodes, cand.group, cand.gpus, cand.cpus, cand.host_memory_gib, &prefer) {
                 let Some(placement) = Placement::new(parts.iter().map(|p| p.1).collect()) else { continue };
                 let restriction: Restriction = input.restriction();
