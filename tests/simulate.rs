@@ -45,7 +45,16 @@ fn simulate(dir: &std::path::Path, reference: &str, policy: &str, out: &str) -> 
 fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
     let Some(reference) = reference() else { return };
     let dir = temp();
-    for policy in ["rubick", "rubick-milp", "static", "static-backfill", "rubick-no-plan", "rubick-no-resize"] {
+    for policy in [
+        "rubick",
+        "rubick-milp",
+        "static",
+        "static-backfill",
+        "synergy",
+        "antman",
+        "rubick-no-plan",
+        "rubick-no-resize",
+    ] {
         let run = simulate(dir.path(), &reference, policy, policy);
         assert_eq!(run.code, Some(0), "{policy}: {}", run.stderr);
         let summary: serde_yaml_ng::Value =
@@ -71,8 +80,10 @@ fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
         let csv = std::fs::read_to_string(dir.path().join(format!("{policy}.csv"))).unwrap();
         assert!(csv.starts_with("job,model,submit_s,first_start_s,finish_s,jct_s,queueing_s,restarts,"), "{csv}");
         assert_eq!(csv.lines().count(), 11);
-        let png = std::fs::read(dir.path().join(format!("{policy}-plots/jct-cdf.png"))).unwrap();
-        assert!(png.starts_with(b"\x89PNG"));
+        for plot in ["jct-cdf.png", "gpus-in-use.png", "gantt.png"] {
+            let png = std::fs::read(dir.path().join(format!("{policy}-plots/{plot}"))).unwrap();
+            assert!(png.starts_with(b"\x89PNG"), "{policy}: {plot}");
+        }
     }
     // The static policies never reconfigure.
     let s: serde_yaml_ng::Value =
@@ -117,4 +128,32 @@ fn a_bad_trace_exits_2_naming_file_and_line() {
         run.stderr
     );
     assert!(!dir.path().join("s.yaml").exists());
+}
+
+#[test]
+fn a_job_batch_is_a_trace_too() {
+    let Some(reference) = reference() else { return };
+    let dir = temp();
+    let run =
+        run_in(dir.path(), "rubick-plan", &["synth", "--gpus", "64", "--jobs", "12", "--seed", "3", "--out-dir", "s"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &[
+            "simulate",
+            "--cluster",
+            "s/cluster.yaml",
+            "--reference",
+            &reference,
+            "--trace",
+            "s/jobs.yaml",
+            "--summary",
+            "-",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let summary: serde_yaml_ng::Value = serde_yaml_ng::from_str(&run.stdout).unwrap();
+    assert_eq!(summary["jobs"].as_u64(), Some(12));
+    assert_eq!(summary["finished"].as_u64(), Some(12), "{}", run.stdout);
 }

@@ -37,6 +37,12 @@ pub enum SimPolicy {
     /// The same with backfilling: later jobs start when the head does not fit (Slurm's
     /// backfill without reservations).
     StaticBackfill,
+    /// Synergy (Mohan et al., OSDI 2022): the user's plan and GPUs, FIFO with
+    /// backfilling, CPU cores by the job's sensitivity to them.
+    Synergy,
+    /// AntMan (Xiao et al., OSDI 2020): guaranteed jobs first, preempting best-effort
+    /// ones; the user's plan and GPUs; GPUs are the only resource it manages.
+    Antman,
     /// Ablation: Rubick without plan changes (resources only: the user's plan layout,
     /// elastic data parallelism, as Pollux/Sia; Qiao et al. OSDI 2021).
     RubickNoPlan,
@@ -51,6 +57,8 @@ impl SimPolicy {
             SimPolicy::RubickMilp => "rubick-milp",
             SimPolicy::Static => "static",
             SimPolicy::StaticBackfill => "static-backfill",
+            SimPolicy::Synergy => "synergy",
+            SimPolicy::Antman => "antman",
             SimPolicy::RubickNoPlan => "rubick-no-plan",
             SimPolicy::RubickNoResize => "rubick-no-resize",
         }
@@ -369,7 +377,10 @@ pub fn simulate(
         }
         rounds += 1;
         // Re-plan on arrivals and completions, and when cooldowns end.
-        let elastic = !matches!(config.policy, SimPolicy::Static | SimPolicy::StaticBackfill);
+        let elastic = !matches!(
+            config.policy,
+            SimPolicy::Static | SimPolicy::StaticBackfill | SimPolicy::Synergy | SimPolicy::Antman
+        );
         if changed || (elastic && since_plan == cooldown) {
             decisions += 1;
             since_plan = 0;
@@ -516,11 +527,16 @@ fn decide(
     round: u64,
 ) -> Vec<Option<Alloc>> {
     match config.policy {
-        SimPolicy::Static | SimPolicy::StaticBackfill => static_policy(cluster, jobs, state, active, config, evaluator),
+        SimPolicy::Static | SimPolicy::StaticBackfill | SimPolicy::Synergy | SimPolicy::Antman => {
+            static_policy(cluster, jobs, state, active, config, evaluator)
+        }
         _ => planner_policy(cluster, jobs, state, active, config, evaluator, round),
     }
 }
 
+/// The policies that run the user's plan on the user's GPUs: `static` (strict FIFO),
+/// `static-backfill`, `synergy` (backfill; cores by sensitivity) and `antman`
+/// (guaranteed first, preempting best-effort jobs; GPUs only).
 fn static_policy(
     cluster: &Cluster,
     jobs: &[SimJob],
@@ -536,21 +552,53 @@ fn static_policy(
     }
     let mut waiting: Vec<usize> = active.iter().copied().filter(|&j| state[j].alloc.is_none()).collect();
     queue_order(&mut waiting, jobs, state, config.queue);
+    if config.policy == SimPolicy::Antman {
+        // Guaranteed jobs first (stable: queue order within each class).
+        waiting.sort_by_key(|&j| !jobs[j].job.guaranteed);
+    }
     let g = &cluster.node_groups[0];
+    let fair = (g.cpu_cores / g.gpus_per_node).max(1);
     for j in waiting {
         let job = &jobs[j].job;
         let placement = Placement::packed(job.request.gpus, g.gpus_per_node);
-        let cpus = job.request.cpus.unwrap_or(4 * job.request.gpus);
+        let requested_cpus = job.request.cpus.unwrap_or(fair * job.request.gpus);
         // The user's plan; without one (or one our model of the job rejects), the best
         // plan on the requested GPUs.
         let plan = request_plan(job, cluster).or_else(|| traced_plan(&jobs[j])).or_else(|| {
             let p = placement.as_ref()?;
-            evaluator.best_plan(&job.model, &jobs[j].params, 0, p, cpus, Restriction::Any).map(|(plan, _)| plan)
+            evaluator
+                .best_plan(&job.model, &jobs[j].params, 0, p, requested_cpus, Restriction::Any)
+                .map(|(plan, _)| plan)
         });
-        let placed = match (plan, &placement) {
-            (Some(plan), Some(placement)) => {
-                let mem = host_memory_gib(&config.planner, g, &job.model, &plan);
-                place_shape(&mut nodes, placement.per_node(), cpus, mem).map(|ix| Current {
+        let (Some(plan), Some(placement)) = (plan, placement) else { continue };
+        let mem = host_memory_gib(&config.planner, g, &job.model, &plan);
+        let gpus = placement.gpus();
+        // Cores: the request; Synergy gives the fewest cores per GPU within 1 % of the
+        // best predicted throughput (sensitive jobs more, others less); AntMan manages
+        // GPUs only (cores as requested, or whatever is left on the nodes).
+        let core_options: Vec<u32> = match config.policy {
+            SimPolicy::Synergy => {
+                let widest = placement.max_per_node().max(1);
+                let levels: Vec<u32> = [config.planner.base_cpus_per_gpu(g), fair, fair * 2]
+                    .into_iter()
+                    .filter(|l| l * widest <= g.cpu_cores)
+                    .map(|l| l * gpus)
+                    .collect();
+                let thr = |c: u32| Evaluator::throughput(&job.model, &jobs[j].params, g, &plan, &placement, c);
+                let best = levels.iter().map(|&c| thr(c)).fold(0.0, f64::max);
+                let mut ok: Vec<u32> = levels.into_iter().filter(|&c| thr(c) >= best * 0.99).collect();
+                ok.push(requested_cpus);
+                ok.sort_unstable();
+                ok.dedup();
+                ok
+            }
+            SimPolicy::Antman => vec![requested_cpus, gpus],
+            _ => vec![requested_cpus],
+        };
+        let mut placed = None;
+        for cpus in core_options {
+            if let Some(ix) = place_shape(&mut nodes, placement.per_node(), cpus, mem) {
+                placed = Some(Current {
                     group: 0,
                     plan,
                     placement: placement.clone(),
@@ -558,17 +606,49 @@ fn static_policy(
                     cpus,
                     host_memory_gib: mem,
                     rounds_since_change: 0,
-                })
+                });
+                break;
             }
-            _ => None,
-        };
+        }
+        // AntMan: a guaranteed job preempts best-effort jobs, latest started first.
+        if placed.is_none() && config.policy == SimPolicy::Antman && job.guaranteed {
+            let before = out.clone();
+            let mut victims: Vec<usize> =
+                (0..active.len()).filter(|&k| out[k].is_some() && !jobs[active[k]].job.guaranteed).collect();
+            victims.sort_by(|&a, &b| {
+                let start = |k: usize| state[active[k]].first_start.unwrap_or(f64::INFINITY);
+                start(b).total_cmp(&start(a)).then(b.cmp(&a))
+            });
+            for k in victims {
+                out[k] = None;
+                nodes = nodes_of(cluster);
+                for a in out.iter().flatten() {
+                    occupy(&mut nodes, &a.current);
+                }
+                if let Some(ix) = place_shape(&mut nodes, placement.per_node(), requested_cpus, mem) {
+                    placed = Some(Current {
+                        group: 0,
+                        plan,
+                        placement: placement.clone(),
+                        nodes: ix,
+                        cpus: requested_cpus,
+                        host_memory_gib: mem,
+                        rounds_since_change: 0,
+                    });
+                    break;
+                }
+            }
+            if placed.is_none() {
+                // Preempting did not make room: restore.
+                out = before;
+                nodes = nodes_of(cluster);
+                for a in out.iter().flatten() {
+                    occupy(&mut nodes, &a.current);
+                }
+            }
+        }
         if placed.is_none() {
-            tracing::trace!(
-                "{}: {:?} on {:?} with {cpus} cores does not fit now",
-                job.name,
-                plan.map(|p| p.to_string()),
-                placement
-            );
+            tracing::trace!("{}: {plan} on {placement} does not fit now", job.name);
         }
         let k = active.iter().position(|&a| a == j).unwrap_or(0);
         match placed {

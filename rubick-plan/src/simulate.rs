@@ -53,7 +53,7 @@ pub struct SimulateArgs {
     /// The summary (YAML), `-` for stdout
     #[arg(long)]
     pub summary: PathBuf,
-    /// Directory for the plots (JCT CDF, GPUs in use over time)
+    /// Directory for the plots (JCT CDF, GPUs in use over time, Gantt chart of jobs)
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
     /// A change of a running job must raise the objective by this much (in requests)
@@ -294,6 +294,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
             (900, 500),
             &UsageFigure { usage: &result.usage, total: cluster.total_gpus() },
         )?;
+        write_figure(&dir.join("gantt.png"), (1100, 900), &GanttFigure { jobs: &result.jobs })?;
     }
     let yaml = serde_yaml_ng::to_string(&summary).context("serialising the summary")?;
     rubick_io::write_output(&args.summary, yaml.as_bytes())?;
@@ -385,6 +386,76 @@ impl Figure for CdfFigure {
             .border_style(BLACK)
             .label_font(("sans-serif", 14))
             .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+        Ok(())
+    }
+}
+
+/// One bar per job: queueing (thin, grey) then running (by model), in submit order.
+struct GanttFigure<'a> {
+    jobs: &'a [crate::sim::JobResult],
+}
+
+impl Figure for GanttFigure<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, plotters::coord::Shift>) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let err = drawing_error::<DB::ErrorType>;
+        root.fill(&WHITE).map_err(err)?;
+        let mut order: Vec<&crate::sim::JobResult> = self.jobs.iter().collect();
+        order.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.name.cmp(&b.name)));
+        let end = order.iter().filter_map(|j| j.finish_s).fold(1.0, f64::max) / 3600.0;
+        let n = order.len().max(1) as f64;
+        let mut models: Vec<&str> = order.iter().map(|j| j.model.as_str()).collect();
+        models.sort_unstable();
+        models.dedup();
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Jobs over time (grey: queued; colour: holding GPUs, by model)", ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0.0..end * 1.02, 0.0..n)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .light_line_style(WHITE)
+            .x_desc("time (h)")
+            .y_desc("job (submission order)")
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(order.iter().enumerate().map(|(i, j)| {
+                let until = j.first_start_s.or(j.finish_s).unwrap_or(j.submit_s);
+                let y = i as f64;
+                Rectangle::new(
+                    [(j.submit_s / 3600.0, y + 0.45), (until / 3600.0, y + 0.55)],
+                    RGBColor(170, 170, 170).filled(),
+                )
+            }))
+            .map_err(err)?;
+        for (m, model) in models.iter().enumerate() {
+            let colour = PALETTE[m % PALETTE.len()];
+            let bars = order.iter().enumerate().filter(|(_, j)| j.model == *model).filter_map(|(i, j)| {
+                let (start, finish) = (j.first_start_s?, j.finish_s?);
+                let y = i as f64;
+                Some(Rectangle::new([(start / 3600.0, y + 0.1), (finish / 3600.0, y + 0.9)], colour.filled()))
+            });
+            chart
+                .draw_series(bars)
+                .map_err(err)?
+                .label(model.to_string())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .position(SeriesLabelPosition::UpperLeft)
             .draw()
             .map_err(err)?;
         root.present().map_err(err)?;
