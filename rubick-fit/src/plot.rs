@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use plotters::prelude::*;
-use rubick_io::plot::{Figure, PALETTE, drawing_error, write_figure};
+use rubick_io::plot::{Figure, PALETTE, drawing_error, legend, write_figure};
 
 use crate::evaluate::EvaluatedRow;
 
@@ -56,14 +56,7 @@ where
             .label(family.to_string())
             .legend(move |(x, y)| Circle::new((x, y), 4, colour.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(err)?;
     Ok(())
 }

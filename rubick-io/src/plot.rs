@@ -65,3 +65,20 @@ pub fn write_figure(path: &Path, size: (u32, u32), figure: &impl Figure) -> anyh
     }
     Ok(())
 }
+
+/// Draws the series legend the same way in every figure: white box, black border.
+pub fn legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>, position: SeriesLabelPosition) -> anyhow::Result<()>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: plotters::coord::CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(position)
+        .draw()
+        .map_err(drawing_error)
+}

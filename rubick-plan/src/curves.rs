@@ -8,7 +8,7 @@ use rubick_core::Cluster;
 use rubick_core::planner::curves::{CurvePoint, Evaluator};
 use rubick_io::cli::Outcome;
 use rubick_io::files::write_output;
-use rubick_io::plot::{Figure, PALETTE, drawing_error, write_figure};
+use rubick_io::plot::{Figure, PALETTE, drawing_error, legend, write_figure};
 
 use crate::round::{ModelSource, job_inputs, job_params};
 use crate::schedule::PlannerArgs;
@@ -89,14 +89,7 @@ impl Figure for CurvesFigure {
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2)));
             chart.draw_series(line.points.iter().map(|&p| Circle::new(p, 3, colour.filled()))).map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         root.present().map_err(err)?;
         Ok(())
     }

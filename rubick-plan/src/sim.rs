@@ -386,7 +386,8 @@ pub fn simulate(
             since_plan = 0;
             changed = false;
             evaluator.config.now_s = t;
-            let new = decide(cluster, jobs, &state, &active, config, &mut evaluator, round_no);
+            let view = View { cluster, jobs, state: &state, active: &active, config };
+            let new = decide(&view, &mut evaluator, round_no);
             round_no += 1;
             for (&j, alloc) in active.iter().zip(new) {
                 let s = &mut state[j];
@@ -516,35 +517,32 @@ pub fn simulate(
     }
 }
 
+/// What a policy sees at a decision.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    cluster: &'a Cluster,
+    jobs: &'a [SimJob],
+    state: &'a [State],
+    /// Submitted, unfinished jobs (indices into `jobs`).
+    active: &'a [usize],
+    config: &'a SimConfig,
+}
+
 /// One decision of the policy: an allocation (or none) per active job.
-fn decide(
-    cluster: &Cluster,
-    jobs: &[SimJob],
-    state: &[State],
-    active: &[usize],
-    config: &SimConfig,
-    evaluator: &mut Evaluator<'_>,
-    round: u64,
-) -> Vec<Option<Alloc>> {
-    match config.policy {
+fn decide(view: &View<'_>, evaluator: &mut Evaluator<'_>, round: u64) -> Vec<Option<Alloc>> {
+    match view.config.policy {
         SimPolicy::Static | SimPolicy::StaticBackfill | SimPolicy::Synergy | SimPolicy::Antman => {
-            static_policy(cluster, jobs, state, active, config, evaluator)
+            static_policy(view, evaluator)
         }
-        _ => planner_policy(cluster, jobs, state, active, config, evaluator, round),
+        _ => planner_policy(view, evaluator, round),
     }
 }
 
 /// The policies that run the user's plan on the user's GPUs: `static` (strict FIFO),
 /// `static-backfill`, `synergy` (backfill; cores by sensitivity) and `antman`
 /// (guaranteed first, preempting best-effort jobs; GPUs only).
-fn static_policy(
-    cluster: &Cluster,
-    jobs: &[SimJob],
-    state: &[State],
-    active: &[usize],
-    config: &SimConfig,
-    evaluator: &mut Evaluator<'_>,
-) -> Vec<Option<Alloc>> {
+fn static_policy(view: &View<'_>, evaluator: &mut Evaluator<'_>) -> Vec<Option<Alloc>> {
+    let View { cluster, jobs, state, active, config } = *view;
     let mut nodes = nodes_of(cluster);
     let mut out: Vec<Option<Alloc>> = active.iter().map(|&j| state[j].alloc.clone()).collect();
     for a in out.iter().flatten() {
@@ -595,18 +593,19 @@ fn static_policy(
             SimPolicy::Antman => vec![requested_cpus, gpus],
             _ => vec![requested_cpus],
         };
+        let on_nodes = |nodes: Vec<(u32, Vec<u32>)>, cpus: u32| Current {
+            group: 0,
+            plan,
+            placement: placement.clone(),
+            nodes,
+            cpus,
+            host_memory_gib: mem,
+            rounds_since_change: 0,
+        };
         let mut placed = None;
         for cpus in core_options {
             if let Some(ix) = place_shape(&mut nodes, placement.per_node(), cpus, mem) {
-                placed = Some(Current {
-                    group: 0,
-                    plan,
-                    placement: placement.clone(),
-                    nodes: ix,
-                    cpus,
-                    host_memory_gib: mem,
-                    rounds_since_change: 0,
-                });
+                placed = Some(on_nodes(ix, cpus));
                 break;
             }
         }
@@ -626,15 +625,7 @@ fn static_policy(
                     occupy(&mut nodes, &a.current);
                 }
                 if let Some(ix) = place_shape(&mut nodes, placement.per_node(), requested_cpus, mem) {
-                    placed = Some(Current {
-                        group: 0,
-                        plan,
-                        placement: placement.clone(),
-                        nodes: ix,
-                        cpus: requested_cpus,
-                        host_memory_gib: mem,
-                        rounds_since_change: 0,
-                    });
+                    placed = Some(on_nodes(ix, requested_cpus));
                     break;
                 }
             }
@@ -660,15 +651,8 @@ fn static_policy(
     out
 }
 
-fn planner_policy(
-    cluster: &Cluster,
-    jobs: &[SimJob],
-    state: &[State],
-    active: &[usize],
-    config: &SimConfig,
-    evaluator: &mut Evaluator<'_>,
-    round: u64,
-) -> Vec<Option<Alloc>> {
+fn planner_policy(view: &View<'_>, evaluator: &mut Evaluator<'_>, round: u64) -> Vec<Option<Alloc>> {
+    let View { cluster, jobs, state, active, config } = *view;
     // Queue order becomes weight: the head of the queue counts up to twice as much.
     let mut waiting: Vec<usize> = active.iter().copied().filter(|&j| state[j].alloc.is_none()).collect();
     queue_order(&mut waiting, jobs, state, config.queue);

@@ -13,7 +13,7 @@ use rubick_core::tables::SIM_JOBS;
 use rubick_core::{Cluster, Job, JobBatch, PlanRequest};
 use rubick_io::cli::Outcome;
 use rubick_io::files::{parse_artifact, read_text};
-use rubick_io::plot::{Figure, PALETTE, drawing_error, write_figure};
+use rubick_io::plot::{Figure, PALETTE, drawing_error, legend, write_figure};
 use rubick_io::reference::{ReferenceData, read_trace};
 use serde::{Deserialize, Serialize};
 
@@ -380,14 +380,7 @@ impl Figure for CdfFigure {
                 .label(label.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         root.present().map_err(err)?;
         Ok(())
     }
@@ -450,14 +443,7 @@ impl Figure for GanttFigure<'_> {
                 .label(model.to_string())
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         root.present().map_err(err)?;
         Ok(())
     }

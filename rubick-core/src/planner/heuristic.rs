@@ -63,17 +63,19 @@ impl<'a> State<'a> {
         c.map_or(0.0, |c| self.cost(self.cand(j, c)))
     }
 
+    /// What job `j` could use in `c`'s group: the free resources and its own there.
+    fn room_for(&self, j: usize, c: usize) -> Capacity {
+        let group = self.cand(j, c).group;
+        let mut cap = self.free[group];
+        if let Some(old) = self.choice[j].map(|o| self.cand(j, o)).filter(|o| o.group == group) {
+            cap.give(old);
+        }
+        cap
+    }
+
     /// Whether job `j` could switch to `c` with the free resources (its own included).
     fn fits(&self, j: usize, c: usize) -> bool {
-        let new = self.cand(j, c);
-        let mut cap = self.free[new.group];
-        if let Some(old) = self.choice[j] {
-            let old = self.cand(j, old);
-            if old.group == new.group {
-                cap.give(old);
-            }
-        }
-        cap.fits(new)
+        self.room_for(j, c).fits(self.cand(j, c))
     }
 
     fn set(&mut self, j: usize, c: Option<usize>) {
@@ -91,13 +93,7 @@ impl<'a> State<'a> {
     /// What `j` needs in `c`'s group beyond the free resources.
     fn deficit(&self, j: usize, c: usize) -> Capacity {
         let new = self.cand(j, c);
-        let mut cap = self.free[new.group];
-        if let Some(old) = self.choice[j] {
-            let old = self.cand(j, old);
-            if old.group == new.group {
-                cap.give(old);
-            }
-        }
+        let cap = self.room_for(j, c);
         Capacity {
             gpus: (f64::from(new.gpus) - cap.gpus).max(0.0),
             cpus: (f64::from(new.cpus) - cap.cpus).max(0.0),
