@@ -157,3 +157,24 @@ fn a_job_batch_is_a_trace_too() {
     assert_eq!(summary["jobs"].as_u64(), Some(12));
     assert_eq!(summary["finished"].as_u64(), Some(12), "{}", run.stdout);
 }
+
+#[test]
+fn measured_only_keeps_the_truth_measured() {
+    let Some(reference) = reference() else { return };
+    let dir = temp();
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let trace = format!("{reference}/workloads/naive.csv");
+    let share = |extra: &[&str]| {
+        let mut args =
+            vec!["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", &trace, "--summary", "-"];
+        args.extend_from_slice(extra);
+        let run = run_in(dir.path(), "rubick-plan", &args);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let s: serde_yaml_ng::Value = serde_yaml_ng::from_str(&run.stdout).unwrap();
+        assert_eq!(s["finished"].as_u64(), Some(10));
+        s["unmeasured_share"].as_f64().unwrap()
+    };
+    let (free, measured) = (share(&[]), share(&["--measured-only"]));
+    assert!(free > 0.1, "the free planner runs unmeasured configurations here ({free})");
+    assert_eq!(measured, 0.0, "every configuration measured");
+}

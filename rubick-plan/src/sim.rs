@@ -131,6 +131,15 @@ pub struct Truth {
 }
 
 impl Truth {
+    /// Every measured configuration, for a planner limited to them.
+    pub fn measured_set(&self) -> rubick_core::planner::MeasuredSet {
+        let mut set = rubick_core::planner::MeasuredSet::default();
+        for (model, code, placement) in self.rows.keys() {
+            set.insert(model, *code, placement.clone());
+        }
+        set
+    }
+
     pub fn add(&mut self, model: &str, rows: &[MeasuredRow]) {
         for r in rows {
             self.rows.entry((model.to_owned(), r.code, r.placement.clone())).or_insert(r.iter_time_s);

@@ -78,6 +78,10 @@ pub struct SimulateArgs {
     /// trades guarantee safety for speed)
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub guarantee_keeps_layout: bool,
+    /// Offer only (plan, placement) configurations the reference measured (besides a
+    /// job's request and current allocation), so that the truth is measured
+    #[arg(long)]
+    pub measured_only: bool,
 }
 
 /// The summary of one simulation.
@@ -251,6 +255,9 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     config.milp_time_limit = Duration::from_secs_f64(args.time_limit);
     config.planner.guarantee_margin = args.guarantee_margin;
     config.planner.guarantee_keeps_layout = args.guarantee_keeps_layout;
+    if args.measured_only {
+        config.planner.measured_only = Some(std::sync::Arc::new(truth.measured_set()));
+    }
     config.planner.change_min_gain = args.change_min_gain;
     config.planner.cooldown_rounds = args.cooldown;
     config.planner.horizon_s = args.horizon;

@@ -298,7 +298,9 @@ impl<'a> Evaluator<'a> {
         let space = self.space(key, group, placement.gpus());
         let g = &self.cluster.node_groups[group];
         let mut best: Option<(Plan, f64)> = None;
-        for plan in space.iter().filter(|p| restriction.allows(p)) {
+        let measured = self.config.measured_only.clone();
+        let ok = |p: &Plan| measured.as_ref().is_none_or(|m| m.contains(&model.name, p, placement));
+        for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
             let thr = Self::throughput(model, params, g, plan, placement, cpus);
             if best.as_ref().is_none_or(|(_, b)| thr > *b) {
                 best = Some((*plan, thr));
@@ -358,7 +360,9 @@ impl<'a> Evaluator<'a> {
                 let base_cpus = self.config.base_cpus_per_gpu(&g) * n;
                 let levels = self.offload_cpu_levels(&g, placement.max_per_node());
                 let mut best: Vec<Option<(Plan, f64, u32)>> = vec![None; 1 + levels.len()];
-                for plan in space.iter().filter(|p| restriction.allows(p)) {
+                let measured = self.config.measured_only.as_deref();
+                let ok = |p: &Plan| measured.is_none_or(|m| m.contains(&model.name, p, &placement));
+                for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
                     if plan.offload == Offload::None {
                         let thr = Self::throughput(model, params, &g, plan, &placement, base_cpus);
                         if best[0].is_none_or(|(_, b, _)| thr > b) {

@@ -69,6 +69,9 @@ pub struct PlannerConfig {
     /// requested plan's layout (TP, PP, ZeRO, offload; data parallelism, accumulation
     /// and checkpointing may change): where the model extrapolates least.
     pub guarantee_keeps_layout: bool,
+    /// When set, only (plan, placement) configurations in this set are offered (besides
+    /// a job's request and current allocation): a simulation whose truth must be measured.
+    pub measured_only: Option<std::sync::Arc<MeasuredSet>>,
     /// A guaranteed job that is not running yet waits in the queue when its guarantee
     /// does not fit (admission control); once running, its guarantee holds. When false,
     /// every guaranteed job must run this round.
@@ -106,6 +109,7 @@ impl Default for PlannerConfig {
             queue_guaranteed: false,
             guarantee_margin: 0.0,
             guarantee_keeps_layout: false,
+            measured_only: None,
         }
     }
 }
@@ -373,4 +377,33 @@ pub fn current_of_assignment(
         host_memory_gib: a.nodes.iter().map(|s| s.host_memory_gib).sum(),
         rounds_since_change: a.rounds_since_change,
     }))
+}
+
+/// The (model, plan code, placement) configurations a table measured.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MeasuredSet {
+    rows: std::collections::HashSet<(String, crate::plan::PlanCode, Placement)>,
+}
+
+impl MeasuredSet {
+    pub fn insert(&mut self, model: &str, code: crate::plan::PlanCode, placement: Placement) {
+        self.rows.insert((model.to_owned(), code, placement));
+    }
+
+    /// Whether `plan` on `placement` was measured for `model` (on one GPU `ga` and
+    /// `zero-dp` are the same plan).
+    pub fn contains(&self, model: &str, plan: &Plan, placement: &Placement) -> bool {
+        use crate::plan::PlanCode;
+        let Some(code) = PlanCode::of(plan) else { return false };
+        let has = |c: PlanCode| self.rows.contains(&(model.to_owned(), c, placement.clone()));
+        has(code) || (plan.dp == 1 && code == PlanCode::Ga && has(PlanCode::ZeroDp))
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
 }
