@@ -76,7 +76,7 @@ fn evaluate_all_models_with_eight_rows_each() {
     }
     assert_eq!(num(overall, "rows"), 512.0);
     assert_eq!(num(overall, "fitted_rows"), 56.0);
-    assert!(num(overall, "mean_rel_error") <= 0.155, "{overall:?}");
+    assert!(num(overall, "mean_rel_error") <= 0.15, "{overall:?}");
     assert!(num(overall, "median_rel_error") <= 0.10, "{overall:?}");
     let models = summary["models"].as_mapping().unwrap();
     assert_eq!(models.len(), 7);
@@ -182,4 +182,36 @@ fn degenerate_profiles_are_refused() {
         assert!(!err.contains("panicked"), "{name}: {err}");
         assert!(!dir.path().join("out.yaml").exists(), "{name}: wrote output");
     }
+}
+
+/// Leave-one-out error on the K = 8 profiled rows only (no held-out row is read): how
+/// prior choices are compared without tuning on held-out data. Run by hand:
+/// `cargo test -p rubick-fit --test evaluate -- --ignored --nocapture profiled_rows_loo`.
+#[test]
+#[ignore = "a model-development aid, run by hand"]
+fn profiled_rows_loo() {
+    let Some(dir) = reference() else { return };
+    let data = rubick_io::reference::ReferenceData::open(&dir).unwrap();
+    let cluster: rubick_core::Cluster = rubick_io::load_artifact(&repo().join("data/cluster-a800-8x8.yaml")).unwrap();
+    let links = rubick_core::perfmodel::Links::from(&cluster.node_groups[0]);
+    let estimator = rubick_core::MemoryEstimator::default();
+    let mut errors = Vec::new();
+    for model in data.model_names() {
+        let spec = data.facts(model).unwrap().model_spec(model);
+        let measured = data.measured_rows(model).unwrap();
+        let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &estimator);
+        let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);
+        for i in 0..obs.len() {
+            let mut train = obs.clone();
+            let test = train.remove(i);
+            let Ok(fit) = rubick_core::fit::fit(&spec, &train, &rubick_core::fit::FitOptions::default()) else {
+                continue;
+            };
+            let pred =
+                rubick_core::perfmodel::predict(&spec, &test.plan, &test.placement, &test.links, &fit.params).total;
+            errors.push((pred - test.iter_time_s).abs() / test.iter_time_s);
+        }
+    }
+    let mean = errors.iter().sum::<f64>() / errors.len() as f64;
+    println!("LOO over profiled rows: {} rows, mean relative error {:.4}", errors.len(), mean);
 }
