@@ -68,6 +68,11 @@ impl NodeGroup {
         self.count.saturating_mul(self.gpus_per_node)
     }
 
+    /// A GPU's fair share of its node's CPU cores (at least 1).
+    pub fn fair_cpus_per_gpu(&self) -> u32 {
+        (self.cpu_cores / self.gpus_per_node.max(1)).max(1)
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
         ensure(self.count >= 1, "count", || format!("must be at least 1, got {}", self.count))?;

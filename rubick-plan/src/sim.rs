@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::{Evaluator, host_memory_gib};
-use rubick_core::planner::place::{NodeState, nodes_of};
+use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
 use rubick_core::planner::{Current, JobInput, PlannerConfig, Restriction, current_of_assignment};
 use rubick_core::reference::MeasuredRow;
 use rubick_core::space::resolve_code;
@@ -252,50 +252,26 @@ fn traced_plan(sj: &SimJob) -> Option<Plan> {
     Some(plan)
 }
 
-/// Places `per_node` (decreasing) best-fit on the nodes, with `cpus` and `mem` split by
-/// GPUs; `None` when it does not fit.
+/// Places `per_node` (decreasing) best-fit on the nodes of group 0, with `cpus` and
+/// `mem` split by GPUs; `None` when it does not fit.
 fn place_shape(nodes: &mut [NodeState], per_node: &[u32], cpus: u32, mem: f64) -> Option<Vec<(u32, Vec<u32>)>> {
-    let total: u32 = per_node.iter().sum();
-    let mut chosen: Vec<usize> = Vec::new();
-    for &g in per_node {
-        let c = cpus * g / total.max(1);
-        let m = mem * f64::from(g) / f64::from(total.max(1));
-        let best = (0..nodes.len())
-            .filter(|i| {
-                !chosen.contains(i)
-                    && nodes[*i].free_gpus() >= g
-                    && nodes[*i].cpus_free >= c
-                    && nodes[*i].mem_free + 1e-6 >= m
-            })
-            .min_by_key(|&i| (nodes[i].free_gpus(), i))?;
-        chosen.push(best);
-    }
-    let mut out = Vec::new();
-    for (&i, &g) in chosen.iter().zip(per_node) {
-        let n = &mut nodes[i];
-        let ix: Vec<u32> = (0..n.gpu_free.len() as u32).filter(|&k| n.gpu_free[k as usize]).take(g as usize).collect();
-        for &k in &ix {
-            n.gpu_free[k as usize] = false;
-        }
-        n.cpus_free -= cpus * g / total.max(1);
-        n.mem_free -= mem * f64::from(g) / f64::from(total.max(1));
-        out.push((n.index, ix));
-    }
-    Some(out)
+    let parts = layout(nodes, 0, per_node, cpus, mem, &[])?;
+    Some(parts.into_iter().map(|(node, g, c, m)| (nodes[node].index, take(nodes, node, g, c, m, None).gpus)).collect())
 }
 
+/// Marks a running job's resources as used (cores and memory split as placement does).
 fn occupy(nodes: &mut [NodeState], c: &Current) {
-    let total = c.placement.gpus().max(1);
-    for (idx, ix) in &c.nodes {
+    let counts: Vec<u32> = c.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
+    let total = counts.iter().sum::<u32>().max(1);
+    for ((idx, ix), cores) in c.nodes.iter().zip(split(c.cpus, &counts)) {
         if let Some(n) = nodes.iter_mut().find(|n| n.group == c.group && n.index == *idx) {
             for &k in ix {
                 if let Some(f) = n.gpu_free.get_mut(k as usize) {
                     *f = false;
                 }
             }
-            let g = ix.len() as u32;
-            n.cpus_free = n.cpus_free.saturating_sub(c.cpus * g / total);
-            n.mem_free -= c.host_memory_gib * f64::from(g) / f64::from(total);
+            n.cpus_free = n.cpus_free.saturating_sub(cores);
+            n.mem_free -= c.host_memory_gib * f64::from(ix.len() as u32) / f64::from(total);
         }
     }
 }
@@ -564,7 +540,7 @@ fn static_policy(view: &View<'_>, evaluator: &mut Evaluator<'_>) -> Vec<Option<A
         waiting.sort_by_key(|&j| !jobs[j].job.guaranteed);
     }
     let g = &cluster.node_groups[0];
-    let fair = (g.cpu_cores / g.gpus_per_node).max(1);
+    let fair = g.fair_cpus_per_gpu();
     for j in waiting {
         let job = &jobs[j].job;
         let placement = Placement::packed(job.request.gpus, g.gpus_per_node);
@@ -673,9 +649,9 @@ fn planner_policy(view: &View<'_>, evaluator: &mut Evaluator<'_>, round: u64) ->
             let mut job = sj.job.clone();
             job.iterations = state[j].remaining.ceil().max(1.0) as u64;
             let allowed = match config.policy {
-                SimPolicy::RubickNoPlan => request_plan(&job, cluster).map_or(Restriction::Any, |p| {
-                    Restriction::Layout { tp: p.tp, pp: p.pp, zero: p.zero, offload: p.offload }
-                }),
+                SimPolicy::RubickNoPlan => {
+                    request_plan(&job, cluster).map_or(Restriction::Any, |p| Restriction::layout_of(&p))
+                }
                 _ => Restriction::Any,
             };
             let priority =

@@ -76,7 +76,7 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
     let now = 3600.0;
     let mut guaranteed_gpus = 0;
     // Requests and running jobs take the node's fair share of cores per GPU.
-    let fair = (group.cpu_cores / group.gpus_per_node).clamp(1, 12);
+    let fair = group.fair_cpus_per_gpu().min(12);
     for i in 0..count {
         let t = &templates.jobs[*rng.weighted(&weights)];
         let mut job = t.clone();

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rubick_core::artifact::to_yaml;
-use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{CurveBook, JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
+use rubick_core::planner::curves;
+use rubick_core::planner::{JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_core::{Artifact, Cluster};
 use rubick_plan::round::{Policy, RoundResult, plan_round};
@@ -42,11 +42,6 @@ fn instance(
     )
     .expect("inputs");
     (cluster, inputs, config)
-}
-
-fn book_of(cluster: &Cluster, config: &PlannerConfig, inputs: &[JobInput]) -> CurveBook {
-    let mut ev = Evaluator::new(cluster, config);
-    CurveBook::new(inputs.iter().map(|i| ev.job_curves(i, None)).collect(), cluster)
 }
 
 /// Node capacity, gang, global batch and checkpoint rules of one schedule.
@@ -113,7 +108,7 @@ proptest! {
         jobs in 1u32..=6,
     ) {
         let (cluster, inputs, config) = instance(seed, nodes, per_node, cores, mem.round(), jobs);
-        let book = book_of(&cluster, &config, &inputs);
+        let book = curves::build(&cluster, &config, &inputs);
         // Jobs in their cooldown keep their allocation unless guarantees need them.
         let best = brute::solve(&book).or_else(|| {
             let mut soft = book.clone();
@@ -189,7 +184,7 @@ fn show_instance() {
         var("MEM", 1600.0),
         var("JOBS", 4.0) as u32,
     );
-    let book = book_of(&cluster, &config, &inputs);
+    let book = curves::build(&cluster, &config, &inputs);
     for (jc, i) in book.jobs.iter().zip(&inputs) {
         println!(
             "{} guaranteed={} locked={} req={:.3} current={:?}",

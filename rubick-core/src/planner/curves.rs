@@ -73,6 +73,18 @@ impl Candidate {
     }
 }
 
+/// A job's own request as a configuration.
+#[derive(Debug, Clone)]
+struct RequestConfig {
+    group: usize,
+    /// The user's plan, when the request names one that resolves.
+    plan: Option<Plan>,
+    placement: Placement,
+    cpus: u32,
+    /// Predicted samples per second (of the best plan when the user gave none).
+    throughput: f64,
+}
+
 /// A point of a curve as the `curves` command shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CurvePoint {
@@ -230,7 +242,7 @@ impl<'a> Evaluator<'a> {
     /// CPU cores per GPU the options of offloading plans offer on a group: half, all
     /// and twice the node's fair share, within the node.
     fn offload_cpu_levels(&self, group: &NodeGroup, max_per_node: u32) -> Vec<u32> {
-        let fair = (group.cpu_cores / group.gpus_per_node).max(1);
+        let fair = group.fair_cpus_per_gpu();
         let mut levels: Vec<u32> = [fair / 2, fair, fair * 2]
             .into_iter()
             .map(|l| l.max(self.config.base_cpus_per_gpu(group)))
@@ -277,7 +289,7 @@ impl<'a> Evaluator<'a> {
     fn throughput_with_cpus(model: &ModelSpec, group: &NodeGroup, plan: &Plan, pred: &Prediction, cpus: u32) -> f64 {
         let mut t = pred.total;
         if plan.offload != Offload::None {
-            let fair = f64::from((group.cpu_cores / group.gpus_per_node).max(1));
+            let fair = f64::from(group.fair_cpus_per_gpu());
             let per_gpu = f64::from(cpus.max(1)) / f64::from(plan.gpus().max(1));
             t += pred.optimizer * ((fair / per_gpu).clamp(0.5, 8.0) - 1.0);
         }
@@ -406,16 +418,9 @@ impl<'a> Evaluator<'a> {
         (cap, entry)
     }
 
-    /// Throughput of the job's own request: its plan (or the best one) on its GPUs
+    /// The job's own request as a configuration: its plan (or the best one) on its GPUs
     /// packed onto the first group that can hold them, with its cores.
-    pub fn request_throughput(&mut self, input: &JobInput) -> Option<f64> {
-        self.request_config(input).map(|r| r.5)
-    }
-
-    /// The job's own request as a configuration: (group, plan when the user gave one,
-    /// placement, cores, the plan evaluated, throughput).
-    #[allow(clippy::type_complexity)]
-    fn request_config(&mut self, input: &JobInput) -> Option<(usize, Option<Plan>, Placement, u32, Plan, f64)> {
+    fn request_config(&mut self, input: &JobInput) -> Option<RequestConfig> {
         let job = &input.job;
         let (group, g) = eligible_groups(job, self.cluster)
             .find(|(_, g)| g.total_gpus() >= job.request.gpus)
@@ -423,7 +428,7 @@ impl<'a> Evaluator<'a> {
         let g = g.clone();
         let gpus = job.request.gpus.min(g.total_gpus());
         let placement = Placement::packed(gpus, g.gpus_per_node)?;
-        let fair = (g.cpu_cores / g.gpus_per_node).max(1);
+        let fair = g.fair_cpus_per_gpu();
         let cpus = job.request.cpus.unwrap_or(fair * gpus);
         let plan = match job.request.plan {
             Some(PlanRequest::Exact(p)) if p.gpus() == gpus => Some(p),
@@ -432,12 +437,12 @@ impl<'a> Evaluator<'a> {
         };
         match plan {
             Some(plan) => {
-                let thr = Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus);
-                Some((group, Some(plan), placement, cpus, plan, thr))
+                let throughput = Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus);
+                Some(RequestConfig { group, plan: Some(plan), placement, cpus, throughput })
             }
             None => self
                 .best_plan(&job.model, &input.params, group, &placement, cpus, Restriction::Any)
-                .map(|(plan, thr)| (group, None, placement, cpus, plan, thr)),
+                .map(|(_, throughput)| RequestConfig { group, plan: None, placement, cpus, throughput }),
         }
     }
 
@@ -523,7 +528,9 @@ impl<'a> Evaluator<'a> {
         // A guaranteed job may always run exactly as it asked (when its plan fits and
         // its checkpoints allow it): that configuration meets the guarantee whatever
         // the model's error.
-        if let (true, false, Some((group, Some(plan), placement, cpus, _, thr))) = (job.guaranteed, locked, &request) {
+        if let (true, false, Some(RequestConfig { group, plan: Some(plan), placement, cpus, throughput: thr })) =
+            (job.guaranteed, locked, &request)
+        {
             let g = &self.cluster.node_groups[*group];
             let mem = host_memory_gib(&config, g, &job.model, plan);
             let share = f64::from(placement.max_per_node()) / f64::from(placement.gpus().max(1));
@@ -551,14 +558,9 @@ impl<'a> Evaluator<'a> {
                 }
             }
         }
-        let request_layout = request.as_ref().and_then(|r| r.1).map(|p| Restriction::Layout {
-            tp: p.tp,
-            pp: p.pp,
-            zero: p.zero,
-            offload: p.offload,
-        });
+        let request_layout = request.as_ref().and_then(|r| r.plan).map(|p| Restriction::layout_of(&p));
         let request_throughput = request
-            .map(|r| r.5)
+            .map(|r| r.throughput)
             .filter(|t| t.is_finite() && *t > 0.0)
             .or_else(|| candidates.iter().map(|c| c.throughput).reduce(f64::max))
             .unwrap_or(1.0);

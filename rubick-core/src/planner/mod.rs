@@ -82,7 +82,7 @@ impl PlannerConfig {
     /// Cores per GPU every job gets on a group: the configured minimum, or the node's
     /// fair share when that is lower.
     pub fn base_cpus_per_gpu(&self, group: &NodeGroup) -> u32 {
-        self.min_cpus_per_gpu.min(group.cpu_cores / group.gpus_per_node.max(1)).max(1)
+        self.min_cpus_per_gpu.min(group.fair_cpus_per_gpu())
     }
 
     /// Host memory per GPU every job gets on a group (GiB), likewise.
@@ -152,9 +152,7 @@ impl JobInput {
     pub fn restriction(&self) -> Restriction {
         match (&self.current, self.job.resharding) {
             (None, _) | (Some(_), Resharding::Full) => self.allowed,
-            (Some(c), Resharding::DataParallel) => {
-                Restriction::Layout { tp: c.plan.tp, pp: c.plan.pp, zero: c.plan.zero, offload: c.plan.offload }
-            }
+            (Some(c), Resharding::DataParallel) => Restriction::layout_of(&c.plan),
             (Some(c), Resharding::None) => Restriction::Exact(c.plan),
         }
     }
@@ -199,6 +197,11 @@ pub enum Restriction {
 }
 
 impl Restriction {
+    /// The plans with `plan`'s TP, PP, ZeRO stage and offload.
+    pub fn layout_of(plan: &Plan) -> Self {
+        Restriction::Layout { tp: plan.tp, pp: plan.pp, zero: plan.zero, offload: plan.offload }
+    }
+
     pub fn allows(&self, plan: &Plan) -> bool {
         match *self {
             Restriction::Any => true,
@@ -269,23 +272,6 @@ pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
         .sum()
 }
 
-/// Whether a choice respects every group's capacity and every job's obligations
-/// (guaranteed and locked jobs hold a candidate).
-pub fn feasible(book: &CurveBook, choice: &[Option<usize>]) -> bool {
-    let mut free: Vec<Capacity> = book.capacity.clone();
-    for (j, c) in choice.iter().enumerate() {
-        match c {
-            None if book.jobs[j].must_run => return false,
-            None => {}
-            Some(c) => {
-                let cand = &book.jobs[j].candidates[*c];
-                free[cand.group].take(cand);
-            }
-        }
-    }
-    free.iter().all(|f| f.gpus >= -1e-9 && f.cpus >= -1e-9 && f.mem >= -1e-6)
-}
-
 /// The (group, index) of a node named `<group>-<index>`.
 pub fn node_by_name(cluster: &Cluster, name: &str) -> Option<(usize, u32)> {
     cluster.node_groups.iter().enumerate().find_map(|(gi, g)| {
@@ -324,7 +310,7 @@ pub fn current_of_job(
     };
     let g = &cluster.node_groups[group];
     let gpus = cur.placement.gpus();
-    let fair = (g.cpu_cores / g.gpus_per_node).max(1);
+    let fair = g.fair_cpus_per_gpu();
     let host = curves::host_memory_gib(config, g, &job.model, &cur.plan);
     Ok(Some(Current {
         group,
@@ -397,13 +383,5 @@ impl MeasuredSet {
         let Some(code) = PlanCode::of(plan) else { return false };
         let has = |c: PlanCode| self.rows.contains(&(model.to_owned(), c, placement.clone()));
         has(code) || (plan.dp == 1 && code == PlanCode::Ga && has(PlanCode::ZeroDp))
-    }
-
-    pub fn len(&self) -> usize {
-        self.rows.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
     }
 }

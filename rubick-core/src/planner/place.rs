@@ -72,14 +72,12 @@ pub struct Placed {
     pub cpus: u32,
     pub host_memory_gib: f64,
     pub throughput: f64,
-    /// The candidate it realises; `None` when the plan was re-chosen for a spread.
-    pub candidate: Option<usize>,
     /// Why the placement differs from the decision, if it does.
     pub note: Option<String>,
 }
 
 /// Splits `total` over parts proportionally to `weights` (largest remainders first).
-fn split(total: u32, weights: &[u32]) -> Vec<u32> {
+pub fn split(total: u32, weights: &[u32]) -> Vec<u32> {
     let sum: u32 = weights.iter().sum::<u32>().max(1);
     let mut out: Vec<u32> =
         weights.iter().map(|w| (u64::from(total) * u64::from(*w) / u64::from(sum)) as u32).collect();
@@ -93,7 +91,9 @@ fn split(total: u32, weights: &[u32]) -> Vec<u32> {
     out
 }
 
-fn take(nodes: &mut [NodeState], node: usize, gpus: u32, cpus: u32, mem: f64, exact: Option<&[u32]>) -> Share {
+/// Takes `gpus` GPUs (the lowest free indices, or exactly `exact`), `cpus` cores and
+/// `mem` GiB of memory on node `node`.
+pub fn take(nodes: &mut [NodeState], node: usize, gpus: u32, cpus: u32, mem: f64, exact: Option<&[u32]>) -> Share {
     let n = &mut nodes[node];
     let picked: Vec<u32> = match exact {
         Some(ix) => ix.to_vec(),
@@ -107,8 +107,9 @@ fn take(nodes: &mut [NodeState], node: usize, gpus: u32, cpus: u32, mem: f64, ex
     Share { node, gpus: picked, cpus, mem }
 }
 
-/// Chooses a node for every part of `per_node` (decreasing), or `None`.
-fn layout(
+/// Chooses a node for every part of `per_node` (decreasing), best fit, preferring the
+/// nodes in `prefer`: (node, GPUs, cores, memory) per part, or `None`.
+pub fn layout(
     nodes: &[NodeState],
     group: usize,
     per_node: &[u32],
@@ -249,7 +250,6 @@ pub fn place(
             cpus: cur.cpus,
             host_memory_gib: cur.host_memory_gib,
             throughput: cand.throughput,
-            candidate: Some(c),
             note: None,
         });
     }
@@ -292,7 +292,6 @@ pub fn place(
                     cpus: cand.cpus,
                     host_memory_gib: cand.host_memory_gib,
                     throughput: cand.throughput,
-                    candidate: Some(k),
                     note: note("took a smaller configuration"),
                 });
                 break;
@@ -329,7 +328,6 @@ pub fn place(
                     cpus: cand.cpus,
                     host_memory_gib: cand.host_memory_gib,
                     throughput: thr,
-                    candidate: None,
                     note: Some(format!(
                         "spread as {placement} (fragmentation left no {} layout); plan re-chosen for it",
                         cand.placement

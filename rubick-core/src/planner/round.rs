@@ -5,14 +5,13 @@ use crate::schedule::{Assignment, Change, GuaranteeStatus, NodeShare, Schedule, 
 
 use super::JobInput;
 use super::curves::{CurveBook, Evaluator};
-use super::place::{NodeState, Placed, place};
+use super::place::{NodeState, place};
 
 /// The schedule of a decision, and one explanation line per job.
 #[derive(Debug)]
 pub struct Outcome {
     pub schedule: Schedule,
     pub explain: Vec<String>,
-    pub placed: Vec<Option<Placed>>,
     /// The nodes' free resources after placement.
     pub nodes: Vec<NodeState>,
 }
@@ -144,7 +143,7 @@ pub fn assemble(
         objective: round6(objective),
         solver,
     };
-    Outcome { schedule, explain, placed, nodes }
+    Outcome { schedule, explain, nodes }
 }
 
 /// Six significant decimals: plans print the same on every platform.
