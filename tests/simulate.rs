@@ -52,6 +52,7 @@ fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
         "static-backfill",
         "synergy",
         "antman",
+        "elastic",
         "rubick-no-plan",
         "rubick-no-resize",
     ] {

@@ -43,8 +43,13 @@ pub enum SimPolicy {
     /// AntMan (Xiao et al., OSDI 2020): guaranteed jobs first, preempting best-effort
     /// ones; the user's plan and GPUs; GPUs are the only resource it manages.
     Antman,
-    /// Ablation: Rubick without plan changes (resources only: the user's plan layout,
-    /// elastic data parallelism, as Pollux/Sia; Qiao et al. OSDI 2021).
+    /// Pollux/Sia-style elastic training (Qiao et al., OSDI 2021; Jayaram Subramanya
+    /// et al., SOSP 2023): the GPU count adapts (elastic data parallelism within the
+    /// user's plan layout), the plan is fixed, cores follow GPUs (the node's fair
+    /// share per GPU).
+    Elastic,
+    /// Ablation: Rubick without plan changes (resources only: GPUs, cores and memory
+    /// within the user's plan layout).
     RubickNoPlan,
     /// Ablation: Rubick without resizing (plans only, the requested GPU count).
     RubickNoResize,
@@ -59,6 +64,7 @@ impl SimPolicy {
             SimPolicy::StaticBackfill => "static-backfill",
             SimPolicy::Synergy => "synergy",
             SimPolicy::Antman => "antman",
+            SimPolicy::Elastic => "elastic",
             SimPolicy::RubickNoPlan => "rubick-no-plan",
             SimPolicy::RubickNoResize => "rubick-no-resize",
         }
@@ -333,6 +339,7 @@ pub fn simulate(
     let deadline = jobs.iter().map(|j| j.job.submit_time_s).fold(0.0, f64::max) + 90.0 * 86_400.0;
     planner_config.default_restart_s = config.restart_penalty_s;
     planner_config.fixed_gpus = config.policy == SimPolicy::RubickNoResize;
+    planner_config.fair_cores_only |= config.policy == SimPolicy::Elastic;
     let mut evaluator = Evaluator::new(cluster, &planner_config);
     let mut t = order.first().map_or(0.0, |&j| (jobs[j].job.submit_time_s / round).ceil() * round);
     let mut next_arrival = 0; // index into `order`
@@ -387,6 +394,17 @@ pub fn simulate(
                 };
                 if differs {
                     if let Some(new) = &alloc {
+                        let (iter_s, measured) = true_iter_s(&jobs[j], truth, cluster, &new.current);
+                        tracing::debug!(
+                            "t={t}: {} -> {} on {} with {} cores ({:.3} samples/s, {}; request {} GPUs)",
+                            jobs[j].job.name,
+                            new.current.plan,
+                            new.current.placement,
+                            new.current.cpus,
+                            jobs[j].job.model.global_batch as f64 / iter_s,
+                            if measured { "measured" } else { "predicted" },
+                            jobs[j].job.request.gpus
+                        );
                         if s.alloc.is_some() || s.first_start.is_some() {
                             s.restarts += 1;
                         }
@@ -395,6 +413,9 @@ pub fn simulate(
                         }
                         s.first_start.get_or_insert(t);
                         s.penalty_until = t + config.restart_penalty_s;
+                    }
+                    if alloc.is_none() {
+                        tracing::debug!("t={t}: {} paused", jobs[j].job.name);
                     }
                     s.alloc = alloc.map(|mut a| {
                         a.current.rounds_since_change = 0;
@@ -649,7 +670,7 @@ fn planner_policy(view: &View<'_>, evaluator: &mut Evaluator<'_>, round: u64) ->
             let mut job = sj.job.clone();
             job.iterations = state[j].remaining.ceil().max(1.0) as u64;
             let allowed = match config.policy {
-                SimPolicy::RubickNoPlan => {
+                SimPolicy::RubickNoPlan | SimPolicy::Elastic => {
                     request_plan(&job, cluster).map_or(Restriction::Any, |p| Restriction::layout_of(&p))
                 }
                 _ => Restriction::Any,

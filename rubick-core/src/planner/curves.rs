@@ -116,6 +116,10 @@ pub struct JobCurves {
     pub candidates: Vec<Candidate>,
     /// Index of the current allocation in `candidates`.
     pub current: Option<usize>,
+    /// Value of holding no candidate: 0 for a queued job; for a running job, pausing
+    /// is a change like any other and pays the minimum gain (minus `change_min_gain`),
+    /// so that pausing is never cheaper than shrinking.
+    pub pause_value: f64,
 }
 
 /// The candidates of every job of a round, in the batch's order, and what each node
@@ -240,9 +244,13 @@ impl<'a> Evaluator<'a> {
     }
 
     /// CPU cores per GPU the options of offloading plans offer on a group: half, all
-    /// and twice the node's fair share, within the node.
+    /// and twice the node's fair share, within the node (only the fair share when
+    /// cores are not a decision).
     fn offload_cpu_levels(&self, group: &NodeGroup, max_per_node: u32) -> Vec<u32> {
         let fair = group.fair_cpus_per_gpu();
+        if self.config.fair_cores_only {
+            return vec![fair.min(group.cpu_cores / max_per_node.max(1)).max(1)];
+        }
         let mut levels: Vec<u32> = [fair / 2, fair, fair * 2]
             .into_iter()
             .map(|l| l.max(self.config.base_cpus_per_gpu(group)))
@@ -611,6 +619,7 @@ impl<'a> Evaluator<'a> {
             weight,
             candidates,
             current,
+            pause_value: if input.current.is_some() { -config.change_min_gain } else { 0.0 },
         }
     }
 }

@@ -72,6 +72,9 @@ pub struct PlannerConfig {
     /// When set, only (plan, placement) configurations in this set are offered (besides
     /// a job's request and current allocation): a simulation whose truth must be measured.
     pub measured_only: Option<std::sync::Arc<MeasuredSet>>,
+    /// Cores are not a decision: every job gets the node's fair share of cores per GPU
+    /// (a GPU-only scheduler's allocation, e.g. Pollux/Sia's elastic data parallelism).
+    pub fair_cores_only: bool,
     /// A guaranteed job that is not running yet waits in the queue when its guarantee
     /// does not fit (admission control); once running, its guarantee holds. When false,
     /// every guaranteed job must run this round.
@@ -82,6 +85,9 @@ impl PlannerConfig {
     /// Cores per GPU every job gets on a group: the configured minimum, or the node's
     /// fair share when that is lower.
     pub fn base_cpus_per_gpu(&self, group: &NodeGroup) -> u32 {
+        if self.fair_cores_only {
+            return group.fair_cpus_per_gpu();
+        }
         self.min_cpus_per_gpu.min(group.fair_cpus_per_gpu())
     }
 
@@ -110,6 +116,7 @@ impl Default for PlannerConfig {
             guarantee_margin: 0.0,
             guarantee_keeps_layout: false,
             measured_only: None,
+            fair_cores_only: false,
         }
     }
 }
@@ -265,9 +272,9 @@ pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
     choice
         .iter()
         .enumerate()
-        .filter_map(|(j, c)| {
+        .map(|(j, c)| {
             let jc = &book.jobs[j];
-            c.map(|c| jc.candidates[c].value - if jc.locked { curves::LOCK_BONUS } else { 0.0 })
+            c.map_or(jc.pause_value, |c| jc.candidates[c].value - if jc.locked { curves::LOCK_BONUS } else { 0.0 })
         })
         .sum()
 }
