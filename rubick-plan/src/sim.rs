@@ -78,7 +78,9 @@ pub enum Queue {
     Fifo,
     /// Least attained service (GPU-seconds so far; Tiresias): needs no job sizes.
     Las,
-    /// Shortest remaining work first (from the iterations a job declares).
+    /// Shortest remaining work first: the iterations a job has left times the
+    /// predicted GPU-seconds of one on its request (the 2-D counterpart of LAS's
+    /// attained GPU-seconds). Rubick's policies weigh every job by it, running ones too.
     Srpt,
 }
 
@@ -183,6 +185,15 @@ struct State {
     unmeasured_s: f64,
     /// Required samples/s (truth of the request), for guaranteed jobs.
     required: f64,
+    /// Predicted GPU-seconds per iteration on the request (belief): remaining work.
+    work_per_iter: f64,
+}
+
+impl State {
+    /// Predicted GPU-seconds of work left on the job's request (what `srpt` orders by).
+    fn remaining_work(&self) -> f64 {
+        self.remaining * self.work_per_iter
+    }
 }
 
 /// Per-job outcome.
@@ -288,7 +299,7 @@ fn queue_order(ids: &mut [usize], jobs: &[SimJob], state: &[State], queue: Queue
         let key = |j: usize| match queue {
             Queue::Fifo => jobs[j].job.submit_time_s,
             Queue::Las => state[j].gpu_s,
-            Queue::Srpt => state[j].remaining * jobs[j].job.model.global_batch as f64,
+            Queue::Srpt => state[j].remaining_work(),
         };
         key(a).total_cmp(&key(b)).then(jobs[a].job.submit_time_s.total_cmp(&jobs[b].job.submit_time_s)).then(a.cmp(&b))
     });
@@ -309,6 +320,23 @@ pub fn simulate(
         .iter()
         .map(|j| State { remaining: j.job.iterations as f64, guarantee_held: true, ..State::default() })
         .collect();
+    // Remaining work as the policies see it: iterations x predicted GPU-seconds per
+    // iteration on the request.
+    {
+        let g = &cluster.node_groups[0];
+        let mut evaluator = Evaluator::new(cluster, &config.planner);
+        for (j, sj) in jobs.iter().enumerate() {
+            let job = &sj.job;
+            let placement = Placement::packed(job.request.gpus, g.gpus_per_node);
+            let cpus = job.request.cpus.unwrap_or(g.fair_cpus_per_gpu() * job.request.gpus);
+            let thr = placement.as_ref().and_then(|p| match request_plan(job, cluster).or_else(|| traced_plan(sj)) {
+                Some(plan) => Some(Evaluator::throughput(&job.model, &sj.params, g, &plan, p, cpus)),
+                None => evaluator.best_plan(&job.model, &sj.params, 0, p, cpus, Restriction::Any).map(|(_, t)| t),
+            });
+            let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
+            state[j].work_per_iter = job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1));
+        }
+    }
     // Required throughput of guaranteed jobs: the truth of their request.
     for (j, job) in jobs.iter().enumerate() {
         if let (true, Some(plan), Some(placement)) = (
@@ -663,6 +691,11 @@ fn planner_policy(view: &View<'_>, evaluator: &mut Evaluator<'_>, round: u64) ->
     let mut waiting: Vec<usize> = active.iter().copied().filter(|&j| state[j].alloc.is_none()).collect();
     queue_order(&mut waiting, jobs, state, config.queue);
     let rank: HashMap<usize, usize> = waiting.iter().enumerate().map(|(r, &j)| (j, r)).collect();
+    let median_work = {
+        let mut w: Vec<f64> = active.iter().map(|&j| state[j].remaining_work()).collect();
+        w.sort_by(f64::total_cmp);
+        w.get(w.len() / 2).copied().unwrap_or(1.0).max(1.0)
+    };
     let inputs: Vec<JobInput> = active
         .iter()
         .map(|&j| {
@@ -675,8 +708,14 @@ fn planner_policy(view: &View<'_>, evaluator: &mut Evaluator<'_>, round: u64) ->
                 }
                 _ => Restriction::Any,
             };
-            let priority =
-                rank.get(&j).map_or(1.0, |&r| 1.0 + (waiting.len() - r) as f64 / waiting.len().max(1) as f64);
+            let priority = match config.queue {
+                // Shortest remaining work first: every job, running ones too, weighs
+                // by the median remaining work over its own (Smith's rule: the
+                // objective then counts the share of remaining work done per second),
+                // within 1/16..16.
+                Queue::Srpt => (median_work / state[j].remaining_work().max(1.0)).clamp(1.0 / 16.0, 16.0),
+                _ => rank.get(&j).map_or(1.0, |&r| 1.0 + (waiting.len() - r) as f64 / waiting.len().max(1) as f64),
+            };
             JobInput {
                 job,
                 params: sj.params.clone(),
