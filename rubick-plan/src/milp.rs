@@ -3,8 +3,7 @@
 //!
 //! One binary `x[j, c]` per job and candidate, maximising `sum value[j, c] x[j, c]`
 //! (normalised throughput, with each running job's restart and minimum-gain cost
-//! already in the value of the candidates that change it; a running job that holds
-//! nothing is worth its `pause_value`, so columns carry `value - pause_value`) subject to
+//! already in the value of the candidates that change it) subject to
 //!
 //! * `sum_c x[j, c] <= 1` per job, `= 1` for guaranteed and locked jobs (a guaranteed
 //!   job's candidates all meet its guarantee, a locked job's is its current one);
@@ -52,9 +51,7 @@ pub fn solve(
     let mut cols = Vec::new(); // (job, candidate, column)
     for (j, jc) in book.jobs.iter().enumerate() {
         for (c, cand) in jc.candidates.iter().enumerate() {
-            // Holding nothing is worth `pause_value` (a running job's pause pays the
-            // minimum gain): the objective is offset by it.
-            cols.push((j, c, pb.add_integer_column(cand.value - jc.pause_value, 0..=1)));
+            cols.push((j, c, pb.add_integer_column(cand.value, 0..=1)));
         }
     }
     let mut start = 0;

@@ -13,11 +13,8 @@ pub fn solve(book: &CurveBook) -> Option<(f64, Vec<Option<usize>>)> {
     let mut bound = vec![0.0; n + 1];
     for j in (0..n).rev() {
         let jc = &book.jobs[j];
-        let top = jc
-            .candidates
-            .iter()
-            .map(|c| c.value)
-            .fold(if jc.must_run { f64::NEG_INFINITY } else { jc.pause_value }, f64::max);
+        let top =
+            jc.candidates.iter().map(|c| c.value).fold(if jc.must_run { f64::NEG_INFINITY } else { 0.0 }, f64::max);
         bound[j] = bound[j + 1] + if top.is_finite() { top } else { 0.0 };
     }
     let mut free: Vec<Capacity> = book.capacity.clone();
@@ -56,6 +53,6 @@ fn dfs(
         }
     }
     if !jc.must_run {
-        dfs(book, j + 1, value + jc.pause_value, bound, free, choice, best);
+        dfs(book, j + 1, value, bound, free, choice, best);
     }
 }

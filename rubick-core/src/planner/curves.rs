@@ -116,10 +116,6 @@ pub struct JobCurves {
     pub candidates: Vec<Candidate>,
     /// Index of the current allocation in `candidates`.
     pub current: Option<usize>,
-    /// Value of holding no candidate: 0 for a queued job; for a running job, pausing
-    /// is a change like any other and pays the minimum gain (minus `change_min_gain`),
-    /// so that pausing is never cheaper than shrinking.
-    pub pause_value: f64,
 }
 
 /// The candidates of every job of a round, in the batch's order, and what each node
@@ -619,7 +615,6 @@ impl<'a> Evaluator<'a> {
             weight,
             candidates,
             current,
-            pause_value: if input.current.is_some() { -config.change_min_gain } else { 0.0 },
         }
     }
 }

@@ -50,7 +50,7 @@ impl<'a> State<'a> {
     }
 
     fn value(&self, j: usize, c: Option<usize>) -> f64 {
-        c.map_or(self.book.jobs[j].pause_value, |c| self.cand(j, c).value)
+        c.map_or(0.0, |c| self.cand(j, c).value)
     }
 
     fn cost(&self, c: &Candidate) -> f64 {

@@ -272,9 +272,9 @@ pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
     choice
         .iter()
         .enumerate()
-        .map(|(j, c)| {
+        .filter_map(|(j, c)| {
             let jc = &book.jobs[j];
-            c.map_or(jc.pause_value, |c| jc.candidates[c].value - if jc.locked { curves::LOCK_BONUS } else { 0.0 })
+            c.map(|c| jc.candidates[c].value - if jc.locked { curves::LOCK_BONUS } else { 0.0 })
         })
         .sum()
 }
