@@ -179,3 +179,77 @@ fn measured_only_keeps_the_truth_measured() {
     assert!(free > 0.1, "the free planner runs unmeasured configurations here ({free})");
     assert_eq!(measured, 0.0, "every configuration measured");
 }
+
+#[test]
+fn srpt_orders_by_predicted_remaining_gpu_time() {
+    let Some(reference) = reference() else { return };
+    let dir = temp();
+    // Both want the whole cluster. The ViT job has 160x the samples left but a small
+    // fraction of the GPU-time: shortest remaining work first starts it first.
+    std::fs::write(
+        dir.path().join("two.yaml"),
+        "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n\
+         - name: big-batch\n  model: { name: vit, parameters: 85952456, layers: 12, hidden: 768, heads: 12, seqLen: 1024, globalBatch: 64 }\n  iterations: 10000\n  submitTimeS: 0\n  request: { gpus: 64, plan: zero-dp }\n\
+         - name: long\n  model: { name: llama30, layers: 24, hidden: 1536, heads: 16, seqLen: 1024, globalBatch: 4 }\n  iterations: 1000\n  submitTimeS: 0\n  request: { gpus: 64, plan: \"444\" }\n",
+    )
+    .unwrap();
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &[
+            "simulate",
+            "--cluster",
+            &cluster,
+            "--reference",
+            &reference,
+            "--trace",
+            "two.yaml",
+            "--policy",
+            "static",
+            "--queue",
+            "srpt",
+            "--summary",
+            "s.yaml",
+            "--jobs-out",
+            "-",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let start = |name: &str| -> f64 {
+        let line = run.stdout.lines().find(|l| l.starts_with(&format!("{name},"))).unwrap();
+        line.split(',').nth(3).unwrap().parse().unwrap()
+    };
+    assert!(start("big-batch") < start("long"), "{}", run.stdout);
+}
+
+#[test]
+fn a_pessimistic_truth_slows_only_unmeasured_configurations() {
+    let Some(reference) = reference() else { return };
+    let dir = temp();
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let trace = format!("{reference}/workloads/naive.csv");
+    let sim = |extra: &[&str]| {
+        let mut args =
+            vec!["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", &trace, "--summary", "-"];
+        args.extend_from_slice(extra);
+        run_in(dir.path(), "rubick-plan", &args)
+    };
+    let summary = |run: &rubick_tests::Run| -> serde_yaml_ng::Value {
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        serde_yaml_ng::from_str(&run.stdout).unwrap()
+    };
+    // Everything measured: the slowdown changes nothing but the record of it.
+    let (a, b) =
+        (summary(&sim(&["--measured-only"])), summary(&sim(&["--measured-only", "--unmeasured-slowdown", "0.5"])));
+    assert_eq!(a["avg_jct_s"], b["avg_jct_s"]);
+    assert_eq!(a["jct_s"], b["jct_s"]);
+    assert_eq!(b["unmeasured_slowdown"].as_f64(), Some(0.5));
+    // Unmeasured configurations run: they take longer.
+    let (a, b) = (summary(&sim(&[])), summary(&sim(&["--unmeasured-slowdown", "0.5"])));
+    assert!(a["unmeasured_share"].as_f64().unwrap() > 0.1);
+    assert!(b["gpu_hours"].as_f64().unwrap() > a["gpu_hours"].as_f64().unwrap(), "{a:?}\n{b:?}");
+    let bad = sim(&["--unmeasured-slowdown", "1.5"]);
+    assert_eq!(bad.code, Some(2));
+    assert!(bad.stderr.contains("--unmeasured-slowdown"), "{}", bad.stderr);
+}

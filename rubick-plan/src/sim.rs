@@ -93,6 +93,9 @@ pub struct SimConfig {
     pub queue: Queue,
     pub planner: PlannerConfig,
     pub milp_time_limit: Duration,
+    /// Unmeasured configurations run this share slower than predicted (a pessimistic
+    /// truth; 0: the prediction is the truth).
+    pub unmeasured_slowdown: f64,
 }
 
 impl SimConfig {
@@ -117,6 +120,7 @@ impl SimConfig {
                 ..PlannerConfig::default()
             },
             milp_time_limit: Duration::from_secs(2),
+            unmeasured_slowdown: 0.0,
         }
     }
 }
@@ -231,13 +235,13 @@ pub struct SimResult {
 }
 
 /// The truth's iteration time of a job's allocation, and whether it was measured.
-fn true_iter_s(job: &SimJob, truth: &Truth, cluster: &Cluster, c: &Current) -> (f64, bool) {
+fn true_iter_s(job: &SimJob, truth: &Truth, cluster: &Cluster, c: &Current, slowdown: f64) -> (f64, bool) {
     match truth.measured(&job.job.model.name, &c.plan, &c.placement) {
         Some(t) => (t, true),
         None => {
             let g = &cluster.node_groups[c.group];
             let thr = Evaluator::throughput(&job.job.model, &job.params, g, &c.plan, &c.placement, c.cpus);
-            (job.job.model.global_batch as f64 / thr, false)
+            (job.job.model.global_batch as f64 / (thr * (1.0 - slowdown)), false)
         }
     }
 }
@@ -353,7 +357,7 @@ pub fn simulate(
                 host_memory_gib: 0.0,
                 rounds_since_change: 0,
             };
-            let (t, _) = true_iter_s(job, truth, cluster, &c);
+            let (t, _) = true_iter_s(job, truth, cluster, &c, config.unmeasured_slowdown);
             state[j].required = job.job.model.global_batch as f64 / t;
         }
     }
@@ -422,7 +426,8 @@ pub fn simulate(
                 };
                 if differs {
                     if let Some(new) = &alloc {
-                        let (iter_s, measured) = true_iter_s(&jobs[j], truth, cluster, &new.current);
+                        let (iter_s, measured) =
+                            true_iter_s(&jobs[j], truth, cluster, &new.current, config.unmeasured_slowdown);
                         tracing::debug!(
                             "t={t}: {} -> {} on {} with {} cores ({:.3} samples/s, {}; request {} GPUs)",
                             jobs[j].job.name,
@@ -469,7 +474,7 @@ pub fn simulate(
             let Some(a) = &s.alloc else { continue };
             let gpus = a.current.placement.gpus();
             in_use += gpus;
-            let (iter_s, measured) = true_iter_s(&jobs[j], truth, cluster, &a.current);
+            let (iter_s, measured) = true_iter_s(&jobs[j], truth, cluster, &a.current, config.unmeasured_slowdown);
             let start = s.penalty_until.max(t);
             let mut stop = end;
             if start < end {
