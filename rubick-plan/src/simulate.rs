@@ -120,6 +120,20 @@ pub struct Summary {
     pub jct_s: Vec<f64>,
 }
 
+impl Summary {
+    /// How the run's truth differs from the default, for labels: `""`,
+    /// `" (measured only)"` or `" (unmeasured 30 % slower)"`.
+    fn truth_label(&self) -> String {
+        if self.measured_only {
+            " (measured only)".to_owned()
+        } else if self.unmeasured_slowdown > 0.0 {
+            format!(" (unmeasured {:.0} % slower)", self.unmeasured_slowdown * 100.0)
+        } else {
+            String::new()
+        }
+    }
+}
+
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -532,13 +546,7 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
         "| trace | policy | queue | finished | avg JCT (s) | median JCT (s) | p99 JCT (s) | makespan (s) | restarts | GPU-hours | guarantee violations | unmeasured | wall (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in &rows {
-        let truth = if s.measured_only {
-            " (measured only)".to_owned()
-        } else if s.unmeasured_slowdown > 0.0 {
-            format!(" (unmeasured {:.0} % slower)", s.unmeasured_slowdown * 100.0)
-        } else {
-            String::new()
-        };
+        let truth = s.truth_label();
         let _ = writeln!(
             md,
             "| {}{truth} | {} | {} | {}/{} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.1} | {} | {:.1} % | {:.2} |",
@@ -560,8 +568,10 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
     }
     rubick_io::write_output(Path::new("-"), md.as_bytes())?;
     if let Some(plot) = &args.plot {
-        let series =
-            rows.iter().map(|s| (format!("{} {} ({})", s.trace, s.policy, s.queue), s.jct_s.clone())).collect();
+        let series = rows
+            .iter()
+            .map(|s| (format!("{}{} {} ({})", s.trace, s.truth_label(), s.policy, s.queue), s.jct_s.clone()))
+            .collect();
         write_figure(plot, (900, 600), &CdfFigure { series })?;
     }
     Ok(Outcome::Done)
