@@ -76,15 +76,27 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{}.", path.file_name().and_then(|n| n.to_str()).unwrap_or("out")))
-        .suffix(".tmp")
-        .tempfile_in(&dir)
-        .map_err(err)?;
+    let mut tmp =
+        temp_file_in(&dir, &format!(".{}.", path.file_name().and_then(|n| n.to_str()).unwrap_or("out")), ".tmp")
+            .map_err(err)?;
     tmp.write_all(bytes).map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;
     tmp.persist(path).map_err(|e| err(e.error))?;
     Ok(())
+}
+
+/// A temporary file in `dir` for an output that is renamed into place once written:
+/// created with the permissions a plain new file gets (0666 less the umask), not the
+/// 0600 of a private temporary file, so outputs stay readable as users expect.
+pub fn temp_file_in(dir: &Path, prefix: &str, suffix: &str) -> std::io::Result<tempfile::NamedTempFile> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(prefix).suffix(suffix);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    builder.tempfile_in(dir)
 }
 
 /// Writes an output: to stdout for `-` (a closed pipe is not an error: see
@@ -121,6 +133,18 @@ mod tests {
         write_atomic(&path, b"two").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn outputs_get_a_plain_files_permissions() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (atomic, plain) = (dir.path().join("atomic"), dir.path().join("plain"));
+        write_atomic(&atomic, b"x").unwrap();
+        std::fs::write(&plain, b"x").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&atomic), mode(&plain));
     }
 
     #[test]

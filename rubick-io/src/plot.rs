@@ -57,7 +57,7 @@ pub fn write_figure(path: &Path, size: (u32, u32), figure: &impl Figure) -> anyh
         }
         Some("png") => {
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-            let tmp = tempfile::Builder::new().prefix(".plot.").suffix(".png").tempfile_in(dir)?;
+            let tmp = crate::files::temp_file_in(dir, ".plot.", ".png")?;
             figure.draw(BitMapBackend::new(tmp.path(), size).into_drawing_area())?;
             tmp.persist(path).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.error))?;
         }
