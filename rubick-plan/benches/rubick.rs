@@ -164,7 +164,71 @@ fn main() -> anyhow::Result<()> {
                 );
             }
             println!("bench: fit_one_model_max_ms {:.2} ms", per_model.iter().copied().fold(0.0, f64::max));
+            simulation_figures(&cluster, &data, &dir)?;
         }
+    }
+    Ok(())
+}
+
+/// The simulator's figures on the authors' base trace (the simulate issue's bars):
+/// avg JCT per policy and queue order, the ratios, guarantees on a half-guaranteed
+/// trace, and Rubick under the stricter truths.
+fn simulation_figures(
+    cluster: &rubick_core::Cluster,
+    data: &ReferenceData,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    use rubick_plan::sim::{Queue, SimConfig, SimPolicy, simulate};
+    let (jobs, truth) = rubick_plan::simulate::load_trace(&dir.join("workloads/workload-base.csv"), cluster, data)?;
+    let run = |jobs: &[rubick_plan::sim::SimJob], config: &SimConfig| {
+        let result = simulate(cluster, jobs, &truth, config, |_, _| {});
+        rubick_plan::simulate::summarize("workload-base", config, &result, std::time::Duration::ZERO)
+    };
+    let mut avg = std::collections::HashMap::new();
+    for (policy, queues) in [
+        (SimPolicy::Rubick, &[Queue::Fifo, Queue::Las, Queue::Srpt][..]),
+        (SimPolicy::Static, &[Queue::Fifo, Queue::Srpt][..]),
+        (SimPolicy::StaticBackfill, &[Queue::Fifo, Queue::Srpt][..]),
+        (SimPolicy::Elastic, &[Queue::Fifo][..]),
+        (SimPolicy::RubickNoPlan, &[Queue::Fifo][..]),
+        (SimPolicy::RubickNoResize, &[Queue::Fifo][..]),
+    ] {
+        for &queue in queues {
+            let s = run(&jobs, &SimConfig::defaults(policy, queue));
+            let name = format!("{}_{}", policy.as_str().replace('-', "_"), s.queue);
+            println!("bench: sim_base_{name}_avg_jct_s {:.0} s", s.avg_jct_s);
+            if policy == SimPolicy::Rubick && queue == Queue::Fifo {
+                println!("bench: sim_base_{name}_makespan_s {:.0} s", s.makespan_s);
+                println!("bench: sim_base_{name}_restarts {} restarts", s.restarts);
+                println!("bench: sim_base_{name}_finished {} jobs", s.finished);
+                println!("bench: sim_base_{name}_unmeasured_pct {:.1} %", s.unmeasured_share * 100.0);
+            }
+            avg.insert((policy, queue), s.avg_jct_s);
+        }
+    }
+    for queue in [Queue::Fifo, Queue::Srpt] {
+        let q = format!("{queue:?}").to_lowercase();
+        let rubick = avg[&(SimPolicy::Rubick, queue)];
+        println!("bench: sim_base_static_over_rubick_{q} {:.2} x", avg[&(SimPolicy::Static, queue)] / rubick);
+        println!("bench: sim_base_backfill_over_rubick_{q} {:.2} x", avg[&(SimPolicy::StaticBackfill, queue)] / rubick);
+    }
+    let mut sla = jobs.clone();
+    rubick_plan::simulate::mark_guaranteed(&mut sla, 0.5);
+    for policy in [SimPolicy::Rubick, SimPolicy::RubickMilp] {
+        let s = run(&sla, &SimConfig::defaults(policy, Queue::Fifo));
+        let name = policy.as_str().replace('-', "_");
+        println!("bench: sim_base_half_guaranteed_{name}_violations {} jobs", s.guarantee_violations);
+    }
+    for queue in [Queue::Fifo, Queue::Srpt] {
+        let q = format!("{queue:?}").to_lowercase();
+        let mut config = SimConfig::defaults(SimPolicy::Rubick, queue);
+        config.planner.measured_only = Some(std::sync::Arc::new(truth.measured_set()));
+        let s = run(&jobs, &config);
+        println!("bench: sim_base_measured_only_rubick_{q}_avg_jct_s {:.0} s", s.avg_jct_s);
+        let mut config = SimConfig::defaults(SimPolicy::Rubick, queue);
+        config.unmeasured_slowdown = 0.3;
+        let s = run(&jobs, &config);
+        println!("bench: sim_base_unmeasured_30pct_slower_rubick_{q}_avg_jct_s {:.0} s", s.avg_jct_s);
     }
     Ok(())
 }

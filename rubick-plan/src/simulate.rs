@@ -146,6 +146,16 @@ fn r2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// Marks `share` of the jobs guaranteed, evenly spread over the trace's order
+/// (deterministic), on top of those the trace marks.
+pub fn mark_guaranteed(jobs: &mut [SimJob], share: f64) {
+    for (i, j) in jobs.iter_mut().enumerate() {
+        if share > 0.0 && (i as f64 * share).floor() != ((i + 1) as f64 * share).floor() {
+            j.job.guaranteed = true;
+        }
+    }
+}
+
 /// The summary of a result.
 pub fn summarize(trace: &str, config: &SimConfig, result: &SimResult, wall: Duration) -> Summary {
     let mut jct: Vec<f64> = result.jobs.iter().filter_map(|j| j.jct_s()).map(r2).collect();
@@ -270,12 +280,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
         args.guarantee_share
     );
     let (mut jobs, truth) = load_trace(&args.trace, &cluster, &reference)?;
-    let share = args.guarantee_share;
-    for (i, j) in jobs.iter_mut().enumerate() {
-        if share > 0.0 && (i as f64 * share).floor() != ((i + 1) as f64 * share).floor() {
-            j.job.guaranteed = true;
-        }
-    }
+    mark_guaranteed(&mut jobs, args.guarantee_share);
     let mut config = SimConfig::defaults(args.policy, args.queue);
     config.round_s = args.round_s;
     config.restart_penalty_s = args.restart_penalty;

@@ -27,7 +27,7 @@ mod policies;
 use policies::View;
 
 /// A scheduling policy of the simulator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum SimPolicy {
     /// Rubick (this project's heuristic): plans and resources together.
     Rubick,
@@ -73,7 +73,7 @@ impl SimPolicy {
 }
 
 /// Order in which queued jobs are admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Queue {
     /// First come, first served (the paper's).
     Fifo,
