@@ -70,8 +70,14 @@ pub fn parse_artifact<T: Artifact>(path: &Path, text: &str) -> Result<T, IoError
 /// Writes `bytes` to `path` atomically: into a temporary file in the same directory,
 /// flushed and synced, then renamed over the target. A crash leaves either the old
 /// file or the new one, never a partial one.
+///
+/// A target that exists and is not a regular file (`/dev/null`, a FIFO, a terminal)
+/// is written in place: renaming over it would replace the device.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     let err = |source| IoError::Io { path: path.display().to_string(), source };
+    if is_special(path) {
+        return std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| f.write_all(bytes)).map_err(err);
+    }
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -83,6 +89,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     tmp.as_file().sync_all().map_err(err)?;
     tmp.persist(path).map_err(|e| err(e.error))?;
     Ok(())
+}
+
+/// Whether `path` exists and is neither a regular file nor a directory (a device, a
+/// FIFO, a socket): an output there is written in place, never renamed over.
+pub fn is_special(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 
 /// A temporary file in `dir` for an output that is renamed into place once written:
@@ -133,6 +145,19 @@ mod tests {
         write_atomic(&path, b"two").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_device_is_written_in_place_never_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let null = Path::new("/dev/null");
+        if !std::fs::metadata(null).is_ok_and(|m| m.file_type().is_char_device()) {
+            eprintln!("skipping: /dev/null is not a character device here");
+            return;
+        }
+        write_atomic(null, b"discarded").unwrap();
+        assert!(std::fs::metadata(null).unwrap().file_type().is_char_device(), "/dev/null was replaced");
     }
 
     #[cfg(unix)]

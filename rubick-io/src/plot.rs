@@ -55,6 +55,13 @@ pub fn write_figure(path: &Path, size: (u32, u32), figure: &impl Figure) -> anyh
             figure.draw(SVGBackend::with_string(&mut svg, size).into_drawing_area())?;
             crate::write_atomic(path, svg.as_bytes())?;
         }
+        Some("png") if crate::files::is_special(path) => {
+            // A device or FIFO: draw in a private directory, then write in place.
+            let dir = tempfile::tempdir()?;
+            let tmp = dir.path().join("plot.png");
+            figure.draw(BitMapBackend::new(&tmp, size).into_drawing_area())?;
+            crate::write_atomic(path, &std::fs::read(&tmp)?)?;
+        }
         Some("png") => {
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             let tmp = crate::files::temp_file_in(dir, ".plot.", ".png")?;
