@@ -274,6 +274,21 @@ fn traced_plan(sj: &SimJob) -> Option<Plan> {
     Some(plan)
 }
 
+/// The plan a job runs as its user asked, on `placement` (its requested GPUs) with
+/// `cpus`: the request's plan, else the trace's code taken literally, else (no plan
+/// requested) the best plan the belief finds there.
+fn users_plan(
+    sj: &SimJob,
+    cluster: &Cluster,
+    evaluator: &mut Evaluator<'_>,
+    placement: &Placement,
+    cpus: u32,
+) -> Option<Plan> {
+    request_plan(&sj.job, cluster).or_else(|| traced_plan(sj)).or_else(|| {
+        evaluator.best_plan(&sj.job.model, &sj.params, 0, placement, cpus, Restriction::Any).map(|(plan, _)| plan)
+    })
+}
+
 /// Runs the simulation. `progress` is called after each round with (finished, total).
 pub fn simulate(
     cluster: &Cluster,
@@ -298,9 +313,9 @@ pub fn simulate(
             let job = &sj.job;
             let placement = Placement::packed(job.request.gpus, g.gpus_per_node);
             let cpus = job.request.cpus.unwrap_or(g.fair_cpus_per_gpu() * job.request.gpus);
-            let thr = placement.as_ref().and_then(|p| match request_plan(job, cluster).or_else(|| traced_plan(sj)) {
-                Some(plan) => Some(Evaluator::throughput(&job.model, &sj.params, g, &plan, p, cpus)),
-                None => evaluator.best_plan(&job.model, &sj.params, 0, p, cpus, Restriction::Any).map(|(_, t)| t),
+            let thr = placement.as_ref().and_then(|p| {
+                let plan = users_plan(sj, cluster, &mut evaluator, p, cpus)?;
+                Some(Evaluator::throughput(&job.model, &sj.params, g, &plan, p, cpus))
             });
             let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
             state[j].work_per_iter = job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1));

@@ -14,7 +14,7 @@ use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
 use rubick_core::planner::{Current, JobInput, PlannerConfig, Restriction, current_of_assignment};
 use rubick_core::{Cluster, Placement};
 
-use super::{Alloc, Queue, SimConfig, SimJob, SimPolicy, State, request_plan, traced_plan};
+use super::{Alloc, Queue, SimConfig, SimJob, SimPolicy, State, request_plan, users_plan};
 use crate::round::{Policy as PlannerPolicy, plan_round_with};
 
 /// What a policy sees at a decision.
@@ -144,14 +144,9 @@ impl Policy for QueuePolicy<'_> {
             let job = &jobs[j].job;
             let placement = Placement::packed(job.request.gpus, g.gpus_per_node);
             let requested_cpus = job.request.cpus.unwrap_or(fair * job.request.gpus);
-            // The user's plan; without one (or one our model of the job rejects), the best
-            // plan on the requested GPUs.
-            let plan = request_plan(job, cluster).or_else(|| traced_plan(&jobs[j])).or_else(|| {
-                let p = placement.as_ref()?;
-                evaluator
-                    .best_plan(&job.model, &jobs[j].params, 0, p, requested_cpus, Restriction::Any)
-                    .map(|(plan, _)| plan)
-            });
+            // The user's plan (the trace's code as measured when our model of the job
+            // rejects it; the best plan on the requested GPUs when there is none).
+            let plan = placement.as_ref().and_then(|p| users_plan(&jobs[j], cluster, evaluator, p, requested_cpus));
             let (Some(plan), Some(placement)) = (plan, placement) else { continue };
             let mem = host_memory_gib(&evaluator.config, g, &job.model, &plan);
             let gpus = placement.gpus();
