@@ -305,6 +305,11 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
         args.restart_penalty
     );
     anyhow::ensure!(args.time_limit > 0.0, "--time-limit: must be positive");
+    anyhow::ensure!(
+        (0.0..1.0).contains(&args.unmeasured_slowdown),
+        "--unmeasured-slowdown: must be in [0, 1), got {}",
+        args.unmeasured_slowdown
+    );
     let cluster = crate::load_cluster(&args.cluster)?;
     let reference = ReferenceData::open(&args.reference)?;
     anyhow::ensure!(
@@ -323,11 +328,6 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     if args.measured_only {
         config.planner.measured_only = Some(std::sync::Arc::new(truth.measured_set()));
     }
-    anyhow::ensure!(
-        (0.0..1.0).contains(&args.unmeasured_slowdown),
-        "--unmeasured-slowdown: must be in [0, 1), got {}",
-        args.unmeasured_slowdown
-    );
     config.unmeasured_slowdown = args.unmeasured_slowdown;
     config.planner.change_min_gain = args.change_min_gain;
     config.planner.cooldown_rounds = args.cooldown;
