@@ -252,4 +252,8 @@ fn a_pessimistic_truth_slows_only_unmeasured_configurations() {
     let bad = sim(&["--unmeasured-slowdown", "1.5"]);
     assert_eq!(bad.code, Some(2));
     assert!(bad.stderr.contains("--unmeasured-slowdown"), "{}", bad.stderr);
+    // Two artifacts cannot share stdout.
+    let bad = sim(&["--jobs-out", "-"]);
+    assert_eq!(bad.code, Some(2));
+    assert!(bad.stderr.contains("--jobs-out") && bad.stdout.is_empty(), "{}", bad.stderr);
 }

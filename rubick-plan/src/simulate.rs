@@ -306,6 +306,10 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     );
     anyhow::ensure!(args.time_limit > 0.0, "--time-limit: must be positive");
     anyhow::ensure!(
+        !(rubick_io::files::is_std(&args.summary) && args.jobs_out.as_deref().is_some_and(rubick_io::files::is_std)),
+        "--summary and --jobs-out: only one of them can go to stdout (`-`)"
+    );
+    anyhow::ensure!(
         (0.0..1.0).contains(&args.unmeasured_slowdown),
         "--unmeasured-slowdown: must be in [0, 1), got {}",
         args.unmeasured_slowdown
