@@ -159,17 +159,22 @@ fn a_job_batch_is_a_trace_too() {
     assert_eq!(summary["finished"].as_u64(), Some(12), "{}", run.stdout);
 }
 
+/// The naive trace on the 8x8 cluster with the summary on stdout, plus `extra` flags.
+fn simulate_naive(dir: &std::path::Path, reference: &str, extra: &[&str]) -> rubick_tests::Run {
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let trace = format!("{reference}/workloads/naive.csv");
+    let mut args =
+        vec!["simulate", "--cluster", &cluster, "--reference", reference, "--trace", &trace, "--summary", "-"];
+    args.extend_from_slice(extra);
+    run_in(dir, "rubick-plan", &args)
+}
+
 #[test]
 fn measured_only_keeps_the_truth_measured() {
     let Some(reference) = reference() else { return };
     let dir = temp();
-    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
-    let trace = format!("{reference}/workloads/naive.csv");
     let share = |extra: &[&str]| {
-        let mut args =
-            vec!["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", &trace, "--summary", "-"];
-        args.extend_from_slice(extra);
-        let run = run_in(dir.path(), "rubick-plan", &args);
+        let run = simulate_naive(dir.path(), &reference, extra);
         assert_eq!(run.code, Some(0), "{}", run.stderr);
         let s: serde_yaml_ng::Value = serde_yaml_ng::from_str(&run.stdout).unwrap();
         assert_eq!(s["finished"].as_u64(), Some(10));
@@ -227,14 +232,7 @@ fn srpt_orders_by_predicted_remaining_gpu_time() {
 fn a_pessimistic_truth_slows_only_unmeasured_configurations() {
     let Some(reference) = reference() else { return };
     let dir = temp();
-    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
-    let trace = format!("{reference}/workloads/naive.csv");
-    let sim = |extra: &[&str]| {
-        let mut args =
-            vec!["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", &trace, "--summary", "-"];
-        args.extend_from_slice(extra);
-        run_in(dir.path(), "rubick-plan", &args)
-    };
+    let sim = |extra: &[&str]| simulate_naive(dir.path(), &reference, extra);
     let summary = |run: &rubick_tests::Run| -> serde_yaml_ng::Value {
         assert_eq!(run.code, Some(0), "{}", run.stderr);
         serde_yaml_ng::from_str(&run.stdout).unwrap()

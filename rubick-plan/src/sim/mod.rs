@@ -400,18 +400,20 @@ pub fn simulate(
                 };
                 if differs {
                     if let Some(new) = &alloc {
-                        let (iter_s, measured) =
-                            true_iter_s(&jobs[j], truth, cluster, &new.current, config.unmeasured_slowdown);
-                        tracing::debug!(
-                            "t={t}: {} -> {} on {} with {} cores ({:.3} samples/s, {}; request {} GPUs)",
-                            jobs[j].job.name,
-                            new.current.plan,
-                            new.current.placement,
-                            new.current.cpus,
-                            jobs[j].job.model.global_batch as f64 / iter_s,
-                            if measured { "measured" } else { "predicted" },
-                            jobs[j].job.request.gpus
-                        );
+                        if tracing::enabled!(tracing::Level::DEBUG) {
+                            let (iter_s, measured) =
+                                true_iter_s(&jobs[j], truth, cluster, &new.current, config.unmeasured_slowdown);
+                            tracing::debug!(
+                                "t={t}: {} -> {} on {} with {} cores ({:.3} samples/s, {}; request {} GPUs)",
+                                jobs[j].job.name,
+                                new.current.plan,
+                                new.current.placement,
+                                new.current.cpus,
+                                jobs[j].job.model.global_batch as f64 / iter_s,
+                                if measured { "measured" } else { "predicted" },
+                                jobs[j].job.request.gpus
+                            );
+                        }
                         if s.alloc.is_some() || s.first_start.is_some() {
                             s.restarts += 1;
                         }

@@ -261,10 +261,12 @@ impl Policy for PlannerFamily<'_> {
         let mut waiting: Vec<usize> = active.iter().copied().filter(|&j| state[j].alloc.is_none()).collect();
         queue_order(&mut waiting, jobs, state, self.queue);
         let rank: HashMap<usize, usize> = waiting.iter().enumerate().map(|(r, &j)| (j, r)).collect();
-        let median_work = {
+        let median_work = if self.queue == Queue::Srpt {
             let mut w: Vec<f64> = active.iter().map(|&j| state[j].remaining_work()).collect();
             w.sort_by(f64::total_cmp);
             w.get(w.len() / 2).copied().unwrap_or(1.0).max(1.0)
+        } else {
+            1.0 // unused: only srpt weighs by remaining work
         };
         let inputs: Vec<JobInput> = active
             .iter()
