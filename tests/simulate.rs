@@ -61,23 +61,29 @@ fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
         let summary: serde_yaml_ng::Value =
             serde_yaml_ng::from_str(&std::fs::read_to_string(dir.path().join(format!("{policy}.yaml"))).unwrap())
                 .unwrap();
+        assert_eq!(summary["apiVersion"].as_str(), Some("rubick/v1"), "{policy}");
+        assert_eq!(summary["kind"].as_str(), Some("SimulationSummary"), "{policy}");
         for key in [
-            "jobs",
-            "finished",
-            "avg_jct_s",
-            "median_jct_s",
-            "p99_jct_s",
-            "makespan_s",
+            "avgJctS",
+            "avgJctAllS",
+            "medianJctS",
+            "p99JctS",
+            "makespanS",
             "restarts",
-            "gpu_hours",
-            "guarantee_violations",
-            "unmeasured_share",
-            "sim_wall_s",
+            "gpuHours",
+            "guaranteeViolations",
+            "unfinished",
         ] {
-            assert!(summary.get(key).is_some(), "{policy}: summary lacks {key}");
+            assert!(summary[key].get("mean").is_some(), "{policy}: summary lacks {key}");
         }
+        for basis in ["measured", "interpolated", "extrapolated"] {
+            assert!(summary["truth"][basis]["mean"].as_f64().is_some(), "{policy}: no {basis} share");
+        }
+        // No wall time in an artifact: the same inputs give the same bytes.
+        assert!(summary.get("simWallS").is_none() && summary.get("sim_wall_s").is_none());
         assert_eq!(summary["jobs"].as_u64(), Some(10), "{policy}");
-        assert_eq!(summary["finished"].as_u64(), Some(10), "{policy}: every job finishes");
+        assert_eq!(summary["unfinished"]["max"].as_f64(), Some(0.0), "{policy}: every job finishes");
+        assert_eq!(summary["truthMode"].as_str(), Some("oracle"), "{policy}");
         let csv = std::fs::read_to_string(dir.path().join(format!("{policy}.csv"))).unwrap();
         assert!(csv.starts_with("job,model,submit_s,first_start_s,finish_s,jct_s,queueing_s,restarts,"), "{csv}");
         assert_eq!(csv.lines().count(), 11);
@@ -89,14 +95,20 @@ fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
     // The static policies never reconfigure.
     let s: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&std::fs::read_to_string(dir.path().join("static.yaml")).unwrap()).unwrap();
-    assert_eq!(s["restarts"].as_u64(), Some(0));
-    // Same inputs, same per-job table.
+    assert_eq!(s["restarts"]["max"].as_f64(), Some(0.0));
+    // Same inputs, same per-job table and summary, byte for byte.
     let run = simulate(dir.path(), &reference, "rubick", "again");
     assert_eq!(run.code, Some(0), "{}", run.stderr);
-    assert_eq!(
-        std::fs::read(dir.path().join("rubick.csv")).unwrap(),
-        std::fs::read(dir.path().join("again.csv")).unwrap()
-    );
+    for ext in ["csv", "yaml"] {
+        assert_eq!(
+            std::fs::read(dir.path().join(format!("rubick.{ext}"))).unwrap(),
+            std::fs::read(dir.path().join(format!("again.{ext}"))).unwrap(),
+            "{ext}"
+        );
+    }
+    // The summary is an artifact `check` validates.
+    let run = run_in(dir.path(), "rubick-plan", &["check", "rubick.yaml"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
     // Side by side.
     let run = run_in(dir.path(), "rubick-plan", &["compare", "rubick.yaml", "static.yaml", "--plot", "cdf.svg"]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
@@ -156,7 +168,7 @@ fn a_job_batch_is_a_trace_too() {
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let summary: serde_yaml_ng::Value = serde_yaml_ng::from_str(&run.stdout).unwrap();
     assert_eq!(summary["jobs"].as_u64(), Some(12));
-    assert_eq!(summary["finished"].as_u64(), Some(12), "{}", run.stdout);
+    assert_eq!(summary["unfinished"]["max"].as_f64(), Some(0.0), "{}", run.stdout);
 }
 
 /// The naive trace on the 8x8 cluster with the summary on stdout, plus `extra` flags.
@@ -177,12 +189,12 @@ fn measured_only_keeps_the_truth_measured() {
         let run = simulate_naive(dir.path(), &reference, extra);
         assert_eq!(run.code, Some(0), "{}", run.stderr);
         let s: serde_yaml_ng::Value = serde_yaml_ng::from_str(&run.stdout).unwrap();
-        assert_eq!(s["finished"].as_u64(), Some(10));
-        s["unmeasured_share"].as_f64().unwrap()
+        assert_eq!(s["unfinished"]["max"].as_f64(), Some(0.0));
+        s["truth"]["measured"]["mean"].as_f64().unwrap()
     };
     let (free, measured) = (share(&[]), share(&["--measured-only"]));
-    assert!(free > 0.1, "the free planner runs unmeasured configurations here ({free})");
-    assert_eq!(measured, 0.0, "every configuration measured");
+    assert!(free < 0.9, "the free planner runs unmeasured configurations here ({free})");
+    assert_eq!(measured, 1.0, "every configuration measured");
 }
 
 #[test]
@@ -195,7 +207,7 @@ fn srpt_orders_by_predicted_remaining_gpu_time() {
         dir.path().join("two.yaml"),
         "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n\
          - name: big-batch\n  model: { name: vit, parameters: 85952456, layers: 12, hidden: 768, heads: 12, seqLen: 1024, globalBatch: 64 }\n  iterations: 10000\n  submitTimeS: 0\n  request: { gpus: 64, plan: zero-dp }\n\
-         - name: long\n  model: { name: llama30, layers: 24, hidden: 1536, heads: 16, seqLen: 1024, globalBatch: 4 }\n  iterations: 1000\n  submitTimeS: 0\n  request: { gpus: 64, plan: \"444\" }\n",
+         - name: long\n  model: { name: llama30, parameters: 32528943616, layers: 60, hidden: 6656, heads: 52, seqLen: 1024, globalBatch: 4 }\n  iterations: 1000\n  submitTimeS: 0\n  request: { gpus: 64, plan: \"444\" }\n",
     )
     .unwrap();
     let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
@@ -229,7 +241,7 @@ fn srpt_orders_by_predicted_remaining_gpu_time() {
 }
 
 #[test]
-fn a_pessimistic_truth_slows_only_unmeasured_configurations() {
+fn a_pessimistic_truth_slows_only_extrapolated_configurations() {
     let Some(reference) = reference() else { return };
     let dir = temp();
     let sim = |extra: &[&str]| simulate_naive(dir.path(), &reference, extra);
@@ -239,19 +251,35 @@ fn a_pessimistic_truth_slows_only_unmeasured_configurations() {
     };
     // Everything measured: the slowdown changes nothing but the record of it.
     let (a, b) =
-        (summary(&sim(&["--measured-only"])), summary(&sim(&["--measured-only", "--unmeasured-slowdown", "0.5"])));
-    assert_eq!(a["avg_jct_s"], b["avg_jct_s"]);
-    assert_eq!(a["jct_s"], b["jct_s"]);
-    assert_eq!(b["unmeasured_slowdown"].as_f64(), Some(0.5));
-    // Unmeasured configurations run: they take longer.
-    let (a, b) = (summary(&sim(&[])), summary(&sim(&["--unmeasured-slowdown", "0.5"])));
-    assert!(a["unmeasured_share"].as_f64().unwrap() > 0.1);
-    assert!(b["gpu_hours"].as_f64().unwrap() > a["gpu_hours"].as_f64().unwrap(), "{a:?}\n{b:?}");
-    let bad = sim(&["--unmeasured-slowdown", "1.5"]);
+        (summary(&sim(&["--measured-only"])), summary(&sim(&["--measured-only", "--extrapolated-slowdown", "0.5"])));
+    assert_eq!(a["avgJctS"], b["avgJctS"]);
+    assert_eq!(a["jctS"], b["jctS"]);
+    assert_eq!(b["extrapolatedSlowdown"].as_f64(), Some(0.5));
+    let bad = sim(&["--extrapolated-slowdown", "1.5"]);
     assert_eq!(bad.code, Some(2));
-    assert!(bad.stderr.contains("--unmeasured-slowdown"), "{}", bad.stderr);
+    assert!(bad.stderr.contains("--extrapolated-slowdown"), "{}", bad.stderr);
     // Two artifacts cannot share stdout.
     let bad = sim(&["--jobs-out", "-"]);
     assert_eq!(bad.code, Some(2));
     assert!(bad.stderr.contains("--jobs-out") && bad.stdout.is_empty(), "{}", bad.stderr);
+}
+
+#[test]
+fn seeds_report_the_spread_and_replay_identically() {
+    let Some(reference) = reference() else { return };
+    let dir = temp();
+    let flags = ["--policy", "static-backfill", "--seeds", "3", "--noise", "0.05"];
+    let a = simulate_naive(dir.path(), &reference, &flags);
+    assert_eq!(a.code, Some(0), "{}", a.stderr);
+    let s: serde_yaml_ng::Value = serde_yaml_ng::from_str(&a.stdout).unwrap();
+    assert_eq!(s["seeds"].as_u64(), Some(3));
+    let jct = &s["avgJctS"];
+    assert!(jct["sd"].as_f64().unwrap() > 0.0, "noise moves the replicas apart: {jct:?}");
+    assert!(jct["min"].as_f64().unwrap() < jct["max"].as_f64().unwrap());
+    let b = simulate_naive(dir.path(), &reference, &flags);
+    assert_eq!(a.stdout, b.stdout, "same seeds, same bytes");
+    // No noise: every replica is the same run.
+    let c = simulate_naive(dir.path(), &reference, &["--policy", "static-backfill", "--seeds", "2"]);
+    let s: serde_yaml_ng::Value = serde_yaml_ng::from_str(&c.stdout).unwrap();
+    assert_eq!(s["avgJctS"]["sd"].as_f64(), Some(0.0));
 }

@@ -38,11 +38,19 @@ pub enum Kind {
     ModelSpec,
     PerfModel,
     Schedule,
+    SimulationSummary,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] =
-        [Kind::Cluster, Kind::Job, Kind::JobBatch, Kind::ModelSpec, Kind::PerfModel, Kind::Schedule];
+    pub const ALL: [Kind; 7] = [
+        Kind::Cluster,
+        Kind::Job,
+        Kind::JobBatch,
+        Kind::ModelSpec,
+        Kind::PerfModel,
+        Kind::Schedule,
+        Kind::SimulationSummary,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -52,6 +60,7 @@ impl Kind {
             Kind::ModelSpec => "ModelSpec",
             Kind::PerfModel => "PerfModel",
             Kind::Schedule => "Schedule",
+            Kind::SimulationSummary => "SimulationSummary",
         }
     }
 }

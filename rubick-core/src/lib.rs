@@ -23,8 +23,10 @@ pub mod reference;
 pub mod schedule;
 pub mod schema;
 pub mod select;
+pub mod simulation;
 pub mod space;
 pub mod tables;
+pub mod truth;
 
 pub use artifact::{ApiVersion, Artifact, Kind};
 pub use cluster::{Cluster, NodeGroup};

@@ -131,12 +131,13 @@ impl MemoryEstimator {
     }
 
     /// Whether the plan fits on GPUs of `gpu_memory_gib`, and on what basis: the
-    /// model's measured limits when they were taken on GPUs of this size and cover the
-    /// plan's family, the estimate otherwise.
+    /// model's measured limits when they were taken on GPUs of this size, at the plan's
+    /// family and degree ([`crate::model::MeasuredLimits::limit_for`]), the estimate
+    /// otherwise.
     pub fn fits(&self, model: &ModelSpec, plan: &Plan, gpu_memory_gib: f64) -> (bool, FitBasis) {
         if let Some(limits) = &model.measured_limits
             && limits.applies_to(gpu_memory_gib)
-            && let Some(max) = limits.max_micro_batch(plan.family())
+            && let Some(max) = limits.limit_for(plan)
         {
             return (max > 0 && plan.micro_batch <= max, FitBasis::Measured);
         }
@@ -180,6 +181,30 @@ mod tests {
         let gc = e.estimate(&model, &"dp8-mb2-z3-gc".parse().unwrap()).activations_gib;
         assert!((a2 / a1 - 2.0).abs() < 1e-9);
         assert!(gc < a2 / 5.0);
+    }
+
+    /// A 3-D limit measured at 16-way model parallelism once let LLaMA-30B run 2-way
+    /// model parallel on 80 GiB GPUs needing ~245 GiB each.
+    #[test]
+    fn a_measured_limit_decides_only_at_its_family_and_degree() {
+        use crate::model::{MeasuredLimits, TpPp};
+        let mut model = ModelSpec::example();
+        model.name = "llama30".into();
+        model.parameters = Some(32_528_943_616);
+        (model.layers, model.hidden, model.heads, model.seq_len, model.global_batch) = (60, 6656, 52, 1024, 4);
+        model.measured_limits = Some(MeasuredLimits {
+            gpu_memory_gib: 80.0,
+            max_micro_batch: [(crate::plan::PlanFamily::TpPp, 8)].into_iter().collect(),
+            tp_pp_degrees: vec![TpPp { tp: 4, pp: 4 }],
+        });
+        let e = MemoryEstimator::default();
+        let small: Plan = "dp1-tp2-pp1-mb2-ga2".parse().unwrap();
+        assert!(e.estimate(&model, &small).total_gib > 200.0);
+        assert_eq!(e.fits(&model, &small, 80.0), (false, FitBasis::Estimate));
+        let measured: Plan = "dp1-tp4-pp4-mb1-ga4".parse().unwrap();
+        assert_eq!(e.fits(&model, &measured, 80.0), (true, FitBasis::Measured));
+        // Data-parallel families have no measured limit here: the estimate decides.
+        assert_eq!(e.fits(&model, &"dp4-mb1".parse().unwrap(), 80.0).1, FitBasis::Estimate);
     }
 
     #[test]

@@ -79,15 +79,43 @@ impl Default for StateBytes {
 }
 
 /// Largest micro-batch per plan family that was seen to fit on a GPU of `gpuMemoryGib`.
+///
+/// A limit decides feasibility only where it was measured: the data-parallel families
+/// (`dp`, `dp_gc`, `zero_dp`, `zero_offload`) at TP = PP = 1, the 3-D families
+/// (`tp_pp`, `tp_pp_gc`) only at the TP x PP degrees listed in `tpPpDegrees` (per-GPU
+/// memory of a 3-D plan depends on them: a limit measured on 16-way model parallelism
+/// says nothing about 2-way). Elsewhere the analytic estimate decides.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MeasuredLimits {
     pub gpu_memory_gib: f64,
     /// 0 means the family does not fit at all.
     pub max_micro_batch: BTreeMap<PlanFamily, u32>,
+    /// The (TP, PP) degrees at which the 3-D limits were measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tp_pp_degrees: Vec<TpPp>,
+}
+
+/// A tensor x pipeline degree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TpPp {
+    pub tp: u32,
+    pub pp: u32,
 }
 
 impl MeasuredLimits {
+    /// The measured limit that decides `plan`'s feasibility, if one was measured at its
+    /// family and degree.
+    pub fn limit_for(&self, plan: &crate::plan::Plan) -> Option<u32> {
+        let family = plan.family();
+        let measured_here = match family {
+            PlanFamily::TpPp | PlanFamily::TpPpGc => self.tp_pp_degrees.contains(&TpPp { tp: plan.tp, pp: plan.pp }),
+            _ => plan.tp == 1 && plan.pp == 1,
+        };
+        if measured_here { self.max_micro_batch(family) } else { None }
+    }
+
     /// The measured limit for a family; checkpointed 3-D falls back to plain 3-D.
     pub fn max_micro_batch(&self, family: PlanFamily) -> Option<u32> {
         self.max_micro_batch.get(&family).copied().or_else(|| match family {

@@ -9,12 +9,17 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::memory::MemoryEstimator;
-use crate::model::{MeasuredLimits, ModelSpec, StateBytes};
+use crate::model::{MeasuredLimits, ModelSpec, StateBytes, TpPp};
 use crate::placement::Placement;
 use crate::plan::{Offload, Plan, PlanCode, PlanFamily, ZeroStage};
 
 /// GPU memory of the authors' testbed (A800-80GB).
 pub const TESTBED_GPU_MEMORY_GIB: f64 = 80.0;
+
+/// CPU cores per GPU the authors' measurements were taken with: every ZeRO-Offload
+/// profiling run of `profiles/*/config.csv` has `num_cpu_threads` 4 (the CPU Adam's
+/// threads per GPU process), and the traces request 4 or 8 per GPU.
+pub const TESTBED_PROFILED_CPUS_PER_GPU: u32 = 4;
 
 /// `models.yaml`: facts about the seven models.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -49,8 +54,19 @@ impl ReferenceModels {
 }
 
 impl ModelFacts {
-    /// The model as a [`ModelSpec`], with its measured micro-batch limits.
-    pub fn model_spec(&self, name: &str) -> ModelSpec {
+    /// The model as a [`ModelSpec`], with its measured micro-batch limits; the 3-D
+    /// limits hold at the TP x PP degrees of its measured rows `rows` (the only 3-D
+    /// configurations known to have run).
+    pub fn model_spec(&self, name: &str, rows: &[MeasuredRow]) -> ModelSpec {
+        let mut tp_pp_degrees: Vec<TpPp> = rows
+            .iter()
+            .filter_map(|r| match r.code {
+                PlanCode::ThreeD { pp, tp, .. } if tp * pp > 1 => Some(TpPp { tp, pp }),
+                _ => None,
+            })
+            .collect();
+        tp_pp_degrees.sort_unstable();
+        tp_pp_degrees.dedup();
         ModelSpec {
             api_version: None,
             kind: None,
@@ -69,6 +85,7 @@ impl ModelFacts {
             measured_limits: Some(MeasuredLimits {
                 gpu_memory_gib: TESTBED_GPU_MEMORY_GIB,
                 max_micro_batch: self.max_micro_batch.clone(),
+                tp_pp_degrees,
             }),
         }
     }
@@ -285,7 +302,7 @@ pub fn memory_agreement(
     gpu_memory_gib: f64,
     gpus_per_node: u32,
 ) -> Vec<AgreementRow> {
-    let mut model = facts.model_spec(name);
+    let mut model = facts.model_spec(name, &[]);
     model.measured_limits = None;
     let batch = model.global_batch;
     facts

@@ -88,6 +88,8 @@ pub enum Change {
     Replanned,
     /// Same plan and GPU count on other nodes.
     Moved,
+    /// Same plan and GPUs, other CPU cores.
+    Recored,
     /// Was running, now waits.
     Preempted,
 }

@@ -67,6 +67,7 @@ pub fn all_schemas() -> Vec<(String, String)> {
         (file_stem(Kind::ModelSpec), artifact_schema::<ModelSpec>()),
         (file_stem(Kind::PerfModel), artifact_schema::<PerfModel>()),
         (file_stem(Kind::Schedule), artifact_schema::<Schedule>()),
+        (file_stem(Kind::SimulationSummary), artifact_schema::<crate::simulation::SimulationSummary>()),
         (format!("table-{}", crate::tables::PROFILE.name), table_schema::<ProfileRow>(&crate::tables::PROFILE)),
         (format!("table-{}", crate::tables::SIM_JOBS.name), table_schema::<SimJobRow>(&crate::tables::SIM_JOBS)),
     ];

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use rubick_core::artifact::{Artifact, parse_yaml, to_yaml};
 use rubick_core::cluster::NodeGroup;
 use rubick_core::job::{CurrentAllocation, JobRequest, Resharding};
-use rubick_core::model::{MeasuredLimits, StateBytes};
+use rubick_core::model::{MeasuredLimits, StateBytes, TpPp};
 use rubick_core::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
 use rubick_core::schedule::{Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, Totals};
 use rubick_core::*;
@@ -87,6 +87,7 @@ fn model_spec() -> impl Strategy<Value = ModelSpec> {
                 measured_limits: limits.map(|(gib, mb)| MeasuredLimits {
                     gpu_memory_gib: gib,
                     max_micro_batch: BTreeMap::from([(PlanFamily::ZeroDp, mb), (PlanFamily::TpPp, mb / 2)]),
+                    tp_pp_degrees: if mb % 2 == 0 { vec![TpPp { tp: 2, pp: 4 }] } else { Vec::new() },
                 }),
             }
         })

@@ -164,8 +164,7 @@ fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
     let mut reports = Vec::new();
     let mut perf_models = Vec::new();
     for name in &names {
-        let facts = data.facts(name).context("listed model")?;
-        let model = facts.model_spec(name);
+        let model = data.model_spec(name)?.context("listed model")?;
         let measured = data.measured_rows(name)?;
         let profiles = if args.from_profiles { Some(data.profiles(name)?) } else { None };
         let evaluate::Evaluation { report, rows, perf_model } =

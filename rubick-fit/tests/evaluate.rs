@@ -197,7 +197,7 @@ fn profiled_rows_loo() {
     let estimator = rubick_core::MemoryEstimator::default();
     let mut errors = Vec::new();
     for model in data.model_names() {
-        let spec = data.facts(model).unwrap().model_spec(model);
+        let spec = data.model_spec(model).unwrap().unwrap();
         let measured = data.measured_rows(model).unwrap();
         let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &estimator);
         let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);

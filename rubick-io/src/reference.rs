@@ -47,6 +47,13 @@ impl ReferenceData {
         self.models.models.get(model)
     }
 
+    /// A model of `models.yaml` as a [`ModelSpec`], its 3-D memory limits holding at the
+    /// degrees of its measured rows; `None` when the model is not listed.
+    pub fn model_spec(&self, model: &str) -> Result<Option<rubick_core::ModelSpec>, IoError> {
+        let Some(facts) = self.facts(model) else { return Ok(None) };
+        Ok(Some(facts.model_spec(model, &self.measured_rows(model)?)))
+    }
+
     /// The measured rows of `placements/<model>.csv`.
     pub fn measured_rows(&self, model: &str) -> Result<Vec<MeasuredRow>, IoError> {
         read_measured_rows(&self.dir.join("placements").join(format!("{model}.csv")))

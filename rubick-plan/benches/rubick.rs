@@ -7,9 +7,11 @@ use std::time::Instant;
 
 use rubick_core::planner::PlannerConfig;
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
+use rubick_core::truth::TruthMode;
 use rubick_core::{MemoryEstimator, PlanSpace};
 use rubick_io::reference::{ReferenceData, locate};
 use rubick_plan::round::{Policy, plan_round};
+use rubick_plan::sim::trace::load_trace;
 use rubick_plan::synth;
 use std::time::Duration;
 
@@ -124,7 +126,7 @@ fn main() -> anyhow::Result<()> {
             let links = rubick_core::perfmodel::Links::from(group);
             let mut per_model = Vec::new();
             for model in data.model_names() {
-                let spec = data.facts(model).expect("listed model").model_spec(model);
+                let spec = data.model_spec(model)?.expect("listed model");
                 let measured = data.measured_rows(model)?;
                 let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &estimator);
                 let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);
@@ -142,26 +144,23 @@ fn main() -> anyhow::Result<()> {
 
             // One simulation of the 406-job base trace with Rubick (FIFO admission).
             let trace = dir.join("workloads/workload-base.csv");
-            let (jobs, truth) = rubick_plan::simulate::load_trace(&trace, &cluster, &data)?;
+            let (jobs, truth) = load_trace(&trace, &cluster, &data, TruthMode::Oracle)?;
             let config = rubick_plan::sim::SimConfig::defaults(
                 rubick_plan::sim::SimPolicy::Rubick,
                 rubick_plan::sim::Queue::Fifo,
             );
             let mut samples = Vec::new();
-            let mut summary = None;
             for _ in 0..5 {
                 let start = Instant::now();
-                let result = rubick_plan::sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
-                let wall = start.elapsed();
-                samples.push(wall.as_secs_f64());
-                summary = Some(rubick_plan::simulate::summarize("workload-base", &config, &result, wall));
+                rubick_plan::sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
+                samples.push(start.elapsed().as_secs_f64());
             }
             println!("bench: simulate_base_rubick_s {:.3} s", median(samples));
-            if let Some(s) = summary {
-                eprintln!(
-                    "simulate workload-base rubick: {}/{} finished, avg JCT {:.0} s, makespan {:.0} s, {} restarts",
-                    s.finished, s.jobs, s.avg_jct_s, s.makespan_s, s.restarts
-                );
+            let start = Instant::now();
+            let (_, oracle_truth) = load_trace(&trace, &cluster, &data, TruthMode::Oracle)?;
+            println!("bench: load_trace_with_oracles_s {:.3} s", start.elapsed().as_secs_f64());
+            for (model, o) in &oracle_truth.oracles {
+                println!("bench: oracle_{model}_in_sample_error_pct {:.1} %", o.mean_error * 100.0);
             }
             println!("bench: fit_one_model_max_ms {:.2} ms", per_model.iter().copied().fold(0.0, f64::max));
             simulation_figures(&cluster, &data, &dir)?;
@@ -170,44 +169,69 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The simulator's figures on the authors' base trace (the simulate issue's bars):
-/// avg JCT per policy and queue order, the ratios, guarantees on a half-guaranteed
-/// trace, and Rubick under the stricter truths.
+/// Replicas of every JCT figure: seeds with this much log-normal noise.
+const SEEDS: u32 = 5;
+const NOISE: f64 = 0.02;
+
+/// The simulator's figures on the authors' base trace (the fidelity issue's bars), all
+/// under the oracle truth unless named otherwise, each the mean of `SEEDS` replicas
+/// with its standard deviation: avg JCT per policy and queue order, the ratios, per-model
+/// JCT and extrapolated shares, guarantees on a half-guaranteed trace, Rubick under the
+/// stricter and the old truths.
 fn simulation_figures(
     cluster: &rubick_core::Cluster,
     data: &ReferenceData,
     dir: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use rubick_plan::sim::{Queue, SimConfig, SimPolicy, simulate};
-    let (jobs, truth) = rubick_plan::simulate::load_trace(&dir.join("workloads/workload-base.csv"), cluster, data)?;
-    let run = |jobs: &[rubick_plan::sim::SimJob], config: &SimConfig| {
-        let result = simulate(cluster, jobs, &truth, config, |_, _| {});
-        rubick_plan::simulate::summarize("workload-base", config, &result, std::time::Duration::ZERO)
+    use rubick_plan::sim::{Queue, SimConfig, SimPolicy, simulate_seeds, summary::summarize};
+    let trace = dir.join("workloads/workload-base.csv");
+    let (jobs, truth) = load_trace(&trace, cluster, data, TruthMode::Oracle)?;
+    let run = |jobs: &[rubick_plan::sim::SimJob], truth: &rubick_core::truth::Truth, mut config: SimConfig| {
+        config.noise_sigma = NOISE;
+        config.seed = 1;
+        let results = simulate_seeds(cluster, jobs, truth, &config, SEEDS, |_, _| {});
+        summarize("workload-base", &config, truth, &results)
+    };
+    let print = |name: &str, x: &rubick_core::simulation::Spread, unit: &str| {
+        println!("bench: {name} {:.0} {unit}", x.mean);
+        println!("bench: {name}_sd {:.0} {unit}", x.sd);
     };
     let mut avg = std::collections::HashMap::new();
     for (policy, queues) in [
         (SimPolicy::Rubick, &[Queue::Fifo, Queue::Las, Queue::Srpt][..]),
+        (SimPolicy::RubickMilp, &[Queue::Fifo][..]),
         (SimPolicy::Static, &[Queue::Fifo, Queue::Srpt][..]),
         (SimPolicy::StaticBackfill, &[Queue::Fifo, Queue::Srpt][..]),
+        (SimPolicy::Synergy, &[Queue::Fifo][..]),
+        (SimPolicy::Antman, &[Queue::Fifo][..]),
         (SimPolicy::Elastic, &[Queue::Fifo][..]),
         (SimPolicy::RubickNoPlan, &[Queue::Fifo][..]),
         (SimPolicy::RubickNoResize, &[Queue::Fifo][..]),
     ] {
         for &queue in queues {
-            let s = run(&jobs, &SimConfig::defaults(policy, queue));
-            let name = format!("{}_{}", policy.as_str().replace('-', "_"), s.queue);
-            println!("bench: sim_base_{name}_avg_jct_s {:.0} s", s.avg_jct_s);
-            if policy == SimPolicy::Rubick && queue == Queue::Fifo {
-                println!("bench: sim_base_{name}_makespan_s {:.0} s", s.makespan_s);
-                println!("bench: sim_base_{name}_restarts {} restarts", s.restarts);
-                println!("bench: sim_base_{name}_finished {} jobs", s.finished);
-                println!("bench: sim_base_{name}_unmeasured_pct {:.1} %", s.unmeasured_share * 100.0);
+            let s = run(&jobs, &truth, SimConfig::defaults(policy, queue));
+            let name = format!("sim_base_{}_{}", policy.as_str().replace('-', "_"), s.queue);
+            print(&format!("{name}_avg_jct_s"), &s.avg_jct_s, "s");
+            if s.unfinished.max > 0.0 {
+                println!("bench: {name}_unfinished {:.1} jobs", s.unfinished.mean);
             }
-            avg.insert((policy, queue), s.avg_jct_s);
+            if policy == SimPolicy::Rubick && queue == Queue::Fifo {
+                print(&format!("{name}_makespan_s"), &s.makespan_s, "s");
+                println!("bench: {name}_restarts {:.1} restarts", s.restarts.mean);
+                println!("bench: {name}_unfinished {:.1} jobs", s.unfinished.mean);
+                println!("bench: {name}_measured_pct {:.1} %", s.truth.measured.mean * 100.0);
+                println!("bench: {name}_interpolated_pct {:.1} %", s.truth.interpolated.mean * 100.0);
+                println!("bench: {name}_extrapolated_pct {:.1} %", s.truth.extrapolated.mean * 100.0);
+                for m in &s.per_model {
+                    println!("bench: {name}_{}_avg_jct_s {:.0} s", m.model, m.avg_jct_s.mean);
+                    println!("bench: {name}_{}_extrapolated_pct {:.1} %", m.model, m.truth.extrapolated.mean * 100.0);
+                }
+            }
+            avg.insert((policy, queue), s.avg_jct_s.mean);
         }
     }
     for queue in [Queue::Fifo, Queue::Srpt] {
-        let q = format!("{queue:?}").to_lowercase();
+        let q = queue.as_str();
         let rubick = avg[&(SimPolicy::Rubick, queue)];
         println!("bench: sim_base_static_over_rubick_{q} {:.2} x", avg[&(SimPolicy::Static, queue)] / rubick);
         println!("bench: sim_base_backfill_over_rubick_{q} {:.2} x", avg[&(SimPolicy::StaticBackfill, queue)] / rubick);
@@ -215,20 +239,24 @@ fn simulation_figures(
     let mut sla = jobs.clone();
     rubick_plan::simulate::mark_guaranteed(&mut sla, 0.5);
     for policy in [SimPolicy::Rubick, SimPolicy::RubickMilp] {
-        let s = run(&sla, &SimConfig::defaults(policy, Queue::Fifo));
+        let s = run(&sla, &truth, SimConfig::defaults(policy, Queue::Fifo));
         let name = policy.as_str().replace('-', "_");
-        println!("bench: sim_base_half_guaranteed_{name}_violations {} jobs", s.guarantee_violations);
+        println!("bench: sim_base_half_guaranteed_{name}_violations {:.1} jobs", s.guarantee_violations.mean);
+        println!("bench: sim_base_half_guaranteed_{name}_violation_hours {:.2} h", s.violation_hours.mean);
+        print(&format!("sim_base_half_guaranteed_{name}_avg_jct_s"), &s.avg_jct_s, "s");
     }
+    let mut slow = truth.clone();
+    slow.extrapolated_slowdown = 0.3;
+    let (_, belief) = load_trace(&trace, cluster, data, TruthMode::Belief)?;
     for queue in [Queue::Fifo, Queue::Srpt] {
-        let q = format!("{queue:?}").to_lowercase();
+        let q = queue.as_str();
         let mut config = SimConfig::defaults(SimPolicy::Rubick, queue);
-        config.planner.measured_only = Some(std::sync::Arc::new(truth.measured_set()));
-        let s = run(&jobs, &config);
-        println!("bench: sim_base_measured_only_rubick_{q}_avg_jct_s {:.0} s", s.avg_jct_s);
-        let mut config = SimConfig::defaults(SimPolicy::Rubick, queue);
-        config.unmeasured_slowdown = 0.3;
-        let s = run(&jobs, &config);
-        println!("bench: sim_base_unmeasured_30pct_slower_rubick_{q}_avg_jct_s {:.0} s", s.avg_jct_s);
+        config.planner.measured_only = Some(std::sync::Arc::clone(&truth.table));
+        print(&format!("sim_base_measured_only_rubick_{q}_avg_jct_s"), &run(&jobs, &truth, config).avg_jct_s, "s");
+        let s = run(&jobs, &slow, SimConfig::defaults(SimPolicy::Rubick, queue));
+        print(&format!("sim_base_extrapolated_30pct_slower_rubick_{q}_avg_jct_s"), &s.avg_jct_s, "s");
+        let s = run(&jobs, &belief, SimConfig::defaults(SimPolicy::Rubick, queue));
+        print(&format!("sim_base_belief_truth_rubick_{q}_avg_jct_s"), &s.avg_jct_s, "s");
     }
     Ok(())
 }

@@ -163,6 +163,7 @@ fn check(files: &[PathBuf]) -> anyhow::Result<Outcome> {
             Kind::ModelSpec => drop(parse_artifact::<rubick_core::ModelSpec>(path, &text)?),
             Kind::PerfModel => drop(parse_artifact::<rubick_core::perf::PerfModel>(path, &text)?),
             Kind::Schedule => drop(parse_artifact::<rubick_core::schedule::Schedule>(path, &text)?),
+            Kind::SimulationSummary => drop(parse_artifact::<rubick_core::simulation::SimulationSummary>(path, &text)?),
         }
         tracing::info!("{}: valid {kind}", path.display());
     }

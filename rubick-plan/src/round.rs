@@ -270,7 +270,7 @@ pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> 
 }
 
 fn fit_reference(data: &ReferenceData, model: &str, links: Links) -> anyhow::Result<Params> {
-    let spec = data.facts(model).context("listed model")?.model_spec(model);
+    let spec = data.model_spec(model)?.context("listed model")?;
     let measured = data.measured_rows(model)?;
     let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &MemoryEstimator::default());
     let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);

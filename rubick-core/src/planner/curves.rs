@@ -189,6 +189,19 @@ pub fn host_memory_gib(config: &PlannerConfig, group: &NodeGroup, model: &ModelS
     config.base_host_gib_per_gpu(group) * f64::from(plan.gpus()) + offloaded / GIB
 }
 
+/// The iteration time of a prediction with `cpus` cores: the CPU optimizer of
+/// offloading plans runs `reference / cores-per-GPU` times as long as predicted
+/// (within 0.5..8: memory bandwidth caps the gain), where `reference` is the cores per
+/// GPU the prediction's rows were measured with.
+pub fn iter_time_with_cpus(plan: &Plan, pred: &Prediction, cpus: u32, reference: f64) -> f64 {
+    let mut t = pred.total;
+    if plan.offload != Offload::None {
+        let per_gpu = f64::from(cpus.max(1)) / f64::from(plan.gpus().max(1));
+        t += pred.optimizer * ((reference / per_gpu).clamp(0.5, 8.0) - 1.0);
+    }
+    t
+}
+
 /// Fallback performance-model parameters of a job without a fitted model: the compute
 /// time from the model's measured forward time, else from its FLOPs (6 x parameters x
 /// tokens per sample at 125 TFLOP/s, 40 % of an A100/A800's bf16 peak).
@@ -260,8 +273,9 @@ impl<'a> Evaluator<'a> {
     }
 
     /// Predicted samples per second of `plan` on `placement` of `group` with `cpus`
-    /// cores. The CPU optimizer of offloading plans speeds up with cores beyond the
-    /// node's fair share (at which profiles are taken) and slows down below it.
+    /// cores. The CPU optimizer of offloading plans speeds up with cores beyond
+    /// `cpu_reference` per GPU (those the model's profile was taken with:
+    /// [`PlannerConfig::cpu_reference`]) and slows down below it.
     pub fn throughput(
         model: &ModelSpec,
         params: &Params,
@@ -269,12 +283,15 @@ impl<'a> Evaluator<'a> {
         plan: &Plan,
         placement: &Placement,
         cpus: u32,
+        cpu_reference: f64,
     ) -> f64 {
         let pred = Self::prediction(model, params, group, plan, placement);
-        Self::throughput_with_cpus(model, group, plan, &pred, cpus)
+        model.global_batch as f64 / iter_time_with_cpus(plan, &pred, cpus, cpu_reference).max(1e-12)
     }
 
-    fn prediction(
+    /// The performance model's prediction of `plan` on `placement` of `group` (its
+    /// compute speed applied), before the CPU adjustment.
+    pub fn prediction(
         model: &ModelSpec,
         params: &Params,
         group: &NodeGroup,
@@ -290,16 +307,6 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    fn throughput_with_cpus(model: &ModelSpec, group: &NodeGroup, plan: &Plan, pred: &Prediction, cpus: u32) -> f64 {
-        let mut t = pred.total;
-        if plan.offload != Offload::None {
-            let fair = f64::from(group.fair_cpus_per_gpu());
-            let per_gpu = f64::from(cpus.max(1)) / f64::from(plan.gpus().max(1));
-            t += pred.optimizer * ((fair / per_gpu).clamp(0.5, 8.0) - 1.0);
-        }
-        model.global_batch as f64 / t.max(1e-12)
-    }
-
     /// The best allowed plan of a model on a concrete placement with `cpus` cores.
     pub fn best_plan(
         &mut self,
@@ -313,11 +320,12 @@ impl<'a> Evaluator<'a> {
         let key = self.model_key(model, params);
         let space = self.space(key, group, placement.gpus());
         let g = &self.cluster.node_groups[group];
+        let cpu_ref = self.config.cpu_reference(g);
         let mut best: Option<(Plan, f64)> = None;
         let measured = self.config.measured_only.clone();
         let ok = |p: &Plan| measured.as_ref().is_none_or(|m| m.contains(&model.name, p, placement));
         for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
-            let thr = Self::throughput(model, params, g, plan, placement, cpus);
+            let thr = Self::throughput(model, params, g, plan, placement, cpus, cpu_ref);
             if best.as_ref().is_none_or(|(_, b)| thr > *b) {
                 best = Some((*plan, thr));
             }
@@ -374,13 +382,14 @@ impl<'a> Evaluator<'a> {
             }
             for placement in shapes {
                 let base_cpus = self.config.base_cpus_per_gpu(&g) * n;
+                let cpu_ref = self.config.cpu_reference(&g);
                 let levels = self.offload_cpu_levels(&g, placement.max_per_node());
                 let mut best: Vec<Option<(Plan, f64, u32)>> = vec![None; 1 + levels.len()];
                 let measured = self.config.measured_only.as_deref();
                 let ok = |p: &Plan| measured.is_none_or(|m| m.contains(&model.name, p, &placement));
                 for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
                     if plan.offload == Offload::None {
-                        let thr = Self::throughput(model, params, &g, plan, &placement, base_cpus);
+                        let thr = Self::throughput(model, params, &g, plan, &placement, base_cpus, cpu_ref);
                         if best[0].is_none_or(|(_, b, _)| thr > b) {
                             best[0] = Some((*plan, thr, base_cpus));
                         }
@@ -388,7 +397,8 @@ impl<'a> Evaluator<'a> {
                         let pred = Self::prediction(model, params, &g, plan, &placement);
                         for (i, level) in levels.iter().enumerate() {
                             let cpus = level * n;
-                            let thr = Self::throughput_with_cpus(model, &g, plan, &pred, cpus);
+                            let t = iter_time_with_cpus(plan, &pred, cpus, cpu_ref);
+                            let thr = model.global_batch as f64 / t.max(1e-12);
                             if best[i + 1].is_none_or(|(_, b, _)| thr > b) {
                                 best[i + 1] = Some((*plan, thr, cpus));
                             }
@@ -441,7 +451,8 @@ impl<'a> Evaluator<'a> {
         };
         match plan {
             Some(plan) => {
-                let throughput = Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus);
+                let cpu_ref = self.config.cpu_reference(&g);
+                let throughput = Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus, cpu_ref);
                 Some(RequestConfig { group, plan: Some(plan), placement, cpus, throughput })
             }
             None => self
@@ -507,7 +518,8 @@ impl<'a> Evaluator<'a> {
         let mut current_thr = None;
         if let Some(cur) = &input.current {
             let g = &self.cluster.node_groups[cur.group];
-            let thr = Self::throughput(&job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus);
+            let cpu_ref = self.config.cpu_reference(g);
+            let thr = Self::throughput(&job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref);
             current_thr = Some(thr);
             // The same configuration found by the curve is the current one.
             candidates.retain(|c| {

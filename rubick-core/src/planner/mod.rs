@@ -71,7 +71,7 @@ pub struct PlannerConfig {
     pub guarantee_keeps_layout: bool,
     /// When set, only (plan, placement) configurations in this set are offered (besides
     /// a job's request and current allocation): a simulation whose truth must be measured.
-    pub measured_only: Option<std::sync::Arc<MeasuredSet>>,
+    pub measured_only: Option<std::sync::Arc<crate::truth::MeasuredTable>>,
     /// Cores are not a decision: every job gets the node's fair share of cores per GPU
     /// (a GPU-only scheduler's allocation, e.g. Pollux/Sia's elastic data parallelism).
     pub fair_cores_only: bool,
@@ -79,6 +79,9 @@ pub struct PlannerConfig {
     /// does not fit (admission control); once running, its guarantee holds. When false,
     /// every guaranteed job must run this round.
     pub queue_guaranteed: bool,
+    /// CPU cores per GPU the jobs' performance models were profiled with (their CPU
+    /// optimizer's time is scaled from it); `None`: each group's fair share.
+    pub profiled_cpus_per_gpu: Option<u32>,
 }
 
 impl PlannerConfig {
@@ -89,6 +92,11 @@ impl PlannerConfig {
             return group.fair_cpus_per_gpu();
         }
         self.min_cpus_per_gpu.min(group.fair_cpus_per_gpu())
+    }
+
+    /// Cores per GPU at which predictions hold as fitted (see `profiled_cpus_per_gpu`).
+    pub fn cpu_reference(&self, group: &NodeGroup) -> f64 {
+        f64::from(self.profiled_cpus_per_gpu.unwrap_or_else(|| group.fair_cpus_per_gpu()))
     }
 
     /// Host memory per GPU every job gets on a group (GiB), likewise.
@@ -117,6 +125,7 @@ impl Default for PlannerConfig {
             guarantee_keeps_layout: false,
             measured_only: None,
             fair_cores_only: false,
+            profiled_cpus_per_gpu: None,
         }
     }
 }
@@ -132,6 +141,61 @@ pub struct Current {
     pub cpus: u32,
     pub host_memory_gib: f64,
     pub rounds_since_change: u32,
+}
+
+impl Current {
+    /// How an allocation `next` (group, plan, placement, (node, GPU indices) per node,
+    /// cores) differs from this one: the one rule of what counts as a change, for the
+    /// schedule's explanation and the simulator's restarts alike. Nodes are compared
+    /// only when both sides know them; a change of cores alone is a change (a training
+    /// process's CPU threads are fixed at launch).
+    pub fn change_to(
+        &self,
+        group: usize,
+        plan: &Plan,
+        placement: &Placement,
+        nodes: &[(u32, Vec<u32>)],
+        cpus: u32,
+    ) -> crate::schedule::Change {
+        use crate::schedule::Change;
+        let sorted = |n: &[(u32, Vec<u32>)]| {
+            let mut n: Vec<(u32, Vec<u32>)> = n
+                .iter()
+                .map(|(i, g)| {
+                    (*i, {
+                        let mut g = g.clone();
+                        g.sort_unstable();
+                        g
+                    })
+                })
+                .collect();
+            n.sort();
+            n
+        };
+        let same_nodes = self.nodes.is_empty() || nodes.is_empty() || sorted(&self.nodes) == sorted(nodes);
+        if self.placement.gpus() != placement.gpus() {
+            Change::Resized
+        } else if self.plan != *plan {
+            Change::Replanned
+        } else if self.group != group || self.placement != *placement || !same_nodes {
+            Change::Moved
+        } else if self.cpus != cpus {
+            Change::Recored
+        } else {
+            Change::Kept
+        }
+    }
+
+    /// [`Current::change_to`] another `Current`, or from/to not running.
+    pub fn change(old: Option<&Current>, new: Option<&Current>) -> crate::schedule::Change {
+        use crate::schedule::Change;
+        match (old, new) {
+            (None, None) => Change::Pending,
+            (None, Some(_)) => Change::Started,
+            (Some(_), None) => Change::Preempted,
+            (Some(a), Some(b)) => a.change_to(b.group, &b.plan, &b.placement, &b.nodes, b.cpus),
+        }
+    }
 }
 
 /// What the planner knows of one job: the job, its performance-model parameters and
@@ -370,25 +434,4 @@ pub fn current_of_assignment(
         host_memory_gib: a.nodes.iter().map(|s| s.host_memory_gib).sum(),
         rounds_since_change: a.rounds_since_change,
     }))
-}
-
-/// The (model, plan code, placement) configurations a table measured.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct MeasuredSet {
-    rows: std::collections::HashSet<(String, crate::plan::PlanCode, Placement)>,
-}
-
-impl MeasuredSet {
-    pub fn insert(&mut self, model: &str, code: crate::plan::PlanCode, placement: Placement) {
-        self.rows.insert((model.to_owned(), code, placement));
-    }
-
-    /// Whether `plan` on `placement` was measured for `model` (on one GPU `ga` and
-    /// `zero-dp` are the same plan).
-    pub fn contains(&self, model: &str, plan: &Plan, placement: &Placement) -> bool {
-        use crate::plan::PlanCode;
-        let Some(code) = PlanCode::of(plan) else { return false };
-        let has = |c: PlanCode| self.rows.contains(&(model.to_owned(), c, placement.clone()));
-        has(code) || (plan.dp == 1 && code == PlanCode::Ga && has(PlanCode::ZeroDp))
-    }
 }

@@ -13,7 +13,7 @@ use crate::placement::Placement;
 use crate::plan::Plan;
 
 use super::curves::{CurveBook, Evaluator};
-use super::{Capacity, JobInput, PlannerConfig, Restriction};
+use super::{Capacity, Current, JobInput, PlannerConfig, Restriction};
 
 /// One node's free resources.
 #[derive(Debug, Clone)]
@@ -207,39 +207,7 @@ pub fn place(
         if !cand.is_current || cur.nodes.is_empty() || (repack && !book.jobs[j].locked) {
             continue;
         }
-        let weights: Vec<u32> = cur.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
-        let counts: Vec<u32> = if weights.iter().all(|&w| w > 0) {
-            weights
-        } else {
-            // Only node names known: the placement's counts in node order.
-            cur.placement.per_node().to_vec()
-        };
-        let cpu_parts = split(cur.cpus, &counts);
-        let total: u32 = counts.iter().sum();
-        let mut ok = counts.len() == cur.nodes.len();
-        let mut plan_parts = Vec::new();
-        for (k, (idx, ix)) in cur.nodes.iter().enumerate() {
-            let Some(node) = node_of(cur.group, *idx, &nodes) else {
-                ok = false;
-                break;
-            };
-            let g = counts[k];
-            let m = cur.host_memory_gib * f64::from(g) / f64::from(total.max(1));
-            let n = &nodes[node];
-            let gpus_ok = if ix.is_empty() {
-                n.free_gpus() >= g
-            } else {
-                ix.iter().all(|&i| n.gpu_free.get(i as usize).copied().unwrap_or(false))
-            };
-            if !gpus_ok || n.cpus_free < cpu_parts[k] || n.mem_free + 1e-6 < m {
-                ok = false;
-                break;
-            }
-            plan_parts.push((node, g, cpu_parts[k], m, (!ix.is_empty()).then(|| ix.clone())));
-        }
-        if !ok {
-            continue;
-        }
+        let Some(plan_parts) = current_parts(&nodes, cur) else { continue };
         let shares =
             plan_parts.into_iter().map(|(node, g, c, m, ix)| take(&mut nodes, node, g, c, m, ix.as_deref())).collect();
         out[j] = Some(Placed {
@@ -337,7 +305,68 @@ pub fn place(
             }
         }
     }
+    // A running job the decision paused, or moved to a configuration that found no
+    // room, keeps running where it is when nobody took its resources: pausing it would
+    // free them for nothing (and resume it, restarted, a round later).
+    for (j, input) in inputs.iter().enumerate() {
+        let Some(cur) = &input.current else { continue };
+        if out[j].is_some() || cur.nodes.is_empty() {
+            continue;
+        }
+        let Some(parts) = current_parts(&nodes, cur) else { continue };
+        let shares =
+            parts.into_iter().map(|(node, g, c, m, ix)| take(&mut nodes, node, g, c, m, ix.as_deref())).collect();
+        let g = &cluster.node_groups[cur.group];
+        let cpu_ref = evaluator.config.cpu_reference(g);
+        let throughput =
+            Evaluator::throughput(&input.job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref);
+        out[j] = Some(Placed {
+            group: cur.group,
+            plan: cur.plan,
+            placement: cur.placement.clone(),
+            shares,
+            cpus: cur.cpus,
+            host_memory_gib: cur.host_memory_gib,
+            throughput,
+            note: Some("kept where it runs: the resources the round freed went unused".into()),
+        });
+    }
     (out, nodes)
+}
+
+/// Where a running job's current allocation lies on `nodes`, per node (node, GPUs,
+/// cores, memory, GPU indices), if all of it is free there.
+#[allow(clippy::type_complexity)]
+fn current_parts(nodes: &[NodeState], cur: &Current) -> Option<Vec<(usize, u32, u32, f64, Option<Vec<u32>>)>> {
+    let weights: Vec<u32> = cur.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
+    let counts: Vec<u32> = if weights.iter().all(|&w| w > 0) {
+        weights
+    } else {
+        // Only node names known: the placement's counts in node order.
+        cur.placement.per_node().to_vec()
+    };
+    if counts.len() != cur.nodes.len() {
+        return None;
+    }
+    let cpu_parts = split(cur.cpus, &counts);
+    let total: u32 = counts.iter().sum();
+    let mut parts = Vec::new();
+    for (k, (idx, ix)) in cur.nodes.iter().enumerate() {
+        let node = nodes.iter().position(|n| n.group == cur.group && n.index == *idx)?;
+        let g = counts[k];
+        let m = cur.host_memory_gib * f64::from(g) / f64::from(total.max(1));
+        let n = &nodes[node];
+        let gpus_ok = if ix.is_empty() {
+            n.free_gpus() >= g
+        } else {
+            ix.iter().all(|&i| n.gpu_free.get(i as usize).copied().unwrap_or(false))
+        };
+        if !gpus_ok || n.cpus_free < cpu_parts[k] || n.mem_free + 1e-6 < m {
+            return None;
+        }
+        parts.push((node, g, cpu_parts[k], m, (!ix.is_empty()).then(|| ix.clone())));
+    }
+    Some(parts)
 }
 
 /// Per node group, the resources no job can use after a placement: free GPUs on nodes

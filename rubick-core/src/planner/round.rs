@@ -46,18 +46,8 @@ pub fn assemble(
             (None, Some(_)) => Change::Started,
             (Some(_), None) => Change::Preempted,
             (Some(c), Some(p)) => {
-                let same_nodes = c.nodes.is_empty()
-                    || c.nodes.iter().map(|(i, _)| *i).collect::<Vec<_>>()
-                        == p.shares.iter().map(|s| nodes[s.node].index).collect::<Vec<_>>();
-                if c.placement.gpus() != p.placement.gpus() {
-                    Change::Resized
-                } else if c.plan != p.plan {
-                    Change::Replanned
-                } else if c.group != p.group || c.placement != p.placement || !same_nodes {
-                    Change::Moved
-                } else {
-                    Change::Kept
-                }
+                let on: Vec<(u32, Vec<u32>)> = p.shares.iter().map(|s| (nodes[s.node].index, s.gpus.clone())).collect();
+                c.change_to(p.group, &p.plan, &p.placement, &on, p.cpus)
             }
         };
         let throughput = p.map_or(0.0, |p| p.throughput);
@@ -73,7 +63,7 @@ pub fn assemble(
             Change::Kept if jc.locked => "kept: in its cooldown after a change".to_string(),
             Change::Kept => "kept: no change pays for its restart".to_string(),
             Change::Preempted => "paused: its resources are worth more to other jobs".to_string(),
-            Change::Resized | Change::Replanned | Change::Moved => {
+            Change::Resized | Change::Replanned | Change::Moved | Change::Recored => {
                 let old = cur.and_then(|_| jc.current.map(|c| jc.candidates[c].normalized)).unwrap_or(0.0);
                 format!("{old:.2}x -> {normalized:.2}x its request's throughput, worth a restart")
             }

@@ -7,22 +7,28 @@
 //! job ends after its iterations (the trace's steps + 1); JCT = completion -
 //! submission; makespan = the end of the round in which the last job finishes.
 //!
-//! **Ground truth vs belief**: a job progresses at the *measured* iteration time of its
-//! (plan, placement) row when the reference table has it (placements equal up to node
-//! order), else at its fitted model's prediction (counted in `unmeasured_share`).
-//! Policies only ever see predictions.
+//! **Ground truth vs belief**: a job progresses at the truth's iteration time of its
+//! allocation ([`rubick_core::truth`]: measured rows, scaled by an oracle fitted on all
+//! of them for micro-batch, accumulation and cores, the oracle elsewhere; each second
+//! classed measured, interpolated or extrapolated), times a log-normal noise drawn per
+//! allocation. Policies only ever see their beliefs (models fitted on a few rows).
+//!
+//! **Guarantees**: a guaranteed job, once admitted, violates its guarantee for every
+//! second it is paused or runs below the truth of its request.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::Evaluator;
 use rubick_core::planner::{Current, PlannerConfig, Restriction};
-use rubick_core::reference::MeasuredRow;
+use rubick_core::schedule::Change;
 use rubick_core::space::resolve_code;
+use rubick_core::truth::{Basis, MeasuredTable, Truth};
 use rubick_core::{Cluster, Job, MemoryEstimator, Placement, Plan, PlanCode, PlanRequest};
 
 mod policies;
+pub mod summary;
+pub mod trace;
 
 use policies::View;
 
@@ -85,6 +91,16 @@ pub enum Queue {
     Srpt,
 }
 
+impl Queue {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Queue::Fifo => "fifo",
+            Queue::Las => "las",
+            Queue::Srpt => "srpt",
+        }
+    }
+}
+
 /// Knobs of a simulation.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -94,9 +110,11 @@ pub struct SimConfig {
     pub queue: Queue,
     pub planner: PlannerConfig,
     pub milp_time_limit: Duration,
-    /// Unmeasured configurations run this share slower than predicted (a pessimistic
-    /// truth; 0: the prediction is the truth).
-    pub unmeasured_slowdown: f64,
+    /// Log-normal noise on true iteration times: each allocation of a job runs
+    /// `exp(sigma * z)` times its truth, `z` standard normal (0: none).
+    pub noise_sigma: f64,
+    /// Seed of the noise (a replica of the simulation).
+    pub seed: u64,
 }
 
 impl SimConfig {
@@ -104,7 +122,7 @@ impl SimConfig {
     /// defaults for replaying traces: plans of the kinds the reference measured,
     /// guaranteed jobs admitted when their guarantee fits and kept to their plan's
     /// layout with a 30 % margin on predictions, changes worth half a request,
-    /// 20-round cooldowns.
+    /// 20-round cooldowns, the reference's profiled cores per GPU.
     pub fn defaults(policy: SimPolicy, queue: Queue) -> Self {
         SimConfig {
             round_s: 60.0,
@@ -118,10 +136,12 @@ impl SimConfig {
                 guarantee_keeps_layout: true,
                 change_min_gain: 0.5,
                 cooldown_rounds: 20,
+                profiled_cpus_per_gpu: Some(rubick_core::reference::TESTBED_PROFILED_CPUS_PER_GPU),
                 ..PlannerConfig::default()
             },
             milp_time_limit: Duration::from_secs(2),
-            unmeasured_slowdown: 0.0,
+            noise_sigma: 0.0,
+            seed: 0,
         }
     }
 }
@@ -132,42 +152,6 @@ pub struct SimJob {
     pub job: Job,
     /// The fitted performance model (belief).
     pub params: Params,
-    /// The plan code of the trace when the job's model rejects it (the request then
-    /// has no plan); the static policies run it as measured.
-    pub trace_code: Option<PlanCode>,
-}
-
-/// Measured iteration times by (model, code, placement): the ground truth.
-#[derive(Debug, Default, Clone)]
-pub struct Truth {
-    rows: HashMap<(String, PlanCode, Placement), f64>,
-}
-
-impl Truth {
-    /// Every measured configuration, for a planner limited to them.
-    pub fn measured_set(&self) -> rubick_core::planner::MeasuredSet {
-        let mut set = rubick_core::planner::MeasuredSet::default();
-        for (model, code, placement) in self.rows.keys() {
-            set.insert(model, *code, placement.clone());
-        }
-        set
-    }
-
-    pub fn add(&mut self, model: &str, rows: &[MeasuredRow]) {
-        for r in rows {
-            self.rows.entry((model.to_owned(), r.code, r.placement.clone())).or_insert(r.iter_time_s);
-        }
-    }
-
-    /// The measured iteration time of a plan on a placement, if the table has it.
-    pub fn measured(&self, model: &str, plan: &Plan, placement: &Placement) -> Option<f64> {
-        let code = PlanCode::of(plan)?;
-        let key = |c: PlanCode| (model.to_owned(), c, placement.clone());
-        self.rows.get(&key(code)).copied().or_else(|| {
-            // On one GPU `ga` and `zero-dp` are the same plan.
-            (plan.dp == 1 && code == PlanCode::Ga).then(|| self.rows.get(&key(PlanCode::ZeroDp)).copied()).flatten()
-        })
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -185,13 +169,17 @@ struct State {
     restarts: u32,
     plan_changes: u32,
     gpu_s: f64,
-    guarantee_held: bool,
-    measured_s: f64,
-    unmeasured_s: f64,
+    /// Seconds a guaranteed, admitted job was paused or below its guarantee.
+    violation_s: f64,
+    /// Running time by how its truth was known (`Basis::ALL` order).
+    basis_s: [f64; 3],
     /// Required samples/s (truth of the request), for guaranteed jobs.
     required: f64,
     /// Predicted GPU-seconds per iteration on the request (belief): remaining work.
     work_per_iter: f64,
+    /// The noise factor of the current allocation, and how many allocations it had.
+    noise: f64,
+    allocations: u64,
 }
 
 impl State {
@@ -213,12 +201,20 @@ pub struct JobResult {
     pub plan_changes: u32,
     pub gpu_hours: f64,
     pub guaranteed: bool,
-    pub guarantee_held: bool,
+    /// Seconds this guaranteed job was paused or below its guarantee after admission.
+    pub violation_s: f64,
+    /// Running seconds by basis of the truth (measured, interpolated, extrapolated).
+    pub basis_s: [f64; 3],
 }
 
 impl JobResult {
     pub fn jct_s(&self) -> Option<f64> {
         self.finish_s.map(|f| f - self.submit_s)
+    }
+
+    /// Whether a guaranteed job's guarantee held all along.
+    pub fn guarantee_held(&self) -> bool {
+        self.violation_s <= 0.0
     }
 }
 
@@ -226,25 +222,29 @@ impl JobResult {
 #[derive(Debug, Clone)]
 pub struct SimResult {
     pub jobs: Vec<JobResult>,
+    /// The end of the round in which the last job finished.
     pub makespan_s: f64,
-    /// Share of job running time spent in configurations the reference did not measure.
-    pub unmeasured_share: f64,
+    /// When the simulation stopped (unfinished jobs are censored there).
+    pub end_s: f64,
     /// GPUs in use at each round: (time, GPUs).
     pub usage: Vec<(f64, u32)>,
     pub rounds: u64,
     pub decisions: u64,
 }
 
-/// The truth's iteration time of a job's allocation, and whether it was measured.
-fn true_iter_s(job: &SimJob, truth: &Truth, cluster: &Cluster, c: &Current, slowdown: f64) -> (f64, bool) {
-    match truth.measured(&job.job.model.name, &c.plan, &c.placement) {
-        Some(t) => (t, true),
-        None => {
-            let g = &cluster.node_groups[c.group];
-            let thr = Evaluator::throughput(&job.job.model, &job.params, g, &c.plan, &c.placement, c.cpus);
-            (job.job.model.global_batch as f64 / (thr * (1.0 - slowdown)), false)
-        }
-    }
+/// The truth's iteration time of a job's allocation, and its basis.
+fn true_iter_s(job: &SimJob, truth: &Truth, cluster: &Cluster, c: &Current) -> (f64, Basis) {
+    let g = &cluster.node_groups[c.group];
+    truth.iter_time_s(&job.job.model, &job.params, g, &c.plan, &c.placement, c.cpus)
+}
+
+/// A standard normal draw for (seed, job, allocation): the same on every platform.
+fn normal(seed: u64, job: usize, allocation: u64) -> f64 {
+    let mut rng = rubick_core::planner::rng::SplitMix64::new(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (job as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) ^ allocation,
+    );
+    let (u1, u2) = (rng.unit().max(1e-300), rng.unit());
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
 /// The user's request as a concrete allocation shape: the plan its code resolves to on
@@ -260,23 +260,9 @@ fn request_plan(job: &Job, cluster: &Cluster) -> Option<Plan> {
     }
 }
 
-/// The plan a trace job ran with, taken literally from its code when the model's
-/// shape (as the reference describes it) rejects it: the measured row is the truth.
-fn traced_plan(sj: &SimJob) -> Option<Plan> {
-    let code = sj.trace_code?;
-    let gpus = sj.job.request.gpus;
-    let mut plan = code.skeleton(gpus);
-    if plan.gpus() != gpus {
-        return None;
-    }
-    let per_replica = (sj.job.model.global_batch / u64::from(plan.dp.max(1))).max(1);
-    plan.micro_batch = u32::try_from(per_replica).ok()?;
-    Some(plan)
-}
-
 /// The plan a job runs as its user asked, on `placement` (its requested GPUs) with
-/// `cpus`: the request's plan, else the trace's code taken literally, else (no plan
-/// requested) the best plan the belief finds there.
+/// `cpus`: the request's plan, else (no plan requested) the best plan the belief finds
+/// there.
 fn users_plan(
     sj: &SimJob,
     cluster: &Cluster,
@@ -284,9 +270,29 @@ fn users_plan(
     placement: &Placement,
     cpus: u32,
 ) -> Option<Plan> {
-    request_plan(&sj.job, cluster).or_else(|| traced_plan(sj)).or_else(|| {
+    request_plan(&sj.job, cluster).or_else(|| {
         evaluator.best_plan(&sj.job.model, &sj.params, 0, placement, cpus, Restriction::Any).map(|(plan, _)| plan)
     })
+}
+
+/// Where the user's request runs: the requested GPUs packed onto nodes, unless the
+/// reference measured the requested plan only on another placement of as many GPUs
+/// (the authors' simulator charges a static job that measured placement: LLaMA-30B's
+/// `641` on `444444`, not on `888`).
+fn request_placement(sj: &SimJob, cluster: &Cluster, measured: Option<&MeasuredTable>) -> Option<Placement> {
+    let gpus = sj.job.request.gpus;
+    let packed = Placement::packed(gpus, cluster.node_groups[0].gpus_per_node)?;
+    let Some(table) = measured else { return Some(packed) };
+    let Some(code) = request_plan(&sj.job, cluster).and_then(|p| PlanCode::of(&p)) else { return Some(packed) };
+    let placements = table.placements_of(&sj.job.model.name, code, gpus);
+    let fits = |p: &Placement| {
+        let g = &cluster.node_groups[0];
+        p.max_per_node() <= g.gpus_per_node && p.nodes() <= g.count
+    };
+    if placements.is_empty() || placements.contains(&packed) {
+        return Some(packed);
+    }
+    placements.into_iter().find(fits).or(Some(packed))
 }
 
 /// Runs the simulation. `progress` is called after each round with (finished, total).
@@ -299,46 +305,36 @@ pub fn simulate(
 ) -> SimResult {
     let n = jobs.len();
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| jobs[a].job.submit_time_s.total_cmp(&jobs[b].job.submit_time_s).then(a.cmp(&b)));
-    let mut state: Vec<State> = jobs
-        .iter()
-        .map(|j| State { remaining: j.job.iterations as f64, guarantee_held: true, ..State::default() })
-        .collect();
-    // Remaining work as the policies see it: iterations x predicted GPU-seconds per
-    // iteration on the request.
-    {
-        let g = &cluster.node_groups[0];
-        let mut evaluator = Evaluator::new(cluster, &config.planner);
-        for (j, sj) in jobs.iter().enumerate() {
-            let job = &sj.job;
-            let placement = Placement::packed(job.request.gpus, g.gpus_per_node);
-            let cpus = job.request.cpus.unwrap_or(g.fair_cpus_per_gpu() * job.request.gpus);
-            let thr = placement.as_ref().and_then(|p| {
-                let plan = users_plan(sj, cluster, &mut evaluator, p, cpus)?;
-                Some(Evaluator::throughput(&job.model, &sj.params, g, &plan, p, cpus))
-            });
-            let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
-            state[j].work_per_iter = job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1));
-        }
-    }
-    // Required throughput of guaranteed jobs: the truth of their request.
-    for (j, job) in jobs.iter().enumerate() {
-        if let (true, Some(plan), Some(placement)) = (
-            job.job.guaranteed,
-            request_plan(&job.job, cluster),
-            Placement::packed(job.job.request.gpus, cluster.node_groups[0].gpus_per_node),
-        ) {
+    order.sort_by(|a, b| jobs[*a].job.submit_time_s.total_cmp(&jobs[*b].job.submit_time_s).then(a.cmp(b)));
+    let mut state: Vec<State> =
+        jobs.iter().map(|j| State { remaining: j.job.iterations as f64, noise: 1.0, ..State::default() }).collect();
+    let g0 = &cluster.node_groups[0];
+    let mut evaluator = Evaluator::new(cluster, &config.planner);
+    let cpu_ref = config.planner.cpu_reference(g0);
+    for (j, sj) in jobs.iter().enumerate() {
+        let job = &sj.job;
+        let cpus = job.request.cpus.unwrap_or(g0.fair_cpus_per_gpu() * job.request.gpus);
+        let request = request_placement(sj, cluster, Some(&truth.table))
+            .and_then(|p| Some((users_plan(sj, cluster, &mut evaluator, &p, cpus)?, p)));
+        // Remaining work as the policies see it: iterations x predicted GPU-seconds per
+        // iteration on the request.
+        let thr =
+            request.as_ref().map(|(plan, p)| Evaluator::throughput(&job.model, &sj.params, g0, plan, p, cpus, cpu_ref));
+        let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
+        state[j].work_per_iter = job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1));
+        // Required throughput of a guaranteed job: the truth of its request.
+        if let (true, Some((plan, placement))) = (job.guaranteed, request) {
             let c = Current {
                 group: 0,
                 plan,
                 placement,
                 nodes: Vec::new(),
-                cpus: job.job.request.cpus.unwrap_or(4 * job.job.request.gpus),
+                cpus,
                 host_memory_gib: 0.0,
                 rounds_since_change: 0,
             };
-            let (t, _) = true_iter_s(job, truth, cluster, &c, config.unmeasured_slowdown);
-            state[j].required = job.job.model.global_batch as f64 / t;
+            let (t, _) = true_iter_s(sj, truth, cluster, &c);
+            state[j].required = job.model.global_batch as f64 / t;
         }
     }
     let round = config.round_s;
@@ -384,55 +380,52 @@ pub fn simulate(
             decisions += 1;
             since_plan = 0;
             changed = false;
-            let view = View { cluster, jobs, state: &state, active: &active, now_s: t };
+            let view = View { cluster, jobs, state: &state, active: &active, now_s: t, measured: &truth.table };
             let new = policy.decide(&view, round_no);
             round_no += 1;
             for (&j, alloc) in active.iter().zip(new) {
                 let s = &mut state[j];
-                let differs = match (&s.alloc, &alloc) {
-                    (None, None) => false,
-                    (Some(a), Some(b)) => {
-                        a.current.plan != b.current.plan
-                            || a.current.group != b.current.group
-                            || a.current.nodes != b.current.nodes
+                let change = Current::change(s.alloc.as_ref().map(|a| &a.current), alloc.as_ref().map(|a| &a.current));
+                if matches!(change, Change::Kept | Change::Pending) {
+                    if let Some(a) = &mut s.alloc {
+                        a.current.rounds_since_change = a.current.rounds_since_change.saturating_add(1);
                     }
-                    _ => true,
-                };
-                if differs {
-                    if let Some(new) = &alloc {
-                        if tracing::enabled!(tracing::Level::DEBUG) {
-                            let (iter_s, measured) =
-                                true_iter_s(&jobs[j], truth, cluster, &new.current, config.unmeasured_slowdown);
-                            tracing::debug!(
-                                "t={t}: {} -> {} on {} with {} cores ({:.3} samples/s, {}; request {} GPUs)",
-                                jobs[j].job.name,
-                                new.current.plan,
-                                new.current.placement,
-                                new.current.cpus,
-                                jobs[j].job.model.global_batch as f64 / iter_s,
-                                if measured { "measured" } else { "predicted" },
-                                jobs[j].job.request.gpus
-                            );
-                        }
-                        if s.alloc.is_some() || s.first_start.is_some() {
-                            s.restarts += 1;
-                        }
-                        if s.alloc.as_ref().is_some_and(|a| a.current.plan != new.current.plan) {
-                            s.plan_changes += 1;
-                        }
-                        s.first_start.get_or_insert(t);
-                        s.penalty_until = t + config.restart_penalty_s;
-                    }
-                    if alloc.is_none() {
-                        tracing::debug!("t={t}: {} paused", jobs[j].job.name);
-                    }
-                    s.alloc = alloc.map(|mut a| {
-                        a.current.rounds_since_change = 0;
-                        a
-                    });
-                } else if let Some(a) = &mut s.alloc {
-                    a.current.rounds_since_change = a.current.rounds_since_change.saturating_add(1);
+                    continue;
                 }
+                if let Some(new) = &alloc {
+                    if tracing::enabled!(tracing::Level::DEBUG) {
+                        let (iter_s, basis) = true_iter_s(&jobs[j], truth, cluster, &new.current);
+                        tracing::debug!(
+                            "t={t}: {} {change:?} -> {} on {} with {} cores ({:.3} samples/s, {basis:?}; request {} GPUs)",
+                            jobs[j].job.name,
+                            new.current.plan,
+                            new.current.placement,
+                            new.current.cpus,
+                            jobs[j].job.model.global_batch as f64 / iter_s,
+                            jobs[j].job.request.gpus
+                        );
+                    }
+                    if s.alloc.is_some() || s.first_start.is_some() {
+                        s.restarts += 1;
+                    }
+                    if s.alloc.as_ref().is_some_and(|a| a.current.plan != new.current.plan) {
+                        s.plan_changes += 1;
+                    }
+                    s.first_start.get_or_insert(t);
+                    s.penalty_until = t + config.restart_penalty_s;
+                    s.allocations += 1;
+                    s.noise = if config.noise_sigma > 0.0 {
+                        (config.noise_sigma * normal(config.seed, j, s.allocations)).exp()
+                    } else {
+                        1.0
+                    };
+                } else {
+                    tracing::debug!("t={t}: {} paused", jobs[j].job.name);
+                }
+                s.alloc = alloc.map(|mut a| {
+                    a.current.rounds_since_change = 0;
+                    a
+                });
             }
         } else {
             since_plan += 1;
@@ -447,10 +440,18 @@ pub fn simulate(
         let mut in_use = 0;
         for &j in &active {
             let s = &mut state[j];
-            let Some(a) = &s.alloc else { continue };
+            let guaranteed = jobs[j].job.guaranteed && s.first_start.is_some();
+            let Some(a) = &s.alloc else {
+                if guaranteed {
+                    // Admitted, then paused: the guarantee does not hold.
+                    s.violation_s += round;
+                }
+                continue;
+            };
             let gpus = a.current.placement.gpus();
             in_use += gpus;
-            let (iter_s, measured) = true_iter_s(&jobs[j], truth, cluster, &a.current, config.unmeasured_slowdown);
+            let (iter_s, basis) = true_iter_s(&jobs[j], truth, cluster, &a.current);
+            let iter_s = iter_s * s.noise;
             let start = s.penalty_until.max(t);
             let mut stop = end;
             if start < end {
@@ -465,27 +466,19 @@ pub fn simulate(
             }
             let held = stop - t;
             s.gpu_s += f64::from(gpus) * held;
-            if measured {
-                s.measured_s += held;
-            } else {
-                s.unmeasured_s += held;
-            }
-            if jobs[j].job.guaranteed
-                && s.required > 0.0
-                && jobs[j].job.model.global_batch as f64 / iter_s < s.required * 0.99
-            {
-                if s.guarantee_held {
+            s.basis_s[basis as usize] += held;
+            let speed = jobs[j].job.model.global_batch as f64 / iter_s;
+            if guaranteed && speed < s.required * 0.99 {
+                if s.violation_s <= 0.0 {
                     tracing::debug!(
-                        "{}: {} on {} runs at {:.3} samples/s ({}), below its guarantee {:.3}",
+                        "{}: {} on {} runs at {speed:.3} samples/s ({basis:?}), below its guarantee {:.3}",
                         jobs[j].job.name,
                         a.current.plan,
                         a.current.placement,
-                        jobs[j].job.model.global_batch as f64 / iter_s,
-                        if measured { "measured" } else { "predicted" },
                         s.required
                     );
                 }
-                s.guarantee_held = false;
+                s.violation_s += held;
             }
             if s.finish.is_some() {
                 s.alloc = None;
@@ -497,6 +490,7 @@ pub fn simulate(
             // Nothing runs and nothing will arrive: the rest can never start.
             tracing::warn!("{} jobs can never start on this cluster under {}", n - finished, config.policy.as_str());
             usage.push((t, 0));
+            t = end;
             break;
         }
         usage.push((t, in_use));
@@ -516,18 +510,38 @@ pub fn simulate(
             plan_changes: s.plan_changes,
             gpu_hours: s.gpu_s / 3600.0,
             guaranteed: j.job.guaranteed,
-            guarantee_held: s.guarantee_held,
+            violation_s: if j.job.guaranteed { s.violation_s } else { 0.0 },
+            basis_s: s.basis_s,
         })
         .collect();
     let last = results.iter().filter_map(|r| r.finish_s).fold(0.0, f64::max);
     let makespan_s = (last / round).ceil() * round;
-    let (m, u): (f64, f64) = state.iter().fold((0.0, 0.0), |(m, u), s| (m + s.measured_s, u + s.unmeasured_s));
-    SimResult {
-        jobs: results,
-        makespan_s,
-        unmeasured_share: if m + u > 0.0 { u / (m + u) } else { 0.0 },
-        usage,
-        rounds,
-        decisions,
+    SimResult { jobs: results, makespan_s, end_s: t, usage, rounds, decisions }
+}
+
+/// Runs `seeds` replicas of the simulation (seeds `config.seed`, `+1`, ...), two at a
+/// time; results in seed order, each as deterministic as one run.
+pub fn simulate_seeds(
+    cluster: &Cluster,
+    jobs: &[SimJob],
+    truth: &Truth,
+    config: &SimConfig,
+    seeds: u32,
+    progress: impl Fn(usize, usize) + Sync,
+) -> Vec<SimResult> {
+    let configs: Vec<SimConfig> =
+        (0..u64::from(seeds.max(1))).map(|k| SimConfig { seed: config.seed + k, ..config.clone() }).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
+    let mut results: Vec<Option<SimResult>> = vec![None; configs.len()];
+    for batch in configs.chunks(threads).zip(results.chunks_mut(threads)) {
+        let (cs, out) = batch;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                cs.iter().map(|c| scope.spawn(|| simulate(cluster, jobs, truth, c, |d, t| progress(d, t)))).collect();
+            for (h, slot) in handles.into_iter().zip(out.iter_mut()) {
+                *slot = h.join().ok();
+            }
+        });
     }
+    results.into_iter().flatten().collect()
 }

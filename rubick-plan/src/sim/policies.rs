@@ -14,7 +14,9 @@ use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
 use rubick_core::planner::{Current, JobInput, PlannerConfig, Restriction, current_of_assignment};
 use rubick_core::{Cluster, Placement};
 
-use super::{Alloc, Queue, SimConfig, SimJob, SimPolicy, State, request_plan, users_plan};
+use rubick_core::truth::MeasuredTable;
+
+use super::{Alloc, Queue, SimConfig, SimJob, SimPolicy, State, request_placement, request_plan, users_plan};
 use crate::round::{Policy as PlannerPolicy, plan_round_with};
 
 /// What a policy sees at a decision.
@@ -27,6 +29,9 @@ pub(super) struct View<'a> {
     pub active: &'a [usize],
     /// The simulated clock (seconds).
     pub now_s: f64,
+    /// Which configurations the reference measured (not their times): where a static
+    /// job's requested plan ran.
+    pub measured: &'a MeasuredTable,
 }
 
 /// A scheduling policy of the simulator.
@@ -125,7 +130,7 @@ impl Policy for QueuePolicy<'_> {
     }
 
     fn decide(&mut self, view: &View<'_>, _round: u64) -> Vec<Option<Alloc>> {
-        let View { cluster, jobs, state, active, .. } = *view;
+        let View { cluster, jobs, state, active, measured, .. } = *view;
         let evaluator = &mut self.evaluator;
         let mut nodes = nodes_of(cluster);
         let mut out: Vec<Option<Alloc>> = active.iter().map(|&j| state[j].alloc.clone()).collect();
@@ -142,7 +147,7 @@ impl Policy for QueuePolicy<'_> {
         let fair = g.fair_cpus_per_gpu();
         for j in waiting {
             let job = &jobs[j].job;
-            let placement = Placement::packed(job.request.gpus, g.gpus_per_node);
+            let placement = request_placement(&jobs[j], cluster, Some(measured));
             let requested_cpus = job.request.cpus.unwrap_or(fair * job.request.gpus);
             // The user's plan (the trace's code as measured when our model of the job
             // rejects it; the best plan on the requested GPUs when there is none).
@@ -151,22 +156,27 @@ impl Policy for QueuePolicy<'_> {
             let mem = host_memory_gib(&evaluator.config, g, &job.model, &plan);
             let gpus = placement.gpus();
             // Cores: the request; Synergy gives the fewest cores per GPU within 1 % of the
-            // best predicted throughput (sensitive jobs more, others less); AntMan manages
-            // GPUs only (cores as requested, or whatever is left on the nodes).
+            // best predicted throughput (sensitive jobs more, others less), else the most
+            // it can place, down to the least (its fallback under contention: never the
+            // request's own count unless that is one of its levels); AntMan manages GPUs
+            // only (cores as requested, or whatever is left on the nodes).
             let core_options: Vec<u32> = match self.kind {
                 SimPolicy::Synergy => {
                     let widest = placement.max_per_node().max(1);
-                    let levels: Vec<u32> = [evaluator.config.base_cpus_per_gpu(g), fair, fair * 2]
+                    let mut levels: Vec<u32> = [evaluator.config.base_cpus_per_gpu(g), fair, fair * 2]
                         .into_iter()
                         .filter(|l| l * widest <= g.cpu_cores)
                         .map(|l| l * gpus)
                         .collect();
-                    let thr = |c: u32| Evaluator::throughput(&job.model, &jobs[j].params, g, &plan, &placement, c);
+                    levels.sort_unstable();
+                    levels.dedup();
+                    let cpu_ref = evaluator.config.cpu_reference(g);
+                    let thr =
+                        |c: u32| Evaluator::throughput(&job.model, &jobs[j].params, g, &plan, &placement, c, cpu_ref);
                     let best = levels.iter().map(|&c| thr(c)).fold(0.0, f64::max);
-                    let mut ok: Vec<u32> = levels.into_iter().filter(|&c| thr(c) >= best * 0.99).collect();
-                    ok.push(requested_cpus);
-                    ok.sort_unstable();
-                    ok.dedup();
+                    let (mut ok, rest): (Vec<u32>, Vec<u32>) = levels.into_iter().partition(|&c| thr(c) >= best * 0.99);
+                    ok.truncate(1);
+                    ok.extend(rest.into_iter().rev());
                     ok
                 }
                 SimPolicy::Antman => vec![requested_cpus, gpus],

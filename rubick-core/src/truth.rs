@@ -1,0 +1,368 @@
+//! The ground truth of a simulation: how fast a configuration *really* runs.
+//!
+//! A policy decides on its **belief**: a performance model fitted on a few profiled
+//! rows. Judging its choices by the same belief rewards its own mistakes (the
+//! optimizer's curse), so the truth is kept apart, in one of two modes:
+//!
+//! * [`TruthMode::Oracle`] (the default): a configuration the reference measured runs
+//!   at its measured iteration time, scaled by the oracle's ratio when only the
+//!   micro-batch, accumulation or CPU cores differ from what was measured; any other
+//!   runs at the **oracle**'s prediction: the same model form fitted on *all* the
+//!   model's measured rows (never seen by a policy). Each configuration is classed
+//!   [`Basis::Measured`], [`Basis::Interpolated`] (a plan family the model was
+//!   measured in, on a GPU count within the measured range) or
+//!   [`Basis::Extrapolated`] (anything else), so a result can say how much of it rests
+//!   on extrapolation.
+//! * [`TruthMode::Belief`]: the old rule, for comparison: the measured row when the
+//!   (code, placement) was measured, whatever the micro-batch, accumulation or cores,
+//!   else the policy's own belief.
+//!
+//! The [`MeasuredTable`] is the one record of what was measured: the planner's
+//! `measured_only` restriction asks it which configurations exist, the truth reads
+//! their times.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::NodeGroup;
+use crate::fit::{FitError, FitOptions, Observation, fit};
+use crate::memory::MemoryEstimator;
+use crate::model::ModelSpec;
+use crate::perfmodel::{Links, Params};
+use crate::placement::Placement;
+use crate::plan::{Plan, PlanCode, PlanFamily};
+use crate::planner::curves::{Evaluator, iter_time_with_cpus};
+use crate::reference::{MeasuredRow, resolve_rows};
+
+/// How the truth of a configuration was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Basis {
+    /// A measured row (scaled by the oracle for micro-batch, accumulation or cores).
+    Measured,
+    /// The oracle, within the plan families and GPU counts the model was measured at.
+    Interpolated,
+    /// The oracle (or, without one, the belief) outside them.
+    Extrapolated,
+}
+
+impl Basis {
+    pub const ALL: [Basis; 3] = [Basis::Measured, Basis::Interpolated, Basis::Extrapolated];
+}
+
+/// Which rule gives the truth of an unmeasured configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TruthMode {
+    /// Measured rows, scaled by an oracle fitted on all of them; the oracle elsewhere.
+    Oracle,
+    /// Measured rows as they are; the policy's own belief elsewhere (the old rule).
+    Belief,
+}
+
+impl TruthMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TruthMode::Oracle => "oracle",
+            TruthMode::Belief => "belief",
+        }
+    }
+}
+
+/// One measured configuration: its iteration time and the complete plan it ran (the
+/// code resolved on the measured GPUs; `None` when no plan of the code fits).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredEntry {
+    pub iter_time_s: f64,
+    pub plan: Option<Plan>,
+}
+
+/// The (model, plan code, placement) configurations a reference table measured.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MeasuredTable {
+    rows: HashMap<(String, PlanCode, Placement), MeasuredEntry>,
+}
+
+impl MeasuredTable {
+    /// Adds a model's rows (the first row of a configuration wins), each with the plan
+    /// its code resolves to on the measured GPUs.
+    pub fn add(&mut self, model: &ModelSpec, rows: &[MeasuredRow], estimator: &MemoryEstimator) {
+        let resolved: HashMap<(PlanCode, &Placement), Plan> =
+            resolve_rows(rows, model, estimator).into_iter().map(|(r, p)| ((r.code, &r.placement), p)).collect();
+        for r in rows {
+            let plan = resolved.get(&(r.code, &r.placement)).copied();
+            self.rows
+                .entry((model.name.clone(), r.code, r.placement.clone()))
+                .or_insert(MeasuredEntry { iter_time_s: r.iter_time_s, plan });
+        }
+    }
+
+    /// The measured configuration `plan` on `placement` belongs to (placements equal up
+    /// to node order; on one GPU `ga` and `zero-dp` are the same plan).
+    pub fn get(&self, model: &str, plan: &Plan, placement: &Placement) -> Option<&MeasuredEntry> {
+        let code = PlanCode::of(plan)?;
+        let key = |c: PlanCode| (model.to_owned(), c, placement.clone());
+        self.rows
+            .get(&key(code))
+            .or_else(|| (plan.dp == 1 && code == PlanCode::Ga).then(|| self.rows.get(&key(PlanCode::ZeroDp))).flatten())
+    }
+
+    /// Whether `plan` on `placement` was measured for `model`.
+    pub fn contains(&self, model: &str, plan: &Plan, placement: &Placement) -> bool {
+        self.get(model, plan, placement).is_some()
+    }
+
+    /// The placements on which `code` was measured with `gpus` GPUs for `model`, the
+    /// most packed first (fewest nodes, then the placement's order).
+    pub fn placements_of(&self, model: &str, code: PlanCode, gpus: u32) -> Vec<Placement> {
+        let mut out: Vec<Placement> = self
+            .rows
+            .keys()
+            .filter(|(m, c, p)| m == model && *c == code && p.gpus() == gpus)
+            .map(|(_, _, p)| p.clone())
+            .collect();
+        out.sort_by(|a, b| a.nodes().cmp(&b.nodes()).then(a.cmp(b)));
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// A model's oracle: the performance model fitted on every measured row of it.
+#[derive(Debug, Clone)]
+pub struct Oracle {
+    pub params: Params,
+    /// Rows it was fitted on.
+    pub rows: usize,
+    /// Its mean relative error on those rows (in-sample).
+    pub mean_error: f64,
+    /// Its largest relative error on them.
+    pub max_error: f64,
+    /// GPU counts measured per plan family: (fewest, most).
+    families: BTreeMap<PlanFamily, (u32, u32)>,
+}
+
+impl Oracle {
+    /// Fits the oracle of `model` on all its measured `rows`, on `links`.
+    pub fn fit(model: &ModelSpec, rows: &[MeasuredRow], links: Links) -> Result<Self, FitError> {
+        let resolved = resolve_rows(rows, model, &MemoryEstimator::default());
+        let observations: Vec<Observation> = resolved
+            .iter()
+            .map(|(row, plan)| Observation {
+                plan: *plan,
+                placement: row.placement.clone(),
+                links,
+                iter_time_s: row.iter_time_s,
+            })
+            .collect();
+        let fitted = fit(model, &observations, &FitOptions::default())?;
+        let errors: Vec<f64> = observations
+            .iter()
+            .map(|o| {
+                let t = crate::perfmodel::predict(model, &o.plan, &o.placement, &links, &fitted.params).total;
+                (t / o.iter_time_s - 1.0).abs()
+            })
+            .collect();
+        let mut families: BTreeMap<PlanFamily, (u32, u32)> = BTreeMap::new();
+        for (_, plan) in &resolved {
+            let g = plan.gpus();
+            let e = families.entry(plan.family()).or_insert((g, g));
+            *e = (e.0.min(g), e.1.max(g));
+        }
+        Ok(Oracle {
+            params: fitted.params,
+            rows: observations.len(),
+            mean_error: errors.iter().sum::<f64>() / errors.len().max(1) as f64,
+            max_error: errors.iter().copied().fold(0.0, f64::max),
+            families,
+        })
+    }
+
+    /// Whether an unmeasured configuration stays within what was measured: its plan
+    /// family, on a GPU count between the fewest and the most measured in it.
+    pub fn interpolates(&self, plan: &Plan) -> bool {
+        self.families.get(&plan.family()).is_some_and(|&(lo, hi)| (lo..=hi).contains(&plan.gpus()))
+    }
+}
+
+/// The ground truth of a simulation.
+#[derive(Debug, Clone)]
+pub struct Truth {
+    pub mode: TruthMode,
+    /// What was measured (shared with a planner restricted to it).
+    pub table: Arc<MeasuredTable>,
+    /// Per model name.
+    pub oracles: BTreeMap<String, Oracle>,
+    /// CPU cores per GPU the measured rows were taken with.
+    pub profiled_cpus_per_gpu: u32,
+    /// Extrapolated configurations run this share slower than the truth otherwise
+    /// says (throughput x (1 - share)): how much a result rests on extrapolation.
+    pub extrapolated_slowdown: f64,
+}
+
+impl Truth {
+    /// The truth of `models` (each with its measured rows): the table, and an oracle
+    /// per model with rows (on `links`). A model whose oracle cannot be fitted is an
+    /// error naming it.
+    pub fn new(
+        mode: TruthMode,
+        models: &[(ModelSpec, Vec<MeasuredRow>)],
+        links: Links,
+        profiled_cpus_per_gpu: u32,
+    ) -> Result<Self, (String, FitError)> {
+        let estimator = MemoryEstimator::default();
+        let mut table = MeasuredTable::default();
+        let mut oracles = BTreeMap::new();
+        for (model, rows) in models {
+            if rows.is_empty() {
+                continue;
+            }
+            table.add(model, rows, &estimator);
+            let oracle = Oracle::fit(model, rows, links).map_err(|e| (model.name.clone(), e))?;
+            oracles.insert(model.name.clone(), oracle);
+        }
+        Ok(Truth {
+            mode,
+            table: Arc::new(table),
+            oracles,
+            profiled_cpus_per_gpu: profiled_cpus_per_gpu.max(1),
+            extrapolated_slowdown: 0.0,
+        })
+    }
+
+    /// How the truth of `plan` on `placement` is obtained for `model`.
+    pub fn basis(&self, model: &str, plan: &Plan, placement: &Placement) -> Basis {
+        if self.table.contains(model, plan, placement) {
+            return Basis::Measured;
+        }
+        match self.oracles.get(model) {
+            Some(o) if o.interpolates(plan) => Basis::Interpolated,
+            _ => Basis::Extrapolated,
+        }
+    }
+
+    /// The true iteration time (s) of `plan` on `placement` of `group` with `cpus`
+    /// cores, and its basis. `belief` is the policy's model of the job: the truth of an
+    /// unmeasured configuration under [`TruthMode::Belief`], or of a model without
+    /// measured rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn iter_time_s(
+        &self,
+        model: &ModelSpec,
+        belief: &Params,
+        group: &NodeGroup,
+        plan: &Plan,
+        placement: &Placement,
+        cpus: u32,
+    ) -> (f64, Basis) {
+        let reference = f64::from(self.profiled_cpus_per_gpu);
+        let predict = |params: &Params, plan: &Plan, cpus: u32| {
+            let pred = Evaluator::prediction(model, params, group, plan, placement);
+            iter_time_with_cpus(plan, &pred, cpus, reference)
+        };
+        let oracle = self.oracles.get(&model.name).filter(|_| self.mode == TruthMode::Oracle);
+        let basis = self.basis(&model.name, plan, placement);
+        let t = match (self.table.get(&model.name, plan, placement), oracle) {
+            (Some(row), None) => row.iter_time_s,
+            (Some(row), Some(o)) => match row.plan {
+                // Only micro-batch, accumulation or cores differ from the measured run:
+                // the oracle's ratio carries the row over.
+                Some(measured) => {
+                    let measured_cpus = self.profiled_cpus_per_gpu * measured.gpus();
+                    row.iter_time_s * predict(&o.params, plan, cpus) / predict(&o.params, &measured, measured_cpus)
+                }
+                None => row.iter_time_s,
+            },
+            (None, Some(o)) => predict(&o.params, plan, cpus),
+            (None, None) => predict(belief, plan, cpus),
+        };
+        let slowdown = if basis == Basis::Extrapolated { self.extrapolated_slowdown } else { 0.0 };
+        (t / (1.0 - slowdown).max(1e-6), basis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Cluster;
+
+    fn group() -> NodeGroup {
+        Cluster::example().node_groups[0].clone()
+    }
+
+    /// Rows of LLaMA-2-7B-like ZeRO-DP and ZeRO-Offload runs on 2 to 8 GPUs of one node,
+    /// timed by a known model.
+    fn fixture() -> (ModelSpec, Vec<MeasuredRow>, Truth) {
+        let model = ModelSpec::example();
+        let g = group();
+        let links = Links::from(&g);
+        let params = crate::planner::curves::default_params(&model);
+        let mut rows = Vec::new();
+        for code in [PlanCode::ZeroDp, PlanCode::ZeroOffload] {
+            for gpus in [2u32, 4, 8] {
+                let placement = Placement::new(vec![gpus]).unwrap();
+                let plan = crate::space::resolve_code(&code, &model, gpus, 80.0, &MemoryEstimator::default()).unwrap();
+                let t = crate::perfmodel::predict(&model, &plan, &placement, &links, &params).total;
+                rows.push(MeasuredRow { code, placement, iter_time_s: t * 1.1, phases: None });
+            }
+        }
+        let truth = Truth::new(TruthMode::Oracle, &[(model.clone(), rows.clone())], links, 4).unwrap();
+        (model, rows, truth)
+    }
+
+    #[test]
+    fn a_measured_configuration_runs_at_its_row_and_others_are_classed() {
+        let (model, rows, truth) = fixture();
+        let g = group();
+        let belief = crate::planner::curves::default_params(&model);
+        let row = &rows[1];
+        let plan = truth.table.get(&model.name, &row.code.skeleton(4), &row.placement).unwrap().plan.unwrap();
+        let (t, basis) = truth.iter_time_s(&model, &belief, &g, &plan, &row.placement, 16);
+        assert_eq!(basis, Basis::Measured);
+        assert!((t / row.iter_time_s - 1.0).abs() < 1e-9, "{t} vs {}", row.iter_time_s);
+        // More accumulation on the same configuration: the row, scaled by the oracle.
+        let mut ga = plan;
+        (ga.micro_batch, ga.ga) = (plan.micro_batch / 2, plan.ga * 2);
+        let (t2, basis) = truth.iter_time_s(&model, &belief, &g, &ga, &row.placement, 16);
+        assert_eq!(basis, Basis::Measured);
+        let o = &truth.oracles[&model.name].params;
+        let oracle = |p: &Plan| crate::perfmodel::predict(&model, p, &row.placement, &Links::from(&g), o).total;
+        assert!((t2 / t - oracle(&ga) / oracle(&plan)).abs() < 1e-9, "{t2} vs {t}");
+        // Three GPUs: not measured, but inside the measured family and range.
+        let three = Placement::new(vec![3]).unwrap();
+        let p3 = crate::space::resolve_code(&PlanCode::ZeroDp, &model, 3, 80.0, &MemoryEstimator::default());
+        if let Some(p3) = p3 {
+            assert_eq!(truth.basis(&model.name, &p3, &three), Basis::Interpolated);
+        }
+        // Sixteen GPUs over two nodes: beyond every measured count.
+        let sixteen = Placement::new(vec![8, 8]).unwrap();
+        let p16 = crate::space::resolve_code(&PlanCode::ZeroDp, &model, 16, 80.0, &MemoryEstimator::default()).unwrap();
+        assert_eq!(truth.basis(&model.name, &p16, &sixteen), Basis::Extrapolated);
+        // Offload runs faster with more cores than the rows were taken with (4 per GPU).
+        let off =
+            truth.table.get(&model.name, &PlanCode::ZeroOffload.skeleton(4), &row.placement).unwrap().plan.unwrap();
+        let few = truth.iter_time_s(&model, &belief, &g, &off, &row.placement, 16).0;
+        let many = truth.iter_time_s(&model, &belief, &g, &off, &row.placement, 48).0;
+        assert!(many < few, "{many} vs {few}");
+        // The old rule ignores cores and accumulation on a measured row.
+        let old = Truth { mode: TruthMode::Belief, ..truth.clone() };
+        assert_eq!(old.iter_time_s(&model, &belief, &g, &ga, &row.placement, 16).0, row.iter_time_s);
+    }
+
+    #[test]
+    fn the_oracle_fits_its_own_rows() {
+        let (model, _, truth) = fixture();
+        let o = &truth.oracles[&model.name];
+        assert_eq!(o.rows, 6);
+        assert!(o.mean_error < 0.1, "{}", o.mean_error);
+    }
+}

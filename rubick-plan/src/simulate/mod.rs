@@ -1,0 +1,409 @@
+//! `rubick-plan simulate` and `rubick-plan compare`: the command line of the simulator
+//! (the simulator itself, its policies, truth and summary are library code in
+//! [`crate::sim`]).
+
+mod plots;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use polars::prelude::*;
+use rubick_core::artifact::to_yaml;
+use rubick_core::planner::PlannerConfig;
+use rubick_core::simulation::{SimulationSummary, Spread};
+use rubick_core::tables::SIM_JOBS;
+use rubick_core::truth::TruthMode;
+use rubick_io::cli::Outcome;
+use rubick_io::files::load_artifact;
+use rubick_io::plot::write_figure;
+use rubick_io::reference::ReferenceData;
+
+use crate::sim::trace::load_trace;
+use crate::sim::{Queue, SimConfig, SimJob, SimPolicy, SimResult, simulate_seeds, summary::summarize};
+use plots::{CdfFigure, GanttFigure, UsageFigure};
+
+const SIMULATE_EXAMPLES: &str = "\
+Examples:
+  R=../shared/reference/rubick-artifact; C=data/cluster-a800-8x8.yaml
+  # Rubick on the authors' base trace: per-job table, summary, plots
+  rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-base.csv \\
+      --summary rubick.yaml --jobs-out rubick.parquet --plot-dir plots/
+
+  # Every policy under shortest-remaining-work admission, then one table
+  for p in rubick rubick-milp static static-backfill synergy antman elastic \\
+           rubick-no-plan rubick-no-resize; do
+    rubick-plan simulate -q --cluster $C --reference $R \\
+        --trace $R/workloads/workload-base.csv --policy $p --queue srpt --summary $p.yaml
+  done
+  rubick-plan compare *.yaml --plot jct-cdf.png
+
+  # Half the jobs guaranteed; only configurations the authors measured
+  rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-bp.csv \\
+      --guarantee-share 0.5 --measured-only --summary -
+
+  # Five replicas with 2 % noise on true iteration times (mean and spread of every
+  # figure); extrapolated configurations 30 % slower than the oracle says
+  rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-base.csv \\
+      --seeds 5 --noise 0.02 --extrapolated-slowdown 0.3 --summary -
+
+  # The old rule for comparison: unmeasured configurations run as the policy believes
+  rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-base.csv \\
+      --truth belief --summary -";
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = SIMULATE_EXAMPLES)]
+pub struct SimulateArgs {
+    /// The Cluster (YAML)
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// The trace: the reference workload format (CSV) or a JobBatch (YAML) whose jobs
+    /// carry submitTimeS and iterations
+    #[arg(long)]
+    pub trace: PathBuf,
+    #[arg(long, value_enum, default_value = "rubick")]
+    pub policy: SimPolicy,
+    /// Admission order of queued jobs
+    #[arg(long, value_enum, default_value = "fifo")]
+    pub queue: Queue,
+    /// The authors' reference data: measured iteration times (the truth) and the rows
+    /// each model's performance model (the belief) is fitted from
+    #[arg(long)]
+    pub reference: PathBuf,
+    /// Seconds per scheduling round
+    #[arg(long = "round", default_value_t = 60.0)]
+    pub round_s: f64,
+    /// Seconds without progress after any placement change, incl. the first start
+    #[arg(long, default_value_t = 260.0)]
+    pub restart_penalty: f64,
+    /// Time limit of each MILP round (rubick-milp), seconds
+    #[arg(long, default_value_t = 2.0)]
+    pub time_limit: f64,
+    /// Per-job results, CSV or Parquet by extension (`-` for CSV on stdout)
+    #[arg(long)]
+    pub jobs_out: Option<PathBuf>,
+    /// The summary (YAML), `-` for stdout
+    #[arg(long)]
+    pub summary: PathBuf,
+    /// Directory for the plots (JCT CDF, GPUs in use over time, Gantt chart of jobs)
+    #[arg(long)]
+    pub plot_dir: Option<PathBuf>,
+    /// A change of a running job must raise the objective by this much (in requests)
+    #[arg(long, default_value_t = 0.5)]
+    pub change_min_gain: f64,
+    /// Rounds a job's allocation is left alone after a change
+    #[arg(long, default_value_t = 20)]
+    pub cooldown: u32,
+    /// Seconds over which a restart must pay for itself
+    #[arg(long, default_value_t = PlannerConfig::default().horizon_s)]
+    pub horizon: f64,
+    /// Mark this share of the trace's jobs guaranteed (evenly spread, deterministic),
+    /// on top of its own is_sla
+    #[arg(long, default_value_t = 0.0)]
+    pub guarantee_share: f64,
+    /// A configuration other than a guaranteed job's own request must be predicted this
+    /// share faster than the request (the belief's error; the truth decides violations)
+    #[arg(long, default_value_t = 0.3)]
+    pub guarantee_margin: f64,
+    /// Guaranteed jobs keep their requested plan's layout (TP/PP/ZeRO/offload) and are
+    /// never spread over fragments, unless they run exactly as requested (`false`
+    /// trades guarantee safety for speed)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub guarantee_keeps_layout: bool,
+    /// Offer only (plan, placement) configurations the reference measured (besides a
+    /// job's request and current allocation), so that the truth is measured
+    #[arg(long)]
+    pub measured_only: bool,
+    /// The truth of configurations the reference did not measure: `oracle` (a model
+    /// fitted on all the measured rows, never seen by the policies) or `belief` (the
+    /// policy's own prediction: the old rule, for comparison)
+    #[arg(long, value_enum, default_value = "oracle")]
+    pub truth: TruthArg,
+    /// A pessimistic truth: extrapolated configurations (plan families or GPU counts
+    /// outside the measured ones) run this share slower than the truth says, to see how
+    /// much a result rests on extrapolation
+    #[arg(long, default_value_t = 0.0)]
+    pub extrapolated_slowdown: f64,
+    /// Log-normal noise on true iteration times (sigma of the log; 0.02: about 2 %),
+    /// drawn per job and allocation
+    #[arg(long, default_value_t = 0.0)]
+    pub noise: f64,
+    /// Replicas of the simulation, one per seed: the summary reports the mean and
+    /// spread of every figure (per-job table and plots: the first replica)
+    #[arg(long, default_value_t = 1)]
+    pub seeds: u32,
+    /// The first replica's seed
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// `--truth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TruthArg {
+    Oracle,
+    Belief,
+}
+
+impl From<TruthArg> for TruthMode {
+    fn from(t: TruthArg) -> Self {
+        match t {
+            TruthArg::Oracle => TruthMode::Oracle,
+            TruthArg::Belief => TruthMode::Belief,
+        }
+    }
+}
+
+/// How a run's truth differs from the default, for labels: `""`, `" (measured only)"`,
+/// `" (belief truth)"`, `" (extrapolated 30 % slower)"`.
+fn truth_label(s: &SimulationSummary) -> String {
+    let mut parts = Vec::new();
+    if s.truth_mode == TruthMode::Belief {
+        parts.push("belief truth".to_owned());
+    }
+    if s.measured_only {
+        parts.push("measured only".to_owned());
+    }
+    if s.extrapolated_slowdown > 0.0 {
+        parts.push(format!("extrapolated {:.0} % slower", s.extrapolated_slowdown * 100.0));
+    }
+    if parts.is_empty() { String::new() } else { format!(" ({})", parts.join(", ")) }
+}
+
+/// Marks `share` of the jobs guaranteed, evenly spread over the trace's order
+/// (deterministic), on top of those the trace marks.
+pub fn mark_guaranteed(jobs: &mut [SimJob], share: f64) {
+    for (i, j) in jobs.iter_mut().enumerate() {
+        if share > 0.0 && (i as f64 * share).floor() != ((i + 1) as f64 * share).floor() {
+            j.job.guaranteed = true;
+        }
+    }
+}
+
+fn r2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
+    anyhow::ensure!(args.round_s.is_finite() && args.round_s > 0.0, "--round: must be positive, got {}", args.round_s);
+    anyhow::ensure!(
+        args.restart_penalty.is_finite() && args.restart_penalty >= 0.0,
+        "--restart-penalty: must be non-negative, got {}",
+        args.restart_penalty
+    );
+    anyhow::ensure!(args.time_limit > 0.0, "--time-limit: must be positive");
+    anyhow::ensure!(
+        !(rubick_io::files::is_std(&args.summary) && args.jobs_out.as_deref().is_some_and(rubick_io::files::is_std)),
+        "--summary and --jobs-out: only one of them can go to stdout (`-`)"
+    );
+    anyhow::ensure!(
+        (0.0..1.0).contains(&args.extrapolated_slowdown),
+        "--extrapolated-slowdown: must be in [0, 1), got {}",
+        args.extrapolated_slowdown
+    );
+    anyhow::ensure!(
+        args.noise.is_finite() && (0.0..=1.0).contains(&args.noise),
+        "--noise: must be between 0 and 1, got {}",
+        args.noise
+    );
+    anyhow::ensure!((1..=1000).contains(&args.seeds), "--seeds: must be between 1 and 1000, got {}", args.seeds);
+    let cluster = crate::load_cluster(&args.cluster)?;
+    let reference = ReferenceData::open(&args.reference)?;
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.guarantee_share),
+        "--guarantee-share: must be between 0 and 1, got {}",
+        args.guarantee_share
+    );
+    let (mut jobs, mut truth) = load_trace(&args.trace, &cluster, &reference, args.truth.into())?;
+    truth.extrapolated_slowdown = args.extrapolated_slowdown;
+    mark_guaranteed(&mut jobs, args.guarantee_share);
+    let mut config = SimConfig::defaults(args.policy, args.queue);
+    config.round_s = args.round_s;
+    config.restart_penalty_s = args.restart_penalty;
+    config.milp_time_limit = Duration::from_secs_f64(args.time_limit);
+    config.planner.guarantee_margin = args.guarantee_margin;
+    config.planner.guarantee_keeps_layout = args.guarantee_keeps_layout;
+    if args.measured_only {
+        config.planner.measured_only = Some(std::sync::Arc::clone(&truth.table));
+    }
+    config.noise_sigma = args.noise;
+    config.seed = args.seed;
+    config.planner.change_min_gain = args.change_min_gain;
+    config.planner.cooldown_rounds = args.cooldown;
+    config.planner.horizon_s = args.horizon;
+    let bar = progress_bar(jobs.len() as u64 * u64::from(args.seeds));
+    let start = Instant::now();
+    let done = std::sync::Mutex::new(vec![0usize; args.seeds as usize]);
+    let results = simulate_seeds(&cluster, &jobs, &truth, &config, args.seeds, |finished, _| {
+        if let Some(b) = &bar {
+            // Replicas run side by side: the bar shows their finished jobs in all.
+            let mut d = done.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(slot) = d.iter_mut().find(|s| **s <= finished) {
+                *slot = finished;
+            }
+            b.set_position(d.iter().sum::<usize>() as u64);
+        }
+    });
+    let wall = start.elapsed();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let trace_name = args.trace.file_stem().map_or_else(|| "trace".into(), |s| s.to_string_lossy().into_owned());
+    let summary = summarize(&trace_name, &config, &truth, &results);
+    report(&summary, wall);
+    let first = results.first().context("no replica ran")?;
+    if let Some(path) = &args.jobs_out {
+        write_jobs(path, first)?;
+    }
+    if let Some(dir) = &args.plot_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create the directory", dir.display()))?;
+        let label = format!("{} ({})", summary.policy, summary.queue);
+        write_figure(
+            &dir.join("jct-cdf.png"),
+            (900, 600),
+            &CdfFigure { series: vec![(label, summary.jct_s.clone())] },
+        )?;
+        write_figure(
+            &dir.join("gpus-in-use.png"),
+            (900, 500),
+            &UsageFigure { usage: &first.usage, total: cluster.total_gpus() },
+        )?;
+        write_figure(&dir.join("gantt.png"), (1100, 900), &GanttFigure { jobs: &first.jobs })?;
+    }
+    rubick_io::write_output(&args.summary, to_yaml(&summary).as_bytes())?;
+    Ok(Outcome::Done)
+}
+
+/// The run on stderr: one line, the unfinished jobs, the per-model truth shares.
+fn report(s: &SimulationSummary, wall: Duration) {
+    let pm = |x: &Spread| if s.seeds > 1 { format!("{:.0} ± {:.0}", x.mean, x.sd) } else { format!("{:.0}", x.mean) };
+    tracing::info!(
+        "{} ({}) on {}: avg JCT {} s, makespan {} s, {} restarts, {:.1} % extrapolated; {} replica(s) in {:.2} s",
+        s.policy,
+        s.queue,
+        s.trace,
+        pm(&s.avg_jct_s),
+        pm(&s.makespan_s),
+        pm(&s.restarts),
+        s.truth.extrapolated.mean * 100.0,
+        s.seeds,
+        wall.as_secs_f64()
+    );
+    if s.unfinished.max > 0.0 {
+        tracing::warn!(
+            "{} of {} jobs did not finish (mean over replicas {:.1}): average JCT counts finished jobs only; with \
+             the unfinished ones counted until the end: {} s (a lower bound)",
+            s.unfinished.max,
+            s.jobs,
+            s.unfinished.mean,
+            pm(&s.avg_jct_all_s)
+        );
+    }
+    for m in &s.per_model {
+        tracing::debug!(
+            "{}: {} jobs, avg JCT {} s; time measured {:.1} %, interpolated {:.1} %, extrapolated {:.1} %",
+            m.model,
+            m.jobs,
+            pm(&m.avg_jct_s),
+            m.truth.measured.mean * 100.0,
+            m.truth.interpolated.mean * 100.0,
+            m.truth.extrapolated.mean * 100.0
+        );
+    }
+}
+
+fn progress_bar(len: u64) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} jobs finished")
+    {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+fn write_jobs(path: &Path, result: &SimResult) -> anyhow::Result<()> {
+    let j = &result.jobs;
+    let mut df = DataFrame::new_infer_height(vec![
+        Column::new("job".into(), j.iter().map(|r| r.name.clone()).collect::<Vec<_>>()),
+        Column::new("model".into(), j.iter().map(|r| r.model.clone()).collect::<Vec<_>>()),
+        Column::new("submit_s".into(), j.iter().map(|r| r.submit_s).collect::<Vec<_>>()),
+        Column::new("first_start_s".into(), j.iter().map(|r| r.first_start_s).collect::<Vec<_>>()),
+        Column::new("finish_s".into(), j.iter().map(|r| r.finish_s.map(r2)).collect::<Vec<_>>()),
+        Column::new("jct_s".into(), j.iter().map(|r| r.jct_s().map(r2)).collect::<Vec<_>>()),
+        Column::new(
+            "queueing_s".into(),
+            j.iter().map(|r| r.first_start_s.map(|f| r2(f - r.submit_s))).collect::<Vec<_>>(),
+        ),
+        Column::new("restarts".into(), j.iter().map(|r| i64::from(r.restarts)).collect::<Vec<_>>()),
+        Column::new("plan_changes".into(), j.iter().map(|r| i64::from(r.plan_changes)).collect::<Vec<_>>()),
+        Column::new("gpu_hours".into(), j.iter().map(|r| (r.gpu_hours * 1e4).round() / 1e4).collect::<Vec<_>>()),
+        Column::new("guaranteed".into(), j.iter().map(|r| r.guaranteed).collect::<Vec<_>>()),
+        Column::new(
+            "guarantee_held".into(),
+            j.iter().map(|r| r.guaranteed.then_some(r.guarantee_held())).collect::<Vec<_>>(),
+        ),
+    ])?;
+    rubick_io::table::write_table(&mut df, path, None, &SIM_JOBS)?;
+    Ok(())
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// Summaries written by `simulate --summary`
+    #[arg(required = true)]
+    pub summaries: Vec<PathBuf>,
+    /// The JCT CDFs of all runs on one chart (.png or .svg)
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
+    let mut rows = Vec::new();
+    for path in &args.summaries {
+        rows.push(load_artifact::<SimulationSummary>(path)?);
+    }
+    let mut md = String::from(
+        "| trace | policy | queue | seeds | unfinished | avg JCT (s) | median JCT (s) | p99 JCT (s) | makespan (s) | restarts | GPU-hours | guarantee violations | extrapolated |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    // Mean ± sample standard deviation over the replicas (the mean alone for one).
+    let pm = |x: &Spread, seeds: u32, decimals: usize| {
+        if seeds > 1 {
+            format!("{:.*} ± {:.*}", decimals, x.mean, decimals, x.sd)
+        } else {
+            format!("{:.*}", decimals, x.mean)
+        }
+    };
+    for s in &rows {
+        let _ = writeln!(
+            md,
+            "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} % |",
+            s.trace,
+            truth_label(s),
+            s.policy,
+            s.queue,
+            s.seeds,
+            pm(&s.unfinished, s.seeds, 1),
+            pm(&s.avg_jct_s, s.seeds, 0),
+            pm(&s.median_jct_s, s.seeds, 0),
+            pm(&s.p99_jct_s, s.seeds, 0),
+            pm(&s.makespan_s, s.seeds, 0),
+            pm(&s.restarts, s.seeds, 1),
+            pm(&s.gpu_hours, s.seeds, 1),
+            pm(&s.guarantee_violations, s.seeds, 1),
+            s.truth.extrapolated.mean * 100.0,
+        );
+    }
+    rubick_io::write_output(Path::new("-"), md.as_bytes())?;
+    if let Some(plot) = &args.plot {
+        let series = rows
+            .iter()
+            .map(|s| (format!("{}{} {} ({})", s.trace, truth_label(s), s.policy, s.queue), s.jct_s.clone()))
+            .collect();
+        write_figure(plot, (900, 600), &CdfFigure { series })?;
+    }
+    Ok(Outcome::Done)
+}

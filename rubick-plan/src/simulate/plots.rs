@@ -1,0 +1,149 @@
+//! The figures of `simulate` and `compare`: JCT CDFs, GPUs in use, a Gantt chart.
+
+use plotters::prelude::*;
+use rubick_io::plot::{Figure, PALETTE, drawing_error, legend};
+
+pub(super) struct CdfFigure {
+    pub series: Vec<(String, Vec<f64>)>,
+}
+
+impl Figure for CdfFigure {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, plotters::coord::Shift>) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let err = drawing_error::<DB::ErrorType>;
+        root.fill(&WHITE).map_err(err)?;
+        let all = self.series.iter().flat_map(|(_, v)| v.iter().copied());
+        let lo = all.clone().fold(f64::INFINITY, f64::min).max(1.0);
+        let hi = all.fold(10.0, f64::max) * 1.2;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Job completion time (CDF)", ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d((lo.min(hi / 10.0)..hi).log_scale(), 0.0..1.0)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .light_line_style(WHITE)
+            .x_desc("JCT (s)")
+            .y_desc("share of jobs")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+        for (i, (label, values)) in self.series.iter().enumerate() {
+            let colour = PALETTE[i % PALETTE.len()];
+            let n = values.len().max(1) as f64;
+            let points = values.iter().enumerate().map(|(k, &v)| (v.max(lo), (k + 1) as f64 / n));
+            chart
+                .draw_series(LineSeries::new(points, colour.stroke_width(2)))
+                .map_err(err)?
+                .label(label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2)));
+        }
+        legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+        root.present().map_err(err)?;
+        Ok(())
+    }
+}
+
+/// One bar per job: queueing (thin, grey) then running (by model), in submit order.
+pub(super) struct GanttFigure<'a> {
+    pub jobs: &'a [crate::sim::JobResult],
+}
+
+impl Figure for GanttFigure<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, plotters::coord::Shift>) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let err = drawing_error::<DB::ErrorType>;
+        root.fill(&WHITE).map_err(err)?;
+        let mut order: Vec<&crate::sim::JobResult> = self.jobs.iter().collect();
+        order.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.name.cmp(&b.name)));
+        let end = order.iter().filter_map(|j| j.finish_s).fold(1.0, f64::max) / 3600.0;
+        let n = order.len().max(1) as f64;
+        let mut models: Vec<&str> = order.iter().map(|j| j.model.as_str()).collect();
+        models.sort_unstable();
+        models.dedup();
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Jobs over time (grey: queued; colour: holding GPUs, by model)", ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0.0..end * 1.02, 0.0..n)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .light_line_style(WHITE)
+            .x_desc("time (h)")
+            .y_desc("job (submission order)")
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(order.iter().enumerate().map(|(i, j)| {
+                let until = j.first_start_s.or(j.finish_s).unwrap_or(j.submit_s);
+                let y = i as f64;
+                Rectangle::new(
+                    [(j.submit_s / 3600.0, y + 0.45), (until / 3600.0, y + 0.55)],
+                    RGBColor(170, 170, 170).filled(),
+                )
+            }))
+            .map_err(err)?;
+        for (m, model) in models.iter().enumerate() {
+            let colour = PALETTE[m % PALETTE.len()];
+            let bars = order.iter().enumerate().filter(|(_, j)| j.model == *model).filter_map(|(i, j)| {
+                let (start, finish) = (j.first_start_s?, j.finish_s?);
+                let y = i as f64;
+                Some(Rectangle::new([(start / 3600.0, y + 0.1), (finish / 3600.0, y + 0.9)], colour.filled()))
+            });
+            chart
+                .draw_series(bars)
+                .map_err(err)?
+                .label(model.to_string())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+        root.present().map_err(err)?;
+        Ok(())
+    }
+}
+
+pub(super) struct UsageFigure<'a> {
+    pub usage: &'a [(f64, u32)],
+    pub total: u32,
+}
+
+impl Figure for UsageFigure<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, plotters::coord::Shift>) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let err = drawing_error::<DB::ErrorType>;
+        root.fill(&WHITE).map_err(err)?;
+        let end = self.usage.last().map_or(1.0, |u| u.0 / 3600.0).max(0.1);
+        let mut chart = ChartBuilder::on(&root)
+            .caption("GPUs in use", ("sans-serif", 22))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0.0..end, 0.0..f64::from(self.total) * 1.05)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .light_line_style(WHITE)
+            .x_desc("time (h)")
+            .y_desc("GPUs")
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(LineSeries::new(self.usage.iter().map(|&(t, g)| (t / 3600.0, f64::from(g))), PALETTE[0]))
+            .map_err(err)?;
+        root.present().map_err(err)?;
+        Ok(())
+    }
+}
