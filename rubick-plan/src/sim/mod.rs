@@ -152,6 +152,10 @@ pub struct SimJob {
     pub job: Job,
     /// The fitted performance model (belief).
     pub params: Params,
+    /// The plan code of the trace when the job's model rejects it (the request then
+    /// has no plan; e.g. the reference's GPT-2 `151`, TP 5 of 19 heads): the static
+    /// policies run it as measured.
+    pub trace_code: Option<PlanCode>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -260,9 +264,32 @@ fn request_plan(job: &Job, cluster: &Cluster) -> Option<Plan> {
     }
 }
 
+/// The plan a trace job ran with, taken literally from its code when the model's
+/// shape (as the reference describes it) rejects it: the measured row is the truth.
+/// Its micro-batch is the largest that fits the GPUs of `cluster` (accumulation makes
+/// up the rest of the batch), as for a code that resolves.
+fn traced_plan(sj: &SimJob, cluster: &Cluster) -> Option<Plan> {
+    let code = sj.trace_code?;
+    let gpus = sj.job.request.gpus;
+    let mut plan = code.skeleton(gpus);
+    if plan.gpus() != gpus {
+        return None;
+    }
+    let per_replica = u32::try_from((sj.job.model.global_batch / u64::from(plan.dp.max(1))).max(1)).ok()?;
+    let memory = cluster.node_groups[0].gpu_memory_gib;
+    let estimator = MemoryEstimator::default();
+    let fitting = (1..=per_replica).rev().filter(|mb| per_replica.is_multiple_of(*mb)).find(|&mb| {
+        let p = Plan { micro_batch: mb, ga: per_replica / mb, ..plan };
+        estimator.fits(&sj.job.model, &p, memory).0
+    });
+    let mb = fitting.unwrap_or(per_replica);
+    (plan.micro_batch, plan.ga) = (mb, per_replica / mb);
+    Some(plan)
+}
+
 /// The plan a job runs as its user asked, on `placement` (its requested GPUs) with
-/// `cpus`: the request's plan, else (no plan requested) the best plan the belief finds
-/// there.
+/// `cpus`: the request's plan, else the trace's code taken literally, else (no plan
+/// requested) the best plan the belief finds there.
 fn users_plan(
     sj: &SimJob,
     cluster: &Cluster,
@@ -270,7 +297,7 @@ fn users_plan(
     placement: &Placement,
     cpus: u32,
 ) -> Option<Plan> {
-    request_plan(&sj.job, cluster).or_else(|| {
+    request_plan(&sj.job, cluster).or_else(|| traced_plan(sj, cluster)).or_else(|| {
         evaluator.best_plan(&sj.job.model, &sj.params, 0, placement, cpus, Restriction::Any).map(|(plan, _)| plan)
     })
 }
@@ -283,7 +310,8 @@ fn request_placement(sj: &SimJob, cluster: &Cluster, measured: Option<&MeasuredT
     let gpus = sj.job.request.gpus;
     let packed = Placement::packed(gpus, cluster.node_groups[0].gpus_per_node)?;
     let Some(table) = measured else { return Some(packed) };
-    let Some(code) = request_plan(&sj.job, cluster).and_then(|p| PlanCode::of(&p)) else { return Some(packed) };
+    let code = request_plan(&sj.job, cluster).and_then(|p| PlanCode::of(&p)).or(sj.trace_code);
+    let Some(code) = code else { return Some(packed) };
     let placements = table.placements_of(&sj.job.model.name, code, gpus);
     let fits = |p: &Placement| {
         let g = &cluster.node_groups[0];

@@ -12,11 +12,13 @@ use std::time::Duration;
 use rubick_core::planner::curves::{Evaluator, host_memory_gib};
 use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
 use rubick_core::planner::{Current, JobInput, PlannerConfig, Restriction, current_of_assignment};
-use rubick_core::{Cluster, Placement};
+use rubick_core::Cluster;
 
 use rubick_core::truth::MeasuredTable;
 
-use super::{Alloc, Queue, SimConfig, SimJob, SimPolicy, State, request_placement, request_plan, users_plan};
+use super::{
+    Alloc, Queue, SimConfig, SimJob, SimPolicy, State, request_placement, request_plan, traced_plan, users_plan,
+};
 use crate::round::{Policy as PlannerPolicy, plan_round_with};
 
 /// What a policy sees at a decision.
@@ -284,6 +286,11 @@ impl Policy for PlannerFamily<'_> {
                 let sj = &jobs[j];
                 let mut job = sj.job.clone();
                 job.iterations = state[j].remaining.ceil().max(1.0) as u64;
+                // A request the model's shape rejects is still what the user ran: the
+                // planner's guarantee is its throughput.
+                if job.request.plan.is_none() {
+                    job.request.plan = traced_plan(sj, cluster).map(rubick_core::PlanRequest::Exact);
+                }
                 let allowed = if self.keep_layout {
                     request_plan(&job, cluster).map_or(Restriction::Any, |p| Restriction::layout_of(&p))
                 } else {
