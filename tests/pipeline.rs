@@ -120,3 +120,41 @@ fn no_gpu_is_reported_clearly() {
     assert_eq!(run.code, Some(2), "{}", run.stderr);
     assert!(run.stderr.contains("NVML is not available"), "{}", run.stderr);
 }
+
+/// A 3-D limit measured at 16-way model parallelism once let LLaMA-30B (published
+/// shape) run on 2 and 8 GPUs with plans needing 245-270 GiB per 80 GiB GPU.
+#[test]
+fn a_measured_limit_admits_no_plan_beyond_the_memory_where_it_was_not_measured() {
+    let dir = temp();
+    std::fs::write(
+        dir.path().join("llama30.yaml"),
+        "apiVersion: rubick/v1\nkind: Job\nname: llama30\nmodel:\n  name: llama30\n  parameters: 32528943616\n  \
+         layers: 60\n  hidden: 6656\n  heads: 52\n  seqLen: 1024\n  globalBatch: 4\n  measuredLimits:\n    \
+         gpuMemoryGib: 80\n    maxMicroBatch: { tp_pp: 8 }\n    tpPpDegrees: [{ tp: 4, pp: 4 }, { tp: 2, pp: 6 }]\n\
+         iterations: 10\nrequest: { gpus: 8 }\n",
+    )
+    .unwrap();
+    for gpus in ["2", "8", "16"] {
+        let run = run_in(
+            dir.path(),
+            "rubick-plan",
+            &["space", "llama30.yaml", "--cluster", &data("cluster-a800-8x8.yaml"), "--gpus", gpus],
+        );
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let listing: serde_yaml_ng::Value = serde_yaml_ng::from_str(&run.stdout).unwrap();
+        let plans = listing[0]["plans"].as_sequence().unwrap();
+        assert!(!plans.is_empty(), "{gpus} GPUs");
+        for plan in plans {
+            let total = plan["memory"]["totalGib"].as_f64().unwrap();
+            let measured = plan["fitBasis"].as_str() == Some("measured");
+            assert!(total <= 80.0 || measured, "{gpus} GPUs: {:?} needs {total} GiB", plan["plan"]);
+        }
+    }
+    // On 16 GPUs, TP 4 x PP 4 is where the limit was measured: it decides there.
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["space", "llama30.yaml", "--cluster", &data("cluster-a800-8x8.yaml"), "--gpus", "16"],
+    );
+    assert!(run.stdout.contains("tp4-pp4"), "{}", run.stdout);
+}

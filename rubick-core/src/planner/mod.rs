@@ -158,21 +158,24 @@ impl Current {
         cpus: u32,
     ) -> crate::schedule::Change {
         use crate::schedule::Change;
+        // Same nodes, and the same GPUs on each where both sides name them.
         let sorted = |n: &[(u32, Vec<u32>)]| {
             let mut n: Vec<(u32, Vec<u32>)> = n
                 .iter()
                 .map(|(i, g)| {
-                    (*i, {
-                        let mut g = g.clone();
-                        g.sort_unstable();
-                        g
-                    })
+                    let mut g = g.clone();
+                    g.sort_unstable();
+                    (*i, g)
                 })
                 .collect();
             n.sort();
             n
         };
-        let same_nodes = self.nodes.is_empty() || nodes.is_empty() || sorted(&self.nodes) == sorted(nodes);
+        let (a, b) = (sorted(&self.nodes), sorted(nodes));
+        let same_nodes = a.is_empty()
+            || b.is_empty()
+            || (a.len() == b.len()
+                && a.iter().zip(&b).all(|((i, g), (k, h))| i == k && (g.is_empty() || h.is_empty() || g == h)));
         if self.placement.gpus() != placement.gpus() {
             Change::Resized
         } else if self.plan != *plan {

@@ -323,12 +323,38 @@ fn request_placement(sj: &SimJob, cluster: &Cluster, measured: Option<&MeasuredT
     placements.into_iter().find(fits).or(Some(packed))
 }
 
-/// Runs the simulation. `progress` is called after each round with (finished, total).
+/// Runs the simulation under `config.policy`. `progress` is called after each round
+/// with (finished, total).
 pub fn simulate(
     cluster: &Cluster,
     jobs: &[SimJob],
     truth: &Truth,
     config: &SimConfig,
+    progress: impl FnMut(usize, usize),
+) -> SimResult {
+    let planner = planner_config(config);
+    let mut policy = policies::build(cluster, config, &planner);
+    simulate_with(cluster, jobs, truth, config, &planner, policy.as_mut(), progress)
+}
+
+/// The planner knobs of a simulation: a job must be able to progress between two
+/// changes (a cooldown shorter than the restart penalty lets a policy restart it
+/// forever), and a restart costs the penalty.
+fn planner_config(config: &SimConfig) -> PlannerConfig {
+    let mut planner = config.planner.clone();
+    let min_cooldown = (config.restart_penalty_s / config.round_s).ceil() as u32 + 1;
+    planner.cooldown_rounds = planner.cooldown_rounds.max(min_cooldown);
+    planner.default_restart_s = config.restart_penalty_s;
+    planner
+}
+
+fn simulate_with(
+    cluster: &Cluster,
+    jobs: &[SimJob],
+    truth: &Truth,
+    config: &SimConfig,
+    planner_config: &PlannerConfig,
+    policy: &mut dyn policies::Policy,
     mut progress: impl FnMut(usize, usize),
 ) -> SimResult {
     let n = jobs.len();
@@ -366,15 +392,8 @@ pub fn simulate(
         }
     }
     let round = config.round_s;
-    let mut planner_config = config.planner.clone();
-    // A job must be able to progress between two changes: a cooldown shorter than the
-    // restart penalty lets a policy restart it forever.
-    let min_cooldown = (config.restart_penalty_s / round).ceil() as u32 + 1;
-    planner_config.cooldown_rounds = planner_config.cooldown_rounds.max(min_cooldown);
     let cooldown = planner_config.cooldown_rounds;
     let deadline = jobs.iter().map(|j| j.job.submit_time_s).fold(0.0, f64::max) + 90.0 * 86_400.0;
-    planner_config.default_restart_s = config.restart_penalty_s;
-    let mut policy = policies::build(cluster, config, &planner_config);
     let reconfigures = policy.reconfigures();
     let mut t = order.first().map_or(0.0, |&j| (jobs[j].job.submit_time_s / round).ceil() * round);
     let mut next_arrival = 0; // index into `order`
@@ -572,4 +591,135 @@ pub fn simulate_seeds(
         });
     }
     results.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use rubick_core::job::{JobRequest, Resharding};
+    use rubick_core::perfmodel::Links;
+    use rubick_core::truth::TruthMode;
+
+    use super::*;
+
+    /// A LLaMA-2-7B-like job on `gpus` GPUs of the testbed asking `cpus` cores.
+    fn job(name: &str, code: PlanCode, gpus: u32, cpus: u32, guaranteed: bool) -> SimJob {
+        let model = rubick_core::ModelSpec::example();
+        let params = rubick_core::planner::curves::default_params(&model);
+        let job = Job {
+            api_version: None,
+            kind: None,
+            name: name.into(),
+            model,
+            perf_model: None,
+            submit_time_s: 0.0,
+            iterations: 5_000,
+            request: JobRequest {
+                gpus,
+                cpus: Some(cpus),
+                host_memory_gib: None,
+                plan: Some(PlanRequest::Code(code)),
+                gpu_type: None,
+            },
+            guaranteed,
+            resharding: Resharding::Full,
+            restart_cost_s: None,
+            current: None,
+        };
+        SimJob { job, params, trace_code: None }
+    }
+
+    /// No measured rows: the truth is the belief.
+    fn no_rows() -> Truth {
+        Truth::new(TruthMode::Oracle, &[], Links::from(&Cluster::example().node_groups[0]), 4).unwrap()
+    }
+
+    /// The user's plan on the first GPUs of node 0 with `cpus` cores.
+    fn alloc(sj: &SimJob, cluster: &Cluster, cpus: u32) -> Alloc {
+        let gpus = sj.job.request.gpus;
+        Alloc {
+            current: Current {
+                group: 0,
+                plan: request_plan(&sj.job, cluster).unwrap(),
+                placement: Placement::new(vec![gpus]).unwrap(),
+                nodes: vec![(0, (0..gpus).collect())],
+                cpus,
+                host_memory_gib: 64.0,
+                rounds_since_change: 0,
+            },
+        }
+    }
+
+    /// Decision k gives job 0 `script[k]` (the last entry from then on).
+    struct Scripted(Vec<Option<Alloc>>);
+
+    impl policies::Policy for Scripted {
+        fn reconfigures(&self) -> bool {
+            true
+        }
+
+        fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<Alloc>> {
+            let k = (round as usize).min(self.0.len() - 1);
+            view.active.iter().map(|_| self.0[k].clone()).collect()
+        }
+    }
+
+    fn run(jobs: &[SimJob], script: Vec<Option<Alloc>>) -> SimResult {
+        let cluster = Cluster::example();
+        let config = SimConfig::defaults(SimPolicy::Rubick, Queue::Fifo);
+        let planner = planner_config(&config);
+        simulate_with(&cluster, jobs, &no_rows(), &config, &planner, &mut Scripted(script), |_, _| {})
+    }
+
+    /// A guaranteed job paused after admission was once reported as holding its
+    /// guarantee (only running below it counted).
+    #[test]
+    fn a_paused_guaranteed_job_violates_its_guarantee() {
+        let cluster = Cluster::example();
+        let sj = job("g", PlanCode::ZeroDp, 4, 32, true);
+        let a = alloc(&sj, &cluster, 32);
+        let kept = run(std::slice::from_ref(&sj), vec![Some(a.clone())]);
+        assert!(kept.jobs[0].guarantee_held() && kept.jobs[0].finish_s.is_some());
+        let paused = run(&[sj], vec![Some(a), None]);
+        assert!(!paused.jobs[0].guarantee_held());
+        assert!(paused.jobs[0].violation_s >= 60.0, "{}", paused.jobs[0].violation_s);
+        assert!(paused.jobs[0].finish_s.is_none(), "paused for good: it never finishes");
+    }
+
+    /// A change of cores alone was silently dropped: the job kept its old cores and
+    /// paid no restart.
+    #[test]
+    fn a_change_of_cores_alone_restarts_the_job() {
+        let cluster = Cluster::example();
+        let sj = job("c", PlanCode::ZeroOffload, 4, 16, false);
+        let same = run(std::slice::from_ref(&sj), vec![Some(alloc(&sj, &cluster, 16))]);
+        assert_eq!(same.jobs[0].restarts, 0);
+        let more = run(&[sj.clone()], vec![Some(alloc(&sj, &cluster, 16)), Some(alloc(&sj, &cluster, 48))]);
+        assert_eq!(more.jobs[0].restarts, 1);
+    }
+
+    /// Synergy's rule was bypassed: the request's core count was always tried first.
+    #[test]
+    fn synergy_gives_the_sensitivity_optimal_cores_not_the_request() {
+        let cluster = Cluster::example();
+        let config = SimConfig::defaults(SimPolicy::Synergy, Queue::Fifo);
+        let planner = planner_config(&config);
+        let mut policy = policies::build(&cluster, &config, &planner);
+        // ZeRO-Offload on 4 GPUs asking 8 cores per GPU; profiled at 4 per GPU, its CPU
+        // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
+        let jobs = [job("s", PlanCode::ZeroOffload, 4, 32, false)];
+        let state = vec![State { remaining: 100.0, noise: 1.0, ..State::default() }];
+        let table = MeasuredTable::default();
+        let view = View { cluster: &cluster, jobs: &jobs, state: &state, active: &[0], now_s: 0.0, measured: &table };
+        let out = policy.decide(&view, 0);
+        assert_eq!(out[0].as_ref().map(|a| a.current.cpus), Some(48));
+    }
+
+    #[test]
+    fn noise_is_reproducible_and_centred() {
+        let draws: Vec<f64> = (0..2000).map(|k| normal(7, k, 1)).collect();
+        assert_eq!(draws[5], normal(7, 5, 1));
+        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+        let var = draws.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / draws.len() as f64;
+        assert!(mean.abs() < 0.1 && (var - 1.0).abs() < 0.15, "{mean} {var}");
+    }
 }

@@ -9,10 +9,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use rubick_core::Cluster;
 use rubick_core::planner::curves::{Evaluator, host_memory_gib};
 use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
 use rubick_core::planner::{Current, JobInput, PlannerConfig, Restriction, current_of_assignment};
-use rubick_core::Cluster;
 
 use rubick_core::truth::MeasuredTable;
 
