@@ -286,16 +286,16 @@ impl Policy for PlannerFamily<'_> {
                 let sj = &jobs[j];
                 let mut job = sj.job.clone();
                 job.iterations = state[j].remaining.ceil().max(1.0) as u64;
-                // A request the model's shape rejects is still what the user ran: the
-                // planner's guarantee is its throughput.
-                if job.request.plan.is_none() {
-                    job.request.plan = traced_plan(sj, cluster).map(rubick_core::PlanRequest::Exact);
-                }
                 let allowed = if self.keep_layout {
                     request_plan(&job, cluster).map_or(Restriction::Any, |p| Restriction::layout_of(&p))
                 } else {
                     Restriction::Any
                 };
+                // A request the model's shape rejects is still what the user ran: the
+                // planner's guarantee is its throughput.
+                if job.request.plan.is_none() {
+                    job.request.plan = traced_plan(sj, cluster).map(rubick_core::PlanRequest::Exact);
+                }
                 let priority = match self.queue {
                     // Shortest remaining work first: every job, running ones too, weighs
                     // by the median remaining work over its own (Smith's rule: the
