@@ -10,8 +10,12 @@ use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
 use rubick_core::truth::TruthMode;
 use rubick_core::{MemoryEstimator, PlanSpace};
 use rubick_io::reference::{ReferenceData, locate};
-use rubick_plan::round::{Policy, plan_round};
+use rubick_plan::round::{Solver, plan_round};
 use rubick_plan::sim::trace::load_trace;
+
+fn lookup(name: &str) -> anyhow::Result<&'static rubick_plan::policies::Registration> {
+    rubick_plan::policies::lookup(name).map_err(anyhow::Error::msg)
+}
 use rubick_plan::synth;
 use std::time::Duration;
 
@@ -20,7 +24,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn round_ms(gpus: u32, jobs: u32, policy: Policy, runs: usize) -> anyhow::Result<(f64, f64)> {
+fn round_ms(gpus: u32, jobs: u32, policy: Solver, runs: usize) -> anyhow::Result<(f64, f64)> {
     let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
     let (cluster, inputs) = synth::instance(gpus, jobs, 1, &config)?;
     let mut samples = Vec::new();
@@ -37,12 +41,12 @@ fn round_ms(gpus: u32, jobs: u32, policy: Policy, runs: usize) -> anyhow::Result
 
 /// The planner's figures (issue: rubick-plan one round).
 fn planner_figures() -> anyhow::Result<()> {
-    let (ms, _) = round_ms(64, 60, Policy::Rubick, 21)?;
+    let (ms, _) = round_ms(64, 60, Solver::Heuristic, 21)?;
     println!("bench: plan_64gpu_60jobs_ms {ms:.3} ms");
     let mut last = 0.0;
     for gpus in [256u32, 512, 1024, 2048, 4096] {
         let jobs = (u64::from(gpus) * 2000 / 4096) as u32;
-        let (ms, _) = round_ms(gpus, jobs, Policy::Rubick, if gpus >= 2048 { 3 } else { 5 })?;
+        let (ms, _) = round_ms(gpus, jobs, Solver::Heuristic, if gpus >= 2048 { 3 } else { 5 })?;
         let growth = if last > 0.0 { format!(" ({:.2}x the previous size)", ms / last) } else { String::new() };
         eprintln!("heuristic round {gpus} GPUs / {jobs} jobs: {ms:.1} ms{growth}");
         println!("bench: plan_{gpus}gpu_{jobs}jobs_ms {ms:.3} ms");
@@ -52,7 +56,7 @@ fn planner_figures() -> anyhow::Result<()> {
     let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
     let (cluster, inputs) = synth::instance(1024, 256, 1, &config)?;
     let start = Instant::now();
-    let r = plan_round(&cluster, &config, &inputs, Policy::RubickMilp, Duration::from_secs(10), 0)
+    let r = plan_round(&cluster, &config, &inputs, Solver::Milp, Duration::from_secs(10), 0)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("bench: milp_256jobs_1024gpu_s {:.3} s", start.elapsed().as_secs_f64());
     println!("bench: milp_gap_pct {:.4} %", r.outcome.schedule.solver.gap.unwrap_or(f64::NAN) * 100.0);
@@ -61,7 +65,7 @@ fn planner_figures() -> anyhow::Result<()> {
     for (gpus, jobs) in [(64, 60), (256, 128), (1024, 256)] {
         for seed in 1..=3 {
             let (cluster, inputs) = synth::instance(gpus, jobs, seed, &config)?;
-            let r = plan_round(&cluster, &config, &inputs, Policy::RubickMilp, Duration::from_secs(10), 0)
+            let r = plan_round(&cluster, &config, &inputs, Solver::Milp, Duration::from_secs(10), 0)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let (Some(h), milp) = (r.heuristic_objective, r.outcome.schedule.objective) else { continue };
             let pct = if milp.abs() > 1e-12 { (milp - h) / milp.abs() * 100.0 } else { 0.0 };
@@ -145,10 +149,7 @@ fn main() -> anyhow::Result<()> {
             // One simulation of the 406-job base trace with Rubick (FIFO admission).
             let trace = dir.join("workloads/workload-base.csv");
             let (jobs, truth) = load_trace(&trace, &cluster, &data, TruthMode::Oracle)?;
-            let config = rubick_plan::sim::SimConfig::defaults(
-                rubick_plan::sim::SimPolicy::Rubick,
-                rubick_plan::sim::Queue::Fifo,
-            );
+            let config = rubick_plan::sim::SimConfig::defaults(lookup("rubick")?, rubick_plan::sim::Queue::Fifo);
             let mut samples = Vec::new();
             for _ in 0..5 {
                 let start = Instant::now();
@@ -183,7 +184,7 @@ fn simulation_figures(
     data: &ReferenceData,
     dir: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use rubick_plan::sim::{Queue, SimConfig, SimPolicy, simulate_seeds, summary::summarize};
+    use rubick_plan::sim::{Queue, SimConfig, simulate_seeds, summary::summarize};
     let trace = dir.join("workloads/workload-base.csv");
     let (jobs, truth) = load_trace(&trace, cluster, data, TruthMode::Oracle)?;
     let run = |jobs: &[rubick_plan::sim::SimJob], truth: &rubick_core::truth::Truth, mut config: SimConfig| {
@@ -197,25 +198,26 @@ fn simulation_figures(
         println!("bench: {name}_sd {:.0} {unit}", x.sd);
     };
     let mut avg = std::collections::HashMap::new();
+    let all = [Queue::Fifo, Queue::Las, Queue::Srpt];
     for (policy, queues) in [
-        (SimPolicy::Rubick, &[Queue::Fifo, Queue::Las, Queue::Srpt][..]),
-        (SimPolicy::RubickMilp, &[Queue::Fifo][..]),
-        (SimPolicy::Static, &[Queue::Fifo, Queue::Srpt][..]),
-        (SimPolicy::StaticBackfill, &[Queue::Fifo, Queue::Srpt][..]),
-        (SimPolicy::Synergy, &[Queue::Fifo][..]),
-        (SimPolicy::Antman, &[Queue::Fifo][..]),
-        (SimPolicy::Elastic, &[Queue::Fifo][..]),
-        (SimPolicy::RubickNoPlan, &[Queue::Fifo][..]),
-        (SimPolicy::RubickNoResize, &[Queue::Fifo][..]),
+        ("rubick", &all[..]),
+        ("rubick-milp", &all[..]),
+        ("static", &all[..]),
+        ("static-backfill", &all[..]),
+        ("synergy", &[Queue::Fifo][..]),
+        ("antman", &[Queue::Fifo][..]),
+        ("elastic", &all[..]),
+        ("rubick-no-plan", &all[..]),
+        ("rubick-no-resize", &all[..]),
     ] {
         for &queue in queues {
-            let s = run(&jobs, &truth, SimConfig::defaults(policy, queue));
-            let name = format!("sim_base_{}_{}", policy.as_str().replace('-', "_"), s.queue);
+            let s = run(&jobs, &truth, SimConfig::defaults(lookup(policy)?, queue));
+            let name = format!("sim_base_{}_{}", policy.replace('-', "_"), s.queue);
             print(&format!("{name}_avg_jct_s"), &s.avg_jct_s, "s");
             if s.unfinished.max > 0.0 {
                 println!("bench: {name}_unfinished {:.1} jobs", s.unfinished.mean);
             }
-            if policy == SimPolicy::Rubick && queue == Queue::Fifo {
+            if policy == "rubick" && queue == Queue::Fifo {
                 print(&format!("{name}_makespan_s"), &s.makespan_s, "s");
                 println!("bench: {name}_restarts {:.1} restarts", s.restarts.mean);
                 println!("bench: {name}_unfinished {:.1} jobs", s.unfinished.mean);
@@ -230,17 +232,17 @@ fn simulation_figures(
             avg.insert((policy, queue), s.avg_jct_s.mean);
         }
     }
-    for queue in [Queue::Fifo, Queue::Srpt] {
+    for queue in all {
         let q = queue.as_str();
-        let rubick = avg[&(SimPolicy::Rubick, queue)];
-        println!("bench: sim_base_static_over_rubick_{q} {:.2} x", avg[&(SimPolicy::Static, queue)] / rubick);
-        println!("bench: sim_base_backfill_over_rubick_{q} {:.2} x", avg[&(SimPolicy::StaticBackfill, queue)] / rubick);
+        let rubick = avg[&("rubick", queue)];
+        println!("bench: sim_base_static_over_rubick_{q} {:.2} x", avg[&("static", queue)] / rubick);
+        println!("bench: sim_base_backfill_over_rubick_{q} {:.2} x", avg[&("static-backfill", queue)] / rubick);
     }
     let mut sla = jobs.clone();
     rubick_plan::simulate::mark_guaranteed(&mut sla, 0.5);
-    for policy in [SimPolicy::Rubick, SimPolicy::RubickMilp] {
-        let s = run(&sla, &truth, SimConfig::defaults(policy, Queue::Fifo));
-        let name = policy.as_str().replace('-', "_");
+    for policy in ["rubick", "rubick-milp"] {
+        let s = run(&sla, &truth, SimConfig::defaults(lookup(policy)?, Queue::Fifo));
+        let name = policy.replace('-', "_");
         println!("bench: sim_base_half_guaranteed_{name}_violations {:.1} jobs", s.guarantee_violations.mean);
         println!("bench: sim_base_half_guaranteed_{name}_violation_hours {:.2} h", s.violation_hours.mean);
         print(&format!("sim_base_half_guaranteed_{name}_avg_jct_s"), &s.avg_jct_s, "s");
@@ -250,13 +252,28 @@ fn simulation_figures(
     let (_, belief) = load_trace(&trace, cluster, data, TruthMode::Belief)?;
     for queue in [Queue::Fifo, Queue::Srpt] {
         let q = queue.as_str();
-        let mut config = SimConfig::defaults(SimPolicy::Rubick, queue);
+        let mut config = SimConfig::defaults(lookup("rubick")?, queue);
         config.planner.measured_only = Some(std::sync::Arc::clone(&truth.table));
         print(&format!("sim_base_measured_only_rubick_{q}_avg_jct_s"), &run(&jobs, &truth, config).avg_jct_s, "s");
-        let s = run(&jobs, &slow, SimConfig::defaults(SimPolicy::Rubick, queue));
+        let s = run(&jobs, &slow, SimConfig::defaults(lookup("rubick")?, queue));
         print(&format!("sim_base_extrapolated_30pct_slower_rubick_{q}_avg_jct_s"), &s.avg_jct_s, "s");
-        let s = run(&jobs, &belief, SimConfig::defaults(SimPolicy::Rubick, queue));
+        let s = run(&jobs, &belief, SimConfig::defaults(lookup("rubick")?, queue));
         print(&format!("sim_base_belief_truth_rubick_{q}_avg_jct_s"), &s.avg_jct_s, "s");
+    }
+    // The CPU-tight cluster: policies that manage cores against those that do not.
+    let mut tight = cluster.clone();
+    tight.node_groups[0].cpu_cores = 48;
+    let (jobs, truth) = load_trace(&trace, &tight, data, TruthMode::Oracle)?;
+    for policy in ["rubick", "rubick-no-plan", "elastic", "synergy", "antman", "static-backfill"] {
+        let s = {
+            let mut config = SimConfig::defaults(lookup(policy)?, Queue::Fifo);
+            (config.noise_sigma, config.seed) = (NOISE, 1);
+            let results = simulate_seeds(&tight, &jobs, &truth, &config, SEEDS, |_, _| {});
+            summarize("workload-base", &config, &truth, &results)
+        };
+        let name = format!("sim_cpu_tight_{}", policy.replace('-', "_"));
+        print(&format!("{name}_avg_jct_s"), &s.avg_jct_s, "s");
+        println!("bench: {name}_unfinished {:.1} jobs", s.unfinished.mean);
     }
     Ok(())
 }

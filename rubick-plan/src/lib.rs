@@ -18,6 +18,7 @@ use rubick_io::files::{load_artifact, parse_artifact, read_text};
 
 pub mod curves;
 pub mod milp;
+pub mod policies;
 pub mod round;
 pub mod schedule;
 pub mod sim;
@@ -179,6 +180,25 @@ fn schema(name: &str) -> anyhow::Result<Outcome> {
     })?;
     rubick_io::write_output(Path::new("-"), text.as_bytes())?;
     Ok(Outcome::Done)
+}
+
+/// `--policy`: a name of [`policies::REGISTRY`], each listed with its summary.
+pub fn policy_parser() -> impl clap::builder::TypedValueParser<Value = &'static policies::Registration> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(policies::REGISTRY.iter().map(|r| PossibleValue::new(r.name).help(r.summary)))
+        .map(|name| policies::lookup(&name).unwrap_or(&policies::REGISTRY[0]))
+}
+
+/// `--queue`: fifo, las or srpt.
+pub fn queue_parser() -> impl clap::builder::TypedValueParser<Value = policies::Queue> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let help = |q: policies::Queue| match q {
+        policies::Queue::Fifo => "first come, first served (the paper's)",
+        policies::Queue::Las => "least attained service (GPU-seconds so far; Tiresias)",
+        policies::Queue::Srpt => "shortest remaining work (iterations left x predicted GPU-seconds each)",
+    };
+    PossibleValuesParser::new(policies::Queue::ALL.map(|q| PossibleValue::new(q.as_str()).help(help(q))))
+        .map(|name| name.parse().unwrap_or(policies::Queue::Fifo))
 }
 
 /// Loads the cluster of `--cluster`.

@@ -22,19 +22,20 @@ use rubick_io::reference::ReferenceData;
 use crate::milp;
 
 /// How a round decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Policy {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Solver {
     /// Rubick's greedy heuristic (the MILP only when the greedy misses a guarantee).
-    Rubick,
+    Heuristic,
     /// The exact MILP over the Pareto candidates, warm-started from the heuristic.
-    RubickMilp,
+    Milp,
 }
 
-impl Policy {
+impl Solver {
+    /// The policy this solver is on its own (the schedule's `policy`).
     pub fn as_str(self) -> &'static str {
         match self {
-            Policy::Rubick => "rubick",
-            Policy::RubickMilp => "rubick-milp",
+            Solver::Heuristic => "rubick",
+            Solver::Milp => "rubick-milp",
         }
     }
 }
@@ -63,21 +64,21 @@ fn decide(
     cluster: &Cluster,
     config: &PlannerConfig,
     inputs: &[JobInput],
-    policy: Policy,
+    policy: Solver,
     time_limit: Duration,
     milp_fallback: bool,
 ) -> (Result<Decided, Infeasible>, Option<f64>) {
     let greedy = heuristic::solve(book, cluster, inputs, config);
     let heuristic_objective = greedy.as_ref().ok().map(|d| d.objective);
     let decided = match (policy, greedy) {
-        (Policy::Rubick, Ok(d)) => Ok(Decided {
+        (Solver::Heuristic, Ok(d)) => Ok(Decided {
             choice: d.choice,
             objective: d.objective,
             method: "heuristic",
             gap: None,
             status: "heuristic".into(),
         }),
-        (Policy::RubickMilp, greedy) => {
+        (Solver::Milp, greedy) => {
             let warm = greedy.as_ref().ok().map(|d| d.choice.clone());
             match milp::solve(book, cluster, warm.as_deref(), time_limit) {
                 Ok(s) if greedy.as_ref().is_ok_and(|d| d.objective > s.objective + 1e-9) => greedy.map(|d| Decided {
@@ -108,8 +109,8 @@ fn decide(
             }
         }
         // The greedy missed a guarantee: let the exact search decide feasibility.
-        (Policy::Rubick, Err(why)) if !milp_fallback => Err(why),
-        (Policy::Rubick, Err(why)) => match milp::solve(book, cluster, None, time_limit) {
+        (Solver::Heuristic, Err(why)) if !milp_fallback => Err(why),
+        (Solver::Heuristic, Err(why)) => match milp::solve(book, cluster, None, time_limit) {
             Ok(s) => Ok(Decided {
                 choice: s.choice,
                 objective: s.objective,
@@ -131,7 +132,7 @@ pub fn plan_round(
     cluster: &Cluster,
     config: &PlannerConfig,
     inputs: &[JobInput],
-    policy: Policy,
+    policy: Solver,
     time_limit: Duration,
     round: u64,
 ) -> Result<RoundResult, Infeasible> {
@@ -144,7 +145,7 @@ pub fn plan_round(
 pub fn plan_round_with(
     evaluator: &mut Evaluator<'_>,
     inputs: &[JobInput],
-    policy: Policy,
+    policy: Solver,
     time_limit: Duration,
     round: u64,
 ) -> Result<RoundResult, Infeasible> {

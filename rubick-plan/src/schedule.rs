@@ -10,7 +10,9 @@ use rubick_io::cli::Outcome;
 use rubick_io::files::{load_artifact, write_output};
 use rubick_io::reference::ReferenceData;
 
-use crate::round::{ModelSource, Policy, job_inputs, job_params, plan_round};
+use crate::policies::planner::RoundReport;
+use crate::policies::{PolicyJob, PolicyOptions, Queue, Registration, View, schedule_of, work_per_iteration};
+use crate::round::{ModelSource, job_inputs, job_params};
 
 /// Knobs of the planner shared by `schedule` and `curves`.
 #[derive(Debug, Clone, clap::Args)]
@@ -91,8 +93,12 @@ pub struct ScheduleArgs {
     /// The previous round's Schedule: where jobs run now (overrides jobs' `current`)
     #[arg(long)]
     pub current: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "rubick")]
-    pub policy: Policy,
+    /// The scheduling policy (every policy the simulator has)
+    #[arg(long, default_value = "rubick", value_parser = crate::policy_parser())]
+    pub policy: &'static Registration,
+    /// Order of queued jobs: their weight in Rubick's objective, the queue policies' order
+    #[arg(long, default_value = "fifo", value_parser = crate::queue_parser())]
+    pub queue: Queue,
     /// Time limit of the MILP, seconds
     #[arg(long, default_value_t = 10.0)]
     pub time_limit: f64,
@@ -126,12 +132,38 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let prev = args.current.as_deref().zip(previous.as_ref());
     let inputs = job_inputs((&args.jobs, jobs), params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
     let round = previous.as_ref().map_or(0, |s| s.round + 1);
-    let result =
-        match plan_round(&cluster, &config, &inputs, args.policy, Duration::from_secs_f64(args.time_limit), round) {
-            Ok(r) => r,
-            Err(why) => return Ok(Outcome::Negative(why.reason)),
-        };
-    let mut schedule = result.outcome.schedule;
+    let options = PolicyOptions {
+        queue: args.queue,
+        planner: config.clone(),
+        milp_time_limit: Duration::from_secs_f64(args.time_limit),
+    };
+    let start = std::time::Instant::now();
+    let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);
+    let work: Vec<f64> =
+        inputs.iter().map(|i| work_per_iteration(&i.job, &i.params, None, &mut evaluator, None)).collect();
+    let jobs: Vec<PolicyJob<'_>> = inputs
+        .iter()
+        .zip(&work)
+        .map(|(i, w)| PolicyJob {
+            job: &i.job,
+            params: &i.params,
+            trace_code: None,
+            current: i.current.as_ref(),
+            remaining: i.job.iterations as f64,
+            remaining_work: i.job.iterations as f64 * w,
+            attained_gpu_s: 0.0,
+            first_start_s: None,
+        })
+        .collect();
+    let mut policy = args.policy.build(&cluster, &options);
+    let view = View { cluster: &cluster, jobs: &jobs, now_s: config.now_s, measured: None };
+    let allocations = policy.decide(&view, round);
+    let (mut schedule, explain) = match policy.last_round() {
+        Some(RoundReport::Planned(schedule, explain)) => (*schedule, explain),
+        Some(RoundReport::Infeasible(reason)) => return Ok(Outcome::Negative(reason)),
+        None => schedule_of(&evaluator, args.policy.name, round, &jobs, &allocations),
+    };
+    let wall = start.elapsed();
     tracing::info!(
         "round {round}: {} jobs, {}/{} GPUs used, objective {:.4} ({}, {}) in {:.1} ms",
         inputs.len(),
@@ -140,13 +172,13 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         schedule.objective,
         schedule.solver.method,
         schedule.solver.status,
-        result.wall.as_secs_f64() * 1e3
+        wall.as_secs_f64() * 1e3
     );
     if args.record_time {
-        schedule.solver.wall_s = Some(result.wall.as_secs_f64());
+        schedule.solver.wall_s = Some(wall.as_secs_f64());
     }
     if args.explain {
-        for line in &result.outcome.explain {
+        for line in &explain {
             eprintln!("{line}");
         }
     }

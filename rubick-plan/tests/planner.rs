@@ -12,7 +12,7 @@ use rubick_core::planner::curves;
 use rubick_core::planner::{JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_core::{Artifact, Cluster};
-use rubick_plan::round::{Policy, RoundResult, plan_round};
+use rubick_plan::round::{RoundResult, Solver, plan_round};
 use rubick_plan::synth;
 
 /// A small random instance: `nodes` nodes of `per_node` GPUs with random cores and
@@ -116,8 +116,8 @@ proptest! {
             brute::solve(&soft)
         });
         let limit = Duration::from_secs(20);
-        let heuristic = plan_round(&cluster, &config, &inputs, Policy::Rubick, limit, 0);
-        let milp = plan_round(&cluster, &config, &inputs, Policy::RubickMilp, limit, 0);
+        let heuristic = plan_round(&cluster, &config, &inputs, Solver::Heuristic, limit, 0);
+        let milp = plan_round(&cluster, &config, &inputs, Solver::Milp, limit, 0);
         match best {
             None => {
                 prop_assert!(heuristic.is_err(), "brute force finds no feasible round, the heuristic did");
@@ -157,8 +157,8 @@ proptest! {
         jobs in 1u32..=40,
     ) {
         let (cluster, inputs, config) = instance(seed, nodes, 8, cores, mem.round(), jobs);
-        let first = plan_round(&cluster, &config, &inputs, Policy::Rubick, Duration::from_secs(5), 0);
-        let second = plan_round(&cluster, &config, &inputs, Policy::Rubick, Duration::from_secs(5), 0);
+        let first = plan_round(&cluster, &config, &inputs, Solver::Heuristic, Duration::from_secs(5), 0);
+        let second = plan_round(&cluster, &config, &inputs, Solver::Heuristic, Duration::from_secs(5), 0);
         match (first, second) {
             (Ok(a), Ok(b)) => {
                 check_schedule(&cluster, &inputs, &a)?;
@@ -209,7 +209,7 @@ fn show_instance() {
         }
     }
     println!("brute force: {:?}", brute::solve(&book));
-    for policy in [Policy::Rubick, Policy::RubickMilp] {
+    for policy in [Solver::Heuristic, Solver::Milp] {
         match plan_round(&cluster, &config, &inputs, policy, Duration::from_secs(5), 0) {
             Ok(r) => {
                 println!(

@@ -22,93 +22,26 @@ use std::time::Duration;
 
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{Current, PlannerConfig, Restriction};
+use rubick_core::planner::{Current, PlannerConfig};
 use rubick_core::schedule::Change;
-use rubick_core::space::resolve_code;
-use rubick_core::truth::{Basis, MeasuredTable, Truth};
-use rubick_core::{Cluster, Job, MemoryEstimator, Placement, Plan, PlanCode, PlanRequest};
+use rubick_core::truth::{Basis, Truth};
+use rubick_core::{Cluster, Job, Placement, Plan, PlanCode};
 
-mod policies;
 pub mod summary;
 pub mod trace;
 
-use policies::View;
-
-/// A scheduling policy of the simulator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
-pub enum SimPolicy {
-    /// Rubick (this project's heuristic): plans and resources together.
-    Rubick,
-    /// Rubick with the exact MILP each round.
-    RubickMilp,
-    /// Strict FIFO, the user's plan and GPUs, never reconfigured (a plain batch queue).
-    Static,
-    /// The same with backfilling: later jobs start when the head does not fit (Slurm's
-    /// backfill without reservations).
-    StaticBackfill,
-    /// Synergy (Mohan et al., OSDI 2022): the user's plan and GPUs, FIFO with
-    /// backfilling, CPU cores by the job's sensitivity to them.
-    Synergy,
-    /// AntMan (Xiao et al., OSDI 2020): guaranteed jobs first, preempting best-effort
-    /// ones; the user's plan and GPUs; GPUs are the only resource it manages.
-    Antman,
-    /// Pollux/Sia-style elastic training (Qiao et al., OSDI 2021; Jayaram Subramanya
-    /// et al., SOSP 2023): the GPU count adapts (elastic data parallelism within the
-    /// user's plan layout), the plan is fixed, cores follow GPUs (the node's fair
-    /// share per GPU).
-    Elastic,
-    /// Ablation: Rubick without plan changes (resources only: GPUs, cores and memory
-    /// within the user's plan layout).
-    RubickNoPlan,
-    /// Ablation: Rubick without resizing (plans only, the requested GPU count).
-    RubickNoResize,
-}
-
-impl SimPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SimPolicy::Rubick => "rubick",
-            SimPolicy::RubickMilp => "rubick-milp",
-            SimPolicy::Static => "static",
-            SimPolicy::StaticBackfill => "static-backfill",
-            SimPolicy::Synergy => "synergy",
-            SimPolicy::Antman => "antman",
-            SimPolicy::Elastic => "elastic",
-            SimPolicy::RubickNoPlan => "rubick-no-plan",
-            SimPolicy::RubickNoResize => "rubick-no-resize",
-        }
-    }
-}
-
-/// Order in which queued jobs are admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
-pub enum Queue {
-    /// First come, first served (the paper's).
-    Fifo,
-    /// Least attained service (GPU-seconds so far; Tiresias): needs no job sizes.
-    Las,
-    /// Shortest remaining work first: the iterations a job has left times the
-    /// predicted GPU-seconds of one on its request (the 2-D counterpart of LAS's
-    /// attained GPU-seconds). Rubick's policies weigh every job by it, running ones too.
-    Srpt,
-}
-
-impl Queue {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Queue::Fifo => "fifo",
-            Queue::Las => "las",
-            Queue::Srpt => "srpt",
-        }
-    }
-}
+pub use crate::policies::Queue;
+use crate::policies::{
+    Policy, PolicyJob, PolicyOptions, Registration, View, request_placement, users_plan, work_per_iteration,
+};
 
 /// Knobs of a simulation.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub round_s: f64,
     pub restart_penalty_s: f64,
-    pub policy: SimPolicy,
+    /// The policy, from [`crate::policies::REGISTRY`].
+    pub policy: &'static Registration,
     pub queue: Queue,
     pub planner: PlannerConfig,
     pub milp_time_limit: Duration,
@@ -125,7 +58,7 @@ impl SimConfig {
     /// guaranteed jobs admitted when their guarantee fits and kept to their plan's
     /// layout with a 30 % margin on predictions, changes worth half a request,
     /// 20-round cooldowns, the reference's profiled cores per GPU.
-    pub fn defaults(policy: SimPolicy, queue: Queue) -> Self {
+    pub fn defaults(policy: &'static Registration, queue: Queue) -> Self {
         SimConfig {
             round_s: 60.0,
             restart_penalty_s: 260.0,
@@ -160,15 +93,10 @@ pub struct SimJob {
     pub trace_code: Option<PlanCode>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct Alloc {
-    current: Current,
-}
-
 #[derive(Debug, Clone, Default)]
 struct State {
     remaining: f64,
-    alloc: Option<Alloc>,
+    alloc: Option<Current>,
     penalty_until: f64,
     first_start: Option<f64>,
     finish: Option<f64>,
@@ -256,78 +184,6 @@ fn normal(seed: u64, job: usize, allocation: u64) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
-/// The user's request as a concrete allocation shape: the plan its code resolves to on
-/// its GPUs.
-fn request_plan(job: &Job, cluster: &Cluster) -> Option<Plan> {
-    let g = &cluster.node_groups[0];
-    match job.request.plan {
-        Some(PlanRequest::Exact(p)) => Some(p),
-        Some(PlanRequest::Code(code)) => {
-            resolve_code(&code, &job.model, job.request.gpus, g.gpu_memory_gib, &MemoryEstimator::default())
-        }
-        None => None,
-    }
-}
-
-/// The plan a trace job ran with, taken literally from its code when the model's
-/// shape (as the reference describes it) rejects it: the measured row is the truth.
-/// Its micro-batch is the largest that fits the GPUs of `cluster` (accumulation makes
-/// up the rest of the batch), as for a code that resolves.
-fn traced_plan(sj: &SimJob, cluster: &Cluster) -> Option<Plan> {
-    let code = sj.trace_code?;
-    let gpus = sj.job.request.gpus;
-    let mut plan = code.skeleton(gpus);
-    if plan.gpus() != gpus {
-        return None;
-    }
-    let per_replica = u32::try_from((sj.job.model.global_batch / u64::from(plan.dp.max(1))).max(1)).ok()?;
-    let memory = cluster.node_groups[0].gpu_memory_gib;
-    let estimator = MemoryEstimator::default();
-    let fitting = (1..=per_replica).rev().filter(|mb| per_replica.is_multiple_of(*mb)).find(|&mb| {
-        let p = Plan { micro_batch: mb, ga: per_replica / mb, ..plan };
-        estimator.fits(&sj.job.model, &p, memory).0
-    });
-    let mb = fitting.unwrap_or(per_replica);
-    (plan.micro_batch, plan.ga) = (mb, per_replica / mb);
-    Some(plan)
-}
-
-/// The plan a job runs as its user asked, on `placement` (its requested GPUs) with
-/// `cpus`: the request's plan, else the trace's code taken literally, else (no plan
-/// requested) the best plan the belief finds there.
-fn users_plan(
-    sj: &SimJob,
-    cluster: &Cluster,
-    evaluator: &mut Evaluator<'_>,
-    placement: &Placement,
-    cpus: u32,
-) -> Option<Plan> {
-    request_plan(&sj.job, cluster).or_else(|| traced_plan(sj, cluster)).or_else(|| {
-        evaluator.best_plan(&sj.job.model, &sj.params, 0, placement, cpus, Restriction::Any).map(|(plan, _)| plan)
-    })
-}
-
-/// Where the user's request runs: the requested GPUs packed onto nodes, unless the
-/// reference measured the requested plan only on another placement of as many GPUs
-/// (the authors' simulator charges a static job that measured placement: LLaMA-30B's
-/// `641` on `444444`, not on `888`).
-fn request_placement(sj: &SimJob, cluster: &Cluster, measured: Option<&MeasuredTable>) -> Option<Placement> {
-    let gpus = sj.job.request.gpus;
-    let packed = Placement::packed(gpus, cluster.node_groups[0].gpus_per_node)?;
-    let Some(table) = measured else { return Some(packed) };
-    let code = request_plan(&sj.job, cluster).and_then(|p| PlanCode::of(&p)).or(sj.trace_code);
-    let Some(code) = code else { return Some(packed) };
-    let placements = table.placements_of(&sj.job.model.name, code, gpus);
-    let fits = |p: &Placement| {
-        let g = &cluster.node_groups[0];
-        p.max_per_node() <= g.gpus_per_node && p.nodes() <= g.count
-    };
-    if placements.is_empty() || placements.contains(&packed) {
-        return Some(packed);
-    }
-    placements.into_iter().find(fits).or(Some(packed))
-}
-
 /// Runs the simulation under `config.policy`. `progress` is called after each round
 /// with (finished, total).
 pub fn simulate(
@@ -338,7 +194,9 @@ pub fn simulate(
     progress: impl FnMut(usize, usize),
 ) -> SimResult {
     let planner = planner_config(config);
-    let mut policy = policies::build(cluster, config, &planner);
+    let options =
+        PolicyOptions { queue: config.queue, planner: planner.clone(), milp_time_limit: config.milp_time_limit };
+    let mut policy = config.policy.build(cluster, &options);
     simulate_with(cluster, jobs, truth, config, &planner, policy.as_mut(), progress)
 }
 
@@ -359,7 +217,7 @@ fn simulate_with(
     truth: &Truth,
     config: &SimConfig,
     planner_config: &PlannerConfig,
-    policy: &mut dyn policies::Policy,
+    policy: &mut dyn Policy,
     mut progress: impl FnMut(usize, usize),
 ) -> SimResult {
     let n = jobs.len();
@@ -369,18 +227,14 @@ fn simulate_with(
         jobs.iter().map(|j| State { remaining: j.job.iterations as f64, noise: 1.0, ..State::default() }).collect();
     let g0 = &cluster.node_groups[0];
     let mut evaluator = Evaluator::new(cluster, &config.planner);
-    let cpu_ref = config.planner.cpu_reference(g0);
     for (j, sj) in jobs.iter().enumerate() {
         let job = &sj.job;
         let cpus = job.request.cpus.unwrap_or(g0.fair_cpus_per_gpu() * job.request.gpus);
-        let request = request_placement(sj, cluster, Some(&truth.table))
-            .and_then(|p| Some((users_plan(sj, cluster, &mut evaluator, &p, cpus)?, p)));
         // Remaining work as the policies see it: iterations x predicted GPU-seconds per
         // iteration on the request.
-        let thr =
-            request.as_ref().map(|(plan, p)| Evaluator::throughput(&job.model, &sj.params, g0, plan, p, cpus, cpu_ref));
-        let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
-        state[j].work_per_iter = job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1));
+        state[j].work_per_iter = work_per_iteration(job, &sj.params, sj.trace_code, &mut evaluator, Some(&truth.table));
+        let request = request_placement(job, sj.trace_code, cluster, Some(&truth.table))
+            .and_then(|p| Some((users_plan(job, &sj.params, sj.trace_code, &mut evaluator, &p, cpus)?, p)));
         // Required throughput of a guaranteed job: the truth of its request.
         if let (true, Some((plan, placement))) = (job.guaranteed, request) {
             let mut on = vec![placement.clone()];
@@ -435,27 +289,41 @@ fn simulate_with(
             decisions += 1;
             since_plan = 0;
             changed = false;
-            let view = View { cluster, jobs, state: &state, active: &active, now_s: t, measured: &truth.table };
+            let seen: Vec<PolicyJob<'_>> = active
+                .iter()
+                .map(|&j| PolicyJob {
+                    job: &jobs[j].job,
+                    params: &jobs[j].params,
+                    trace_code: jobs[j].trace_code,
+                    current: state[j].alloc.as_ref(),
+                    remaining: state[j].remaining,
+                    remaining_work: state[j].remaining_work(),
+                    attained_gpu_s: state[j].gpu_s,
+                    first_start_s: state[j].first_start,
+                })
+                .collect();
+            let view = View { cluster, jobs: &seen, now_s: t, measured: Some(&truth.table) };
             let new = policy.decide(&view, round_no);
+            drop(seen);
             round_no += 1;
             for (&j, alloc) in active.iter().zip(new) {
                 let s = &mut state[j];
-                let change = Current::change(s.alloc.as_ref().map(|a| &a.current), alloc.as_ref().map(|a| &a.current));
+                let change = Current::change(s.alloc.as_ref(), alloc.as_ref());
                 if matches!(change, Change::Kept | Change::Pending) {
                     if let Some(a) = &mut s.alloc {
-                        a.current.rounds_since_change = a.current.rounds_since_change.saturating_add(1);
+                        a.rounds_since_change = a.rounds_since_change.saturating_add(1);
                     }
                     continue;
                 }
                 if let Some(new) = &alloc {
                     if tracing::enabled!(tracing::Level::DEBUG) {
-                        let (iter_s, basis) = true_iter_s(&jobs[j], truth, cluster, &new.current);
+                        let (iter_s, basis) = true_iter_s(&jobs[j], truth, cluster, new);
                         tracing::debug!(
                             "t={t}: {} {change:?} -> {} on {} with {} cores ({:.3} samples/s, {basis:?}; request {} GPUs)",
                             jobs[j].job.name,
-                            new.current.plan,
-                            new.current.placement,
-                            new.current.cpus,
+                            new.plan,
+                            new.placement,
+                            new.cpus,
                             jobs[j].job.model.global_batch as f64 / iter_s,
                             jobs[j].job.request.gpus
                         );
@@ -463,7 +331,7 @@ fn simulate_with(
                     if s.alloc.is_some() || s.first_start.is_some() {
                         s.restarts += 1;
                     }
-                    if s.alloc.as_ref().is_some_and(|a| a.current.plan != new.current.plan) {
+                    if s.alloc.as_ref().is_some_and(|a| a.plan != new.plan) {
                         s.plan_changes += 1;
                     }
                     s.first_start.get_or_insert(t);
@@ -478,7 +346,7 @@ fn simulate_with(
                     tracing::debug!("t={t}: {} paused", jobs[j].job.name);
                 }
                 s.alloc = alloc.map(|mut a| {
-                    a.current.rounds_since_change = 0;
+                    a.rounds_since_change = 0;
                     a
                 });
             }
@@ -486,7 +354,7 @@ fn simulate_with(
             since_plan += 1;
             for &j in &active {
                 if let Some(a) = &mut state[j].alloc {
-                    a.current.rounds_since_change = a.current.rounds_since_change.saturating_add(1);
+                    a.rounds_since_change = a.rounds_since_change.saturating_add(1);
                 }
             }
         }
@@ -503,9 +371,9 @@ fn simulate_with(
                 }
                 continue;
             };
-            let gpus = a.current.placement.gpus();
+            let gpus = a.placement.gpus();
             in_use += gpus;
-            let (true_s, basis) = true_iter_s(&jobs[j], truth, cluster, &a.current);
+            let (true_s, basis) = true_iter_s(&jobs[j], truth, cluster, a);
             let iter_s = true_s * s.noise;
             let start = s.penalty_until.max(t);
             let mut stop = end;
@@ -526,16 +394,17 @@ fn simulate_with(
             // truth of the request (the noise is the environment's luck, and would have
             // hit the request alike).
             let speed = jobs[j].job.model.global_batch as f64 / true_s;
-            let as_requested = s.request.as_ref().is_some_and(|(plan, on, cpus)| {
-                a.current.plan == *plan && on.contains(&a.current.placement) && a.current.cpus >= *cpus
-            });
+            let as_requested = s
+                .request
+                .as_ref()
+                .is_some_and(|(plan, on, cpus)| a.plan == *plan && on.contains(&a.placement) && a.cpus >= *cpus);
             if guaranteed && !as_requested && speed < s.required * 0.99 {
                 if s.violation_s <= 0.0 {
                     tracing::debug!(
                         "{}: {} on {} runs at {speed:.3} samples/s ({basis:?}), below its guarantee {:.3}",
                         jobs[j].job.name,
-                        a.current.plan,
-                        a.current.placement,
+                        a.plan,
+                        a.placement,
                         s.required
                     );
                 }
@@ -549,7 +418,7 @@ fn simulate_with(
         }
         if in_use == 0 && next_arrival == n && !changed {
             // Nothing runs and nothing will arrive: the rest can never start.
-            tracing::warn!("{} jobs can never start on this cluster under {}", n - finished, config.policy.as_str());
+            tracing::warn!("{} jobs can never start on this cluster under {}", n - finished, config.policy.name);
             usage.push((t, 0));
             t = end;
             break;
@@ -598,7 +467,7 @@ pub fn simulate_seeds(
         let (cs, out) = batch;
         std::thread::scope(|scope| {
             let handles: Vec<_> =
-                cs.iter().map(|c| scope.spawn(|| simulate(cluster, jobs, truth, c, |d, t| progress(d, t)))).collect();
+                cs.iter().map(|c| scope.spawn(|| simulate(cluster, jobs, truth, c, &progress))).collect();
             for (h, slot) in handles.into_iter().zip(out.iter_mut()) {
                 *slot = h.join().ok();
             }
@@ -609,8 +478,11 @@ pub fn simulate_seeds(
 
 #[cfg(test)]
 mod tests {
+    use rubick_core::PlanRequest;
     use rubick_core::job::{JobRequest, Resharding};
     use rubick_core::perfmodel::Links;
+
+    use crate::policies::request_plan;
     use rubick_core::truth::TruthMode;
 
     use super::*;
@@ -648,38 +520,36 @@ mod tests {
     }
 
     /// The user's plan on the first GPUs of node 0 with `cpus` cores.
-    fn alloc(sj: &SimJob, cluster: &Cluster, cpus: u32) -> Alloc {
+    fn alloc(sj: &SimJob, cluster: &Cluster, cpus: u32) -> Current {
         let gpus = sj.job.request.gpus;
-        Alloc {
-            current: Current {
-                group: 0,
-                plan: request_plan(&sj.job, cluster).unwrap(),
-                placement: Placement::new(vec![gpus]).unwrap(),
-                nodes: vec![(0, (0..gpus).collect())],
-                cpus,
-                host_memory_gib: 64.0,
-                rounds_since_change: 0,
-            },
+        Current {
+            group: 0,
+            plan: request_plan(&sj.job, cluster).unwrap(),
+            placement: Placement::new(vec![gpus]).unwrap(),
+            nodes: vec![(0, (0..gpus).collect())],
+            cpus,
+            host_memory_gib: 64.0,
+            rounds_since_change: 0,
         }
     }
 
     /// Decision k gives job 0 `script[k]` (the last entry from then on).
-    struct Scripted(Vec<Option<Alloc>>);
+    struct Scripted(Vec<Option<Current>>);
 
-    impl policies::Policy for Scripted {
+    impl Policy for Scripted {
         fn reconfigures(&self) -> bool {
             true
         }
 
-        fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<Alloc>> {
+        fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<Current>> {
             let k = (round as usize).min(self.0.len() - 1);
-            view.active.iter().map(|_| self.0[k].clone()).collect()
+            view.jobs.iter().map(|_| self.0[k].clone()).collect()
         }
     }
 
-    fn run(jobs: &[SimJob], script: Vec<Option<Alloc>>) -> SimResult {
+    fn run(jobs: &[SimJob], script: Vec<Option<Current>>) -> SimResult {
         let cluster = Cluster::example();
-        let config = SimConfig::defaults(SimPolicy::Rubick, Queue::Fifo);
+        let config = SimConfig::defaults(crate::policies::lookup("rubick").unwrap(), Queue::Fifo);
         let planner = planner_config(&config);
         simulate_with(&cluster, jobs, &no_rows(), &config, &planner, &mut Scripted(script), |_, _| {})
     }
@@ -707,7 +577,7 @@ mod tests {
         let sj = job("c", PlanCode::ZeroOffload, 4, 16, false);
         let same = run(std::slice::from_ref(&sj), vec![Some(alloc(&sj, &cluster, 16))]);
         assert_eq!(same.jobs[0].restarts, 0);
-        let more = run(&[sj.clone()], vec![Some(alloc(&sj, &cluster, 16)), Some(alloc(&sj, &cluster, 48))]);
+        let more = run(std::slice::from_ref(&sj), vec![Some(alloc(&sj, &cluster, 16)), Some(alloc(&sj, &cluster, 48))]);
         assert_eq!(more.jobs[0].restarts, 1);
     }
 
@@ -715,17 +585,29 @@ mod tests {
     #[test]
     fn synergy_gives_the_sensitivity_optimal_cores_not_the_request() {
         let cluster = Cluster::example();
-        let config = SimConfig::defaults(SimPolicy::Synergy, Queue::Fifo);
-        let planner = planner_config(&config);
-        let mut policy = policies::build(&cluster, &config, &planner);
+        let config = SimConfig::defaults(crate::policies::lookup("synergy").unwrap(), Queue::Fifo);
+        let options = PolicyOptions {
+            queue: config.queue,
+            planner: planner_config(&config),
+            milp_time_limit: config.milp_time_limit,
+        };
+        let mut policy = config.policy.build(&cluster, &options);
         // ZeRO-Offload on 4 GPUs asking 8 cores per GPU; profiled at 4 per GPU, its CPU
         // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
-        let jobs = [job("s", PlanCode::ZeroOffload, 4, 32, false)];
-        let state = vec![State { remaining: 100.0, noise: 1.0, ..State::default() }];
-        let table = MeasuredTable::default();
-        let view = View { cluster: &cluster, jobs: &jobs, state: &state, active: &[0], now_s: 0.0, measured: &table };
+        let sj = job("s", PlanCode::ZeroOffload, 4, 32, false);
+        let jobs = [PolicyJob {
+            job: &sj.job,
+            params: &sj.params,
+            trace_code: None,
+            current: None,
+            remaining: 100.0,
+            remaining_work: 1.0,
+            attained_gpu_s: 0.0,
+            first_start_s: None,
+        }];
+        let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None };
         let out = policy.decide(&view, 0);
-        assert_eq!(out[0].as_ref().map(|a| a.current.cpus), Some(48));
+        assert_eq!(out[0].as_ref().map(|a| a.cpus), Some(48));
     }
 
     #[test]

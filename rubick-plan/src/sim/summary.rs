@@ -77,7 +77,7 @@ pub fn summarize(trace: &str, config: &SimConfig, truth: &Truth, results: &[SimR
         api_version: None,
         kind: None,
         trace: trace.to_owned(),
-        policy: config.policy.as_str().to_owned(),
+        policy: config.policy.name.to_owned(),
         queue: config.queue.as_str().to_owned(),
         truth_mode: truth.mode,
         measured_only: config.planner.measured_only.is_some(),

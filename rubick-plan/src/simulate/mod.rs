@@ -20,8 +20,9 @@ use rubick_io::files::load_artifact;
 use rubick_io::plot::write_figure;
 use rubick_io::reference::ReferenceData;
 
+use crate::policies::Registration;
 use crate::sim::trace::load_trace;
-use crate::sim::{Queue, SimConfig, SimJob, SimPolicy, SimResult, simulate_seeds, summary::summarize};
+use crate::sim::{Queue, SimConfig, SimJob, SimResult, simulate_seeds, summary::summarize};
 use plots::{CdfFigure, GanttFigure, UsageFigure};
 
 const SIMULATE_EXAMPLES: &str = "\
@@ -62,10 +63,11 @@ pub struct SimulateArgs {
     /// carry submitTimeS and iterations
     #[arg(long)]
     pub trace: PathBuf,
-    #[arg(long, value_enum, default_value = "rubick")]
-    pub policy: SimPolicy,
+    /// The scheduling policy
+    #[arg(long, default_value = "rubick", value_parser = crate::policy_parser())]
+    pub policy: &'static Registration,
     /// Admission order of queued jobs
-    #[arg(long, value_enum, default_value = "fifo")]
+    #[arg(long, default_value = "fifo", value_parser = crate::queue_parser())]
     pub queue: Queue,
     /// The authors' reference data: measured iteration times (the truth) and the rows
     /// each model's performance model (the belief) is fitted from

@@ -1,0 +1,370 @@
+//! Scheduling policies: one trait ([`Policy`]), one module per policy, one registry
+//! ([`REGISTRY`]) by name that `rubick-plan schedule --policy` and `simulate --policy`
+//! share.
+//!
+//! Two families share their machinery: the planner family ([`planner`]: Rubick, its
+//! MILP, its ablations and the elastic baseline) decides through this project's planner;
+//! the queue family ([`queue`]: static, static-backfill, Synergy, AntMan) runs the
+//! user's plan on the user's GPUs with a node allocator. Every policy sees the jobs as
+//! declared, their progress and their fitted models: never the truth of their speed.
+//!
+//! Adding a policy: a module with its documentation (the paper or system it follows)
+//! and a `build` function, and one line in [`REGISTRY`].
+
+use std::time::Duration;
+
+use rubick_core::perfmodel::Params;
+use rubick_core::planner::curves::Evaluator;
+use rubick_core::planner::{Current, PlannerConfig, Restriction};
+use rubick_core::space::resolve_code;
+use rubick_core::truth::MeasuredTable;
+use rubick_core::{Cluster, Job, MemoryEstimator, Placement, Plan, PlanCode, PlanRequest};
+
+mod antman;
+mod elastic;
+pub mod planner;
+pub mod queue;
+mod rubick;
+mod rubick_milp;
+mod rubick_no_plan;
+mod rubick_no_resize;
+mod static_backfill;
+mod static_queue;
+mod synergy;
+
+/// Order in which queued jobs are admitted (for the planner family: their weight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Queue {
+    /// First come, first served (the paper's).
+    Fifo,
+    /// Least attained service (GPU-seconds so far; Tiresias): needs no job sizes.
+    Las,
+    /// Shortest remaining work first: the iterations a job has left times the
+    /// predicted GPU-seconds of one on its request (the 2-D counterpart of LAS's
+    /// attained GPU-seconds). Rubick's policies weigh every job by it, running ones too.
+    Srpt,
+}
+
+impl Queue {
+    pub const ALL: [Queue; 3] = [Queue::Fifo, Queue::Las, Queue::Srpt];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Queue::Fifo => "fifo",
+            Queue::Las => "las",
+            Queue::Srpt => "srpt",
+        }
+    }
+}
+
+impl std::str::FromStr for Queue {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Queue::ALL
+            .into_iter()
+            .find(|q| q.as_str() == s)
+            .ok_or_else(|| format!("unknown queue order `{s}` (expected one of: fifo, las, srpt)"))
+    }
+}
+
+/// What every policy is built with.
+#[derive(Debug, Clone)]
+pub struct PolicyOptions {
+    pub queue: Queue,
+    /// The planner's knobs (the planner family's; the queue family reads the cores and
+    /// memory every job gets from it).
+    pub planner: PlannerConfig,
+    /// Time limit of each MILP round.
+    pub milp_time_limit: Duration,
+}
+
+/// One job as a policy sees it.
+#[derive(Debug, Clone)]
+pub struct PolicyJob<'a> {
+    pub job: &'a Job,
+    /// Its fitted performance model (belief).
+    pub params: &'a Params,
+    /// The plan code of a trace whose model's shape rejects it (the request then has no
+    /// plan): the user's plan taken literally (see [`traced_plan`]).
+    pub trace_code: Option<PlanCode>,
+    /// Where it runs now.
+    pub current: Option<&'a Current>,
+    /// Iterations left.
+    pub remaining: f64,
+    /// Predicted GPU-seconds of work left on its request (what `srpt` orders by).
+    pub remaining_work: f64,
+    /// GPU-seconds it has had (what `las` orders by).
+    pub attained_gpu_s: f64,
+    /// When it first started, if it did.
+    pub first_start_s: Option<f64>,
+}
+
+/// What a policy sees at a decision.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a> {
+    pub cluster: &'a Cluster,
+    /// Submitted, unfinished jobs.
+    pub jobs: &'a [PolicyJob<'a>],
+    /// The clock (seconds, the jobs' time).
+    pub now_s: f64,
+    /// Which configurations the reference measured (not their times), when known:
+    /// where a static job's requested plan ran.
+    pub measured: Option<&'a MeasuredTable>,
+}
+
+/// A scheduling policy.
+pub trait Policy {
+    /// Whether the policy reconfigures running jobs: a simulation then also asks it
+    /// again when cooldowns end, not only on arrivals and completions.
+    fn reconfigures(&self) -> bool;
+
+    /// One decision: an allocation, or none, for every job of `view` (in its order). A
+    /// job whose allocation is unchanged keeps running; any other change restarts it.
+    /// `round` counts decisions.
+    fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<Current>>;
+
+    /// The last decision as the planner reported it (a `Schedule` with an explanation
+    /// per job, or why guarantees cannot hold), for policies that plan (the planner
+    /// family); `None`: the allocations are all there is.
+    fn last_round(&mut self) -> Option<planner::RoundReport> {
+        None
+    }
+}
+
+/// A policy in the registry.
+pub struct Registration {
+    pub name: &'static str,
+    /// One line: what it does and what it follows.
+    pub summary: &'static str,
+    build: for<'a> fn(&'a Cluster, &PolicyOptions) -> Box<dyn Policy + 'a>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for Registration {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Registration {
+    /// The policy, deciding on `cluster` with `options`.
+    pub fn build<'a>(&self, cluster: &'a Cluster, options: &PolicyOptions) -> Box<dyn Policy + 'a> {
+        (self.build)(cluster, options)
+    }
+}
+
+/// Every policy, by name.
+pub static REGISTRY: [Registration; 9] = [
+    Registration { name: "rubick", summary: rubick::SUMMARY, build: rubick::build },
+    Registration { name: "rubick-milp", summary: rubick_milp::SUMMARY, build: rubick_milp::build },
+    Registration { name: "static", summary: static_queue::SUMMARY, build: static_queue::build },
+    Registration { name: "static-backfill", summary: static_backfill::SUMMARY, build: static_backfill::build },
+    Registration { name: "synergy", summary: synergy::SUMMARY, build: synergy::build },
+    Registration { name: "antman", summary: antman::SUMMARY, build: antman::build },
+    Registration { name: "elastic", summary: elastic::SUMMARY, build: elastic::build },
+    Registration { name: "rubick-no-plan", summary: rubick_no_plan::SUMMARY, build: rubick_no_plan::build },
+    Registration { name: "rubick-no-resize", summary: rubick_no_resize::SUMMARY, build: rubick_no_resize::build },
+];
+
+/// The registered policy called `name`.
+pub fn lookup(name: &str) -> Result<&'static Registration, String> {
+    REGISTRY.iter().find(|r| r.name == name).ok_or_else(|| {
+        let names: Vec<&str> = REGISTRY.iter().map(|r| r.name).collect();
+        format!("unknown policy `{name}` (expected one of: {})", names.join(", "))
+    })
+}
+
+/// The user's request as a concrete plan: its code resolved on its GPUs.
+pub fn request_plan(job: &Job, cluster: &Cluster) -> Option<Plan> {
+    let g = &cluster.node_groups[0];
+    match job.request.plan {
+        Some(PlanRequest::Exact(p)) => Some(p),
+        Some(PlanRequest::Code(code)) => {
+            resolve_code(&code, &job.model, job.request.gpus, g.gpu_memory_gib, &MemoryEstimator::default())
+        }
+        None => None,
+    }
+}
+
+/// The plan a trace job ran with, taken literally from its code when the model's
+/// shape (as the reference describes it) rejects it: the measured row is the truth.
+/// Its micro-batch is the largest that fits the GPUs of `cluster` (accumulation makes
+/// up the rest of the batch), as for a code that resolves.
+pub fn traced_plan(job: &Job, code: Option<PlanCode>, cluster: &Cluster) -> Option<Plan> {
+    let code = code?;
+    let gpus = job.request.gpus;
+    let mut plan = code.skeleton(gpus);
+    if plan.gpus() != gpus {
+        return None;
+    }
+    let per_replica = u32::try_from((job.model.global_batch / u64::from(plan.dp.max(1))).max(1)).ok()?;
+    let memory = cluster.node_groups[0].gpu_memory_gib;
+    let estimator = MemoryEstimator::default();
+    let fitting = (1..=per_replica).rev().filter(|mb| per_replica.is_multiple_of(*mb)).find(|&mb| {
+        let p = Plan { micro_batch: mb, ga: per_replica / mb, ..plan };
+        estimator.fits(&job.model, &p, memory).0
+    });
+    let mb = fitting.unwrap_or(per_replica);
+    (plan.micro_batch, plan.ga) = (mb, per_replica / mb);
+    Some(plan)
+}
+
+/// The plan a job runs as its user asked, on `placement` (its requested GPUs) with
+/// `cpus`: the request's plan, else the trace's code taken literally, else (no plan
+/// requested) the best plan the belief finds there.
+pub fn users_plan(
+    job: &Job,
+    params: &Params,
+    trace_code: Option<PlanCode>,
+    evaluator: &mut Evaluator<'_>,
+    placement: &Placement,
+    cpus: u32,
+) -> Option<Plan> {
+    let cluster = evaluator.cluster;
+    request_plan(job, cluster)
+        .or_else(|| traced_plan(job, trace_code, cluster))
+        .or_else(|| evaluator.best_plan(&job.model, params, 0, placement, cpus, Restriction::Any).map(|(plan, _)| plan))
+}
+
+/// Where the user's request runs: the requested GPUs packed onto nodes, unless the
+/// reference measured the requested plan only on another placement of as many GPUs
+/// (the authors' simulator charges a static job that measured placement: LLaMA-30B's
+/// `641` on `444444`, not on `888`).
+pub fn request_placement(
+    job: &Job,
+    trace_code: Option<PlanCode>,
+    cluster: &Cluster,
+    measured: Option<&MeasuredTable>,
+) -> Option<Placement> {
+    let gpus = job.request.gpus;
+    let g = &cluster.node_groups[0];
+    let packed = Placement::packed(gpus, g.gpus_per_node)?;
+    let Some(table) = measured else { return Some(packed) };
+    let code = request_plan(job, cluster).and_then(|p| PlanCode::of(&p)).or(trace_code);
+    let Some(code) = code else { return Some(packed) };
+    let placements = table.placements_of(&job.model.name, code, gpus);
+    if placements.is_empty() || placements.contains(&packed) {
+        return Some(packed);
+    }
+    placements.into_iter().find(|p| p.max_per_node() <= g.gpus_per_node && p.nodes() <= g.count).or(Some(packed))
+}
+
+/// Predicted GPU-seconds of one iteration of `job` on its request (the belief): what
+/// remaining work is measured in (`srpt`). 1 GPU-second per sample when no plan of the
+/// request can be evaluated.
+pub fn work_per_iteration(
+    job: &Job,
+    params: &Params,
+    trace_code: Option<PlanCode>,
+    evaluator: &mut Evaluator<'_>,
+    measured: Option<&MeasuredTable>,
+) -> f64 {
+    let cluster = evaluator.cluster;
+    let g = &cluster.node_groups[0];
+    let cpus = job.request.cpus.unwrap_or(g.fair_cpus_per_gpu() * job.request.gpus);
+    let cpu_ref = evaluator.config.cpu_reference(g);
+    let thr = request_placement(job, trace_code, cluster, measured).and_then(|p| {
+        let plan = users_plan(job, params, trace_code, evaluator, &p, cpus)?;
+        Some(Evaluator::throughput(&job.model, params, g, &plan, &p, cpus, cpu_ref))
+    });
+    let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
+    job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1))
+}
+
+/// The allocations a policy decided as a `Schedule`, with one explanation line per job
+/// (for policies that do not plan: the queue family). Throughputs are the belief's.
+pub fn schedule_of(
+    evaluator: &Evaluator<'_>,
+    policy: &str,
+    round: u64,
+    jobs: &[PolicyJob<'_>],
+    allocations: &[Option<Current>],
+) -> (rubick_core::schedule::Schedule, Vec<String>) {
+    use rubick_core::planner::round::round6;
+    use rubick_core::schedule::{Assignment, Change, NodeShare, Schedule, SolverStats, Totals};
+    let cluster = evaluator.cluster;
+    let mut assignments = Vec::with_capacity(jobs.len());
+    let mut explain = Vec::with_capacity(jobs.len());
+    let (mut gpus_used, mut cpus_used, mut mem_used) = (0, 0, 0.0);
+    for (pj, alloc) in jobs.iter().zip(allocations) {
+        let change = Current::change(pj.current, alloc.as_ref());
+        let throughput = alloc.as_ref().map_or(0.0, |c| {
+            let g = &cluster.node_groups[c.group];
+            let cpu_ref = evaluator.config.cpu_reference(g);
+            Evaluator::throughput(&pj.job.model, pj.params, g, &c.plan, &c.placement, c.cpus, cpu_ref)
+        });
+        let reason = match change {
+            Change::Pending => "waits: its request does not fit now".to_owned(),
+            Change::Started => "starts as requested".to_owned(),
+            Change::Preempted => "preempted for a guaranteed job".to_owned(),
+            _ => "kept: this policy never reconfigures".to_owned(),
+        };
+        if let Some(c) = alloc {
+            gpus_used += c.placement.gpus();
+            cpus_used += c.cpus;
+            mem_used += c.host_memory_gib;
+        }
+        let nodes = alloc.as_ref().map_or_else(Vec::new, |c| {
+            let g = &cluster.node_groups[c.group];
+            let counts: Vec<u32> = c.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
+            let cores = rubick_core::planner::place::split(c.cpus, &counts);
+            let total = counts.iter().sum::<u32>().max(1);
+            c.nodes
+                .iter()
+                .zip(cores)
+                .map(|((i, ix), cpus)| NodeShare {
+                    node: format!("{}-{i}", g.name),
+                    gpus: ix.clone(),
+                    cpus,
+                    host_memory_gib: round6(c.host_memory_gib * f64::from(ix.len() as u32) / f64::from(total)),
+                })
+                .collect()
+        });
+        explain.push(format!(
+            "{}: {change:?}: {}; {throughput:.3} samples/s; {reason}",
+            pj.job.name,
+            alloc
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |c| format!("{} on {} with {} cores", c.plan, c.placement, c.cpus))
+        ));
+        assignments.push(Assignment {
+            job: pj.job.name.clone(),
+            plan: alloc.as_ref().map(|c| c.plan),
+            nodes,
+            predicted_throughput: round6(throughput),
+            guarantee: None,
+            change,
+            rounds_since_change: match (change, pj.current) {
+                (Change::Kept, Some(c)) => c.rounds_since_change.saturating_add(1),
+                _ => 0,
+            },
+            reason,
+        });
+    }
+    let running = allocations.iter().flatten().count() as f64;
+    let schedule = Schedule {
+        api_version: Some(rubick_core::ApiVersion::CURRENT),
+        kind: Some(rubick_core::Kind::Schedule),
+        cluster: cluster.name.clone(),
+        round,
+        policy: policy.to_owned(),
+        assignments,
+        totals: Totals {
+            gpus_used,
+            gpus_total: cluster.total_gpus(),
+            cpus_used,
+            host_memory_gib_used: round6(mem_used),
+            // Every running job runs its request.
+            normalized_throughput: running,
+        },
+        objective: running,
+        solver: SolverStats { method: "queue".into(), gap: None, wall_s: None, status: "allocated".into() },
+    };
+    (schedule, explain)
+}

@@ -1,0 +1,129 @@
+//! The planner family: policies that decide through this project's planner (curves,
+//! the heuristic or the MILP, placement), each round from where jobs run now. Queue
+//! order becomes a weight in the objective.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rubick_core::planner::curves::Evaluator;
+use rubick_core::planner::{Current, JobInput, Restriction, current_of_assignment};
+use rubick_core::schedule::Schedule;
+use rubick_core::{Cluster, PlanRequest};
+
+use super::queue::queue_order;
+use super::{PolicyOptions, Queue, View, request_plan, traced_plan};
+use crate::round::{Solver, plan_round_with};
+
+/// The last round of a planner-family policy, for `schedule`.
+#[derive(Debug, Clone)]
+pub enum RoundReport {
+    /// The schedule and one explanation line per job.
+    Planned(Box<Schedule>, Vec<String>),
+    /// Guaranteed jobs that cannot all get their guarantee: why.
+    Infeasible(String),
+}
+
+/// A policy deciding through the planner.
+pub(super) struct PlannerFamily<'a> {
+    pub name: &'static str,
+    pub queue: Queue,
+    /// Plans keep the user's plan's layout (TP, PP, ZeRO, offload).
+    pub keep_layout: bool,
+    pub solver: Solver,
+    pub milp_time_limit: Duration,
+    /// Kept across decisions: curves are cached per model.
+    pub evaluator: Evaluator<'a>,
+    pub last: Option<RoundReport>,
+}
+
+impl<'a> PlannerFamily<'a> {
+    /// `name` on `cluster`; `adjust` sets the planner knobs of an ablation.
+    pub fn new(
+        name: &'static str,
+        cluster: &'a Cluster,
+        options: &PolicyOptions,
+        solver: Solver,
+        keep_layout: bool,
+        adjust: impl FnOnce(&mut rubick_core::planner::PlannerConfig),
+    ) -> Self {
+        let mut planner = options.planner.clone();
+        adjust(&mut planner);
+        PlannerFamily {
+            name,
+            queue: options.queue,
+            keep_layout,
+            solver,
+            milp_time_limit: options.milp_time_limit,
+            evaluator: Evaluator::new(cluster, &planner),
+            last: None,
+        }
+    }
+}
+
+impl super::Policy for PlannerFamily<'_> {
+    fn reconfigures(&self) -> bool {
+        true
+    }
+
+    fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<Current>> {
+        self.evaluator.config.now_s = view.now_s;
+        let View { cluster, jobs, .. } = *view;
+        // Queue order becomes weight: the head of the queue counts up to twice as much.
+        let mut waiting: Vec<usize> = (0..jobs.len()).filter(|&j| jobs[j].current.is_none()).collect();
+        queue_order(&mut waiting, jobs, self.queue);
+        let rank: HashMap<usize, usize> = waiting.iter().enumerate().map(|(r, &j)| (j, r)).collect();
+        let median_work = if self.queue == Queue::Srpt {
+            let mut w: Vec<f64> = jobs.iter().map(|j| j.remaining_work).collect();
+            w.sort_by(f64::total_cmp);
+            w.get(w.len() / 2).copied().unwrap_or(1.0).max(1.0)
+        } else {
+            1.0 // unused: only srpt weighs by remaining work
+        };
+        let inputs: Vec<JobInput> = jobs
+            .iter()
+            .enumerate()
+            .map(|(j, pj)| {
+                let mut job = pj.job.clone();
+                job.iterations = pj.remaining.ceil().max(1.0) as u64;
+                let allowed = if self.keep_layout {
+                    request_plan(&job, cluster).map_or(Restriction::Any, |p| Restriction::layout_of(&p))
+                } else {
+                    Restriction::Any
+                };
+                // A request the model's shape rejects is still what the user ran: the
+                // planner's guarantee is its throughput.
+                if job.request.plan.is_none() {
+                    job.request.plan = traced_plan(pj.job, pj.trace_code, cluster).map(PlanRequest::Exact);
+                }
+                let priority = match self.queue {
+                    // Shortest remaining work first: every job, running ones too, weighs
+                    // by the median remaining work over its own (Smith's rule: the
+                    // objective then counts the share of remaining work done per second),
+                    // within 1/16..16.
+                    Queue::Srpt => (median_work / pj.remaining_work.max(1.0)).clamp(1.0 / 16.0, 16.0),
+                    _ => rank.get(&j).map_or(1.0, |&r| 1.0 + (waiting.len() - r) as f64 / waiting.len().max(1) as f64),
+                };
+                JobInput { job, params: pj.params.clone(), current: pj.current.cloned(), allowed, priority }
+            })
+            .collect();
+        match plan_round_with(&mut self.evaluator, &inputs, self.solver, self.milp_time_limit, round) {
+            Ok(r) => {
+                let mut schedule = r.outcome.schedule;
+                schedule.policy = self.name.to_owned();
+                let out =
+                    schedule.assignments.iter().map(|a| current_of_assignment(a, cluster).ok().flatten()).collect();
+                self.last = Some(RoundReport::Planned(Box::new(schedule), r.outcome.explain));
+                out
+            }
+            Err(e) => {
+                tracing::debug!("round at {}: {e}; allocations kept", self.evaluator.config.now_s);
+                self.last = Some(RoundReport::Infeasible(e.reason));
+                jobs.iter().map(|j| j.current.cloned()).collect()
+            }
+        }
+    }
+
+    fn last_round(&mut self) -> Option<RoundReport> {
+        self.last.take()
+    }
+}

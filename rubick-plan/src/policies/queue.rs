@@ -1,0 +1,176 @@
+//! The queue family: the user's plan on the user's GPUs, never reconfigured, placed by
+//! a node allocator in queue order. The policies differ in what happens when the head
+//! of the queue does not fit and in how they hand out CPU cores.
+
+use rubick_core::Placement;
+use rubick_core::planner::Current;
+use rubick_core::planner::curves::{Evaluator, host_memory_gib};
+use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
+
+use super::{PolicyJob, PolicyOptions, Queue, View, request_placement, users_plan};
+
+/// How a queue policy hands out cores (per GPU), given the job's plan and placement.
+pub(super) type CoreRule = fn(&Evaluator<'_>, &PolicyJob<'_>, &rubick_core::Plan, &Placement, u32) -> Vec<u32>;
+
+/// A node allocator in queue order.
+pub(super) struct QueuePolicy<'a> {
+    pub queue: Queue,
+    /// Later jobs start when the head does not fit.
+    pub backfill: bool,
+    /// Guaranteed jobs first, preempting best-effort ones (latest started first).
+    pub guaranteed_first: bool,
+    /// The core counts to try, in order (the request's by default).
+    pub cores: CoreRule,
+    /// For jobs without a usable plan of their own: the best plan on their GPUs.
+    pub evaluator: Evaluator<'a>,
+}
+
+impl<'a> QueuePolicy<'a> {
+    pub fn new(cluster: &'a rubick_core::Cluster, options: &PolicyOptions) -> Self {
+        QueuePolicy {
+            queue: options.queue,
+            backfill: true,
+            guaranteed_first: false,
+            cores: requested_cores,
+            evaluator: Evaluator::new(cluster, &options.planner),
+        }
+    }
+}
+
+/// The cores the job asked for (the node's fair share per GPU when it did not say).
+pub(super) fn requested_cores(
+    evaluator: &Evaluator<'_>,
+    job: &PolicyJob<'_>,
+    _plan: &rubick_core::Plan,
+    placement: &Placement,
+    _fair: u32,
+) -> Vec<u32> {
+    let g = &evaluator.cluster.node_groups[0];
+    vec![job.job.request.cpus.unwrap_or(g.fair_cpus_per_gpu() * placement.gpus())]
+}
+
+/// Places `per_node` (decreasing) best-fit on the nodes of group 0, with `cpus` and
+/// `mem` split by GPUs; `None` when it does not fit.
+fn place_shape(nodes: &mut [NodeState], per_node: &[u32], cpus: u32, mem: f64) -> Option<Vec<(u32, Vec<u32>)>> {
+    let parts = layout(nodes, 0, per_node, cpus, mem, &[])?;
+    Some(parts.into_iter().map(|(node, g, c, m)| (nodes[node].index, take(nodes, node, g, c, m, None).gpus)).collect())
+}
+
+/// Marks a running job's resources as used (cores and memory split as placement does).
+fn occupy(nodes: &mut [NodeState], c: &Current) {
+    let counts: Vec<u32> = c.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
+    let total = counts.iter().sum::<u32>().max(1);
+    for ((idx, ix), cores) in c.nodes.iter().zip(split(c.cpus, &counts)) {
+        if let Some(n) = nodes.iter_mut().find(|n| n.group == c.group && n.index == *idx) {
+            for &k in ix {
+                if let Some(f) = n.gpu_free.get_mut(k as usize) {
+                    *f = false;
+                }
+            }
+            n.cpus_free = n.cpus_free.saturating_sub(cores);
+            n.mem_free -= c.host_memory_gib * f64::from(ix.len() as u32) / f64::from(total);
+        }
+    }
+}
+
+/// Sorts `ids` (indices into `jobs`) in queue order; ties by submission, then index.
+pub(super) fn queue_order(ids: &mut [usize], jobs: &[PolicyJob<'_>], queue: Queue) {
+    ids.sort_by(|&a, &b| {
+        let key = |j: usize| match queue {
+            Queue::Fifo => jobs[j].job.submit_time_s,
+            Queue::Las => jobs[j].attained_gpu_s,
+            Queue::Srpt => jobs[j].remaining_work,
+        };
+        key(a).total_cmp(&key(b)).then(jobs[a].job.submit_time_s.total_cmp(&jobs[b].job.submit_time_s)).then(a.cmp(&b))
+    });
+}
+
+fn occupied(cluster: &rubick_core::Cluster, out: &[Option<Current>]) -> Vec<NodeState> {
+    let mut nodes = nodes_of(cluster);
+    for c in out.iter().flatten() {
+        occupy(&mut nodes, c);
+    }
+    nodes
+}
+
+impl super::Policy for QueuePolicy<'_> {
+    fn reconfigures(&self) -> bool {
+        false
+    }
+
+    fn decide(&mut self, view: &View<'_>, _round: u64) -> Vec<Option<Current>> {
+        let View { cluster, jobs, measured, .. } = *view;
+        let evaluator = &mut self.evaluator;
+        let mut out: Vec<Option<Current>> = jobs.iter().map(|j| j.current.cloned()).collect();
+        let mut nodes = occupied(cluster, &out);
+        let mut waiting: Vec<usize> = (0..jobs.len()).filter(|&j| jobs[j].current.is_none()).collect();
+        queue_order(&mut waiting, jobs, self.queue);
+        if self.guaranteed_first {
+            // Guaranteed jobs first (stable: queue order within each class).
+            waiting.sort_by_key(|&j| !jobs[j].job.guaranteed);
+        }
+        let g = &cluster.node_groups[0];
+        let fair = g.fair_cpus_per_gpu();
+        for j in waiting {
+            let pj = &jobs[j];
+            let job = pj.job;
+            let placement = request_placement(job, pj.trace_code, cluster, measured);
+            let requested_cpus = job.request.cpus.unwrap_or(fair * job.request.gpus);
+            // The user's plan (the trace's code as measured when our model of the job
+            // rejects it; the best plan on the requested GPUs when there is none).
+            let plan = placement
+                .as_ref()
+                .and_then(|p| users_plan(job, pj.params, pj.trace_code, evaluator, p, requested_cpus));
+            let (Some(plan), Some(placement)) = (plan, placement) else { continue };
+            let mem = host_memory_gib(&evaluator.config, g, &job.model, &plan);
+            let on_nodes = |nodes: Vec<(u32, Vec<u32>)>, cpus: u32| Current {
+                group: 0,
+                plan,
+                placement: placement.clone(),
+                nodes,
+                cpus,
+                host_memory_gib: mem,
+                rounds_since_change: 0,
+            };
+            let mut placed = None;
+            for cpus in (self.cores)(evaluator, pj, &plan, &placement, fair) {
+                if let Some(ix) = place_shape(&mut nodes, placement.per_node(), cpus, mem) {
+                    placed = Some(on_nodes(ix, cpus));
+                    break;
+                }
+            }
+            // A guaranteed job preempts best-effort jobs, latest started first.
+            if placed.is_none() && self.guaranteed_first && job.guaranteed {
+                let before = out.clone();
+                let mut victims: Vec<usize> =
+                    (0..jobs.len()).filter(|&k| out[k].is_some() && !jobs[k].job.guaranteed).collect();
+                victims.sort_by(|&a, &b| {
+                    let start = |k: usize| jobs[k].first_start_s.unwrap_or(f64::INFINITY);
+                    start(b).total_cmp(&start(a)).then(b.cmp(&a))
+                });
+                for k in victims {
+                    out[k] = None;
+                    nodes = occupied(cluster, &out);
+                    if let Some(ix) = place_shape(&mut nodes, placement.per_node(), requested_cpus, mem) {
+                        placed = Some(on_nodes(ix, requested_cpus));
+                        break;
+                    }
+                }
+                if placed.is_none() {
+                    // Preempting did not make room: restore.
+                    out = before;
+                    nodes = occupied(cluster, &out);
+                }
+            }
+            if placed.is_none() {
+                tracing::trace!("{}: {plan} on {placement} does not fit now", job.name);
+            }
+            match placed {
+                Some(current) => out[j] = Some(current),
+                None if !self.backfill => break,
+                None => {}
+            }
+        }
+        out
+    }
+}
