@@ -69,7 +69,10 @@ impl super::Policy for PlannerFamily<'_> {
         self.evaluator.config.now_s = view.now_s;
         let View { cluster, jobs, .. } = *view;
         // Queue order becomes weight: the head of the queue counts up to twice as much.
-        let mut waiting: Vec<usize> = (0..jobs.len()).filter(|&j| jobs[j].current.is_none()).collect();
+        // Running jobs hold their place in it: weighing only the waiting ones made an
+        // older running job worth less than a younger waiting one, so rounds paused it
+        // for that one and resumed it (restarted) a round later.
+        let mut waiting: Vec<usize> = (0..jobs.len()).collect();
         queue_order(&mut waiting, jobs, self.queue);
         let rank: HashMap<usize, usize> = waiting.iter().enumerate().map(|(r, &j)| (j, r)).collect();
         let median_work = if self.queue == Queue::Srpt {

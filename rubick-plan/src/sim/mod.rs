@@ -610,6 +610,22 @@ mod tests {
         assert_eq!(out[0].as_ref().map(|a| a.cpus), Some(48));
     }
 
+    /// Queue order weighed only the waiting jobs: a younger waiting job outweighed an
+    /// older running one, so rounds paused the running job for it (and resumed it,
+    /// restarted, later): the pause/resume thrash.
+    #[test]
+    fn a_younger_waiting_job_does_not_preempt_an_older_running_one() {
+        let cluster = Cluster::example();
+        let old = job("old", PlanCode::ZeroDp, 64, 512, false);
+        let mut young = job("young", PlanCode::ZeroDp, 64, 512, false);
+        young.job.submit_time_s = 120.0;
+        let config = SimConfig::defaults(crate::policies::lookup("rubick-no-resize").unwrap(), Queue::Fifo);
+        let r = simulate(&cluster, &[old, young], &no_rows(), &config, |_, _| {});
+        let (o, y) = (&r.jobs[0], &r.jobs[1]);
+        assert_eq!(o.restarts, 0, "the running job was paused");
+        assert!(o.finish_s.unwrap() <= y.first_start_s.unwrap(), "{o:?} {y:?}");
+    }
+
     #[test]
     fn noise_is_reproducible_and_centred() {
         let draws: Vec<f64> = (0..2000).map(|k| normal(7, k, 1)).collect();
