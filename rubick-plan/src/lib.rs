@@ -84,7 +84,8 @@ pub enum Command {
     Curves(curves::CurvesArgs),
     /// Write a synthetic cluster and job batch (DIR/cluster.yaml, DIR/jobs.yaml)
     Synth(synth::SynthArgs),
-    /// Replay a job trace against a policy: measured truth, fitted belief
+    /// Replay a job trace against a policy: policies decide on fitted beliefs, jobs run at
+    /// the truth (measured rows, an oracle elsewhere), over seeds with noise
     Simulate(simulate::SimulateArgs),
     /// Side-by-side table (Markdown) of simulation summaries, and their JCT CDFs
     Compare(simulate::CompareArgs),
@@ -98,7 +99,8 @@ pub enum Command {
     },
     /// Print the JSON Schema of an artifact kind or table
     Schema {
-        /// cluster, job, job-batch, model-spec, perf-model, schedule, table-profile, table-sim-jobs
+        /// cluster, job, job-batch, model-spec, perf-model, schedule, simulation-summary,
+        /// table-profile, table-sim-jobs
         name: String,
     },
 }
