@@ -9,7 +9,7 @@ use anyhow::Context;
 use rubick_core::perf::PerfModel;
 use rubick_core::perfmodel::{Links, Params};
 use rubick_core::planner::curves::{Evaluator, default_params};
-use rubick_core::planner::place::stranded;
+use rubick_core::planner::place::{Repack, stranded};
 use rubick_core::planner::round::{Outcome, assemble};
 use rubick_core::planner::{
     CurveBook, Infeasible, JobInput, PlannerConfig, current_of_assignment, current_of_job, heuristic,
@@ -185,12 +185,17 @@ pub fn plan_round_with(
                 .zip(&book.jobs)
                 .all(|(a, jc)| a.guarantee.as_ref().is_none_or(|g| g.holds || (a.plan.is_none() && !jc.must_run)))
         };
-        let mut outcome =
-            assemble(evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver.clone(), false);
-        if !holds(&outcome) {
-            // Keeping running jobs in place left no room for a guarantee: let them move.
-            let repacked =
-                assemble(evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver, true);
+        let place = |evaluator: &mut Evaluator<'_>, repack| {
+            assemble(evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver.clone(), repack)
+        };
+        let mut outcome = place(evaluator, Repack::None);
+        // Keeping running jobs in place left no room for a guarantee: let them move,
+        // those in their cooldown only as the last resort.
+        for repack in [Repack::Unlocked, Repack::All] {
+            if holds(&outcome) {
+                break;
+            }
+            let repacked = place(evaluator, repack);
             if holds(&repacked) {
                 outcome = repacked;
             }

@@ -81,10 +81,13 @@ fn check_schedule(cluster: &Cluster, inputs: &[JobInput], r: &RoundResult) -> Re
         prop_assert!(*cpus <= g.cpu_cores, "{node}: {cpus} cores > {}", g.cpu_cores);
         prop_assert!(*mem <= g.host_memory_gib + 1e-3, "{node}: {mem} GiB > {}", g.host_memory_gib);
     }
-    // A job in its cooldown keeps its allocation unless a guarantee needed it.
+    // A job in its cooldown keeps its allocation unless a guarantee needed it (paused
+    // for it, or moved to make a node layout for it).
+    let guarantees = s.assignments.iter().any(|a| a.guarantee.is_some());
     for ((a, jc), input) in s.assignments.iter().zip(&r.book.jobs).zip(inputs) {
         if jc.locked && input.current.is_some() && a.change != Change::Kept {
-            prop_assert!(a.change == Change::Preempted, "{}: {:?} in its cooldown", a.job, a.change);
+            let for_a_guarantee = a.change == Change::Preempted || (guarantees && a.change == Change::Moved);
+            prop_assert!(for_a_guarantee, "{}: {:?} in its cooldown", a.job, a.change);
         }
     }
     Ok(())
@@ -261,7 +264,13 @@ fn a_running_job_whose_freed_resources_go_unused_keeps_running() {
         let book = curves::build(&cluster, &config, &inputs);
         let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);
         let nobody = vec![None; inputs.len()];
-        let (placed, _) = rubick_core::planner::place::place(&mut evaluator, &book, &inputs, &nobody, false);
+        let (placed, _) = rubick_core::planner::place::place(
+            &mut evaluator,
+            &book,
+            &inputs,
+            &nobody,
+            rubick_core::planner::place::Repack::None,
+        );
         for (input, p) in inputs.iter().zip(&placed) {
             match (&input.current, p) {
                 (Some(cur), Some(p)) if !cur.nodes.is_empty() => {

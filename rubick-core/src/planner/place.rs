@@ -183,16 +183,28 @@ fn spread(
     out.iter().all(|&(i, _, c, m)| nodes[i].cpus_free >= c && nodes[i].mem_free + 1e-6 >= m).then_some(out)
 }
 
+/// Which running jobs placement may move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repack {
+    /// Every job the decision keeps stays on its GPUs.
+    None,
+    /// Jobs in their cooldown stay; the others are placed afresh.
+    Unlocked,
+    /// Every job is placed afresh.
+    All,
+}
+
 /// Places the decision. `choice[j]` is job `j`'s candidate; the result has one entry
 /// per job, `None` for jobs that wait. With `repack`, only jobs in their cooldown stay
 /// where they are; the others are placed afresh (they may move), for rounds where
-/// keeping everyone in place leaves no room for a guarantee.
+/// keeping everyone in place leaves no room for a guarantee; [`Repack::All`] moves
+/// jobs in their cooldown too (the last resort of a guarantee).
 pub fn place(
     evaluator: &mut Evaluator<'_>,
     book: &CurveBook,
     inputs: &[JobInput],
     choice: &[Option<usize>],
-    repack: bool,
+    repack: Repack,
 ) -> (Vec<Option<Placed>>, Vec<NodeState>) {
     let cluster = evaluator.cluster;
     let mut nodes = nodes_of(cluster);
@@ -204,7 +216,12 @@ pub fn place(
     for (j, input) in inputs.iter().enumerate() {
         let (Some(c), Some(cur)) = (choice[j], &input.current) else { continue };
         let cand = &book.jobs[j].candidates[c];
-        if !cand.is_current || cur.nodes.is_empty() || (repack && !book.jobs[j].locked) {
+        let moves = match repack {
+            Repack::None => false,
+            Repack::Unlocked => !book.jobs[j].locked,
+            Repack::All => true,
+        };
+        if !cand.is_current || cur.nodes.is_empty() || moves {
             continue;
         }
         let Some(plan_parts) = current_parts(&nodes, cur) else { continue };

@@ -31,7 +31,7 @@ pub fn assemble(
     round: u64,
     policy: &str,
     solver: SolverStats,
-    repack: bool,
+    repack: super::place::Repack,
 ) -> Outcome {
     let (placed, nodes) = place(evaluator, book, inputs, choice, repack);
     let cluster = evaluator.cluster;
