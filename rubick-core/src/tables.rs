@@ -2,7 +2,9 @@
 //!
 //! A table is described twice on purpose: as a row type (serde + JSON Schema, for
 //! documentation and conversion) and as a list of [`ColumnSpec`]s (for checking a
-//! table's columns before reading it). A test keeps the two in step.
+//! table's columns before reading it). A test keeps the two in step; writers build
+//! their frames from row values through the spec (`rubick_io::table::frame_of`),
+//! never from a third list of columns.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -86,6 +86,34 @@ pub fn check_columns(path: &Path, df: &DataFrame, schema: &TableSchema) -> Resul
     Ok(())
 }
 
+/// The rows of a table's row type as a `DataFrame` with `schema`'s columns, in its
+/// order and types: the row type and the schema are the table's only descriptions
+/// (a test keeps them in step), never a third list of columns by hand.
+pub fn frame_of<T: serde::Serialize>(rows: &[T], schema: &TableSchema) -> Result<DataFrame, IoError> {
+    use rubick_core::tables::ColumnType;
+    let values: Vec<serde_json::Value> = rows
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<_, _>>()
+        .map_err(|e| IoError::table(Path::new(schema.name), e))?;
+    let field = |v: &serde_json::Value, name: &str| v.get(name).cloned().unwrap_or(serde_json::Value::Null);
+    let columns = schema
+        .columns
+        .iter()
+        .map(|c| {
+            let cells = values.iter().map(|v| field(v, c.name));
+            let name = c.name.into();
+            match c.dtype {
+                ColumnType::Str => Column::new(name, cells.map(|x| x.as_str().map(str::to_owned)).collect::<Vec<_>>()),
+                ColumnType::Int => Column::new(name, cells.map(|x| x.as_i64()).collect::<Vec<_>>()),
+                ColumnType::Float => Column::new(name, cells.map(|x| x.as_f64()).collect::<Vec<_>>()),
+                ColumnType::Bool => Column::new(name, cells.map(|x| x.as_bool()).collect::<Vec<_>>()),
+            }
+        })
+        .collect();
+    DataFrame::new_infer_height(columns).map_err(|e| IoError::table(Path::new(schema.name), e))
+}
+
 /// Writes a table (CSV to stdout for `-`), atomically. Parquet files carry the schema
 /// version and table name under the `rubick.schema` metadata key.
 pub fn write_table(

@@ -9,11 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use polars::prelude::*;
 use rubick_core::artifact::to_yaml;
 use rubick_core::planner::PlannerConfig;
 use rubick_core::simulation::{SimulationSummary, Spread};
-use rubick_core::tables::SIM_JOBS;
+use rubick_core::tables::{SIM_JOBS, SimJobRow};
 use rubick_core::truth::TruthMode;
 use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
@@ -328,27 +327,25 @@ fn progress_bar(len: u64) -> Option<indicatif::ProgressBar> {
 }
 
 fn write_jobs(path: &Path, result: &SimResult) -> anyhow::Result<()> {
-    let j = &result.jobs;
-    let mut df = DataFrame::new_infer_height(vec![
-        Column::new("job".into(), j.iter().map(|r| r.name.clone()).collect::<Vec<_>>()),
-        Column::new("model".into(), j.iter().map(|r| r.model.clone()).collect::<Vec<_>>()),
-        Column::new("submit_s".into(), j.iter().map(|r| r.submit_s).collect::<Vec<_>>()),
-        Column::new("first_start_s".into(), j.iter().map(|r| r.first_start_s).collect::<Vec<_>>()),
-        Column::new("finish_s".into(), j.iter().map(|r| r.finish_s.map(r2)).collect::<Vec<_>>()),
-        Column::new("jct_s".into(), j.iter().map(|r| r.jct_s().map(r2)).collect::<Vec<_>>()),
-        Column::new(
-            "queueing_s".into(),
-            j.iter().map(|r| r.first_start_s.map(|f| r2(f - r.submit_s))).collect::<Vec<_>>(),
-        ),
-        Column::new("restarts".into(), j.iter().map(|r| i64::from(r.restarts)).collect::<Vec<_>>()),
-        Column::new("plan_changes".into(), j.iter().map(|r| i64::from(r.plan_changes)).collect::<Vec<_>>()),
-        Column::new("gpu_hours".into(), j.iter().map(|r| (r.gpu_hours * 1e4).round() / 1e4).collect::<Vec<_>>()),
-        Column::new("guaranteed".into(), j.iter().map(|r| r.guaranteed).collect::<Vec<_>>()),
-        Column::new(
-            "guarantee_held".into(),
-            j.iter().map(|r| r.guaranteed.then_some(r.guarantee_held())).collect::<Vec<_>>(),
-        ),
-    ])?;
+    let rows: Vec<SimJobRow> = result
+        .jobs
+        .iter()
+        .map(|r| SimJobRow {
+            job: r.name.clone(),
+            model: r.model.clone(),
+            submit_s: r.submit_s,
+            first_start_s: r.first_start_s,
+            finish_s: r.finish_s.map(r2),
+            jct_s: r.jct_s().map(r2),
+            queueing_s: r.first_start_s.map(|f| r2(f - r.submit_s)),
+            restarts: i64::from(r.restarts),
+            plan_changes: i64::from(r.plan_changes),
+            gpu_hours: (r.gpu_hours * 1e4).round() / 1e4,
+            guaranteed: r.guaranteed,
+            guarantee_held: r.guaranteed.then_some(r.guarantee_held()),
+        })
+        .collect();
+    let mut df = rubick_io::table::frame_of(&rows, &SIM_JOBS)?;
     rubick_io::table::write_table(&mut df, path, None, &SIM_JOBS)?;
     Ok(())
 }
