@@ -179,3 +179,50 @@ fn jobs_land_on_the_gpu_type_they_ask_for() {
         assert!(s.assignments[1].plan.is_some(), "{policy}: the other job runs somewhere");
     }
 }
+
+/// `schedule` runs every policy of the registry the simulator uses, not only Rubick's.
+#[test]
+fn every_policy_of_the_registry_schedules_a_round() {
+    let dir = temp();
+    for policy in ["rubick", "static", "static-backfill", "synergy", "antman", "elastic", "rubick-no-resize"] {
+        let out = format!("{policy}.yaml");
+        let run = run_in(
+            dir.path(),
+            "rubick-plan",
+            &[
+                "schedule",
+                "--cluster",
+                &data("cluster-a800-8x8.yaml"),
+                "--jobs",
+                &data("jobs-paper.yaml"),
+                "--policy",
+                policy,
+                "-o",
+                &out,
+            ],
+        );
+        assert_eq!(run.code, Some(0), "{policy}: {}", run.stderr);
+        let check = run_in(dir.path(), "rubick-plan", &["check", &out]);
+        assert_eq!(check.code, Some(0), "{policy}: {}", check.stderr);
+        let s: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(dir.path().join(&out)).unwrap()).unwrap();
+        assert_eq!(s["policy"].as_str(), Some(policy));
+        let running = s["assignments"].as_sequence().unwrap().iter().filter(|a| a.get("plan").is_some()).count();
+        assert!(running >= 1, "{policy}: nothing runs");
+    }
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &[
+            "schedule",
+            "--cluster",
+            &data("cluster-a800-8x8.yaml"),
+            "--jobs",
+            &data("jobs-paper.yaml"),
+            "--policy",
+            "sia",
+        ],
+    );
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("static-backfill"), "lists the policies: {}", run.stderr);
+}
