@@ -26,6 +26,11 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("jobs-tp-heads.yaml", JOBS, &["jobs[0].request.plan", "tp 3 does not divide the 32 attention heads"]),
     ("jobs-pp-layers.yaml", JOBS, &["jobs[0].request.plan", "pp 3 does not divide the 32 layers"]),
     ("jobs-zero-gpus.yaml", JOBS, &["jobs[0].request.gpus", "at least 1"]),
+    (
+        "jobs-launch-unknown-placeholder.yaml",
+        JOBS,
+        &["jobs[0].launch.command[3]", "unknown placeholder `{world_size}`"],
+    ),
     ("jobs-negative-gpus.yaml", JOBS, &["gpus", "-2"]),
     ("jobs-unknown-field.yaml", JOBS, &["unknown field `priority`", "line"]),
     ("jobs-duplicate-name.yaml", JOBS, &["jobs[1].name", "earlier job"]),

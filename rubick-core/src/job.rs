@@ -43,6 +43,9 @@ pub struct Job {
     /// Where the job runs now, if it is running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current: Option<CurrentAllocation>,
+    /// How to launch it (the job contract, [`crate::launch`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<crate::launch::Launch>,
 }
 
 /// The user's request.
@@ -98,6 +101,9 @@ impl Job {
     pub fn check(&self) -> Result<(), ValidationError> {
         ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
         self.model.check().map_err(|e| e.within("model"))?;
+        if let Some(launch) = &self.launch {
+            launch.check().map_err(|e| e.within("launch"))?;
+        }
         ensure(self.iterations >= 1, "iterations", || "must be at least 1, got 0".into())?;
         ensure(self.submit_time_s.is_finite() && self.submit_time_s >= 0.0, "submitTimeS", || {
             format!("must be a non-negative number, got {}", self.submit_time_s)

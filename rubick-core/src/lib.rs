@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod error;
 pub mod fit;
 pub mod job;
+pub mod launch;
 pub mod memory;
 pub mod model;
 pub mod perf;

@@ -124,6 +124,18 @@ fn job() -> impl Strategy<Value = Job> {
                     cpus: Some(gpus * 4),
                     rounds_since_change: 3,
                 }),
+                launch: (plan_kind == 1).then(|| rubick_core::launch::Launch {
+                    version: 1,
+                    command: vec!["torchrun".into(), "--nproc-per-node={gpus_per_node}".into(), "train.py".into()],
+                    env: [("OMP_NUM_THREADS".to_owned(), "{cpus}".to_owned())].into_iter().collect(),
+                    workdir: None,
+                    checkpoint_dir: Some("/ckpt".into()),
+                    stop_signal: rubick_core::launch::StopSignal::Usr1,
+                    stop_timeout_s: 60.0,
+                    warmup_iterations: 2,
+                    measured_iterations: 5,
+                    timeout_s: 600.0,
+                }),
             }
         })
 }

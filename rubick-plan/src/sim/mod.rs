@@ -510,6 +510,7 @@ mod tests {
             resharding: Resharding::Full,
             restart_cost_s: None,
             current: None,
+            launch: None,
         };
         SimJob { job, params, trace_code: None }
     }

@@ -65,6 +65,7 @@ pub fn load_trace(
                 resharding: Resharding::Full,
                 restart_cost_s: None,
                 current: None,
+                launch: None,
             };
             trace_codes.push(None);
             if let Err(e) = job.check() {

@@ -1,0 +1,415 @@
+//! The job contract: how a training script learns its plan and reports its speed.
+//!
+//! A `Job`'s versioned `launch` section says how to start it: an argv list whose
+//! elements may hold placeholders (`{dp}`, `{gpus}`, `{metrics}`, ...), substituted
+//! inside each element and never parsed by a shell (a name like `$(touch x)` stays
+//! inert), an environment, a working directory, the checkpoint directory, the signal
+//! that asks the job to checkpoint and exit, and how many iterations to warm up and
+//! measure. Every job also gets `RUBICK_*` variables ([`environment`]) and a generated
+//! DeepSpeed configuration ([`deepspeed_config`]). It reports JSON metric lines
+//! ([`MetricLine`]). This module is the pure part of the contract (no processes):
+//! the launch library that `rubick-profile` and `rubick-run` share executes it.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ValidationError, ensure};
+use crate::plan::{Offload, Plan};
+
+/// The version of the launch section this build understands.
+pub const LAUNCH_VERSION: u32 = 1;
+
+/// Every placeholder an argv element may hold.
+pub const PLACEHOLDERS: [&str; 17] = [
+    "dp",
+    "tp",
+    "pp",
+    "zero",
+    "offload",
+    "ga",
+    "gc",
+    "micro_batch",
+    "gpus",
+    "nodes",
+    "gpus_per_node",
+    "cpus",
+    "master_addr",
+    "master_port",
+    "deepspeed_config",
+    "checkpoint_dir",
+    "metrics",
+];
+
+/// The signal that asks a job to checkpoint and exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum StopSignal {
+    #[default]
+    #[serde(rename = "SIGUSR1")]
+    Usr1,
+    #[serde(rename = "SIGUSR2")]
+    Usr2,
+    #[serde(rename = "SIGTERM")]
+    Term,
+    #[serde(rename = "SIGINT")]
+    Int,
+}
+
+/// How to launch a job (the `launch` section of a `Job`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Launch {
+    /// The contract's version (1).
+    pub version: u32,
+    /// argv: the program and its arguments; elements may hold `{placeholder}`s.
+    pub command: Vec<String>,
+    /// Extra environment variables (placeholders allowed in values).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory (default: where the launcher runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Where the job saves and finds its checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_dir: Option<String>,
+    #[serde(default)]
+    pub stop_signal: StopSignal,
+    /// Seconds a job may take to checkpoint and exit after the stop signal.
+    #[serde(default = "default_stop_timeout")]
+    pub stop_timeout_s: f64,
+    /// Iterations left out of a measurement.
+    #[serde(default = "default_warmup")]
+    pub warmup_iterations: u32,
+    /// Iterations measured after the warm-up.
+    #[serde(default = "default_measured")]
+    pub measured_iterations: u32,
+    /// A run is killed (with its whole process group) after this many seconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+}
+
+fn default_stop_timeout() -> f64 {
+    120.0
+}
+fn default_warmup() -> u32 {
+    3
+}
+fn default_measured() -> u32 {
+    10
+}
+fn default_timeout() -> f64 {
+    1800.0
+}
+
+/// The placeholders of `text` (`{name}`), in order; `{{` and `}}` are literal braces.
+fn placeholders(text: &str) -> Result<Vec<&str>, String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(['{', '}']) {
+        let (c, after) = (rest.as_bytes()[i], &rest[i + 1..]);
+        if after.starts_with(c as char) {
+            rest = &after[1..];
+            continue;
+        }
+        if c == b'}' {
+            return Err(format!("`{text}`: a `}}` without its `{{` (write `}}}}` for a literal one)"));
+        }
+        let end = after.find('}').ok_or_else(|| format!("`{text}`: a `{{` without its `}}`"))?;
+        out.push(&after[..end]);
+        rest = &after[end + 1..];
+    }
+    Ok(out)
+}
+
+impl Launch {
+    /// Rules of a launch section; errors name the field relative to it.
+    pub fn check(&self) -> Result<(), ValidationError> {
+        ensure(self.version == LAUNCH_VERSION, "version", || {
+            format!("this rubick understands launch version {LAUNCH_VERSION}, got {}", self.version)
+        })?;
+        ensure(!self.command.is_empty(), "command", || "must name the program to run".into())?;
+        let fields = self
+            .command
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (format!("command[{i}]"), a))
+            .chain(self.env.iter().map(|(k, v)| (format!("env.{k}"), v)));
+        for (field, text) in fields {
+            for name in placeholders(text).map_err(|e| ValidationError::new(&field, e))? {
+                ensure(PLACEHOLDERS.contains(&name), &field, || {
+                    format!("unknown placeholder `{{{name}}}` (expected one of: {})", PLACEHOLDERS.join(", "))
+                })?;
+            }
+        }
+        for (field, v) in [("stopTimeoutS", self.stop_timeout_s), ("timeoutS", self.timeout_s)] {
+            ensure(v.is_finite() && v > 0.0, field, || format!("must be a positive number of seconds, got {v}"))?;
+        }
+        ensure(self.measured_iterations >= 1, "measuredIterations", || "must be at least 1".into())?;
+        Ok(())
+    }
+}
+
+/// Where and how one run of a job is launched: the values of the placeholders.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchContext {
+    pub job: String,
+    pub plan: Plan,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub cpus: u32,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub deepspeed_config: String,
+    pub checkpoint_dir: String,
+    pub metrics: String,
+    /// GPU indices on this node (`CUDA_VISIBLE_DEVICES`); empty on CPU.
+    pub visible_devices: Vec<u32>,
+}
+
+impl LaunchContext {
+    /// The value of a placeholder, if it is one.
+    pub fn value(&self, name: &str) -> Option<String> {
+        let p = &self.plan;
+        Some(match name {
+            "dp" => p.dp.to_string(),
+            "tp" => p.tp.to_string(),
+            "pp" => p.pp.to_string(),
+            "zero" => p.zero.level().to_string(),
+            "offload" => match p.offload {
+                Offload::None => "none",
+                Offload::Optimizer => "optimizer",
+                Offload::OptimizerAndParams => "all",
+            }
+            .to_owned(),
+            "ga" => p.ga.to_string(),
+            "gc" => u8::from(p.checkpointing).to_string(),
+            "micro_batch" => p.micro_batch.to_string(),
+            "gpus" => p.gpus().to_string(),
+            "nodes" => self.nodes.to_string(),
+            "gpus_per_node" => self.gpus_per_node.to_string(),
+            "cpus" => self.cpus.to_string(),
+            "master_addr" => self.master_addr.clone(),
+            "master_port" => self.master_port.to_string(),
+            "deepspeed_config" => self.deepspeed_config.clone(),
+            "checkpoint_dir" => self.checkpoint_dir.clone(),
+            "metrics" => self.metrics.clone(),
+            _ => return None,
+        })
+    }
+
+    /// `text` with its placeholders replaced (inside the element: no shell, no word
+    /// splitting); an unknown one is an error naming it.
+    pub fn substitute(&self, text: &str) -> Result<String, String> {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(i) = rest.find(['{', '}']) {
+            out.push_str(&rest[..i]);
+            let (c, after) = (rest.as_bytes()[i] as char, &rest[i + 1..]);
+            if after.starts_with(c) {
+                out.push(c);
+                rest = &after[1..];
+                continue;
+            }
+            if c == '}' {
+                return Err(format!("`{text}`: a `}}` without its `{{`"));
+            }
+            let end = after.find('}').ok_or_else(|| format!("`{text}`: a `{{` without its `}}`"))?;
+            let name = &after[..end];
+            out.push_str(&self.value(name).ok_or_else(|| format!("unknown placeholder `{{{name}}}`"))?);
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+
+    /// The argv of `launch` for this run.
+    pub fn argv(&self, launch: &Launch) -> Result<Vec<String>, String> {
+        launch.command.iter().map(|a| self.substitute(a)).collect()
+    }
+}
+
+/// The environment every job gets: `RUBICK_JOB`, `RUBICK_PLAN` (readable form), one
+/// variable per plan field, `RUBICK_GPUS`, `RUBICK_NODES`, `RUBICK_CPUS`,
+/// `RUBICK_METRICS`, `RUBICK_CHECKPOINT_DIR`, `RUBICK_DEEPSPEED_CONFIG`,
+/// `CUDA_VISIBLE_DEVICES`; then the launch section's own `env` (substituted).
+pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTreeMap<String, String>, String> {
+    let p = &ctx.plan;
+    let mut env: BTreeMap<String, String> = [
+        ("RUBICK_JOB", ctx.job.clone()),
+        ("RUBICK_PLAN", p.to_string()),
+        ("RUBICK_GPUS", p.gpus().to_string()),
+        ("RUBICK_NODES", ctx.nodes.to_string()),
+        ("RUBICK_CPUS", ctx.cpus.to_string()),
+        ("RUBICK_METRICS", ctx.metrics.clone()),
+        ("RUBICK_CHECKPOINT_DIR", ctx.checkpoint_dir.clone()),
+        ("RUBICK_DEEPSPEED_CONFIG", ctx.deepspeed_config.clone()),
+        ("CUDA_VISIBLE_DEVICES", ctx.visible_devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (var, field) in [
+        ("RUBICK_DP", "dp"),
+        ("RUBICK_TP", "tp"),
+        ("RUBICK_PP", "pp"),
+        ("RUBICK_ZERO", "zero"),
+        ("RUBICK_OFFLOAD", "offload"),
+        ("RUBICK_GA", "ga"),
+        ("RUBICK_GC", "gc"),
+        ("RUBICK_MICRO_BATCH", "micro_batch"),
+    ] {
+        env.insert(var.to_owned(), ctx.value(field).unwrap_or_default());
+    }
+    for (k, v) in launch.map(|l| &l.env).into_iter().flatten() {
+        env.insert(k.clone(), ctx.substitute(v)?);
+    }
+    Ok(env)
+}
+
+/// The DeepSpeed configuration of a plan: batch sizes, ZeRO stage, optimizer (and
+/// parameter) offload to the CPU, bf16.
+pub fn deepspeed_config(plan: &Plan) -> serde_json::Value {
+    let mut zero = serde_json::json!({ "stage": plan.zero.level() });
+    if plan.offload != Offload::None {
+        zero["offload_optimizer"] = serde_json::json!({ "device": "cpu", "pin_memory": true });
+    }
+    if plan.offload == Offload::OptimizerAndParams {
+        zero["offload_param"] = serde_json::json!({ "device": "cpu", "pin_memory": true });
+    }
+    serde_json::json!({
+        "train_batch_size": plan.global_batch(),
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.ga,
+        "zero_optimization": zero,
+        "bf16": { "enabled": true },
+        "activation_checkpointing": { "partition_activations": false, "contiguous_memory_optimization": false },
+        "steps_per_print": 1_000_000,
+        "wall_clock_breakdown": false,
+    })
+}
+
+/// One line of the metric protocol (`{"rubick":1,...}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MetricLine {
+    /// A finished iteration.
+    Iteration {
+        rubick: u32,
+        iter: u64,
+        iter_time_s: f64,
+        #[serde(default)]
+        forward_s: Option<f64>,
+        #[serde(default)]
+        backward_sync_s: Option<f64>,
+        #[serde(default)]
+        optimizer_s: Option<f64>,
+        #[serde(default)]
+        samples: Option<u64>,
+        #[serde(default)]
+        peak_memory_gib: Option<f64>,
+    },
+    /// `checkpointed` (at `iter`) or `oom`.
+    Event {
+        rubick: u32,
+        event: String,
+        #[serde(default)]
+        iter: Option<u64>,
+    },
+}
+
+impl MetricLine {
+    /// The protocol line `line` holds, or `None` for any other output (which a
+    /// reader counts and otherwise ignores).
+    pub fn parse(line: &str) -> Option<Self> {
+        let line = line.trim();
+        if !line.starts_with('{') || !line.contains("\"rubick\"") {
+            return None;
+        }
+        let parsed: MetricLine = serde_json::from_str(line).ok()?;
+        match &parsed {
+            MetricLine::Iteration { rubick: 1, iter_time_s, .. } if iter_time_s.is_finite() && *iter_time_s > 0.0 => {
+                Some(parsed)
+            }
+            MetricLine::Event { rubick: 1, event, .. } if event == "checkpointed" || event == "oom" => Some(parsed),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> LaunchContext {
+        LaunchContext {
+            job: "$(touch x)".into(),
+            plan: "dp2-tp2-pp1-mb2-ga4-z1".parse().unwrap(),
+            nodes: 1,
+            gpus_per_node: 4,
+            cpus: 16,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            deepspeed_config: "/s/ds.json".into(),
+            checkpoint_dir: "/s/ckpt dir".into(),
+            metrics: "/s/metrics.jsonl".into(),
+            visible_devices: vec![2, 3, 4, 5],
+        }
+    }
+
+    fn launch(command: &[&str]) -> Launch {
+        serde_yaml_ng::from_str(&format!("version: 1\ncommand: {command:?}\n")).unwrap()
+    }
+
+    #[test]
+    fn placeholders_are_substituted_inside_elements_and_never_shell_parsed() {
+        let l = launch(&[
+            "torchrun",
+            "--nproc-per-node={gpus_per_node}",
+            "train.py",
+            "--ckpt",
+            "{checkpoint_dir}",
+            "{{literal}}",
+        ]);
+        l.check().unwrap();
+        let argv = ctx().argv(&l).unwrap();
+        assert_eq!(argv, ["torchrun", "--nproc-per-node=4", "train.py", "--ckpt", "/s/ckpt dir", "{literal}"]);
+        let env = environment(&ctx(), Some(&l)).unwrap();
+        assert_eq!(env["RUBICK_JOB"], "$(touch x)");
+        assert_eq!(env["RUBICK_PLAN"], "dp2-tp2-pp1-mb2-ga4-z1");
+        assert_eq!(env["RUBICK_ZERO"], "1");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "2,3,4,5");
+    }
+
+    #[test]
+    fn an_unknown_placeholder_is_an_error_naming_it() {
+        let e = launch(&["python", "{dp}", "{nproc}"]).check().unwrap_err();
+        assert!(e.to_string().contains("command[2]") && e.to_string().contains("{nproc}"), "{e}");
+        assert!(launch(&["a{b"]).check().is_err());
+        assert!(launch(&[]).check().is_err());
+    }
+
+    #[test]
+    fn the_deepspeed_config_follows_the_plan() {
+        let c = deepspeed_config(&"dp4-mb2-ga2-z2-offopt".parse().unwrap());
+        assert_eq!(c["train_batch_size"], 16);
+        assert_eq!(c["gradient_accumulation_steps"], 2);
+        assert_eq!(c["zero_optimization"]["stage"], 2);
+        assert_eq!(c["zero_optimization"]["offload_optimizer"]["device"], "cpu");
+        assert!(c["zero_optimization"].get("offload_param").is_none());
+    }
+
+    #[test]
+    fn metric_lines_are_recognised_and_other_output_ignored() {
+        let it = MetricLine::parse(r#"{"rubick":1,"iter":7,"iter_time_s":0.5,"samples":16}"#).unwrap();
+        assert!(matches!(it, MetricLine::Iteration { iter: 7, .. }));
+        let ev = MetricLine::parse(r#"{"rubick":1,"event":"checkpointed","iter":9}"#).unwrap();
+        assert!(matches!(ev, MetricLine::Event { iter: Some(9), .. }));
+        assert!(MetricLine::parse(r#"{"rubick":1,"event":"oom"}"#).is_some());
+        for other in
+            ["loss 2.3", "{}", r#"{"rubick":2,"iter":1,"iter_time_s":1}"#, r#"{"rubick":1,"iter":1,"iter_time_s":-1}"#]
+        {
+            assert!(MetricLine::parse(other).is_none(), "{other}");
+        }
+    }
+}
