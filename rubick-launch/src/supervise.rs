@@ -1,0 +1,272 @@
+//! Supervising one run: start it in its own process group, wait, read its metric
+//! lines, kill the whole group when it overruns.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rubick_core::launch::{Launch, LaunchContext, MetricLine, deepspeed_config, environment};
+
+/// Why a run could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("launch: {0}")]
+    Contract(String),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot start `{program}`: {source}")]
+    Spawn { program: String, source: std::io::Error },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
+    move |source| LaunchError::Io { path: path.to_path_buf(), source }
+}
+
+/// One run to make.
+#[derive(Debug, Clone)]
+pub struct RunRequest<'a> {
+    pub launch: &'a Launch,
+    /// The placeholders' values; its `metrics`, `deepspeed_config` and `checkpoint_dir`
+    /// paths are where the run's files go.
+    pub context: LaunchContext,
+    /// The run's stdout and stderr.
+    pub log: PathBuf,
+    /// Environment variables the run must not inherit from the launcher beyond these
+    /// (`PATH`, `HOME` and the like are kept).
+    pub clear_env: bool,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    /// Exited 0.
+    Ok,
+    /// Out of GPU (or host) memory: the configuration is infeasible, not a crash.
+    Oom,
+    /// Exited otherwise.
+    Failed,
+    /// Overran `timeoutS`: its process group was killed.
+    Timeout,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Oom => "oom",
+            RunStatus::Failed => "failed",
+            RunStatus::Timeout => "timeout",
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub status: RunStatus,
+    pub exit_code: Option<i32>,
+    /// Metric lines in order (iterations and events).
+    pub metrics: Vec<MetricLine>,
+    /// Lines of the metrics file (and stdout) that were not the protocol.
+    pub ignored_lines: usize,
+    pub wall: Duration,
+}
+
+impl RunOutcome {
+    /// Mean iteration time of the measured iterations: those after `warmup`, at most
+    /// `measured` of them; `None` when there are none.
+    pub fn mean_iter_time_s(&self, warmup: u32, measured: u32) -> Option<f64> {
+        let times: Vec<f64> = self
+            .metrics
+            .iter()
+            .filter_map(|m| match m {
+                MetricLine::Iteration { iter, iter_time_s, .. } if *iter > u64::from(warmup) => Some(*iter_time_s),
+                _ => None,
+            })
+            .take(measured as usize)
+            .collect();
+        (!times.is_empty()).then(|| times.iter().sum::<f64>() / times.len() as f64)
+    }
+}
+
+/// Signals a whole process group (`kill -s SIG -- -PGID`: no unsafe code here).
+fn signal_group(pgid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args(["-s", signal, "--", &format!("-{pgid}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Messages by which frameworks report running out of memory.
+const OOM_MARKERS: [&str; 4] = ["CUDA out of memory", "OutOfMemoryError", "torch.OutOfMemoryError", "std::bad_alloc"];
+
+/// Runs the request to its end (or its timeout) and reports what it did.
+pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
+    let ctx = &request.context;
+    let argv = ctx.argv(request.launch).map_err(LaunchError::Contract)?;
+    let env: BTreeMap<String, String> = environment(ctx, Some(request.launch)).map_err(LaunchError::Contract)?;
+    let ds = Path::new(&ctx.deepspeed_config);
+    let text = serde_json::to_string_pretty(&deepspeed_config(&ctx.plan)).unwrap_or_default();
+    std::fs::write(ds, text + "\n").map_err(io(ds))?;
+    let metrics = Path::new(&ctx.metrics);
+    std::fs::write(metrics, "").map_err(io(metrics))?;
+    std::fs::create_dir_all(&ctx.checkpoint_dir).map_err(io(Path::new(&ctx.checkpoint_dir)))?;
+    let log = std::fs::File::create(&request.log).map_err(io(&request.log))?;
+    let log2 = log.try_clone().map_err(io(&request.log))?;
+    let (program, args) = argv.split_first().ok_or_else(|| LaunchError::Contract("command: empty".into()))?;
+    let mut command = Command::new(program);
+    command.args(args).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
+    if request.clear_env {
+        command.env_clear();
+        for keep in ["PATH", "HOME", "LANG", "TMPDIR", "USER"] {
+            if let Some(v) = std::env::var_os(keep) {
+                command.env(keep, v);
+            }
+        }
+    }
+    command.envs(&env);
+    if let Some(dir) = &request.launch.workdir {
+        command.current_dir(ctx.substitute(dir).map_err(LaunchError::Contract)?);
+    }
+    let start = Instant::now();
+    let mut child = command.spawn().map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
+    let pgid = child.id();
+    let deadline = Duration::from_secs_f64(request.launch.timeout_s);
+    let mut timed_out = false;
+    let exit = loop {
+        if let Some(status) = child.try_wait().map_err(io(&request.log))? {
+            break Some(status);
+        }
+        if start.elapsed() >= deadline {
+            timed_out = true;
+            // Ask, then make sure: the whole group, so no worker survives its launcher.
+            signal_group(pgid, "TERM");
+            std::thread::sleep(Duration::from_millis(200));
+            signal_group(pgid, "KILL");
+            break child.wait().ok();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Whatever the launcher left behind goes with it.
+    signal_group(pgid, "KILL");
+    let wall = start.elapsed();
+    let (mut lines, mut ignored) = (Vec::new(), 0);
+    for path in [metrics, request.log.as_path()] {
+        let Ok(file) = std::fs::File::open(path) else { continue };
+        for line in BufReader::new(file).lines().map_while(Result::ok) {
+            match MetricLine::parse(&line) {
+                Some(m) => lines.push(m),
+                None if path == metrics => ignored += 1,
+                None => {}
+            }
+        }
+    }
+    let log_text = std::fs::read_to_string(&request.log).unwrap_or_default();
+    let oom = lines.iter().any(|m| matches!(m, MetricLine::Event { event, .. } if event == "oom"))
+        || OOM_MARKERS.iter().any(|m| log_text.contains(m));
+    let exit_code = exit.and_then(|s| s.code());
+    let status = match (timed_out, oom, exit_code) {
+        (true, _, _) => RunStatus::Timeout,
+        (_, true, _) => RunStatus::Oom,
+        (_, _, Some(0)) => RunStatus::Ok,
+        _ => RunStatus::Failed,
+    };
+    Ok(RunOutcome { status, exit_code, metrics: lines, ignored_lines: ignored, wall })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(script: &str, timeout_s: f64) -> Launch {
+        Launch {
+            version: 1,
+            command: vec!["sh".into(), "-c".into(), script.into(), "job".into(), "{micro_batch}".into()],
+            env: BTreeMap::new(),
+            workdir: None,
+            checkpoint_dir: None,
+            stop_signal: Default::default(),
+            stop_timeout_s: 5.0,
+            warmup_iterations: 1,
+            measured_iterations: 3,
+            timeout_s,
+        }
+    }
+
+    fn request<'a>(dir: &Path, launch: &'a Launch) -> RunRequest<'a> {
+        let p = |n: &str| dir.join(n).display().to_string();
+        RunRequest {
+            launch,
+            context: LaunchContext {
+                job: "$(touch pwned)".into(),
+                plan: "dp2-mb2-ga2".parse().unwrap(),
+                nodes: 1,
+                gpus_per_node: 2,
+                cpus: 4,
+                master_addr: "127.0.0.1".into(),
+                master_port: 29500,
+                deepspeed_config: p("ds.json"),
+                checkpoint_dir: p("ckpt"),
+                metrics: p("metrics.jsonl"),
+                visible_devices: vec![],
+            },
+            log: dir.join("log.txt"),
+            clear_env: true,
+        }
+    }
+
+    #[test]
+    fn a_run_reports_its_metric_lines_and_is_inert_to_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        // Braces of the script itself are doubled: single ones are placeholders.
+        let script = r#"test "$1" = 2 || exit 3
+for i in 1 2 3 4; do echo "{{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.$i}}" >> "$RUBICK_METRICS"; done
+echo "not a metric" >> "$RUBICK_METRICS"; echo "job $RUBICK_JOB plan $RUBICK_PLAN""#;
+        let l = launch(script, 30.0);
+        let out = run(&request(dir.path(), &l)).unwrap();
+        assert_eq!(out.status, RunStatus::Ok, "{}", std::fs::read_to_string(dir.path().join("log.txt")).unwrap());
+        assert_eq!(out.metrics.len(), 4);
+        assert_eq!(out.ignored_lines, 1);
+        assert!((out.mean_iter_time_s(1, 3).unwrap() - 0.3).abs() < 1e-9);
+        assert!(!dir.path().join("pwned").exists() && !Path::new("pwned").exists());
+        let log = std::fs::read_to_string(dir.path().join("log.txt")).unwrap();
+        assert!(log.contains("job $(touch pwned) plan dp2-tp1-pp1-mb2-ga2"), "{log}");
+        let ds: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("ds.json")).unwrap()).unwrap();
+        assert_eq!(ds["train_batch_size"], 8);
+    }
+
+    #[test]
+    fn a_hanging_run_is_killed_with_its_whole_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        // A worker in the background that would outlive its launcher.
+        let pidfile = dir.path().join("worker.pid");
+        let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+        let l = launch(&script, 1.0);
+        let out = run(&request(dir.path(), &l)).unwrap();
+        assert_eq!(out.status, RunStatus::Timeout);
+        assert!(out.wall < Duration::from_secs(10));
+        let pid = std::fs::read_to_string(&pidfile).unwrap().trim().to_owned();
+        std::thread::sleep(Duration::from_millis(100));
+        // Gone, or a zombie waiting for init to reap it: not running either way.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let running = state.rsplit(')').next().and_then(|s| s.split_whitespace().next()).is_some_and(|s| s != "Z");
+        assert!(!running, "worker {pid} survived its run: {state}");
+    }
+
+    #[test]
+    fn out_of_memory_is_an_infeasible_configuration_not_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = launch("echo 'torch.OutOfMemoryError: CUDA out of memory' >&2; exit 1", 30.0);
+        assert_eq!(run(&request(dir.path(), &l)).unwrap().status, RunStatus::Oom);
+        let l = launch(r#"echo '{{"rubick":1,"event":"oom"}}' >> "$RUBICK_METRICS"; exit 0"#, 30.0);
+        assert_eq!(run(&request(dir.path(), &l)).unwrap().status, RunStatus::Oom);
+        let l = launch("exit 7", 30.0);
+        let out = run(&request(dir.path(), &l)).unwrap();
+        assert_eq!((out.status, out.exit_code), (RunStatus::Failed, Some(7)));
+    }
+}
