@@ -184,23 +184,17 @@ fn jobs_land_on_the_gpu_type_they_ask_for() {
 #[test]
 fn every_policy_of_the_registry_schedules_a_round() {
     let dir = temp();
-    for policy in ["rubick", "static", "static-backfill", "synergy", "antman", "elastic", "rubick-no-resize"] {
-        let out = format!("{policy}.yaml");
-        let run = run_in(
+    let schedule = |policy: &str, out: &str| {
+        let (cluster, jobs) = (data("cluster-a800-8x8.yaml"), data("jobs-paper.yaml"));
+        run_in(
             dir.path(),
             "rubick-plan",
-            &[
-                "schedule",
-                "--cluster",
-                &data("cluster-a800-8x8.yaml"),
-                "--jobs",
-                &data("jobs-paper.yaml"),
-                "--policy",
-                policy,
-                "-o",
-                &out,
-            ],
-        );
+            &["schedule", "--cluster", &cluster, "--jobs", &jobs, "--policy", policy, "-o", out],
+        )
+    };
+    for policy in ["rubick", "static", "static-backfill", "synergy", "antman", "elastic", "rubick-no-resize"] {
+        let out = format!("{policy}.yaml");
+        let run = schedule(policy, &out);
         assert_eq!(run.code, Some(0), "{policy}: {}", run.stderr);
         let check = run_in(dir.path(), "rubick-plan", &["check", &out]);
         assert_eq!(check.code, Some(0), "{policy}: {}", check.stderr);
@@ -210,19 +204,7 @@ fn every_policy_of_the_registry_schedules_a_round() {
         let running = s["assignments"].as_sequence().unwrap().iter().filter(|a| a.get("plan").is_some()).count();
         assert!(running >= 1, "{policy}: nothing runs");
     }
-    let run = run_in(
-        dir.path(),
-        "rubick-plan",
-        &[
-            "schedule",
-            "--cluster",
-            &data("cluster-a800-8x8.yaml"),
-            "--jobs",
-            &data("jobs-paper.yaml"),
-            "--policy",
-            "sia",
-        ],
-    );
+    let run = schedule("sia", "sia.yaml");
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("static-backfill"), "lists the policies: {}", run.stderr);
 }

@@ -102,23 +102,27 @@ fn default_timeout() -> f64 {
     1800.0
 }
 
-/// The placeholders of `text` (`{name}`), in order; `{{` and `}}` are literal braces.
-fn placeholders(text: &str) -> Result<Vec<&str>, String> {
-    let mut out = Vec::new();
+/// `text` with each `{name}` replaced by `value(name)`; `{{` and `}}` are literal
+/// braces. The one scanner of placeholders: checking and substituting share it.
+fn expand(text: &str, mut value: impl FnMut(&str) -> Result<String, String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find(['{', '}']) {
-        let (c, after) = (rest.as_bytes()[i], &rest[i + 1..]);
-        if after.starts_with(c as char) {
+        out.push_str(&rest[..i]);
+        let (c, after) = (rest.as_bytes()[i] as char, &rest[i + 1..]);
+        if after.starts_with(c) {
+            out.push(c);
             rest = &after[1..];
             continue;
         }
-        if c == b'}' {
+        if c == '}' {
             return Err(format!("`{text}`: a `}}` without its `{{` (write `}}}}` for a literal one)"));
         }
         let end = after.find('}').ok_or_else(|| format!("`{text}`: a `{{` without its `}}`"))?;
-        out.push(&after[..end]);
+        out.push_str(&value(&after[..end])?);
         rest = &after[end + 1..];
     }
+    out.push_str(rest);
     Ok(out)
 }
 
@@ -136,11 +140,13 @@ impl Launch {
             .map(|(i, a)| (format!("command[{i}]"), a))
             .chain(self.env.iter().map(|(k, v)| (format!("env.{k}"), v)));
         for (field, text) in fields {
-            for name in placeholders(text).map_err(|e| ValidationError::new(&field, e))? {
-                ensure(PLACEHOLDERS.contains(&name), &field, || {
-                    format!("unknown placeholder `{{{name}}}` (expected one of: {})", PLACEHOLDERS.join(", "))
-                })?;
-            }
+            let known = |name: &str| match PLACEHOLDERS.contains(&name) {
+                true => Ok(String::new()),
+                false => {
+                    Err(format!("unknown placeholder `{{{name}}}` (expected one of: {})", PLACEHOLDERS.join(", ")))
+                }
+            };
+            expand(text, known).map_err(|e| ValidationError::new(&field, e))?;
         }
         for (field, v) in [("stopTimeoutS", self.stop_timeout_s), ("timeoutS", self.timeout_s)] {
             ensure(v.is_finite() && v > 0.0, field, || format!("must be a positive number of seconds, got {v}"))?;
@@ -201,26 +207,7 @@ impl LaunchContext {
     /// `text` with its placeholders replaced (inside the element: no shell, no word
     /// splitting); an unknown one is an error naming it.
     pub fn substitute(&self, text: &str) -> Result<String, String> {
-        let mut out = String::with_capacity(text.len());
-        let mut rest = text;
-        while let Some(i) = rest.find(['{', '}']) {
-            out.push_str(&rest[..i]);
-            let (c, after) = (rest.as_bytes()[i] as char, &rest[i + 1..]);
-            if after.starts_with(c) {
-                out.push(c);
-                rest = &after[1..];
-                continue;
-            }
-            if c == '}' {
-                return Err(format!("`{text}`: a `}}` without its `{{`"));
-            }
-            let end = after.find('}').ok_or_else(|| format!("`{text}`: a `{{` without its `}}`"))?;
-            let name = &after[..end];
-            out.push_str(&self.value(name).ok_or_else(|| format!("unknown placeholder `{{{name}}}`"))?);
-            rest = &after[end + 1..];
-        }
-        out.push_str(rest);
-        Ok(out)
+        expand(text, |name| self.value(name).ok_or_else(|| format!("unknown placeholder `{{{name}}}`")))
     }
 
     /// The argv of `launch` for this run.

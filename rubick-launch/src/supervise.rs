@@ -34,8 +34,8 @@ pub struct RunRequest<'a> {
     pub context: LaunchContext,
     /// The run's stdout and stderr.
     pub log: PathBuf,
-    /// Environment variables the run must not inherit from the launcher beyond these
-    /// (`PATH`, `HOME` and the like are kept).
+    /// Start from an empty environment (keeping only `PATH`, `HOME`, `LANG`, `TMPDIR`
+    /// and `USER`) rather than the launcher's, before the contract's variables.
     pub clear_env: bool,
 }
 

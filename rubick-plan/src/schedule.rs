@@ -11,7 +11,9 @@ use rubick_io::files::{load_artifact, write_output};
 use rubick_io::reference::ReferenceData;
 
 use crate::policies::planner::RoundReport;
-use crate::policies::{PolicyJob, PolicyOptions, Queue, Registration, View, schedule_of, work_per_iteration};
+use crate::policies::{
+    PolicyJob, PolicyOptions, Queue, Registration, View, request_config, schedule_of, work_per_iteration,
+};
 use crate::round::{ModelSource, job_inputs, job_params};
 
 /// Knobs of the planner shared by `schedule` and `curves`.
@@ -139,8 +141,13 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     };
     let start = std::time::Instant::now();
     let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);
-    let work: Vec<f64> =
-        inputs.iter().map(|i| work_per_iteration(&i.job, &i.params, None, &mut evaluator, None)).collect();
+    let work: Vec<f64> = inputs
+        .iter()
+        .map(|i| {
+            let request = request_config(&i.job, &i.params, None, &mut evaluator, None);
+            work_per_iteration(&i.job, &i.params, request.as_ref(), &evaluator)
+        })
+        .collect();
     let jobs: Vec<PolicyJob<'_>> = inputs
         .iter()
         .zip(&work)

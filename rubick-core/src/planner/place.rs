@@ -224,19 +224,7 @@ pub fn place(
         if !cand.is_current || cur.nodes.is_empty() || moves {
             continue;
         }
-        let Some(plan_parts) = current_parts(&nodes, cur) else { continue };
-        let shares =
-            plan_parts.into_iter().map(|(node, g, c, m, ix)| take(&mut nodes, node, g, c, m, ix.as_deref())).collect();
-        out[j] = Some(Placed {
-            group: cur.group,
-            plan: cur.plan,
-            placement: cur.placement.clone(),
-            shares,
-            cpus: cur.cpus,
-            host_memory_gib: cur.host_memory_gib,
-            throughput: cand.throughput,
-            note: None,
-        });
+        out[j] = keep_in_place(&mut nodes, cur, || cand.throughput, None);
     }
 
     // Everyone else: guaranteed first, then largest first.
@@ -330,25 +318,36 @@ pub fn place(
         if out[j].is_some() || cur.nodes.is_empty() {
             continue;
         }
-        let Some(parts) = current_parts(&nodes, cur) else { continue };
-        let shares =
-            parts.into_iter().map(|(node, g, c, m, ix)| take(&mut nodes, node, g, c, m, ix.as_deref())).collect();
         let g = &cluster.node_groups[cur.group];
         let cpu_ref = evaluator.config.cpu_reference(g);
         let throughput =
-            Evaluator::throughput(&input.job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref);
-        out[j] = Some(Placed {
-            group: cur.group,
-            plan: cur.plan,
-            placement: cur.placement.clone(),
-            shares,
-            cpus: cur.cpus,
-            host_memory_gib: cur.host_memory_gib,
-            throughput,
-            note: Some("kept where it runs: the resources the round freed went unused".into()),
-        });
+            || Evaluator::throughput(&input.job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref);
+        let note = "kept where it runs: the resources the round freed went unused";
+        out[j] = keep_in_place(&mut nodes, cur, throughput, Some(note.into()));
     }
     (out, nodes)
+}
+
+/// A running job on its current allocation, taken from `nodes`, if all of it is free.
+/// `throughput` is asked only then.
+fn keep_in_place(
+    nodes: &mut [NodeState],
+    cur: &Current,
+    throughput: impl FnOnce() -> f64,
+    note: Option<String>,
+) -> Option<Placed> {
+    let parts = current_parts(nodes, cur)?;
+    let shares = parts.into_iter().map(|(node, g, c, m, ix)| take(nodes, node, g, c, m, ix.as_deref())).collect();
+    Some(Placed {
+        group: cur.group,
+        plan: cur.plan,
+        placement: cur.placement.clone(),
+        shares,
+        cpus: cur.cpus,
+        host_memory_gib: cur.host_memory_gib,
+        throughput: throughput(),
+        note,
+    })
 }
 
 /// Where a running job's current allocation lies on `nodes`, per node (node, GPUs,

@@ -255,24 +255,35 @@ pub fn request_placement(
     placements.into_iter().find(|p| p.max_per_node() <= g.gpus_per_node && p.nodes() <= g.count).or(Some(packed))
 }
 
-/// Predicted GPU-seconds of one iteration of `job` on its request (the belief): what
-/// remaining work is measured in (`srpt`). 1 GPU-second per sample when no plan of the
-/// request can be evaluated.
-pub fn work_per_iteration(
+/// The user's request as a concrete configuration: the plan (see [`users_plan`]) on
+/// the placement it runs on (see [`request_placement`]) with its cores (the node's
+/// fair share per GPU when it did not say).
+pub fn request_config(
     job: &Job,
     params: &Params,
     trace_code: Option<PlanCode>,
     evaluator: &mut Evaluator<'_>,
     measured: Option<&MeasuredTable>,
-) -> f64 {
+) -> Option<(Plan, Placement, u32)> {
     let cluster = evaluator.cluster;
-    let g = &cluster.node_groups[0];
-    let cpus = job.request.cpus.unwrap_or(g.fair_cpus_per_gpu() * job.request.gpus);
+    let cpus = job.request.cpus.unwrap_or(cluster.node_groups[0].fair_cpus_per_gpu() * job.request.gpus);
+    let placement = request_placement(job, trace_code, cluster, measured)?;
+    let plan = users_plan(job, params, trace_code, evaluator, &placement, cpus)?;
+    Some((plan, placement, cpus))
+}
+
+/// Predicted GPU-seconds of one iteration of `job` on its `request` configuration (the
+/// belief): what remaining work is measured in (`srpt`). 1 GPU-second per sample when
+/// there is no request to evaluate.
+pub fn work_per_iteration(
+    job: &Job,
+    params: &Params,
+    request: Option<&(Plan, Placement, u32)>,
+    evaluator: &Evaluator<'_>,
+) -> f64 {
+    let g = &evaluator.cluster.node_groups[0];
     let cpu_ref = evaluator.config.cpu_reference(g);
-    let thr = request_placement(job, trace_code, cluster, measured).and_then(|p| {
-        let plan = users_plan(job, params, trace_code, evaluator, &p, cpus)?;
-        Some(Evaluator::throughput(&job.model, params, g, &plan, &p, cpus, cpu_ref))
-    });
+    let thr = request.map(|(plan, p, cpus)| Evaluator::throughput(&job.model, params, g, plan, p, *cpus, cpu_ref));
     let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
     job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1))
 }

@@ -31,9 +31,7 @@ pub mod summary;
 pub mod trace;
 
 pub use crate::policies::Queue;
-use crate::policies::{
-    Policy, PolicyJob, PolicyOptions, Registration, View, request_placement, users_plan, work_per_iteration,
-};
+use crate::policies::{Policy, PolicyJob, PolicyOptions, Registration, View, request_config, work_per_iteration};
 
 /// Knobs of a simulation.
 #[derive(Debug, Clone)]
@@ -116,6 +114,9 @@ struct State {
     work_per_iter: f64,
     /// The noise factor of the current allocation, and how many allocations it had.
     noise: f64,
+    /// The truth of the current allocation (iteration time, basis): it only changes
+    /// with the allocation.
+    truth: Option<(f64, Basis)>,
     allocations: u64,
 }
 
@@ -229,14 +230,12 @@ fn simulate_with(
     let mut evaluator = Evaluator::new(cluster, &config.planner);
     for (j, sj) in jobs.iter().enumerate() {
         let job = &sj.job;
-        let cpus = job.request.cpus.unwrap_or(g0.fair_cpus_per_gpu() * job.request.gpus);
+        let request = request_config(job, &sj.params, sj.trace_code, &mut evaluator, Some(&truth.table));
         // Remaining work as the policies see it: iterations x predicted GPU-seconds per
         // iteration on the request.
-        state[j].work_per_iter = work_per_iteration(job, &sj.params, sj.trace_code, &mut evaluator, Some(&truth.table));
-        let request = request_placement(job, sj.trace_code, cluster, Some(&truth.table))
-            .and_then(|p| Some((users_plan(job, &sj.params, sj.trace_code, &mut evaluator, &p, cpus)?, p)));
+        state[j].work_per_iter = work_per_iteration(job, &sj.params, request.as_ref(), &evaluator);
         // Required throughput of a guaranteed job: the truth of its request.
-        if let (true, Some((plan, placement))) = (job.guaranteed, request) {
+        if let (true, Some((plan, placement, cpus))) = (job.guaranteed, request) {
             let mut on = vec![placement.clone()];
             on.extend(Placement::packed(job.request.gpus, g0.gpus_per_node).filter(|p| *p != placement));
             state[j].request = Some((plan, on, cpus));
@@ -345,6 +344,7 @@ fn simulate_with(
                 } else {
                     tracing::debug!("t={t}: {} paused", jobs[j].job.name);
                 }
+                s.truth = alloc.as_ref().map(|a| true_iter_s(&jobs[j], truth, cluster, a));
                 s.alloc = alloc.map(|mut a| {
                     a.rounds_since_change = 0;
                     a
@@ -373,7 +373,7 @@ fn simulate_with(
             };
             let gpus = a.placement.gpus();
             in_use += gpus;
-            let (true_s, basis) = true_iter_s(&jobs[j], truth, cluster, a);
+            let (true_s, basis) = s.truth.unwrap_or_else(|| true_iter_s(&jobs[j], truth, cluster, a));
             let iter_s = true_s * s.noise;
             let start = s.penalty_until.max(t);
             let mut stop = end;
@@ -412,6 +412,7 @@ fn simulate_with(
             }
             if s.finish.is_some() {
                 s.alloc = None;
+                s.truth = None;
                 finished += 1;
                 changed = true;
             }
@@ -469,7 +470,8 @@ pub fn simulate_seeds(
             let handles: Vec<_> =
                 cs.iter().map(|c| scope.spawn(|| simulate(cluster, jobs, truth, c, &progress))).collect();
             for (h, slot) in handles.into_iter().zip(out.iter_mut()) {
-                *slot = h.join().ok();
+                // A replica that panicked is a bug: never a summary of fewer seeds.
+                *slot = Some(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
             }
         });
     }
