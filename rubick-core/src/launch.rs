@@ -169,7 +169,8 @@ pub struct LaunchContext {
     pub deepspeed_config: String,
     pub checkpoint_dir: String,
     pub metrics: String,
-    /// GPU indices on this node (`CUDA_VISIBLE_DEVICES`); empty on CPU.
+    /// GPU indices on this node (`CUDA_VISIBLE_DEVICES`); empty on CPU or where the
+    /// backend places GPUs itself (the variable is then not set).
     pub visible_devices: Vec<u32>,
 }
 
@@ -219,7 +220,7 @@ impl LaunchContext {
 /// The environment every job gets: `RUBICK_JOB`, `RUBICK_PLAN` (readable form), one
 /// variable per plan field, `RUBICK_GPUS`, `RUBICK_NODES`, `RUBICK_CPUS`,
 /// `RUBICK_METRICS`, `RUBICK_CHECKPOINT_DIR`, `RUBICK_DEEPSPEED_CONFIG`,
-/// `CUDA_VISIBLE_DEVICES`; then the launch section's own `env` (substituted).
+/// `CUDA_VISIBLE_DEVICES` (when the context names devices); then the launch section's own `env` (substituted).
 pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTreeMap<String, String>, String> {
     let p = &ctx.plan;
     let mut env: BTreeMap<String, String> = [
@@ -231,11 +232,15 @@ pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTree
         ("RUBICK_METRICS", ctx.metrics.clone()),
         ("RUBICK_CHECKPOINT_DIR", ctx.checkpoint_dir.clone()),
         ("RUBICK_DEEPSPEED_CONFIG", ctx.deepspeed_config.clone()),
-        ("CUDA_VISIBLE_DEVICES", ctx.visible_devices.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
+    // A scheduler that places GPUs itself (Slurm) sets it; so does a CPU run's absence of one.
+    if !ctx.visible_devices.is_empty() {
+        let devices: Vec<String> = ctx.visible_devices.iter().map(ToString::to_string).collect();
+        env.insert("CUDA_VISIBLE_DEVICES".to_owned(), devices.join(","));
+    }
     for (var, field) in [
         ("RUBICK_DP", "dp"),
         ("RUBICK_TP", "tp"),

@@ -93,7 +93,7 @@ impl RunOutcome {
 }
 
 /// Signals a whole process group (`kill -s SIG -- -PGID`: no unsafe code here).
-fn signal_group(pgid: u32, signal: &str) {
+pub fn signal_group(pgid: u32, signal: &str) {
     let _ = Command::new("kill")
         .args(["-s", signal, "--", &format!("-{pgid}")])
         .stdout(Stdio::null())
@@ -102,22 +102,82 @@ fn signal_group(pgid: u32, signal: &str) {
 }
 
 /// Messages by which frameworks report running out of memory.
-const OOM_MARKERS: [&str; 4] = ["CUDA out of memory", "OutOfMemoryError", "torch.OutOfMemoryError", "std::bad_alloc"];
+const OOM_MARKERS: [&str; 5] =
+    ["CUDA out of memory", "OutOfMemoryError", "torch.OutOfMemoryError", "std::bad_alloc", "Cannot allocate memory"];
 
-/// Runs the request to its end (or its timeout) and reports what it did.
-pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
+/// A run made ready: its files written, its argv and environment resolved.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub argv: Vec<String>,
+    /// The contract's variables (and the launch section's own).
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<PathBuf>,
+}
+
+/// Writes the run's DeepSpeed configuration and an empty metrics file, creates its
+/// checkpoint directory, and resolves argv, environment and working directory.
+pub fn prepare(request: &RunRequest<'_>) -> Result<Prepared, LaunchError> {
     let ctx = &request.context;
     let argv = ctx.argv(request.launch).map_err(LaunchError::Contract)?;
-    let env: BTreeMap<String, String> = environment(ctx, Some(request.launch)).map_err(LaunchError::Contract)?;
+    if argv.is_empty() {
+        return Err(LaunchError::Contract("command: empty".into()));
+    }
+    let env = environment(ctx, Some(request.launch)).map_err(LaunchError::Contract)?;
     let ds = Path::new(&ctx.deepspeed_config);
     let text = serde_json::to_string_pretty(&deepspeed_config(&ctx.plan)).unwrap_or_default();
     std::fs::write(ds, text + "\n").map_err(io(ds))?;
     let metrics = Path::new(&ctx.metrics);
     std::fs::write(metrics, "").map_err(io(metrics))?;
     std::fs::create_dir_all(&ctx.checkpoint_dir).map_err(io(Path::new(&ctx.checkpoint_dir)))?;
+    let workdir = match &request.launch.workdir {
+        Some(dir) => Some(PathBuf::from(ctx.substitute(dir).map_err(LaunchError::Contract)?)),
+        None => None,
+    };
+    Ok(Prepared { argv, env, workdir })
+}
+
+/// A watchdog that runs `cleanup` when the launcher dies, however it dies (`kill -9`
+/// included): it waits for the end of a pipe only the launcher holds. Dropping it
+/// without [`Guard::disarm`] fires the cleanup too.
+#[derive(Debug)]
+pub struct Guard {
+    child: std::process::Child,
+}
+
+impl Guard {
+    /// Starts the watchdog (in a process group of its own, so a Ctrl-C meant for the
+    /// launcher does not take it down before it has cleaned up).
+    pub fn arm(cleanup: &[&str]) -> std::io::Result<Guard> {
+        let child = Command::new("sh")
+            .args(["-c", r#"cat >/dev/null; exec "$@" >/dev/null 2>&1"#, "rubick-guard"])
+            .args(cleanup)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        Ok(Guard { child })
+    }
+
+    /// The guarded work ended normally: stop the watchdog without its cleanup.
+    pub fn disarm(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Kills the group of `pgid` when the launcher dies.
+pub fn guard_group(pgid: u32) -> std::io::Result<Guard> {
+    Guard::arm(&["kill", "-s", "KILL", "--", &format!("-{pgid}")])
+}
+
+/// Runs the request to its end (or its timeout) and reports what it did.
+pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
+    let ctx = &request.context;
+    let prepared = prepare(request)?;
     let log = std::fs::File::create(&request.log).map_err(io(&request.log))?;
     let log2 = log.try_clone().map_err(io(&request.log))?;
-    let (program, args) = argv.split_first().ok_or_else(|| LaunchError::Contract("command: empty".into()))?;
+    let (program, args) = prepared.argv.split_first().ok_or_else(|| LaunchError::Contract("command: empty".into()))?;
     let mut command = Command::new(program);
     command.args(args).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
     if request.clear_env {
@@ -128,13 +188,15 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
             }
         }
     }
-    command.envs(&env);
-    if let Some(dir) = &request.launch.workdir {
-        command.current_dir(ctx.substitute(dir).map_err(LaunchError::Contract)?);
+    command.envs(&prepared.env);
+    if let Some(dir) = &prepared.workdir {
+        command.current_dir(dir);
     }
     let start = Instant::now();
     let mut child = command.spawn().map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
     let pgid = child.id();
+    // From here on, a launcher killed by anything takes the run's processes with it.
+    let guard = guard_group(pgid).map_err(io(&request.log))?;
     let deadline = Duration::from_secs_f64(request.launch.timeout_s);
     let mut timed_out = false;
     let exit = loop {
@@ -153,9 +215,16 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     };
     // Whatever the launcher left behind goes with it.
     signal_group(pgid, "KILL");
-    let wall = start.elapsed();
+    guard.disarm();
+    Ok(collect(Path::new(&ctx.metrics), &request.log, timed_out, exit.and_then(|s| s.code()), start.elapsed()))
+}
+
+/// What a finished run did, from its metrics file and its log: the metric lines (the
+/// file's, then any the run printed), how many lines of the file were not the
+/// protocol, and its status (a timeout first, then out of memory, then the exit code).
+pub fn collect(metrics: &Path, log: &Path, timed_out: bool, exit_code: Option<i32>, wall: Duration) -> RunOutcome {
     let (mut lines, mut ignored) = (Vec::new(), 0);
-    for path in [metrics, request.log.as_path()] {
+    for path in [metrics, log] {
         let Ok(file) = std::fs::File::open(path) else { continue };
         for line in BufReader::new(file).lines().map_while(Result::ok) {
             match MetricLine::parse(&line) {
@@ -165,17 +234,16 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
             }
         }
     }
-    let log_text = std::fs::read_to_string(&request.log).unwrap_or_default();
+    let log_text = std::fs::read_to_string(log).unwrap_or_default();
     let oom = lines.iter().any(|m| matches!(m, MetricLine::Event { event, .. } if event == "oom"))
         || OOM_MARKERS.iter().any(|m| log_text.contains(m));
-    let exit_code = exit.and_then(|s| s.code());
     let status = match (timed_out, oom, exit_code) {
         (true, _, _) => RunStatus::Timeout,
         (_, true, _) => RunStatus::Oom,
         (_, _, Some(0)) => RunStatus::Ok,
         _ => RunStatus::Failed,
     };
-    Ok(RunOutcome { status, exit_code, metrics: lines, ignored_lines: ignored, wall })
+    RunOutcome { status, exit_code, metrics: lines, ignored_lines: ignored, wall }
 }
 
 #[cfg(test)]

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Create (or reuse) the Python virtual environment that runs the PyTorch
+# reference workload (examples/pytorch/train.py) and print its path.
+#
+# stdout: exactly one line, the venv's absolute path.  Logs go to stderr.
+#
+# Location: $RUBICK_VENV if set, else /var/tmp/rubick-venv when /var/tmp is
+# writable, else <repo>/.venv.
+#
+# Fast path: a venv that holds the marker file .rubick-ok and imports
+# torch and numpy is reused as is (a couple of seconds).  Otherwise it is
+# (re)built in place and the marker is written only after a successful
+# install, so an install killed half-way is detected and redone next time.
+# (A venv cannot simply be built elsewhere and moved: pip writes the venv's
+# absolute path into the shebangs of bin/pip, bin/torchrun, ...)
+#
+# Options (environment):
+#   RUBICK_VENV=DIR            venv location
+#   RUBICK_VENV_DEEPSPEED=1    also install deepspeed (optional engine)
+#   RUBICK_PYTHON=python3.x    interpreter used to create the venv
+#   RUBICK_PIP_ARGS="..."      extra arguments for pip install
+set -euo pipefail
+
+log() { printf 'python-env: %s\n' "$*" >&2; }
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+if [[ -n "${RUBICK_VENV:-}" ]]; then
+    venv=$RUBICK_VENV
+elif [[ -d /var/tmp && -w /var/tmp ]]; then
+    venv=/var/tmp/rubick-venv
+else
+    venv=$repo_root/.venv
+fi
+# Absolute path, without requiring it to exist.
+case $venv in
+    /*) ;;
+    *) venv=$PWD/$venv ;;
+esac
+
+marker=$venv/.rubick-ok
+deepspeed=${RUBICK_VENV_DEEPSPEED:-0}
+check='import torch, numpy'
+if [[ $deepspeed == 1 ]]; then
+    check='import torch, numpy, deepspeed'
+fi
+
+venv_ok() {
+    [[ -f $marker && -x $venv/bin/python ]] &&
+        "$venv/bin/python" -c "$check" >/dev/null 2>&1
+}
+
+if venv_ok; then
+    log "reusing $venv"
+    printf '%s\n' "$venv"
+    exit 0
+fi
+
+mkdir -p "$(dirname "$venv")"
+
+# Serialise concurrent callers: the second one waits, then finds the venv ready.
+lock=$venv.lock
+exec 9>"$lock"
+if command -v flock >/dev/null 2>&1; then
+    log "waiting for lock $lock"
+    flock 9
+fi
+
+if venv_ok; then
+    log "reusing $venv (built by a concurrent call)"
+    printf '%s\n' "$venv"
+    exit 0
+fi
+
+python=${RUBICK_PYTHON:-python3}
+if ! command -v "$python" >/dev/null 2>&1; then
+    log "error: $python not found"
+    exit 1
+fi
+
+# A venv with a python that runs and no marker is a half install: pip
+# resumes it (installed packages are skipped).  One whose python is broken
+# (moved, base interpreter gone) is removed and created again.
+if [[ -d $venv && ! -f $marker ]]; then
+    if ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        log "removing broken venv $venv"
+        rm -rf "$venv"
+    else
+        log "completing unfinished venv $venv"
+    fi
+fi
+
+if [[ ! -x $venv/bin/python ]]; then
+    if ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+        if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            log "installing python3-venv with apt-get"
+            apt-get update >&2
+            DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv >&2
+        else
+            log "error: '$python -m venv' is unavailable (install python3-venv)"
+            exit 1
+        fi
+    fi
+    log "creating venv $venv with $("$python" --version 2>&1)"
+    "$python" -m venv "$venv" >&2
+fi
+
+rm -f "$marker"
+packages=(torch numpy)
+if [[ $deepspeed == 1 ]]; then
+    packages+=(deepspeed)
+fi
+log "pip install ${packages[*]} (the default torch wheel is ~3 GB; takes minutes)"
+# shellcheck disable=SC2086 # RUBICK_PIP_ARGS is a list of words on purpose
+"$venv/bin/python" -m pip install --disable-pip-version-check ${RUBICK_PIP_ARGS:-} \
+    "${packages[@]}" >&2
+
+if ! "$venv/bin/python" -c "$check" >&2; then
+    log "error: '$check' fails in $venv after install"
+    exit 1
+fi
+"$venv/bin/python" -c 'import torch; print(torch.__version__)' >"$marker"
+log "ready: $venv (torch $(cat "$marker"))"
+printf '%s\n' "$venv"
