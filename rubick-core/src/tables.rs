@@ -62,6 +62,9 @@ impl TableSchema {
 }
 
 /// One measured run of a job under a plan and placement (`rubick-profile` output).
+/// A run that did not measure (`status` oom / failed / timeout) has no times: an
+/// out-of-memory run marks its configuration infeasible. Tables without `status`
+/// (hand-made, older) are all measured runs.
 pub const PROFILE: TableSchema = TableSchema {
     name: "profile",
     columns: &[
@@ -72,14 +75,21 @@ pub const PROFILE: TableSchema = TableSchema {
         col("gpu_type", Str, false, "GPU model"),
         col("cpus", Int, false, "CPU cores given to the job"),
         col("host_memory_gib", Float, false, "host memory given to the job"),
-        col("iter_time_s", Float, true, "seconds per iteration (one global batch)"),
+        col("status", Str, false, "ok, oom (infeasible), failed or timeout; absent: ok"),
+        col("repeat", Int, false, "which repetition of the configuration (0, 1, ...)"),
+        col("iterations", Int, false, "iterations measured (after the warm-up)"),
+        col("iter_time_s", Float, false, "seconds per iteration (one global batch), mean of the measured ones"),
+        col("iter_time_sd_s", Float, false, "standard deviation of the measured iterations' times"),
         col("forward_s", Float, false, "forward time per iteration"),
         col("backward_sync_s", Float, false, "backward overlapped with gradient sync"),
         col("optimizer_s", Float, false, "optimizer step"),
         col("samples_per_s", Float, false, "throughput"),
         col("peak_gpu_memory_gib", Float, false, "peak GPU memory of the busiest GPU"),
-        col("gpu_util_pct", Float, false, "mean GPU utilisation"),
-        col("power_w", Float, false, "mean power per GPU"),
+        col("gpu_util_pct", Float, false, "mean GPU utilisation (NVML)"),
+        col("power_w", Float, false, "mean power per GPU (NVML)"),
+        col("sm_clock_mhz", Float, false, "mean SM clock (NVML)"),
+        col("per_gpu", Str, false, "per GPU (NVML): index:util%/peak GiB/W/MHz, `;`-separated"),
+        col("wall_s", Float, false, "wall time of the run, start to exit"),
     ],
 };
 
@@ -103,7 +113,7 @@ pub const SIM_JOBS: TableSchema = TableSchema {
 };
 
 /// A row of [`PROFILE`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileRow {
     pub job: String,
@@ -113,7 +123,11 @@ pub struct ProfileRow {
     pub gpu_type: Option<String>,
     pub cpus: Option<i64>,
     pub host_memory_gib: Option<f64>,
-    pub iter_time_s: f64,
+    pub status: Option<String>,
+    pub repeat: Option<i64>,
+    pub iterations: Option<i64>,
+    pub iter_time_s: Option<f64>,
+    pub iter_time_sd_s: Option<f64>,
     pub forward_s: Option<f64>,
     pub backward_sync_s: Option<f64>,
     pub optimizer_s: Option<f64>,
@@ -121,6 +135,16 @@ pub struct ProfileRow {
     pub peak_gpu_memory_gib: Option<f64>,
     pub gpu_util_pct: Option<f64>,
     pub power_w: Option<f64>,
+    pub sm_clock_mhz: Option<f64>,
+    pub per_gpu: Option<String>,
+    pub wall_s: Option<f64>,
+}
+
+impl ProfileRow {
+    /// Whether the run measured its configuration (`status` ok or absent) with a time.
+    pub fn measured(&self) -> bool {
+        matches!(self.status.as_deref(), None | Some("ok")) && self.iter_time_s.is_some()
+    }
 }
 
 /// A row of [`SIM_JOBS`].

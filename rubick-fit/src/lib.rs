@@ -14,6 +14,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use rubick_core::artifact::to_yaml;
 use rubick_core::fit::{Fit, FitOptions, Observation, fit};
+use rubick_core::tables::ProfileRow;
 use rubick_core::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
 use rubick_core::perfmodel::{FORM, Links, PARAMS, Params, predict};
 use rubick_core::{Cluster, Job, ModelSpec, Placement, Plan};
@@ -216,28 +217,34 @@ fn write_rows(path: &Path, rows: &[evaluate::EvaluatedRow]) -> anyhow::Result<()
     Ok(())
 }
 
-/// Reads a profile table into observations of `job` on `cluster`.
+/// Reads a profile table into observations of `job` on `cluster`: its measured runs
+/// (status `ok`, or no status column); out-of-memory, failed and timed-out runs are
+/// counted and left out.
 pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow::Result<Vec<Observation>> {
-    use rubick_io::table::{check_columns, f64_column, read_table, str_column};
-    let df = read_table(path, None, &["job", "model", "plan", "placement", "gpu_type"])?;
-    anyhow::ensure!(df.height() > 0, "{}: no measured rows to fit (only a header)", path.display());
-    check_columns(path, &df, &rubick_core::tables::PROFILE)?;
-    let plans = str_column(path, &df, "plan")?;
-    let placements = str_column(path, &df, "placement")?;
-    let times = f64_column(path, &df, "iter_time_s")?;
+    let table: Vec<ProfileRow> = rubick_io::table::read_rows(path, &rubick_core::tables::PROFILE)?;
+    anyhow::ensure!(!table.is_empty(), "{}: no measured rows to fit (only a header)", path.display());
     let links = links_of(cluster);
-    let mut rows = Vec::with_capacity(df.height());
-    for i in 0..df.height() {
-        let line = i + 2;
-        let at = |what: &str| format!("{}: line {line}: {what}", path.display());
-        let plan: Plan = plans[i].context(at("plan is empty"))?.parse().with_context(|| at("plan"))?;
-        let placement: Placement =
-            placements[i].context(at("placement is empty"))?.parse().with_context(|| at("placement"))?;
-        let iter_time_s = times[i].with_context(|| at("iter_time_s is empty"))?;
+    let mut rows = Vec::with_capacity(table.len());
+    let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, row) in table.iter().enumerate() {
+        let at = |what: &str| format!("{}: line {}: {what}", path.display(), i + 2);
+        let plan: Plan = row.plan.parse().with_context(|| at("plan"))?;
+        let placement: Placement = row.placement.parse().with_context(|| at("placement"))?;
+        if !row.measured() {
+            let status = row.status.clone().unwrap_or_else(|| "ok without iter_time_s".into());
+            *skipped.entry(status).or_default() += 1;
+            continue;
+        }
+        let iter_time_s = row.iter_time_s.with_context(|| at("iter_time_s is empty"))?;
         plan.check(&job.model, placement.gpus())
             .map_err(|v| anyhow::anyhow!("{}", at(&format!("plan `{plan}`: {v}"))))?;
         rows.push(Observation { plan, placement, links, iter_time_s });
     }
+    if !skipped.is_empty() {
+        let what: Vec<String> = skipped.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        tracing::info!("{}: left out runs that did not measure: {}", path.display(), what.join(", "));
+    }
+    anyhow::ensure!(!rows.is_empty(), "{}: no run measured its configuration (status ok); nothing to fit", path.display());
     Ok(rows)
 }
 
@@ -326,24 +333,7 @@ fn run_predict(
     let links = links_of(&cluster);
     let configs: Vec<(Plan, Placement)> = match (one, table) {
         (Some(c), _) => vec![c],
-        (None, Some(path)) => {
-            use rubick_io::table::{read_table, str_column};
-            let df = read_table(path, None, &["plan", "placement"])?;
-            let plans = str_column(path, &df, "plan")?;
-            let placements = str_column(path, &df, "placement")?;
-            plans
-                .iter()
-                .zip(&placements)
-                .enumerate()
-                .map(|(i, (p, q))| {
-                    let at = || format!("{}: line {}", path.display(), i + 2);
-                    Ok((
-                        p.with_context(|| format!("{}: plan is empty", at()))?.parse().with_context(at)?,
-                        q.with_context(|| format!("{}: placement is empty", at()))?.parse().with_context(at)?,
-                    ))
-                })
-                .collect::<anyhow::Result<_>>()?
-        }
+        (None, Some(path)) => rubick_io::table::read_configurations(path)?,
         (None, None) => bail!("give --plan and --placement, or --table"),
     };
     let mut out = String::from("plan,placement,iter_time_s,samples_per_s\n");

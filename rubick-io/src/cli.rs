@@ -117,3 +117,16 @@ impl ListFormat {
         })
     }
 }
+
+/// A progress bar on stderr when it is a terminal (none in pipes, files and CI logs);
+/// `what` follows the count, e.g. `jobs finished`.
+pub fn progress_bar(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&format!("{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {what} {{msg}}")) {
+        bar.set_style(style);
+    }
+    Some(bar)
+}

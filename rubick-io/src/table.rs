@@ -30,6 +30,31 @@ impl TableFormat {
 /// Reads a table. `text_columns` are read as strings whatever they look like (plan
 /// codes like `248` and placements like `88888888` are text, not numbers).
 pub fn read_table(path: &Path, format: Option<TableFormat>, text_columns: &[&str]) -> Result<DataFrame, IoError> {
+    let overwrite: Schema = text_columns.iter().map(|name| Field::new((*name).into(), DataType::String)).collect();
+    read_table_with(path, format, overwrite)
+}
+
+/// Reads a table whose CSV columns named in `schema` get its types (a CSV column that
+/// is empty in every row would otherwise read as text).
+pub fn read_typed_table(path: &Path, schema: &TableSchema) -> Result<DataFrame, IoError> {
+    use rubick_core::tables::ColumnType;
+    let overwrite: Schema = schema
+        .columns
+        .iter()
+        .map(|c| {
+            let dtype = match c.dtype {
+                ColumnType::Str => DataType::String,
+                ColumnType::Int => DataType::Int64,
+                ColumnType::Float => DataType::Float64,
+                ColumnType::Bool => DataType::Boolean,
+            };
+            Field::new(c.name.into(), dtype)
+        })
+        .collect();
+    read_table_with(path, None, overwrite)
+}
+
+fn read_table_with(path: &Path, format: Option<TableFormat>, overwrite: Schema) -> Result<DataFrame, IoError> {
     let bytes = read_bytes(path)?;
     let wrap = |e: PolarsError| IoError::table(path, e);
     match TableFormat::for_path(path, format) {
@@ -40,8 +65,6 @@ pub fn read_table(path: &Path, format: Option<TableFormat>, text_columns: &[&str
             if let Err(e) = std::str::from_utf8(&bytes) {
                 return Err(IoError::NotText { path: display(path), offset: e.valid_up_to() });
             }
-            let overwrite: Schema =
-                text_columns.iter().map(|name| Field::new((*name).into(), DataType::String)).collect();
             CsvReadOptions::default()
                 .with_has_header(true)
                 .with_infer_schema_length(None)
@@ -112,6 +135,77 @@ pub fn frame_of<T: serde::Serialize>(rows: &[T], schema: &TableSchema) -> Result
         })
         .collect();
     DataFrame::new_infer_height(columns).map_err(|e| IoError::table(Path::new(schema.name), e))
+}
+
+/// The rows of a table as its row type: the inverse of [`frame_of`]. Columns of
+/// `schema` absent from the table read as empty; an error names the line.
+pub fn rows_of<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    df: &DataFrame,
+    schema: &TableSchema,
+) -> Result<Vec<T>, IoError> {
+    use rubick_core::tables::ColumnType;
+    use serde_json::Value;
+    check_columns(path, df, schema)?;
+    let mut rows: Vec<serde_json::Map<String, Value>> = vec![serde_json::Map::new(); df.height()];
+    for spec in schema.columns {
+        let values: Vec<Value> = if df.column(spec.name).is_err() {
+            vec![Value::Null; df.height()]
+        } else {
+            match spec.dtype {
+                ColumnType::Str => str_column(path, df, spec.name)?.into_iter().map(|v| v.map_or(Value::Null, Value::from)).collect(),
+                ColumnType::Float => f64_column(path, df, spec.name)?.into_iter().map(|v| v.map_or(Value::Null, Value::from)).collect(),
+                ColumnType::Int => {
+                    let column = df.column(spec.name).map_err(|e| IoError::table(path, e))?;
+                    let cast = column.cast(&DataType::Int64).map_err(|e| IoError::table(path, e))?;
+                    cast.i64().map_err(|e| IoError::table(path, e))?.iter().map(|v| v.map_or(Value::Null, Value::from)).collect()
+                }
+                ColumnType::Bool => {
+                    let column = df.column(spec.name).map_err(|e| IoError::table(path, e))?;
+                    let cast = column.cast(&DataType::Boolean).map_err(|e| IoError::table(path, e))?;
+                    cast.bool().map_err(|e| IoError::table(path, e))?.iter().map(|v| v.map_or(Value::Null, Value::from)).collect()
+                }
+            }
+        };
+        for (row, value) in rows.iter_mut().zip(values) {
+            row.insert(spec.name.to_owned(), value);
+        }
+    }
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, row)| {
+            serde_json::from_value(Value::Object(row))
+                .map_err(|e| IoError::table(path, format!("line {}: {e}", i + 2)))
+        })
+        .collect()
+}
+
+/// Reads a whole table of `schema` as its row type (text columns read as text).
+pub fn read_rows<T: serde::de::DeserializeOwned>(path: &Path, schema: &TableSchema) -> Result<Vec<T>, IoError> {
+    let df = read_typed_table(path, schema)?;
+    rows_of(path, &df, schema)
+}
+
+/// A table of configurations: columns `plan` (readable form) and
+/// `placement` (GPUs per node), one per line.
+pub fn read_configurations(path: &Path) -> Result<Vec<(rubick_core::Plan, rubick_core::Placement)>, IoError> {
+    let df = read_table(path, None, &["plan", "placement"])?;
+    let plans = str_column(path, &df, "plan")?;
+    let placements = str_column(path, &df, "placement")?;
+    plans
+        .iter()
+        .zip(&placements)
+        .enumerate()
+        .map(|(i, (p, q))| {
+            let at = |what: &str| IoError::table(path, format!("line {}: {what}", i + 2));
+            let plan = p.ok_or_else(|| at("plan is empty"))?;
+            let placement = q.ok_or_else(|| at("placement is empty"))?;
+            Ok((
+                plan.parse().map_err(|e| at(&format!("plan `{plan}`: {e}")))?,
+                placement.parse().map_err(|e| at(&format!("placement `{placement}`: {e}")))?,
+            ))
+        })
+        .collect()
 }
 
 /// Writes a table (CSV to stdout for `-`), atomically. Parquet files carry the schema

@@ -232,7 +232,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     config.planner.change_min_gain = args.change_min_gain;
     config.planner.cooldown_rounds = args.cooldown;
     config.planner.horizon_s = args.horizon;
-    let bar = progress_bar(jobs.len() as u64 * u64::from(args.seeds));
+    let bar = rubick_io::cli::progress_bar(jobs.len() as u64 * u64::from(args.seeds), "jobs finished");
     let start = Instant::now();
     let done = std::sync::Mutex::new(vec![0usize; args.seeds as usize]);
     let results = simulate_seeds(&cluster, &jobs, &truth, &config, args.seeds, |finished, _| {
@@ -311,19 +311,6 @@ fn report(s: &SimulationSummary, wall: Duration) {
             m.truth.extrapolated.mean * 100.0
         );
     }
-}
-
-fn progress_bar(len: u64) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(len);
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} jobs finished")
-    {
-        bar.set_style(style);
-    }
-    Some(bar)
 }
 
 fn write_jobs(path: &Path, result: &SimResult) -> anyhow::Result<()> {

@@ -1,0 +1,243 @@
+//! End-to-end tests of `rubick-profile` with a stand-in workload: a shell script that
+//! speaks the job contract (RUBICK_* in, metric lines out) in a fraction of a second.
+//! What the real PyTorch workload adds is tested in `pytorch.rs`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rubick_tests::{binary, run_in, temp};
+
+const WORKLOAD: &str = r#"#!/bin/sh
+# A stand-in training script: its iteration time grows with micro-batch x GA.
+dir=$(dirname "$0")
+mb=$RUBICK_MICRO_BATCH
+if [ "$RUBICK_GC" = 1 ] && [ -n "${HANG_ON_GC:-}" ]; then
+  sleep 300 &
+  echo $! > "$dir/hang.pid"
+  wait
+fi
+if [ "$mb" -ge 8 ]; then
+  echo 'torch.OutOfMemoryError: CUDA out of memory (stand-in)' >&2
+  exit 3
+fi
+i=1
+while [ "$i" -le "$RUBICK_ITERATIONS" ]; do
+  t=$(awk -v mb="$mb" -v ga="$RUBICK_GA" -v s="${SLOW:-1}" -v i="$i" 'BEGIN { printf "%.6f", 0.002 * mb * ga * s * (1 + 0.01 * (i % 3 - 1)) }')
+  echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":$t,\"samples\":16}" >> "$RUBICK_METRICS"
+  i=$((i + 1))
+  [ -n "${STEP_SLEEP:-}" ] && sleep "$STEP_SLEEP"
+done
+echo "not a metric line" >> "$RUBICK_METRICS"
+exit 0
+"#;
+
+const CLUSTER: &str = "apiVersion: rubick/v1
+kind: Cluster
+name: box
+nodeGroups:
+  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16,
+      nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }
+";
+
+fn setup(dir: &Path, timeout_s: f64) {
+    std::fs::write(dir.join("work.sh"), WORKLOAD).unwrap();
+    std::fs::write(dir.join("cluster.yaml"), CLUSTER).unwrap();
+    let job = format!(
+        "apiVersion: rubick/v1
+kind: Job
+name: stand-in
+model: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}
+iterations: 100
+request: {{ gpus: 1, plan: ga }}
+launch:
+  version: 1
+  command: [sh, {}]
+  warmupIterations: 2
+  measuredIterations: 5
+  timeoutS: {timeout_s}
+",
+        dir.join("work.sh").display()
+    );
+    std::fs::write(dir.join("job.yaml"), job).unwrap();
+    std::fs::write(
+        dir.join("configs.csv"),
+        "plan,placement\ndp1-tp1-pp1-mb4-ga4,1\ndp1-tp1-pp1-mb2-ga8,1\ndp1-tp1-pp1-mb16-ga1,1\ndp2-tp1-pp1-mb2-ga4-z1,2\n",
+    )
+    .unwrap();
+}
+
+fn profile_args<'a>(out: &'a str, configs: &'a str) -> Vec<&'a str> {
+    vec!["run", "job.yaml", "--cluster", "cluster.yaml", "--configs", configs, "-o", out]
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Column `name` of a CSV as strings.
+fn column(csv: &str, name: &str) -> Vec<String> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let i = header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no column {name}: {header:?}"));
+    lines.map(|l| l.split(',').nth(i).unwrap_or_default().to_owned()).collect()
+}
+
+fn alive(pid: &str) -> bool {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    state.rsplit(')').next().and_then(|s| s.split_whitespace().next()).is_some_and(|s| s != "Z")
+}
+
+#[test]
+fn a_profile_records_every_run_with_its_status_and_times() {
+    let dir = temp();
+    setup(dir.path(), 60.0);
+    let run = run_in(dir.path(), "rubick-profile", &profile_args("profile.csv", "configs.csv"));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let csv = read(dir.path(), "profile.csv");
+    for col in ["job", "plan", "placement", "status", "repeat", "iterations", "iter_time_s", "iter_time_sd_s", "wall_s"] {
+        column(&csv, col);
+    }
+    assert_eq!(
+        column(&csv, "status"),
+        ["oom", "ok", "ok", "ok"],
+        "sorted by plan: dp1 mb16 is out of memory: {csv}"
+    );
+    assert_eq!(column(&csv, "iterations"), ["", "5", "5", "5"]);
+    // mb2 x ga8 = mb4 x ga4: 0.032 s (dp2: half); the measured 5 after the 2 warm-up ones.
+    let t: Vec<f64> = column(&csv, "iter_time_s").iter().filter_map(|x| x.parse().ok()).collect();
+    assert_eq!(t.len(), 3);
+    assert!(t.iter().zip([0.032, 0.032, 0.016]).all(|(t, e)| (t - e).abs() < 0.0005), "{t:?}");
+    assert!(run.stderr.contains("status") && run.stderr.contains("oom"), "summary on stderr: {}", run.stderr);
+    // Each run's files stay for inspection.
+    assert!(dir.path().join("profile.csv.runs").read_dir().unwrap().count() == 4);
+}
+
+#[test]
+fn a_hung_run_is_killed_at_its_timeout_with_its_whole_process_group() {
+    let dir = temp();
+    setup(dir.path(), 2.0);
+    std::fs::write(dir.path().join("hang.csv"), "plan,placement\ndp1-tp1-pp1-mb4-ga4-gc,1\ndp1-tp1-pp1-mb4-ga4,1\n")
+        .unwrap();
+    let start = Instant::now();
+    let out = Command::new(binary("rubick-profile"))
+        .args(profile_args("p.csv", "hang.csv"))
+        .current_dir(dir.path())
+        .env("HANG_ON_GC", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a timeout is a run that did not measure: {stderr}");
+    assert!(start.elapsed() < Duration::from_secs(60));
+    let csv = read(dir.path(), "p.csv");
+    assert_eq!(column(&csv, "status"), ["ok", "timeout"], "{csv}");
+    assert!(stderr.contains("timeout"), "{stderr}");
+    let pid = read(dir.path(), "hang.pid").trim().to_owned();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!alive(&pid), "the hung run's worker {pid} survived");
+}
+
+#[test]
+fn a_killed_profile_keeps_its_finished_rows_leaves_no_worker_and_resumes() {
+    let dir = temp();
+    setup(dir.path(), 600.0);
+    std::fs::write(
+        dir.path().join("three.csv"),
+        "plan,placement\ndp1-tp1-pp1-mb4-ga4,1\ndp1-tp1-pp1-mb4-ga4-gc,1\ndp1-tp1-pp1-mb2-ga8,1\n",
+    )
+    .unwrap();
+    let mut child = Command::new(binary("rubick-profile"))
+        .args(profile_args("p.parquet", "three.csv"))
+        .current_dir(dir.path())
+        .env("HANG_ON_GC", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the hung second run has started (its worker recorded its pid).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("hang.pid").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = read(dir.path(), "hang.pid").trim().to_owned();
+    assert!(alive(&pid));
+    child.kill().unwrap(); // SIGKILL: no chance to clean up itself
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(&pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(&pid), "worker {pid} of the killed profile survived it");
+    // The table is readable and holds the finished run; fitting tools can read it.
+    let back = run_in(dir.path(), "rubick-profile", &["compare", "p.parquet", "p.parquet"]);
+    assert_eq!(back.code, Some(0), "{}", back.stderr);
+    assert_eq!(back.stdout.lines().count(), 2, "one finished row: {}", back.stdout);
+    // Again, without the hang: only the two missing runs are made.
+    let again = run_in(dir.path(), "rubick-profile", &["-v", "run", "job.yaml", "--cluster", "cluster.yaml", "--configs", "three.csv", "-o", "p.parquet"]);
+    assert_eq!(again.code, Some(0), "{}", again.stderr);
+    assert!(again.stderr.contains("1 of 3 runs already measured"), "{}", again.stderr);
+    let all = run_in(dir.path(), "rubick-profile", &["compare", "p.parquet", "p.parquet"]);
+    assert_eq!(all.stdout.lines().count(), 4, "{}", all.stdout);
+}
+
+#[test]
+fn compare_passes_the_same_code_and_fails_a_slower_configuration() {
+    let dir = temp();
+    setup(dir.path(), 60.0);
+    let profile = |out: &str, slow: &str| {
+        let o = Command::new(binary("rubick-profile"))
+            .args(["run", "job.yaml", "--cluster", "cluster.yaml", "--configs", "configs.csv", "--repeat", "2", "-o", out])
+            .current_dir(dir.path())
+            .env("SLOW", slow)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    profile("base.csv", "1");
+    profile("same.csv", "1");
+    profile("slow.csv", "1.3");
+    let same = run_in(dir.path(), "rubick-profile", &["compare", "base.csv", "same.csv"]);
+    assert_eq!(same.code, Some(0), "{}{}", same.stdout, same.stderr);
+    let slow = run_in(dir.path(), "rubick-profile", &["compare", "base.csv", "slow.csv", "--format", "junit"]);
+    assert_eq!(slow.code, Some(1), "{}{}", slow.stdout, slow.stderr);
+    assert!(slow.stdout.starts_with("<?xml") && slow.stdout.contains("<testsuite "), "{}", slow.stdout);
+    assert!(slow.stdout.contains("failures=\"3\""), "three configurations measured, all slower: {}", slow.stdout);
+    assert!(slow.stderr.contains("regressed"), "{}", slow.stderr);
+    let md = run_in(dir.path(), "rubick-profile", &["compare", "base.csv", "slow.csv", "--format", "markdown", "--max-regression", "40%"]);
+    assert_eq!(md.code, Some(0), "30% slower is within a 40% threshold: {}", md.stdout);
+    assert!(md.stdout.starts_with("| plan |"), "{}", md.stdout);
+}
+
+#[test]
+fn a_job_without_a_launch_section_or_another_jobs_table_is_a_clear_error() {
+    let dir = temp();
+    setup(dir.path(), 60.0);
+    let job = read(dir.path(), "job.yaml");
+    std::fs::write(dir.path().join("bare.yaml"), &job[..job.find("launch:").unwrap()]).unwrap();
+    let run = run_in(dir.path(), "rubick-profile", &["run", "bare.yaml", "--cluster", "cluster.yaml", "-o", "p.csv"]);
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("bare.yaml") && run.stderr.contains("launch"), "{}", run.stderr);
+    std::fs::write(dir.path().join("other.csv"), "job,model,plan,placement\nother,tiny,dp1-tp1-pp1-mb4-ga4,1\n").unwrap();
+    let run = run_in(dir.path(), "rubick-profile", &profile_args("other.csv", "configs.csv"));
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("`other`") && run.stderr.contains("--fresh"), "{}", run.stderr);
+    std::fs::write(dir.path().join("bad.csv"), "plan,placement\ndp3-tp1-pp1-mb4-ga4,1\n").unwrap();
+    let run = run_in(dir.path(), "rubick-profile", &profile_args("p.csv", "bad.csv"));
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("bad.csv: line 2"), "{}", run.stderr);
+}
+
+#[test]
+fn devices_describes_this_machine_and_writes_a_cluster_of_it() {
+    let dir = temp();
+    let run = run_in(dir.path(), "rubick-profile", &["devices", "--cluster-out", "local.yaml"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("cpuCores:"), "{}", run.stdout);
+    let cluster: rubick_core::Cluster = serde_yaml_ng::from_str(&read(dir.path(), "local.yaml")).unwrap();
+    let g = &cluster.node_groups[0];
+    assert!(g.gpus_per_node >= 1 && g.cpu_cores >= 1);
+    if run.stdout.contains("gpus: []") {
+        assert_eq!(g.gpu_type, "cpu");
+        assert!(run.stderr.contains("NVML"), "says once why there is no GPU: {}", run.stderr);
+    }
+}
