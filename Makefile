@@ -29,14 +29,21 @@ setup:
 build: setup
 	$(CARGO) build --workspace --locked
 
+# The PyTorch reference workload's virtual environment (reused from /var/tmp when
+# present; a fresh machine installs torch, ~3 GB): the real-profile tests use it. When
+# it cannot be made they skip, saying why (CI requires them: .ci/run).
 test: setup
+	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv" || \
+	  echo "test: no PyTorch environment (scripts/python-env.sh failed); its tests skip" >&2; \
 	$(CARGO) test --workspace --locked
 
 lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-# The main job on the embedded local default: one scheduling round for the seven
+# The main job on the embedded local default: first a real profile of the PyTorch
+# reference workload on this machine's CPU or GPUs (out/demo-profile.csv) and its fitted
+# model (out/demo-pytorch-model.yaml); then one scheduling round for the seven
 # example jobs on the paper's 8 x 8 A800 testbed (schedule in out/, the per-job
 # explanation on stderr), their resource sensitivity curves (out/demo-curves.png) and
 # plan spaces (out/demo-space.csv). When the authors' reference data is beside the
@@ -46,6 +53,13 @@ lint: setup
 REFERENCE ?= $(or $(RUBICK_REFERENCE),../shared/reference/rubick-artifact)
 demo: build
 	@mkdir -p out
+	@echo "# a real profile of the PyTorch reference workload on this machine (examples/pytorch/), then its fit" >&2
+	@venv=$$(scripts/python-env.sh) && set -x && \
+	$(BIN)/rubick-profile devices --cluster-out out/local.yaml >/dev/null && \
+	PATH="$$venv/bin:$$PATH" $(BIN)/rubick-profile run examples/pytorch/job.yaml --cluster out/local.yaml \
+	  --configs examples/pytorch/configs-demo.csv --fresh -o out/demo-profile.csv && \
+	$(BIN)/rubick-fit fit out/demo-profile.csv --job examples/pytorch/job.yaml --cluster out/local.yaml \
+	  -o out/demo-pytorch-model.yaml
 	@if [ -f "$(REFERENCE)/models.yaml" ]; then ref="--reference $(REFERENCE)"; else \
 	  ref=""; echo "demo: $(REFERENCE) is absent; performance models from the models' FLOPs" >&2; fi; \
 	set -x; \
@@ -69,6 +83,8 @@ demo: build
 
 bench: setup
 	$(CARGO) bench -p rubick-plan --locked --bench rubick
+	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv"; \
+	$(CARGO) bench -p rubick-profile --locked --bench profile
 
 # Rewrite the committed JSON Schemas after changing an artifact type.
 schemas:

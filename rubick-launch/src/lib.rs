@@ -6,9 +6,12 @@
 //! the whole group killed at `timeoutS`, so that no process of a run outlives it.
 //! `rubick-profile` and `rubick-run` both use this crate; neither depends on the other.
 //!
-//! Status: the local supervision of one run. Backends (Slurm, Kubernetes), GPU metrics
-//! and reconfiguration build on it.
+//! Status: the local supervision of one run, and the Slurm backend ([`slurm`]: one run
+//! as one single-node `sbatch` job, tested against a real Slurm that
+//! `scripts/slurm-up.sh` starts). Kubernetes, GPU metrics and reconfiguration build on
+//! them.
 
+pub mod slurm;
 pub mod supervise;
 
 pub use supervise::{RunOutcome, RunRequest, RunStatus, run};

@@ -19,6 +19,9 @@ pub enum LaunchError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("cannot start `{program}`: {source}")]
     Spawn { program: String, source: std::io::Error },
+    /// A scheduler command failed or its job could not be followed.
+    #[error("slurm: {0}")]
+    Slurm(String),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {

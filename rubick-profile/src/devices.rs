@@ -105,6 +105,12 @@ pub fn memcpy_gbps() -> f64 {
     n as f64 / best.max(1e-9) / 1e9
 }
 
+/// The host memory jobs may ask for: 90 % of it (the system and a scheduler's own
+/// daemons keep the rest; Slurm refuses a job asking more than its node declares).
+fn host_memory_gib(machine: &Machine) -> f64 {
+    (machine.host_memory_gib * 0.9).floor().max(1.0)
+}
+
 /// A `Cluster` of this one machine. With GPUs: one node of them (NVLink and PCIe at
 /// the figures of the GPU's generation are unknown to NVML, so nominal values of a
 /// PCIe 4 x16 host; edit them if you know better). Without: one node of
@@ -119,7 +125,7 @@ pub fn local_cluster(machine: &Machine) -> Cluster {
             gpus_per_node: machine.gpus.len() as u32,
             gpu_memory_gib: (first.memory_gib * 100.0).floor() / 100.0,
             cpu_cores: machine.cpu_cores,
-            host_memory_gib: machine.host_memory_gib.floor(),
+            host_memory_gib: host_memory_gib(machine),
             nvlink_gbps: 25.0,
             inter_node_gbps: 1.25,
             pcie_gbps: 25.0,
@@ -135,7 +141,7 @@ pub fn local_cluster(machine: &Machine) -> Cluster {
             gpus_per_node: slots,
             gpu_memory_gib: (machine.host_memory_gib / f64::from(slots)).floor().max(1.0),
             cpu_cores: machine.cpu_cores,
-            host_memory_gib: machine.host_memory_gib.floor(),
+            host_memory_gib: host_memory_gib(machine),
             nvlink_gbps: bandwidth.max(0.1),
             inter_node_gbps: 1.25,
             pcie_gbps: bandwidth.max(0.1),

@@ -238,7 +238,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
         );
     }
     if args.backend == Backend::Slurm {
-        bail!("slurm pending");
+        rubick_launch::slurm::available().map_err(|reason| anyhow::anyhow!("--backend slurm: {reason}"))?;
     }
     let nvml = if on_cpu || args.backend == Backend::Slurm {
         None
@@ -389,7 +389,17 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
             });
             let outcome = match ctx.backend {
                 Backend::Local => rubick_launch::run(&request),
-                Backend::Slurm => rubick_launch::run(&request),
+                Backend::Slurm => rubick_launch::slurm::run(
+                    &request,
+                    &rubick_launch::slurm::SlurmResources {
+                        nodes: planned.placement.nodes(),
+                        ntasks_per_node: 1,
+                        gpus_per_node: if ctx.on_cpu { 0 } else { planned.placement.max_per_node() },
+                        cpus_per_task: planned.cpus,
+                        mem_mb: Some((planned.host_memory_gib * 1024.0) as u64),
+                        partition: ctx.partition.clone(),
+                    },
+                ),
             };
             let gpu = sampler.and_then(Sampler::finish);
             outcome.map(|o| (o, gpu)).map_err(|e| e.to_string())

@@ -1,0 +1,828 @@
+//! The Slurm backend: one run of the job contract as one `sbatch` job.
+//!
+//! [`run`] prepares the run like the local backend ([`prepare`]), writes a batch
+//! script beside the run's log (`<log>.sbatch`: `#SBATCH` lines for the resources,
+//! the time limit, the log as `--output`, the working directory; then the contract's
+//! environment, each value single-quoted, and `exec` of the argv, each element
+//! single-quoted, so nothing of a job's name or arguments is ever shell-parsed),
+//! submits it with `sbatch --parsable`, and polls `scontrol show job -o` every half
+//! second until the job reaches a terminal state. A watchdog ([`Guard`]) cancels the
+//! job (`scancel`) when the launcher dies, however it dies.
+//!
+//! Time: `timeoutS` counts from the moment the job is seen running (time pending in
+//! the queue does not count). At the timeout every process of the job is sent
+//! SIGTERM (`scancel --signal=TERM --full`); a job still there 2 s later is cancelled
+//! (Slurm then sends SIGKILL after its `KillWait`), and the run returns only once Slurm
+//! has finished killing it: its status is `Timeout`. A job still pending
+//! [`PENDING_LIMIT`] past its `timeoutS` is cancelled and reported as an error naming
+//! Slurm's reason. The job's own `--time` limit is `timeoutS + stopTimeoutS` (rounded
+//! up to minutes), a backstop should the launcher be gone.
+//!
+//! Status and exit code: from the job's `ExitCode=A:B` (A, or none when the job was
+//! killed by signal B). A job record already purged (`MinJobAge`) is looked up in the
+//! job completion log (`sacct -c`), else the exit code is unknown. Slurm's
+//! `OUT_OF_MEMORY` appends a marker line to the log so that [`collect`] reports `Oom`;
+//! Slurm's own `TIMEOUT` (its time limit) is a `Timeout`.
+//!
+//! Environment: with `clear_env` the job starts from `PATH`, `HOME`, `LANG`, `TMPDIR`
+//! and `USER` (sbatch runs with only those and `SLURM_CONF`, and exports what it has)
+//! plus Slurm's own `SLURM_*` variables; otherwise from the launcher's environment.
+//! `CUDA_VISIBLE_DEVICES` is Slurm's, from the `--gres=gpu:N` allocation: give the
+//! request's context no `visible_devices`.
+//!
+//! Limitations:
+//! - One node only: `nodes > 1` is refused. A multi-node run would `srun
+//!   --ntasks-per-node=1` the argv once per node, but the contract's `{master_addr}` is
+//!   substituted before submission and the first node of the allocation is only known
+//!   after it (the caller would have to pin the nodes).
+//! - The argv runs once, as the batch step; `ntasks_per_node` only sizes the allocation
+//!   (a launcher like `torchrun` starts its workers itself).
+//! - With `proctrack/linuxproc` (no cgroups) Slurm finds a job's processes by their
+//!   parent pids: a signal reaches every process of the tree, but a process orphaned
+//!   *before* the signal (daemonized, or left behind by a job that exited) is no longer
+//!   in it and survives. `proctrack/cgroup` has no such hole.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::supervise::{Guard, LaunchError, Prepared, RunOutcome, RunRequest, collect, prepare};
+
+/// Resources of one sbatch job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmResources {
+    /// Only 1 is supported (see the module's limitations).
+    pub nodes: u32,
+    pub ntasks_per_node: u32,
+    /// GPUs per node (`--gres=gpu:N`); 0: none asked, no `--gres`.
+    pub gpus_per_node: u32,
+    pub cpus_per_task: u32,
+    /// `--mem` in MiB (per node); none: the partition's default.
+    pub mem_mb: Option<u64>,
+    /// none: the cluster's default partition.
+    pub partition: Option<String>,
+}
+
+impl Default for SlurmResources {
+    fn default() -> Self {
+        SlurmResources {
+            nodes: 1,
+            ntasks_per_node: 1,
+            gpus_per_node: 0,
+            cpus_per_task: 1,
+            mem_mb: None,
+            partition: None,
+        }
+    }
+}
+
+/// How long past its `timeoutS` a job may wait in the queue before the run gives up.
+pub const PENDING_LIMIT: Duration = Duration::from_secs(3600);
+
+/// How long the controller may fail to answer before the run gives up (and cancels).
+const CONTROLLER_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long [`available`] waits for `scontrol ping`.
+const PING_LIMIT: Duration = Duration::from_secs(10);
+
+/// How often the job's state is read.
+const POLL: Duration = Duration::from_millis(500);
+
+/// States a job does not leave.
+const TERMINAL: [&str; 9] =
+    ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"];
+
+/// Variables kept for sbatch (and so for the job) when the request clears the environment.
+const KEPT_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "TMPDIR", "USER", "SLURM_CONF"];
+
+/// `Ok` when this machine can submit jobs: `sbatch`, `squeue` and `scontrol` are on
+/// the `PATH` and the controller answers `scontrol ping`; else why not.
+pub fn available() -> Result<(), String> {
+    for program in ["sbatch", "squeue", "scontrol"] {
+        if find_program(program).is_none() {
+            return Err(format!("`{program}` is not on the PATH (no Slurm client here)"));
+        }
+    }
+    // Bounded: with a missing or broken configuration scontrol retries for a minute.
+    let mut child = Command::new("scontrol")
+        .arg("ping")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run `scontrol ping`: {e}"))?;
+    let start = Instant::now();
+    while child.try_wait().map_err(|e| format!("`scontrol ping`: {e}"))?.is_none() {
+        if start.elapsed() >= PING_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("`scontrol ping` did not answer within {} s", PING_LIMIT.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().map_err(|e| format!("`scontrol ping`: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && text.contains("is UP") {
+        Ok(())
+    } else {
+        let said = format!("{} {}", text.trim(), String::from_utf8_lossy(&out.stderr).trim());
+        Err(format!("the Slurm controller does not answer `scontrol ping`: {}", said.trim()))
+    }
+}
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| p.is_file())
+}
+
+/// Runs the request as one Slurm job, to its end (or its timeout), and reports what
+/// it did. `wall` counts from the moment the job was seen running.
+pub fn run(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<RunOutcome, LaunchError> {
+    let ctx = &request.context;
+    check_resources(resources)?;
+    let prepared = prepare(request)?;
+    let cwd = std::env::current_dir().map_err(|source| LaunchError::Io { path: ".".into(), source })?;
+    let log = cwd.join(&request.log);
+    // A fresh log, as the local backend's: a job that never starts leaves no stale one.
+    std::fs::File::create(&log).map_err(|source| LaunchError::Io { path: log.clone(), source })?;
+    let script_path = {
+        let mut name: OsString = log.clone().into_os_string();
+        name.push(".sbatch");
+        PathBuf::from(name)
+    };
+    let script = batch_script(&ctx.job, &prepared, resources, request.launch, &log, &cwd)?;
+    std::fs::write(&script_path, script).map_err(|source| LaunchError::Io { path: script_path.clone(), source })?;
+
+    let mut sbatch = Command::new("sbatch");
+    sbatch.arg("--parsable").arg(&script_path).stdin(Stdio::null());
+    if request.clear_env {
+        sbatch.env_clear();
+        for keep in KEPT_ENV {
+            if let Some(v) = std::env::var_os(keep) {
+                sbatch.env(keep, v);
+            }
+        }
+    }
+    let out = output(&mut sbatch, "sbatch")?;
+    let job = parse_job_id(&out)
+        .ok_or_else(|| LaunchError::Slurm(format!("sbatch: no job id in its output `{}`", out.trim())))?;
+    let submitted = Instant::now();
+    // From here on, a launcher killed by anything cancels the job.
+    let guard = match Guard::arm(&["scancel", &job]) {
+        Ok(guard) => guard,
+        Err(source) => {
+            let _ = scancel(&job, &[]);
+            return Err(LaunchError::Spawn { program: "sh (the watchdog)".into(), source });
+        }
+    };
+    tracing::info!(job = %job, script = %script_path.display(), "submitted to Slurm");
+
+    let timeout = Duration::from_secs_f64(request.launch.timeout_s);
+    let mut started: Option<Instant> = None;
+    let mut timed_out = false;
+    let mut failing_since: Option<Instant> = None;
+    let end = loop {
+        match query(&job) {
+            Ok(Some(info)) => {
+                failing_since = None;
+                if TERMINAL.contains(&info.state.as_str()) {
+                    break Some(info);
+                }
+                match info.state.as_str() {
+                    "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" => started = None,
+                    _ => {
+                        started.get_or_insert_with(Instant::now);
+                    }
+                }
+            }
+            Ok(None) => break None,
+            Err(e) => {
+                // The controller may be restarting: a minute of missed polls is fine.
+                if failing_since.get_or_insert_with(Instant::now).elapsed() >= CONTROLLER_LIMIT {
+                    return Err(e); // dropping the guard cancels the job
+                }
+            }
+        }
+        if let Some(t) = started {
+            if t.elapsed() >= timeout {
+                timed_out = true;
+                tracing::warn!(job = %job, "timeout: cancelling the Slurm job");
+                break stop(&job);
+            }
+        } else if submitted.elapsed() >= timeout + PENDING_LIMIT {
+            let reason = query(&job).ok().flatten().map(|i| i.reason).unwrap_or_default();
+            let _ = scancel(&job, &[]);
+            guard.disarm();
+            return Err(LaunchError::Slurm(format!(
+                "job {job} still pending after {:.0} s (reason: {reason}): cancelled",
+                submitted.elapsed().as_secs_f64()
+            )));
+        }
+        std::thread::sleep(POLL);
+    };
+    let wall = started.unwrap_or(submitted).elapsed();
+    guard.disarm();
+    // The record purged already (MinJobAge): the job completion log, if kept.
+    let end = end.or_else(|| completion_log(&job));
+    let (state, exit_code) = match &end {
+        Some(info) => (info.state.as_str(), info.exit_code()),
+        None => ("UNKNOWN", None),
+    };
+    tracing::info!(job = %job, state, ?exit_code, "Slurm job ended");
+    let note = match timed_out {
+        true => Some(format!("rubick: Slurm job {job} ran past timeoutS ({} s): cancelled", request.launch.timeout_s)),
+        false => end_note(&job, state),
+    };
+    if let Some(note) = note {
+        append(&log, &note);
+    }
+    let timed_out = timed_out || state == "TIMEOUT";
+    Ok(collect(Path::new(&ctx.metrics), &log, timed_out, exit_code, wall))
+}
+
+fn check_resources(r: &SlurmResources) -> Result<(), LaunchError> {
+    let bad = |what: &str| Err(LaunchError::Contract(format!("slurm: {what}")));
+    match r {
+        SlurmResources { nodes: 0, .. } => bad("nodes must be at least 1"),
+        SlurmResources { nodes: 2.., .. } => {
+            bad("more than one node is not supported: the master address is only known after the allocation \
+             (run one node per job)")
+        }
+        SlurmResources { ntasks_per_node: 0, .. } => bad("ntasks_per_node must be at least 1"),
+        SlurmResources { cpus_per_task: 0, .. } => bad("cpus_per_task must be at least 1"),
+        SlurmResources { mem_mb: Some(0), .. } => bad("mem_mb must be at least 1"),
+        _ => Ok(()),
+    }
+}
+
+/// The line appended to the log for a job that ended otherwise than by its own exit.
+/// `OUT_OF_MEMORY` carries one of `collect`'s out-of-memory markers.
+fn end_note(job: &str, state: &str) -> Option<String> {
+    match state {
+        "COMPLETED" | "FAILED" => None,
+        "OUT_OF_MEMORY" => Some(format!("rubick: Slurm job {job} ended OUT_OF_MEMORY (Cannot allocate memory)")),
+        other => Some(format!("rubick: Slurm job {job} ended {other}")),
+    }
+}
+
+fn append(path: &Path, line: &str) {
+    use std::io::Write;
+    let file = std::fs::OpenOptions::new().append(true).create(true).open(path);
+    if let Err(e) = file.and_then(|mut f| writeln!(f, "{line}")) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot append to the log");
+    }
+}
+
+/// The batch script of a run.
+fn batch_script(
+    job_name: &str,
+    prepared: &Prepared,
+    r: &SlurmResources,
+    launch: &rubick_core::launch::Launch,
+    log: &Path,
+    cwd: &Path,
+) -> Result<String, LaunchError> {
+    let mut s = String::from("#!/bin/sh\n# generated by rubick (rubick-launch, Slurm backend)\n");
+    let mut directive = |option: &str, value: &str| -> Result<(), LaunchError> {
+        let _ = writeln!(s, "#SBATCH --{option}={}", directive_value(option, value)?);
+        Ok(())
+    };
+    directive("job-name", &sanitise_name(job_name))?;
+    directive("nodes", &r.nodes.to_string())?;
+    directive("ntasks-per-node", &r.ntasks_per_node.to_string())?;
+    directive("cpus-per-task", &r.cpus_per_task.to_string())?;
+    if r.gpus_per_node > 0 {
+        directive("gres", &format!("gpu:{}", r.gpus_per_node))?;
+    }
+    if let Some(mem) = r.mem_mb {
+        directive("mem", &mem.to_string())?;
+    }
+    if let Some(partition) = &r.partition {
+        directive("partition", partition)?;
+    }
+    directive("time", &time_limit_minutes(launch.timeout_s + launch.stop_timeout_s).to_string())?;
+    let log = path_text(log, "the log")?;
+    if log.contains('\\') {
+        return Err(LaunchError::Contract(format!("slurm: the log path `{log}` holds a backslash")));
+    }
+    // `%` starts one of sbatch's filename patterns (`%j`...); `%%` is a literal one.
+    directive("output", &log.replace('%', "%%"))?;
+    if let Some(dir) = &prepared.workdir {
+        directive("chdir", path_text(&cwd.join(dir), "the working directory")?)?;
+    }
+    s.push('\n');
+    for (k, v) in &prepared.env {
+        if !is_env_name(k) {
+            return Err(LaunchError::Contract(format!("env: `{k}` is not a valid variable name")));
+        }
+        let _ = writeln!(s, "export {k}={}", sh_quote(v));
+    }
+    let argv: Vec<String> = prepared.argv.iter().map(|a| sh_quote(a)).collect();
+    let _ = writeln!(s, "exec {}", argv.join(" "));
+    Ok(s)
+}
+
+fn path_text<'p>(path: &'p Path, what: &str) -> Result<&'p str, LaunchError> {
+    path.to_str().ok_or_else(|| LaunchError::Contract(format!("slurm: {what} `{}` is not UTF-8", path.display())))
+}
+
+/// `--time` in minutes: whole minutes, rounded up, at least one.
+fn time_limit_minutes(seconds: f64) -> u64 {
+    let minutes = (seconds / 60.0).ceil();
+    if minutes.is_finite() && minutes >= 1.0 { minutes as u64 } else { 1 }
+}
+
+/// A job name Slurm and any shell take as it is: `[A-Za-z0-9._-]`, others as `_`.
+fn sanitise_name(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .take(100)
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect();
+    if s.is_empty() { "rubick".into() } else { s }
+}
+
+/// A value of an `#SBATCH` line: quoted, with sbatch's own escapes (`\` before `\`,
+/// `"` and `#`, which would otherwise start a comment even inside quotes).
+fn directive_value(option: &str, value: &str) -> Result<String, LaunchError> {
+    if value.contains(['\n', '\r', '\0']) {
+        return Err(LaunchError::Contract(format!("slurm: --{option} `{value}` holds a line break")));
+    }
+    let mut out = String::from('"');
+    for c in value.chars() {
+        if matches!(c, '\\' | '"' | '#') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    Ok(out)
+}
+
+/// POSIX single quoting: the text exactly, `'` written as `'\''`.
+fn sh_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The job id of `sbatch --parsable`'s output (`JOBID` or `JOBID;cluster`).
+fn parse_job_id(stdout: &str) -> Option<String> {
+    let id = stdout.trim().split(';').next()?.trim();
+    (!id.is_empty() && id.chars().all(|c| c.is_ascii_digit())).then(|| id.to_owned())
+}
+
+/// What the controller says of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct JobInfo {
+    state: String,
+    /// `ExitCode=A:B`: the exit status and the signal that ended it.
+    exit: Option<(i32, i32)>,
+    reason: String,
+}
+
+impl JobInfo {
+    /// From one line of `scontrol show job -o` (space-separated `Key=Value` pairs; the
+    /// first of each key is the job's own: a name or path further on cannot forge it).
+    fn parse(line: &str) -> Option<JobInfo> {
+        let field = |key: &str| line.split_whitespace().find_map(|kv| kv.strip_prefix(key)).map(str::to_owned);
+        let state = field("JobState=")?;
+        let exit = field("ExitCode=").and_then(|e| parse_exit(&e));
+        Some(JobInfo { state, exit, reason: field("Reason=").unwrap_or_default() })
+    }
+
+    /// The exit status, none when a signal ended the job.
+    fn exit_code(&self) -> Option<i32> {
+        match self.exit {
+            Some((code, 0)) => Some(code),
+            _ => None,
+        }
+    }
+}
+
+fn parse_exit(text: &str) -> Option<(i32, i32)> {
+    let (a, b) = text.trim().split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// The job's state; `None` when the controller no longer knows the job.
+fn query(job: &str) -> Result<Option<JobInfo>, LaunchError> {
+    let out = Command::new("scontrol")
+        .args(["show", "job", "-o", job])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| LaunchError::Spawn { program: "scontrol".into(), source })?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        if stderr.contains("Invalid job id") {
+            return Ok(None);
+        }
+        return Err(LaunchError::Slurm(format!(
+            "`scontrol show job -o {job}` exited {}: {}",
+            out.status,
+            stderr.trim()
+        )));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with(&format!("JobId={job} ")));
+    Ok(line.and_then(JobInfo::parse))
+}
+
+/// The job's end from the job completion log (`sacct -c`: no accounting database
+/// needed), the last record of that id; none when there is no such log.
+fn completion_log(job: &str) -> Option<JobInfo> {
+    let out = Command::new("sacct")
+        .args(["-c", "-j", job, "-n", "-P", "-o", "JobID,State,ExitCode"])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().rev().find_map(|l| {
+        let mut f = l.split('|');
+        (f.next()? == job).then_some(())?;
+        // sacct writes `CANCELLED by 0`.
+        let state = f.next()?.split_whitespace().next()?.to_owned();
+        Some(JobInfo { state, exit: f.next().and_then(parse_exit), reason: String::new() })
+    })
+}
+
+fn scancel(job: &str, options: &[&str]) -> Result<String, LaunchError> {
+    output(Command::new("scancel").args(options).arg(job).stdin(Stdio::null()), "scancel")
+}
+
+/// Ends a running job: SIGTERM to every process of it, then (2 s later) a cancel,
+/// after which Slurm kills what is left after its `KillWait`; waits until Slurm has
+/// finished (no longer `COMPLETING`) and returns the job's last state.
+fn stop(job: &str) -> Option<JobInfo> {
+    if let Err(e) = scancel(job, &["--signal=TERM", "--full"]) {
+        tracing::warn!(job, error = %e, "scancel --signal=TERM");
+    }
+    if let Some(done) = wait_terminal(job, Duration::from_secs(2)) {
+        return Some(done);
+    }
+    if let Err(e) = scancel(job, &[]) {
+        tracing::warn!(job, error = %e, "scancel");
+    }
+    let kill_wait = kill_wait().unwrap_or(Duration::from_secs(30));
+    let done = wait_terminal(job, kill_wait + Duration::from_secs(30));
+    if done.is_none() {
+        tracing::warn!(job, "the cancelled job is not gone yet");
+    }
+    done
+}
+
+/// Polls until the job is in a terminal state (`None` when it is not within `limit`).
+fn wait_terminal(job: &str, limit: Duration) -> Option<JobInfo> {
+    let start = Instant::now();
+    loop {
+        match query(job) {
+            Ok(Some(info)) if TERMINAL.contains(&info.state.as_str()) => return Some(info),
+            Ok(None) => return completion_log(job),
+            _ => {}
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The cluster's `KillWait`: how long Slurm waits between SIGTERM and SIGKILL.
+fn kill_wait() -> Option<Duration> {
+    let out = Command::new("scontrol").args(["show", "config"]).stdin(Stdio::null()).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.trim_start().starts_with("KillWait"))?;
+    let secs: u64 = line.split('=').nth(1)?.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_secs(secs))
+}
+
+/// Runs a Slurm command; its stdout, or an error naming it with its stderr.
+fn output(command: &mut Command, program: &str) -> Result<String, LaunchError> {
+    let out = command.output().map_err(|source| LaunchError::Spawn { program: program.into(), source })?;
+    if !out.status.success() {
+        let args: Vec<String> = command.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        return Err(LaunchError::Slurm(format!(
+            "`{program} {}` exited {}: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use rubick_core::launch::{Launch, LaunchContext};
+
+    use super::*;
+    use crate::supervise::RunStatus;
+
+    /// Whether a Slurm is here to test against; without one the test is skipped,
+    /// unless `RUBICK_REQUIRE_SLURM=1` (CI), where that is a failure.
+    fn slurm_here() -> bool {
+        match available() {
+            Ok(()) => true,
+            Err(reason) if std::env::var("RUBICK_REQUIRE_SLURM").is_ok_and(|v| v == "1") => {
+                panic!("RUBICK_REQUIRE_SLURM=1 but no Slurm: {reason} (run scripts/slurm-up.sh)")
+            }
+            Err(reason) => {
+                eprintln!("skipped: {reason}");
+                false
+            }
+        }
+    }
+
+    fn launch(script: &str, timeout_s: f64) -> Launch {
+        Launch {
+            version: 1,
+            command: vec!["sh".into(), "-c".into(), script.into(), "job".into(), "{micro_batch}".into()],
+            env: BTreeMap::new(),
+            workdir: None,
+            checkpoint_dir: None,
+            stop_signal: Default::default(),
+            stop_timeout_s: 5.0,
+            warmup_iterations: 1,
+            measured_iterations: 3,
+            timeout_s,
+        }
+    }
+
+    fn request<'a>(dir: &Path, launch: &'a Launch) -> RunRequest<'a> {
+        let p = |n: &str| dir.join(n).display().to_string();
+        RunRequest {
+            launch,
+            context: LaunchContext {
+                job: "$(touch pwned)".into(),
+                plan: "dp2-mb2-ga2".parse().unwrap(),
+                nodes: 1,
+                gpus_per_node: 1,
+                cpus: 1,
+                master_addr: "127.0.0.1".into(),
+                master_port: 29500,
+                deepspeed_config: p("ds.json"),
+                checkpoint_dir: p("ckpt"),
+                metrics: p("metrics.jsonl"),
+                // Slurm places the GPUs itself.
+                visible_devices: vec![],
+            },
+            log: dir.join("log.txt"),
+            clear_env: true,
+        }
+    }
+
+    /// A directory whose path holds what `#SBATCH` lines and `--output` patterns
+    /// must escape: a space, `#` and `%`.
+    fn tempdir() -> tempfile::TempDir {
+        tempfile::Builder::new().prefix("rubick slurm #%j ").tempdir().unwrap()
+    }
+
+    fn one_cpu(gpus: u32) -> SlurmResources {
+        SlurmResources { gpus_per_node: gpus, ..SlurmResources::default() }
+    }
+
+    fn log_of(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("log.txt")).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_job_reports_its_metric_lines_and_sees_its_resources() {
+        if !slurm_here() {
+            return;
+        }
+        let t = Instant::now();
+        let dir = tempdir();
+        // Braces of the script itself are doubled: single ones are placeholders.
+        let script = r#"test "$1" = 2 || exit 3
+for i in 1 2 3 4; do echo "{{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.$i}}" >> "$RUBICK_METRICS"; done
+echo "not a metric" >> "$RUBICK_METRICS"
+echo "cpus=$SLURM_CPUS_PER_TASK gpus=$CUDA_VISIBLE_DEVICES plan=$RUBICK_PLAN job=$SLURM_JOB_NAME""#;
+        let l = launch(script, 30.0);
+        let out = run(&request(dir.path(), &l), &one_cpu(1)).unwrap();
+        let log = log_of(dir.path());
+        assert_eq!((out.status, out.exit_code), (RunStatus::Ok, Some(0)), "{log}");
+        assert_eq!(out.metrics.len(), 4);
+        assert_eq!(out.ignored_lines, 1);
+        assert!((out.mean_iter_time_s(1, 3).unwrap() - 0.3).abs() < 1e-9);
+        let line = log.lines().find(|l| l.starts_with("cpus=")).unwrap_or_else(|| panic!("{log}"));
+        let fields: BTreeMap<&str, &str> = line.split(' ').filter_map(|kv| kv.split_once('=')).collect();
+        assert_eq!(fields["cpus"], "1", "{line}");
+        // One of the four fake GPUs, chosen by Slurm.
+        assert!(fields["gpus"].parse::<u32>().is_ok_and(|g| g < 4), "{line}");
+        assert_eq!(fields["plan"], "dp2-tp1-pp1-mb2-ga2", "{line}");
+        assert_eq!(fields["job"], "__touch_pwned_", "{line}");
+        let ds: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("ds.json")).unwrap()).unwrap();
+        assert_eq!(ds["train_batch_size"], 8);
+        assert!(dir.path().join("log.txt.sbatch").is_file());
+        eprintln!("a_job_reports_its_metric_lines: {:.1} s", t.elapsed().as_secs_f64());
+    }
+
+    #[test]
+    fn a_job_name_and_values_are_never_shell_parsed() {
+        if !slurm_here() {
+            return;
+        }
+        let t = Instant::now();
+        let dir = tempdir();
+        let mut l = launch(r#"echo "job $RUBICK_JOB quote $QUOTE arg $0"; pwd"#, 30.0);
+        l.env.insert("QUOTE".into(), "it's $(touch pwned2) `touch pwned3`".into());
+        l.workdir = Some(dir.path().display().to_string().replace('{', "{{").replace('}', "}}"));
+        l.command[3] = "a'b $(touch pwned4)".into();
+        let out = run(&request(dir.path(), &l), &one_cpu(0)).unwrap();
+        let log = log_of(dir.path());
+        assert_eq!(out.status, RunStatus::Ok, "{log}");
+        assert!(
+            log.contains("job $(touch pwned) quote it's $(touch pwned2) `touch pwned3` arg a'b $(touch pwned4)"),
+            "{log}"
+        );
+        assert!(log.contains(&dir.path().display().to_string()), "the job ran in its workdir: {log}");
+        for name in ["pwned", "pwned2", "pwned3", "pwned4"] {
+            assert!(!dir.path().join(name).exists() && !Path::new(name).exists(), "{name} was created");
+        }
+        eprintln!("a_job_name_and_values_are_never_shell_parsed: {:.1} s", t.elapsed().as_secs_f64());
+    }
+
+    #[test]
+    fn a_hanging_job_is_cancelled_at_its_timeout_with_every_process() {
+        if !slurm_here() {
+            return;
+        }
+        let t = Instant::now();
+        let dir = tempdir();
+        // A worker in the background that would outlive its job.
+        let pidfile = dir.path().join("worker.pid");
+        let script = format!("sleep 60 & echo $! > '{}'; wait", pidfile.display());
+        let l = launch(&script.replace('{', "{{").replace('}', "}}"), 2.0);
+        let out = run(&request(dir.path(), &l), &one_cpu(0)).unwrap();
+        assert_eq!(out.status, RunStatus::Timeout, "{}", log_of(dir.path()));
+        assert!(out.wall >= Duration::from_secs(2) && out.wall < Duration::from_secs(10), "{:?}", out.wall);
+        let pid = std::fs::read_to_string(&pidfile).unwrap().trim().to_owned();
+        // Gone, or a zombie waiting for init to reap it: not running either way.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let running = state.rsplit(')').next().and_then(|s| s.split_whitespace().next()).is_some_and(|s| s != "Z");
+        assert!(!running, "worker {pid} survived its job: {state}");
+        eprintln!("a_hanging_job_is_cancelled_at_its_timeout: {:.1} s", t.elapsed().as_secs_f64());
+    }
+
+    /// Slow (Slurm's `KillWait`, 30 s by default): `cargo test -- --ignored`.
+    #[test]
+    #[ignore]
+    fn a_job_that_ignores_sigterm_is_killed_all_the_same() {
+        if !slurm_here() {
+            return;
+        }
+        let t = Instant::now();
+        let dir = tempdir();
+        let pidfile = dir.path().join("worker.pid");
+        // SIGTERM ignored, by the job and (inherited) by its worker.
+        let script = format!("trap '' TERM; sleep 300 & echo $! > '{}'; exec sleep 301", pidfile.display());
+        let l = launch(&script.replace('{', "{{").replace('}', "}}"), 1.0);
+        let out = run(&request(dir.path(), &l), &one_cpu(0)).unwrap();
+        assert_eq!(out.status, RunStatus::Timeout, "{}", log_of(dir.path()));
+        let pid = std::fs::read_to_string(&pidfile).unwrap().trim().to_owned();
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let running = state.rsplit(')').next().and_then(|s| s.split_whitespace().next()).is_some_and(|s| s != "Z");
+        assert!(!running, "worker {pid} survived its job: {state}");
+        eprintln!("a_job_that_ignores_sigterm_is_killed_all_the_same: {:.1} s", t.elapsed().as_secs_f64());
+    }
+
+    #[test]
+    fn an_exit_status_is_the_jobs() {
+        if !slurm_here() {
+            return;
+        }
+        let t = Instant::now();
+        let dir = tempdir();
+        let l = launch(r#"echo "job id $SLURM_JOB_ID"; exit 7"#, 30.0);
+        let out = run(&request(dir.path(), &l), &one_cpu(0)).unwrap();
+        let log = log_of(dir.path());
+        assert_eq!((out.status, out.exit_code), (RunStatus::Failed, Some(7)), "{log}");
+        // What a run reads once the controller has forgotten the job (MinJobAge): the job
+        // completion log, where the cluster keeps one (scripts/slurm-up.sh does).
+        let id = log.lines().find_map(|l| l.strip_prefix("job id ")).unwrap_or_else(|| panic!("{log}"));
+        match completion_log(id) {
+            Some(info) => assert_eq!((info.state.as_str(), info.exit_code()), ("FAILED", Some(7))),
+            None => eprintln!("no job completion log here: the fallback is not checked"),
+        }
+        eprintln!("an_exit_status_is_the_jobs: {:.1} s", t.elapsed().as_secs_f64());
+    }
+
+    #[test]
+    fn out_of_memory_is_an_infeasible_configuration() {
+        if !slurm_here() {
+            return;
+        }
+        let t = Instant::now();
+        let dir = tempdir();
+        let l = launch(r#"echo '{{"rubick":1,"event":"oom"}}' >> "$RUBICK_METRICS"; exit 1"#, 30.0);
+        let out = run(&request(dir.path(), &l), &one_cpu(0)).unwrap();
+        assert_eq!(out.status, RunStatus::Oom, "{}", log_of(dir.path()));
+        eprintln!("out_of_memory_is_an_infeasible_configuration: {:.1} s", t.elapsed().as_secs_f64());
+    }
+
+    #[test]
+    fn more_than_one_node_is_refused_before_anything_is_written() {
+        let dir = tempdir();
+        let l = launch("true", 30.0);
+        let r = SlurmResources { nodes: 2, ..SlurmResources::default() };
+        let e = run(&request(dir.path(), &l), &r).unwrap_err();
+        assert!(matches!(e, LaunchError::Contract(_)) && e.to_string().contains("more than one node"), "{e}");
+        assert!(!dir.path().join("log.txt.sbatch").exists());
+    }
+
+    fn prepared(env: &[(&str, &str)], argv: &[&str], workdir: Option<&str>) -> Prepared {
+        Prepared {
+            argv: argv.iter().map(|s| (*s).to_owned()).collect(),
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            workdir: workdir.map(PathBuf::from),
+        }
+    }
+
+    #[test]
+    fn the_batch_script_quotes_everything_and_asks_for_the_resources() {
+        let p = prepared(&[("RUBICK_JOB", "$(touch pwned) it's")], &["python", "a b", "'"], Some("work dir"));
+        let r = SlurmResources {
+            nodes: 1,
+            ntasks_per_node: 2,
+            gpus_per_node: 0,
+            cpus_per_task: 3,
+            mem_mb: Some(4096),
+            partition: Some("gpu#1".into()),
+        };
+        let mut l = launch("true", 61.0);
+        l.stop_timeout_s = 0.5;
+        let s = batch_script("$(touch pwned)", &p, &r, &l, Path::new("/r/log %j #1.txt"), Path::new("/cwd")).unwrap();
+        let expected = r#"#!/bin/sh
+# generated by rubick (rubick-launch, Slurm backend)
+#SBATCH --job-name="__touch_pwned_"
+#SBATCH --nodes="1"
+#SBATCH --ntasks-per-node="2"
+#SBATCH --cpus-per-task="3"
+#SBATCH --mem="4096"
+#SBATCH --partition="gpu\#1"
+#SBATCH --time="2"
+#SBATCH --output="/r/log %%j \#1.txt"
+#SBATCH --chdir="/cwd/work dir"
+
+export RUBICK_JOB='$(touch pwned) it'\''s'
+exec 'python' 'a b' ''\'''
+"#;
+        assert_eq!(s, expected);
+        let with_gpu = batch_script("j", &p, &one_cpu(2), &l, Path::new("/l"), Path::new("/")).unwrap();
+        assert!(with_gpu.contains("#SBATCH --gres=\"gpu:2\"\n") && with_gpu.contains("--time=\"2\""), "{with_gpu}");
+        assert!(!batch_script("j", &p, &one_cpu(0), &l, Path::new("/l"), Path::new("/")).unwrap().contains("gres"));
+        let bad = prepared(&[("A B", "x")], &["true"], None);
+        assert!(batch_script("j", &bad, &one_cpu(0), &l, Path::new("/l"), Path::new("/")).is_err());
+        assert!(batch_script("j", &p, &one_cpu(0), &l, Path::new("/l\nx"), Path::new("/")).is_err());
+        assert_eq!((time_limit_minutes(0.1), time_limit_minutes(60.0), time_limit_minutes(60.5)), (1, 1, 2));
+    }
+
+    #[test]
+    fn the_quoted_script_runs_in_a_shell_as_written() {
+        // The quoting itself, through a real sh: every byte comes back as it was.
+        let dir = tempfile::tempdir().unwrap();
+        let nasty = "it's $(touch pwned) `x` \"q\" \\ \n$HOME *";
+        let p = prepared(&[("V", nasty)], &["sh", "-c", r#"printf '%s|%s' "$V" "$1""#, "x", nasty], None);
+        let s = batch_script("n", &p, &one_cpu(0), &launch("true", 1.0), Path::new("/l"), Path::new("/")).unwrap();
+        let out = Command::new("sh").arg("-c").arg(&s).current_dir(dir.path()).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{nasty}|{nasty}"));
+        assert!(!dir.path().join("pwned").exists());
+    }
+
+    #[test]
+    fn job_states_and_exit_codes_are_read_from_scontrol() {
+        let line = "JobId=12 JobName=a_JobState=FAKE UserId=root(0) JobState=CANCELLED Reason=None \
+                    Dependency=(null) ExitCode=0:15 RunTime=00:00:03 WorkDir=/x JobState=EVIL";
+        let info = JobInfo::parse(line).unwrap();
+        assert_eq!((info.state.as_str(), info.exit, info.exit_code()), ("CANCELLED", Some((0, 15)), None));
+        let info = JobInfo::parse("JobId=3 JobState=FAILED Reason=NonZeroExitCode ExitCode=7:0").unwrap();
+        assert_eq!((info.exit_code(), info.reason.as_str()), (Some(7), "NonZeroExitCode"));
+        assert_eq!(parse_job_id("42\n"), Some("42".into()));
+        assert_eq!(parse_job_id("42;rubick\n"), Some("42".into()));
+        assert_eq!(parse_job_id("Submitted batch job 42"), None);
+        assert_eq!(sanitise_name("$(touch pwned)"), "__touch_pwned_");
+        assert_eq!(sanitise_name("gpt-2.small_v1"), "gpt-2.small_v1");
+        assert_eq!(sanitise_name(""), "rubick");
+    }
+
+    #[test]
+    fn slurms_out_of_memory_state_makes_the_run_an_oom() {
+        let dir = tempfile::tempdir().unwrap();
+        let (metrics, log) = (dir.path().join("m"), dir.path().join("log"));
+        std::fs::write(&log, "Killed\n").unwrap();
+        append(&log, &end_note("9", "OUT_OF_MEMORY").unwrap());
+        let out = collect(&metrics, &log, false, None, Duration::ZERO);
+        assert_eq!(out.status, RunStatus::Oom);
+        assert_eq!(end_note("9", "COMPLETED"), None);
+        assert_eq!(end_note("9", "NODE_FAIL").as_deref(), Some("rubick: Slurm job 9 ended NODE_FAIL"));
+    }
+}
