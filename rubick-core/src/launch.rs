@@ -56,6 +56,18 @@ pub enum StopSignal {
     Int,
 }
 
+impl StopSignal {
+    /// The signal's name, e.g. `SIGUSR1` (also `RUBICK_STOP_SIGNAL`).
+    pub fn name(self) -> &'static str {
+        match self {
+            StopSignal::Usr1 => "SIGUSR1",
+            StopSignal::Usr2 => "SIGUSR2",
+            StopSignal::Term => "SIGTERM",
+            StopSignal::Int => "SIGINT",
+        }
+    }
+}
+
 /// How to launch a job (the `launch` section of a `Job`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -220,7 +232,8 @@ impl LaunchContext {
 /// The environment every job gets: `RUBICK_JOB`, `RUBICK_PLAN` (readable form), one
 /// variable per plan field, `RUBICK_GPUS`, `RUBICK_NODES`, `RUBICK_CPUS`,
 /// `RUBICK_METRICS`, `RUBICK_CHECKPOINT_DIR`, `RUBICK_DEEPSPEED_CONFIG`,
-/// `CUDA_VISIBLE_DEVICES` (when the context names devices); then the launch section's own `env` (substituted).
+/// `CUDA_VISIBLE_DEVICES` (when the context names devices), `RUBICK_STOP_SIGNAL` (with a
+/// launch section); then the launch section's own `env` (substituted).
 pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTreeMap<String, String>, String> {
     let p = &ctx.plan;
     let mut env: BTreeMap<String, String> = [
@@ -252,6 +265,9 @@ pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTree
         ("RUBICK_MICRO_BATCH", "micro_batch"),
     ] {
         env.insert(var.to_owned(), ctx.value(field).unwrap_or_default());
+    }
+    if let Some(l) = launch {
+        env.insert("RUBICK_STOP_SIGNAL".to_owned(), l.stop_signal.name().to_owned());
     }
     for (k, v) in launch.map(|l| &l.env).into_iter().flatten() {
         env.insert(k.clone(), ctx.substitute(v)?);

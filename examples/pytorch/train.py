@@ -1,0 +1,932 @@
+#!/usr/bin/env python3
+"""Rubick's PyTorch reference workload.
+
+A small GPT-style decoder-only transformer trained on seeded synthetic tokens
+that honours a rubick execution plan with real PyTorch machinery:
+
+  DP      torch.nn.parallel.DistributedDataParallel (NCCL on GPU, gloo on CPU)
+  GA      micro-steps per iteration, DDP no_sync / FSDP2 gradient sync off but last
+  GC      torch.utils.checkpoint around every block
+  ZeRO-1  torch.distributed.optim.ZeroRedundancyOptimizer (+ DDP)
+  ZeRO-2  FSDP2 fully_shard(reshard_after_forward=False)
+  ZeRO-3  FSDP2 fully_shard(reshard_after_forward=True)
+  offload FSDP2 CPUOffloadPolicy (pin_memory only with a GPU)
+  TP      torch.distributed.tensor.parallel Colwise/Rowwise on the block linears
+  PP      torch.distributed.pipelining (GPipe or 1F1B over the GA micro-batches)
+
+The plan comes from RUBICK_* environment variables (argv flags override), the
+per-iteration metrics go to RUBICK_METRICS as `{"rubick":1,...}` JSON lines,
+and the stop signal (SIGUSR1, or RUBICK_STOP_SIGNAL) makes every rank finish
+the current iteration, save a full (unsharded) checkpoint in
+RUBICK_CHECKPOINT_DIR and exit 0.  A later run resumes from it at any plan.
+
+Run it under torchrun, or let it start its own workers with --nproc-per-node
+(then exit codes and signals reach every worker unchanged; see README.md).
+
+Exit codes: 0 ok (also after a stop), 2 bad arguments or plan, 3 out of memory.
+"""
+
+import argparse
+import contextlib
+import ctypes
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+EXIT_OK, EXIT_BAD, EXIT_OOM = 0, 2, 3
+CHECKPOINT_FILE = "checkpoint.pt"
+STOP_REQUESTED = [False]  # set by the stop signal's handler (installed before torch loads)
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def log(msg):
+    rank = os.environ.get("RANK", "-")
+    print(f"[train.py rank {rank}] {msg}", file=sys.stderr, flush=True)
+
+
+def fail(msg, code=EXIT_BAD):
+    log(f"error: {msg}")
+    sys.exit(code)
+
+
+# ---------------------------------------------------------------------------
+# Arguments and plan
+# ---------------------------------------------------------------------------
+
+def env_int(name, default=None):
+    value = os.environ.get(name, "")
+    if value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        fail(f"{name}={value!r} is not an integer")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan = p.add_argument_group("plan (default: RUBICK_* environment, then RUBICK_PLAN)")
+    plan.add_argument("--dp", type=int)
+    plan.add_argument("--tp", type=int)
+    plan.add_argument("--pp", type=int)
+    plan.add_argument("--zero", type=int, choices=[0, 1, 2, 3])
+    plan.add_argument("--offload", choices=["none", "optimizer", "all"])
+    plan.add_argument("--ga", type=int)
+    plan.add_argument("--gc", type=int, choices=[0, 1])
+    plan.add_argument("--micro-batch", type=int)
+    plan.add_argument("--pp-schedule", choices=["auto", "gpipe", "1f1b"], default="auto",
+                      help="auto: 1F1B when GA >= PP, else GPipe")
+    model = p.add_argument_group("model (defaults: ~0.93 M parameters)")
+    model.add_argument("--layers", type=int, default=4)
+    model.add_argument("--hidden", type=int, default=128)
+    model.add_argument("--heads", type=int, default=4)
+    model.add_argument("--seq-len", type=int, default=64)
+    model.add_argument("--vocab", type=int, default=512)
+    model.add_argument("--global-batch", type=int,
+                       help="when given, dp*micro_batch*ga must equal it; "
+                            "without a micro batch: micro_batch = global_batch/(dp*ga) (default 16)")
+    run = p.add_argument_group("run")
+    run.add_argument("--iterations", type=int, default=env_int("RUBICK_ITERATIONS", 20),
+                     help="iterations this run makes (env RUBICK_ITERATIONS, default 20); "
+                          "numbering continues after a resume")
+    run.add_argument("--total-iterations", type=int, default=env_int("RUBICK_TOTAL_ITERATIONS"),
+                     help="stop at this global iteration (env RUBICK_TOTAL_ITERATIONS)")
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    run.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                     help="auto: bf16 autocast on GPU, fp32 on CPU")
+    run.add_argument("--engine", choices=["torch", "deepspeed"], default="torch")
+    run.add_argument("--lr", type=float, default=1e-3)
+    run.add_argument("--seed", type=int, default=1234)
+    run.add_argument("--max-memory-gib", type=float,
+                     default=float(os.environ.get("RUBICK_MAX_MEMORY_GIB") or 0) or None,
+                     help="memory cap: GPU memory fraction, or peak RSS per process on CPU "
+                          "(env RUBICK_MAX_MEMORY_GIB)")
+    run.add_argument("--cpus", type=int, default=env_int("RUBICK_CPUS"),
+                     help="CPU cores of the job (env RUBICK_CPUS); torch threads = cpus/local ranks")
+    run.add_argument("--metrics", default=os.environ.get("RUBICK_METRICS") or None,
+                     help="metric file (env RUBICK_METRICS; default stdout)")
+    run.add_argument("--checkpoint-dir", default=os.environ.get("RUBICK_CHECKPOINT_DIR") or None)
+    run.add_argument("--checkpoint-every", type=int, default=0,
+                     help="also checkpoint every N iterations (0: only at a stop and at the end)")
+    run.add_argument("--no-final-checkpoint", action="store_true")
+    launch = p.add_argument_group("built-in launcher (instead of torchrun)")
+    launch.add_argument("--nproc-per-node", type=int,
+                        help="start this many workers on this node (ignored inside torchrun)")
+    launch.add_argument("--nnodes", type=int, default=1)
+    launch.add_argument("--node-rank", type=int,
+                        default=env_int("RUBICK_NODE_RANK", env_int("NODE_RANK")),
+                        help="this node's rank (env RUBICK_NODE_RANK or NODE_RANK); "
+                             "required with --nnodes > 1")
+    launch.add_argument("--master-addr", default="127.0.0.1")
+    launch.add_argument("--master-port", type=int, default=0, help="0: a free port")
+    return p.parse_args(argv)
+
+
+OFFLOAD_NAMES = {"none": "none", "optimizer": "optimizer", "offopt": "optimizer",
+                 "all": "all", "optimizer+params": "all", "offall": "all"}
+
+
+def parse_plan_string(text):
+    """`dp2-tp1-pp1-mb4-ga2-z1-offopt-gc` -> dict of the fields it names."""
+    out = {}
+    for token in filter(None, (text or "").split("-")):
+        for prefix, key in (("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("mb", "micro_batch"),
+                            ("ga", "ga"), ("z", "zero")):
+            rest = token[len(prefix):]
+            if token.startswith(prefix) and rest.isdigit():
+                out[key] = int(rest)
+                break
+        else:
+            if token in ("offopt", "offall"):
+                out["offload"] = OFFLOAD_NAMES[token]
+            elif token == "gc":
+                out["gc"] = 1
+    return out
+
+
+def resolve_plan(args, world):
+    from_plan = parse_plan_string(os.environ.get("RUBICK_PLAN", ""))
+
+    def pick(key, env, default):
+        value = getattr(args, key)
+        if value is None:
+            raw = os.environ.get(env, "")
+            if raw != "":
+                value = raw
+        if value is None:
+            value = from_plan.get(key, default)
+        return value
+
+    plan = {}
+    for key, env in (("tp", "RUBICK_TP"), ("pp", "RUBICK_PP"), ("ga", "RUBICK_GA"),
+                     ("zero", "RUBICK_ZERO"), ("gc", "RUBICK_GC")):
+        raw = pick(key, env, {"tp": 1, "pp": 1, "ga": 1, "zero": 0, "gc": 0}[key])
+        if key == "gc" and str(raw).lower() in ("true", "false"):
+            raw = int(str(raw).lower() == "true")
+        try:
+            plan[key] = int(raw)
+        except ValueError:
+            fail(f"plan field {key}={raw!r} is not an integer")
+    dp = pick("dp", "RUBICK_DP", None)
+    plan["dp"] = int(dp) if dp is not None else max(1, world // (plan["tp"] * plan["pp"]))
+    offload = str(pick("offload", "RUBICK_OFFLOAD", "none")).lower()
+    if offload not in OFFLOAD_NAMES:
+        fail(f"offload {offload!r} is not one of none|optimizer|all")
+    plan["offload"] = OFFLOAD_NAMES[offload]
+    mb = pick("micro_batch", "RUBICK_MICRO_BATCH", None)
+    global_batch = args.global_batch
+    if mb is None:
+        global_batch = global_batch or 16
+        if global_batch % (plan["dp"] * plan["ga"]):
+            fail(f"global batch {global_batch} is not divisible by dp*ga = {plan['dp'] * plan['ga']}")
+        mb = global_batch // (plan["dp"] * plan["ga"])
+    plan["micro_batch"] = int(mb)
+
+    for key in ("dp", "tp", "pp", "ga", "micro_batch"):
+        if plan[key] < 1:
+            fail(f"plan field {key} must be >= 1, got {plan[key]}")
+    if plan["zero"] not in (0, 1, 2, 3):
+        fail(f"zero must be 0..3, got {plan['zero']}")
+    if plan["gc"] not in (0, 1):
+        fail(f"gc must be 0 or 1, got {plan['gc']}")
+    if plan["offload"] != "none" and plan["zero"] == 0:
+        fail("offload needs ZeRO (zero >= 1)")
+    if plan["offload"] == "all" and plan["zero"] != 3:
+        fail("offload of parameters (all) needs zero = 3")
+    gb = plan["dp"] * plan["micro_batch"] * plan["ga"]
+    if global_batch is not None and gb != global_batch:
+        fail(f"dp*micro_batch*ga = {gb} != global batch {global_batch}")
+    product = plan["dp"] * plan["tp"] * plan["pp"]
+    if product != world:
+        fail(f"plan dp*tp*pp = {plan['dp']}*{plan['tp']}*{plan['pp']} = {product} "
+             f"does not match the world size {world} (number of processes)")
+    if args.heads % plan["tp"] or (4 * args.hidden) % plan["tp"]:
+        fail(f"tp {plan['tp']} must divide heads {args.heads} and 4*hidden {4 * args.hidden}")
+    if args.hidden % args.heads:
+        fail(f"heads {args.heads} must divide hidden {args.hidden}")
+    if plan["pp"] > args.layers:
+        fail(f"pp {plan['pp']} exceeds the number of layers {args.layers}")
+    plan["global_batch"] = gb
+    return plan
+
+
+def plan_name(plan):
+    s = "dp{dp}-tp{tp}-pp{pp}-mb{micro_batch}-ga{ga}-z{zero}".format(**plan)
+    s += {"none": "", "optimizer": "-offopt", "all": "-offall"}[plan["offload"]]
+    return s + ("-gc" if plan["gc"] else "")
+
+
+def stop_signal():
+    name = (os.environ.get("RUBICK_STOP_SIGNAL") or "SIGUSR1").strip().upper()
+    if name.isdigit():
+        return signal.Signals(int(name))
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        fail(f"RUBICK_STOP_SIGNAL={name!r} is not a signal")
+
+
+def set_parent_death_signal(sig=signal.SIGKILL):
+    """Die with the parent (torchrun starts workers in their own sessions, so a
+    kill of the launcher's process group would otherwise orphan them)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------
+# Built-in launcher: one process per local rank, same process group
+# ---------------------------------------------------------------------------
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def launch_workers(args):
+    n, nnodes = args.nproc_per_node, args.nnodes
+    if args.node_rank is None:
+        if nnodes > 1:
+            fail("--nnodes > 1 needs --node-rank (or RUBICK_NODE_RANK / NODE_RANK); "
+                 "or launch with torchrun --rdzv-backend=c10d")
+        args.node_rank = 0
+    if not 0 <= args.node_rank < nnodes:
+        fail(f"node rank {args.node_rank} is not in 0..{nnodes - 1}")
+    world = n * nnodes
+    resolve_plan(args, world)  # bad plans fail here once, with status 2
+    port = args.master_port or (free_port() if nnodes == 1 else 29500)
+    procs = []
+    stop_sig = stop_signal()
+
+    def forward(signum, _frame):
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+
+    for sig in {stop_sig, signal.SIGTERM, signal.SIGINT}:
+        signal.signal(sig, forward)
+    for local_rank in range(n):
+        env = dict(os.environ, RANK=str(args.node_rank * n + local_rank), LOCAL_RANK=str(local_rank),
+                   WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(n), GROUP_RANK=str(args.node_rank),
+                   MASTER_ADDR=args.master_addr, MASTER_PORT=str(port), RUBICK_WORKER="1")
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]],
+                                      env=env, preexec_fn=set_parent_death_signal))
+    codes = {}
+    failed_at = None
+    while len(codes) < len(procs):
+        for i, proc in enumerate(procs):
+            if i not in codes and proc.poll() is not None:
+                codes[i] = proc.returncode
+                if proc.returncode != 0 and failed_at is None:
+                    failed_at = time.monotonic()
+                    log(f"worker {i} exited with {proc.returncode}; stopping the others")
+                    for other in procs:
+                        if other.poll() is None:
+                            other.terminate()
+        if failed_at is not None and time.monotonic() - failed_at > 20:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        time.sleep(0.1)
+    values = list(codes.values())
+    for code in (EXIT_OOM, EXIT_BAD):
+        if code in values:
+            return code
+    bad = [c for c in values if c != 0]
+    if not bad:
+        return EXIT_OK
+    return 128 - bad[0] if bad[0] < 0 else bad[0]
+
+
+# ---------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------
+
+def build_model_classes():
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self, hidden, heads):
+            super().__init__()
+            self.head_dim = hidden // heads
+            self.q = nn.Linear(hidden, hidden)
+            self.k = nn.Linear(hidden, hidden)
+            self.v = nn.Linear(hidden, hidden)
+            self.o = nn.Linear(hidden, hidden)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            # -1 heads: with tensor parallelism each rank holds heads/tp of them
+            q, k, v = (lin(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+                       for lin in (self.q, self.k, self.v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+    class Mlp(nn.Module):
+        def __init__(self, hidden):
+            super().__init__()
+            self.fc1 = nn.Linear(hidden, 4 * hidden)
+            self.fc2 = nn.Linear(4 * hidden, hidden)
+
+        def forward(self, x):
+            return self.fc2(F.gelu(self.fc1(x)))
+
+    class Block(nn.Module):
+        def __init__(self, hidden, heads):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(hidden)
+            self.attn = Attention(hidden, heads)
+            self.ln2 = nn.LayerNorm(hidden)
+            self.mlp = Mlp(hidden)
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        """Decoder-only transformer.  A pipeline stage keeps only its blocks
+        (ModuleDict keys stay the global layer numbers, so parameter names are
+        the same at every plan) and the embeddings / head when first / last."""
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.tok_emb = nn.Embedding(cfg["vocab"], cfg["hidden"])
+            self.pos_emb = nn.Embedding(cfg["seq_len"], cfg["hidden"])
+            self.layers = nn.ModuleDict({str(i): Block(cfg["hidden"], cfg["heads"])
+                                         for i in range(cfg["layers"])})
+            self.ln_f = nn.LayerNorm(cfg["hidden"])
+            self.head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False)
+            self.checkpointing = False
+
+        def keep_stage(self, layer_ids, first, last):
+            for i in list(self.layers.keys()):
+                if int(i) not in layer_ids:
+                    del self.layers[i]
+            if not first:
+                self.tok_emb = None
+                self.pos_emb = None
+            if not last:
+                self.ln_f = None
+                self.head = None
+
+        def forward(self, x):
+            if self.tok_emb is not None:
+                pos = torch.arange(x.shape[1], device=x.device)
+                x = self.tok_emb(x) + self.pos_emb(pos)
+            for layer in self.layers.values():
+                if self.checkpointing and torch.is_grad_enabled():
+                    x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+                else:
+                    x = layer(x)
+            if self.head is not None:
+                x = self.head(self.ln_f(x))
+            return x
+
+    return GPT
+
+
+def synthetic_batch(seed, iteration, rows, seq_len, vocab):
+    """The global batch of one iteration: `rows` sequences of seq_len+1 tokens
+    following x[t+1] = 5*x[t]+3 mod vocab from a random start, 10% of the
+    tokens replaced by random ones.  Depends only on (seed, iteration), so
+    any plan sees the same data."""
+    import torch
+    g = torch.Generator().manual_seed(seed * 1_000_003 + iteration)
+    seq = torch.empty(rows, seq_len + 1, dtype=torch.long)
+    seq[:, 0] = torch.randint(vocab, (rows,), generator=g)
+    for t in range(1, seq_len + 1):
+        seq[:, t] = (seq[:, t - 1] * 5 + 3) % vocab
+    noise = torch.rand(rows, seq_len + 1, generator=g) < 0.1
+    seq[noise] = torch.randint(vocab, (int(noise.sum()),), generator=g)
+    return seq
+
+
+# ---------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------
+
+class Metrics:
+    def __init__(self, path):
+        self.path = path
+        self.file = open(path, "a", buffering=1) if path else sys.stdout
+
+    def write(self, obj):
+        self.file.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self.file.flush()
+
+
+def emit_oom(path):
+    """Any rank may run out of memory: it writes the event itself."""
+    line = json.dumps({"rubick": 1, "event": "oom"}, separators=(",", ":")) + "\n"
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, line.encode())
+        os.close(fd)
+    else:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def is_oom(exc):
+    import torch
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MARKERS)
+
+
+def peak_rss_gib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+# ---------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------
+
+class Trainer:
+    def __init__(self, args, plan):
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist = torch, dist
+        self.args, self.plan = args, plan
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        want_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        if want_cuda and not torch.cuda.is_available():
+            fail("--device cuda but torch.cuda.is_available() is false")
+        self.cuda = want_cuda
+        if self.cuda:
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+            cpus = args.cpus or len(os.sched_getaffinity(0))
+            torch.set_num_threads(max(1, cpus // self.local_world))
+        precision = args.precision
+        if precision == "auto":
+            precision = "bf16" if self.cuda else "fp32"
+        self.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+        self.metrics = Metrics(args.metrics) if self.rank == 0 else None
+
+        self._init_distributed()
+        self._build()
+
+    # -- process groups -----------------------------------------------------
+    def _init_distributed(self):
+        torch, dist = self.torch, self.dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from datetime import timedelta
+        backend = "cpu:gloo,cuda:nccl" if self.cuda else "gloo"
+        timeout = timedelta(seconds=float(os.environ.get("RUBICK_DIST_TIMEOUT_S", "900")))
+        if "MASTER_ADDR" in os.environ and self.world >= 1 and "WORLD_SIZE" in os.environ:
+            kwargs = {"device_id": self.device} if self.cuda else {}
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world,
+                                    timeout=timeout, **kwargs)
+        else:  # a plain single process: no rendezvous needed
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
+        p = self.plan
+        self.mesh = init_device_mesh(self.device.type, (p["pp"], p["dp"], p["tp"]),
+                                     mesh_dim_names=("pp", "dp", "tp"))
+        self.dp_mesh, self.tp_mesh, self.pp_mesh = self.mesh["dp"], self.mesh["tp"], self.mesh["pp"]
+        self.dp_rank = self.dp_mesh.get_local_rank()
+        self.tp_rank = self.tp_mesh.get_local_rank()
+        self.pp_rank = self.pp_mesh.get_local_rank()
+        self.flag_device = self.device
+
+    # -- model, parallelism, optimizer ------------------------------------
+    def _build(self):
+        torch, args, p = self.torch, self.args, self.plan
+        self.cfg = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
+                    "seq_len": args.seq_len, "vocab": args.vocab}
+        GPT = build_model_classes()
+        torch.manual_seed(args.seed)  # identical initial weights at any plan
+        model = GPT(self.cfg)
+        self.parameters_total = sum(t.numel() for t in model.parameters())
+        self.first = self.pp_rank == 0
+        self.last = self.pp_rank == p["pp"] - 1
+        if p["pp"] > 1:
+            bounds = [round(i * args.layers / p["pp"]) for i in range(p["pp"] + 1)]
+            model.keep_stage(set(range(bounds[self.pp_rank], bounds[self.pp_rank + 1])),
+                             self.first, self.last)
+        model.checkpointing = bool(p["gc"])
+        model.to(self.device)
+        self.module = model  # the unwrapped (but possibly sharded) module
+
+        tp, dp = p["tp"], p["dp"]
+        if tp > 1:
+            from torch.distributed.tensor.parallel import (
+                ColwiseParallel, RowwiseParallel, parallelize_module)
+            plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
+                    "attn.v": ColwiseParallel(), "attn.o": RowwiseParallel(),
+                    "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+            for layer in model.layers.values():
+                parallelize_module(layer, self.tp_mesh, plan)
+
+        offload = p["offload"] != "none"
+        # ZeRO-1 with TP: ZeroRedundancyOptimizer does not take DTensors, so it
+        # is run as FSDP2 without resharding (ZeRO-2, a superset of its saving).
+        self.fsdp = p["zero"] >= 2 or offload or (p["zero"] == 1 and tp > 1)
+        self.zero1 = p["zero"] == 1 and not self.fsdp
+        self.ddp = not self.fsdp and tp == 1 and p["pp"] == 1 and dp > 1
+        self.manual_sync = not self.fsdp and not self.ddp and dp > 1
+        if self.fsdp:
+            from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+            policy = CPUOffloadPolicy(pin_memory=self.cuda) if offload else OffloadPolicy()
+            kw = {"mesh": self.dp_mesh, "reshard_after_forward": p["zero"] == 3,
+                  "offload_policy": policy}
+            for layer in model.layers.values():
+                fully_shard(layer, **kw)
+            fully_shard(model, **kw)
+        self.model = model
+        if self.ddp:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            self.model = DDP(model, process_group=self.dp_mesh.get_group(),
+                             device_ids=[self.local_rank] if self.cuda else None)
+
+        params = [t for t in model.parameters()]
+        self.param_names = [n for n, _ in model.named_parameters()]
+        opt_kw = {"lr": args.lr, "betas": (0.9, 0.95), "weight_decay": 0.01}
+        if tp > 1 and not self.fsdp:
+            opt_kw["foreach"] = False  # mixed DTensor / Tensor parameters
+        if self.zero1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            self.optimizer = ZeroRedundancyOptimizer(
+                params, optimizer_class=torch.optim.AdamW,
+                process_group=self.dp_mesh.get_group(), **opt_kw)
+        else:
+            self.optimizer = torch.optim.AdamW(params, **opt_kw)
+
+        self.schedule = None
+        if p["pp"] > 1:
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+            kind = args.pp_schedule
+            if kind == "auto":
+                kind = "1f1b" if p["ga"] >= p["pp"] else "gpipe"
+            self.pp_schedule_name = kind
+            stage = PipelineStage(model, self.pp_rank, p["pp"], self.device,
+                                  group=self.pp_mesh.get_group())
+            cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
+            self.schedule = cls(stage, n_microbatches=p["ga"], loss_fn=self._loss)
+
+        if self.args.engine == "deepspeed":
+            self._init_deepspeed(params)
+
+        cap = args.max_memory_gib
+        if cap and self.cuda:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap * 2**30 / total), self.device)
+
+    def _init_deepspeed(self, params):
+        try:
+            import deepspeed
+        except ImportError:
+            fail("--engine deepspeed but deepspeed is not importable (RUBICK_VENV_DEEPSPEED=1)")
+        if self.plan["tp"] > 1 or self.plan["pp"] > 1:
+            fail("--engine deepspeed supports DP/ZeRO plans only (tp = pp = 1)")
+        path = os.environ.get("RUBICK_DEEPSPEED_CONFIG")
+        if not path or not os.path.exists(path):
+            fail("--engine deepspeed needs RUBICK_DEEPSPEED_CONFIG naming a JSON file")
+        with open(path) as f:
+            config = json.load(f)
+        self.module.checkpointing = bool(self.plan["gc"])
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=self.module, model_parameters=params, config=config,
+            optimizer=self.torch.optim.AdamW(params, lr=self.args.lr))
+        self.model = self.engine
+
+    def _loss(self, logits, targets):
+        F = self.torch.nn.functional
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    # -- one iteration ------------------------------------------------------
+    def _now(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _micro(self, batch, m):
+        p = self.plan
+        start = (m * p["dp"] + self.dp_rank) * p["micro_batch"]
+        rows = batch[start:start + p["micro_batch"]].to(self.device)
+        return rows[:, :-1], rows[:, 1:]
+
+    def _sync_context(self, last):
+        if self.ddp and not last:
+            return self.model.no_sync()
+        if self.fsdp:
+            self.model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+    def _allreduce_grads(self):
+        from torch.distributed.tensor import DTensor
+        group, dp = self.dp_mesh.get_group(), self.plan["dp"]
+        with self.torch.no_grad():
+            for t in self.module.parameters():
+                if t.grad is None:
+                    continue
+                g = t.grad.to_local() if isinstance(t.grad, DTensor) else t.grad
+                self.dist.all_reduce(g, group=group)
+                g.div_(dp)
+
+    def train_iteration(self, iteration):
+        torch, p = self.torch, self.plan
+        batch = synthetic_batch(self.args.seed, iteration, p["global_batch"],
+                                self.cfg["seq_len"], self.cfg["vocab"])
+        t_start = self._now()
+        fwd = bwd = 0.0
+        loss_sum = torch.zeros((), device=self.device)
+        has_loss = self.last
+        if self.schedule is not None:
+            micros = [self._micro(batch, m) for m in range(p["ga"])]
+            x = torch.cat([mx for mx, _ in micros])
+            y = torch.cat([my for _, my in micros])
+            losses = []
+            t0 = self._now()
+            with self._autocast():
+                if self.first and self.last:
+                    self.schedule.step(x, target=y, losses=losses)
+                elif self.first:
+                    self.schedule.step(x)
+                elif self.last:
+                    self.schedule.step(target=y, losses=losses)
+                else:
+                    self.schedule.step()
+            if losses:
+                loss_sum = torch.stack([l.detach().float() for l in losses]).mean()
+            bwd += self._now() - t0
+            fwd = None
+        elif self.args.engine == "deepspeed":
+            for m in range(p["ga"]):
+                x, y = self._micro(batch, m)
+                t0 = self._now()
+                loss = self._loss(self.engine(x), y)
+                t1 = self._now()
+                self.engine.backward(loss)
+                self.engine.step()  # applies the update at the GA boundary only
+                t2 = self._now()
+                fwd += t1 - t0
+                bwd += t2 - t1
+                loss_sum += loss.detach() / p["ga"]
+        else:
+            for m in range(p["ga"]):
+                x, y = self._micro(batch, m)
+                last = m == p["ga"] - 1
+                with self._sync_context(last):
+                    t0 = self._now()
+                    with self._autocast():
+                        loss = self._loss(self.model(x), y) / p["ga"]
+                    t1 = self._now()
+                    loss.backward()
+                    t2 = self._now()
+                fwd += t1 - t0
+                bwd += t2 - t1
+                loss_sum += loss.detach()
+        if self.manual_sync:
+            t0 = self._now()
+            self._allreduce_grads()
+            bwd += self._now() - t0
+        t0 = self._now()
+        if self.args.engine != "deepspeed":
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        t_end = self._now()
+        return {"iter_time_s": t_end - t_start, "forward_s": fwd, "backward_sync_s": bwd,
+                "optimizer_s": t_end - t0, "loss": float(loss_sum) if has_loss else None}
+
+    def peak_memory_gib(self):
+        if self.cuda:
+            return self.torch.cuda.max_memory_allocated(self.device) / 2**30
+        return peak_rss_gib()
+
+    def agree(self, loss, over_cap):
+        """All ranks learn whether any got the stop signal or is over the
+        memory cap, and the mean loss (one small all-reduce per iteration)."""
+        counted = loss is not None and self.tp_rank == 0
+        t = self.torch.tensor([float(STOP_REQUESTED[0]), float(over_cap),
+                               loss if counted else 0.0, float(counted)],
+                              dtype=self.torch.float64, device=self.flag_device)
+        self.dist.all_reduce(t)
+        stop, oom, loss_sum, n = t.tolist()
+        return stop > 0, oom > 0, (loss_sum / n if n else None)
+
+    # -- checkpoints ----------------------------------------------------------
+    def _ckpt_path(self):
+        return os.path.join(self.args.checkpoint_dir, CHECKPOINT_FILE)
+
+    def _full_state(self):
+        """Full (unsharded) model and optimizer state, keyed by parameter name,
+        complete on rank 0 (None elsewhere).  Collective."""
+        torch, dist = self.torch, self.dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        if self.zero1:
+            self.optimizer.consolidate_state_dict(to=0)
+            if self.rank != 0:
+                return None, None
+            sd = self.optimizer.state_dict()
+            names = self.param_names
+            optim = {"state": {names[i]: s for i, s in sd["state"].items()},
+                     "param_groups": [dict(g, params=[names[i] for i in g["params"]])
+                                      for g in sd["param_groups"]]}
+            model = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+            return model, optim
+        pp = self.plan["pp"] > 1
+        # With PP every stage gathers its own part (cpu_offload would keep it
+        # on global rank 0 only), then the stage leaders send theirs to rank 0.
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=not pp)
+        model, optim = get_state_dict(self.model if not pp else self.module, self.optimizer,
+                                      options=opts)
+        if not pp:
+            return (model, optim) if self.rank == 0 else (None, None)
+        to_cpu = lambda v: v.detach().cpu() if torch.is_tensor(v) else v  # noqa: E731
+        mine = None
+        if self.dp_rank == 0 and self.tp_rank == 0:
+            mine = ({k: to_cpu(v) for k, v in model.items()},
+                    {"state": {k: {n: to_cpu(v) for n, v in s.items()} for k, s in optim["state"].items()},
+                     "param_groups": optim["param_groups"]})
+        parts = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        if self.rank != 0:
+            return None, None
+        model, optim = {}, {"state": {}, "param_groups": None}
+        for part in filter(None, parts):
+            model.update(part[0])
+            optim["state"].update(part[1]["state"])
+            if optim["param_groups"] is None:
+                optim["param_groups"] = [dict(g, params=list(g["params"])) for g in part[1]["param_groups"]]
+            else:
+                for mine_g, g in zip(optim["param_groups"], part[1]["param_groups"]):
+                    mine_g["params"] += g["params"]
+        return model, optim
+
+    def save_checkpoint(self, iteration):
+        if not self.args.checkpoint_dir or self.args.engine == "deepspeed":
+            return False
+        model, optim = self._full_state()
+        if self.rank == 0:
+            os.makedirs(self.args.checkpoint_dir, exist_ok=True)
+            path = self._ckpt_path()
+            tmp = f"{path}.tmp.{os.getpid()}"
+            self.torch.save({"version": 1, "iteration": iteration, "model_config": self.cfg,
+                             "plan": plan_name(self.plan), "seed": self.args.seed,
+                             "model": model, "optim": optim}, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous one
+            dfd = os.open(self.args.checkpoint_dir, os.O_RDONLY)
+            os.fsync(dfd)
+            os.close(dfd)
+        self.dist.barrier()
+        if self.rank == 0:
+            self.metrics.write({"rubick": 1, "event": "checkpointed", "iter": iteration})
+        return True
+
+    def load_checkpoint(self):
+        """Resume from RUBICK_CHECKPOINT_DIR when it holds a checkpoint; returns
+        the iteration it was saved at (0 without one).  Every rank reads the
+        full state and keeps its part, so the plan may differ from the saved one."""
+        if not self.args.checkpoint_dir or self.args.engine == "deepspeed":
+            return 0
+        path = self._ckpt_path()
+        if not os.path.exists(path):
+            return 0
+        torch = self.torch
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+        if ck.get("model_config") != self.cfg:
+            fail(f"checkpoint {path} is of model {ck.get('model_config')}, not {self.cfg}")
+        names = set(self.param_names)
+        keys = set(self.module.state_dict().keys())
+        model = {k: v for k, v in ck["model"].items() if k in keys}
+        optim = ck["optim"]
+        if self.zero1:
+            index = {n: i for i, n in enumerate(self.param_names)}
+            sd = {"state": {index[n]: s for n, s in optim["state"].items() if n in index},
+                  "param_groups": [dict(g, params=[index[n] for n in g["params"] if n in index])
+                                   for g in optim["param_groups"]]}
+            self.module.load_state_dict(model)
+            self.optimizer.load_state_dict(sd)
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+            optim = {"state": {n: s for n, s in optim["state"].items() if n in names},
+                     "param_groups": [dict(g, params=[n for n in g["params"] if n in names])
+                                      for g in optim["param_groups"]]}
+            target = self.model if self.plan["pp"] == 1 else self.module
+            set_state_dict(target, self.optimizer, model_state_dict=model, optim_state_dict=optim,
+                           options=StateDictOptions(full_state_dict=True))
+        if self.rank == 0:
+            log(f"resumed from {path}: iteration {ck['iteration']} saved at plan {ck['plan']}")
+        return int(ck["iteration"])
+
+    # -- the run ---------------------------------------------------------------
+    def run(self):
+        args, p = self.args, self.plan
+        start = self.load_checkpoint()
+        end = start + args.iterations
+        if args.total_iterations is not None:
+            end = min(end, args.total_iterations)
+        if self.rank == 0:
+            mode = ("FSDP2" if self.fsdp else "DDP" if self.ddp else
+                    "ZeRO-1" if self.zero1 else "manual DP all-reduce" if self.manual_sync else "single")
+            if self.schedule is not None:
+                mode += f" + PP {self.pp_schedule_name}"
+            if p["tp"] > 1:
+                mode += " + TP"
+            log(f"plan {plan_name(p)} world {self.world} device {self.device} "
+                f"parameters {self.parameters_total} data-parallel {mode} "
+                f"iterations {start + 1}..{end}")
+        iteration = start
+        cap = args.max_memory_gib
+        while iteration < end:
+            iteration += 1
+            stats = self.train_iteration(iteration)
+            over_cap = bool(cap) and not self.cuda and peak_rss_gib() > cap
+            stop, oom, loss = self.agree(stats.pop("loss"), over_cap)
+            if oom:
+                if self.rank == 0:
+                    log(f"peak RSS above the cap of {cap} GiB: out of memory")
+                    self.metrics.write({"rubick": 1, "event": "oom"})
+                return EXIT_OOM
+            if self.rank == 0:
+                line = {"rubick": 1, "iter": iteration}
+                line.update({k: round(v, 6) for k, v in stats.items() if v is not None})
+                line["samples"] = p["global_batch"]
+                line["peak_memory_gib"] = round(self.peak_memory_gib(), 4)
+                if loss is not None and math.isfinite(loss):
+                    line["loss"] = round(loss, 5)
+                self.metrics.write(line)
+            if stop:
+                if self.rank == 0:
+                    log(f"stop signal: checkpointing at iteration {iteration}")
+                self.save_checkpoint(iteration)
+                return EXIT_OK
+            if args.checkpoint_every and iteration % args.checkpoint_every == 0 and iteration < end:
+                self.save_checkpoint(iteration)
+        if iteration > start and not args.no_final_checkpoint:
+            self.save_checkpoint(iteration)
+        return EXIT_OK
+
+
+def worker_main(args):
+    import torch  # noqa: F401  (imported here: the launcher path does not need it)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan = resolve_plan(args, world)
+    metrics_path = args.metrics
+    trainer = None
+    try:
+        trainer = Trainer(args, plan)
+        code = trainer.run()
+    except Exception as exc:  # noqa: BLE001
+        if not is_oom(exc):
+            raise
+        log(f"out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        emit_oom(metrics_path)
+        sys.stderr.flush()
+        os._exit(EXIT_OOM)  # peers may be blocked in a collective: no teardown
+    if code == EXIT_OOM:
+        sys.stdout.flush()
+        os._exit(EXIT_OOM)
+    with contextlib.suppress(Exception):
+        trainer.dist.destroy_process_group()
+    return code
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.iterations < 0:
+        fail("--iterations must be >= 0")
+    if "LOCAL_RANK" not in os.environ and args.nproc_per_node and (
+            args.nproc_per_node > 1 or args.nnodes > 1):
+        return launch_workers(args)
+    # Catch the stop signal before the slow `import torch`: its default action
+    # would kill the process.
+    signal.signal(stop_signal(), lambda _s, _f: STOP_REQUESTED.__setitem__(0, True))
+    if "LOCAL_RANK" in os.environ:
+        set_parent_death_signal()
+        if os.getppid() == 1:  # the launcher is already gone
+            fail("parent launcher exited")
+    return worker_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
