@@ -2,6 +2,8 @@
 //! speaks the job contract (RUBICK_* in, metric lines out) in a fraction of a second.
 //! What the real PyTorch workload adds is tested in `pytorch.rs`.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -95,14 +97,11 @@ fn a_profile_records_every_run_with_its_status_and_times() {
     let run = run_in(dir.path(), "rubick-profile", &profile_args("profile.csv", "configs.csv"));
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let csv = read(dir.path(), "profile.csv");
-    for col in ["job", "plan", "placement", "status", "repeat", "iterations", "iter_time_s", "iter_time_sd_s", "wall_s"] {
+    for col in ["job", "plan", "placement", "status", "repeat", "iterations", "iter_time_s", "iter_time_sd_s", "wall_s"]
+    {
         column(&csv, col);
     }
-    assert_eq!(
-        column(&csv, "status"),
-        ["oom", "ok", "ok", "ok"],
-        "sorted by plan: dp1 mb16 is out of memory: {csv}"
-    );
+    assert_eq!(column(&csv, "status"), ["oom", "ok", "ok", "ok"], "sorted by plan: dp1 mb16 is out of memory: {csv}");
     assert_eq!(column(&csv, "iterations"), ["", "5", "5", "5"]);
     // mb2 x ga8 = mb4 x ga4: 0.032 s (dp2: half); the measured 5 after the 2 warm-up ones.
     let t: Vec<f64> = column(&csv, "iter_time_s").iter().filter_map(|x| x.parse().ok()).collect();
@@ -173,7 +172,11 @@ fn a_killed_profile_keeps_its_finished_rows_leaves_no_worker_and_resumes() {
     assert_eq!(back.code, Some(0), "{}", back.stderr);
     assert_eq!(back.stdout.lines().count(), 2, "one finished row: {}", back.stdout);
     // Again, without the hang: only the two missing runs are made.
-    let again = run_in(dir.path(), "rubick-profile", &["-v", "run", "job.yaml", "--cluster", "cluster.yaml", "--configs", "three.csv", "-o", "p.parquet"]);
+    let again = run_in(
+        dir.path(),
+        "rubick-profile",
+        &["-v", "run", "job.yaml", "--cluster", "cluster.yaml", "--configs", "three.csv", "-o", "p.parquet"],
+    );
     assert_eq!(again.code, Some(0), "{}", again.stderr);
     assert!(again.stderr.contains("1 of 3 runs already measured"), "{}", again.stderr);
     let all = run_in(dir.path(), "rubick-profile", &["compare", "p.parquet", "p.parquet"]);
@@ -186,7 +189,18 @@ fn compare_passes_the_same_code_and_fails_a_slower_configuration() {
     setup(dir.path(), 60.0);
     let profile = |out: &str, slow: &str| {
         let o = Command::new(binary("rubick-profile"))
-            .args(["run", "job.yaml", "--cluster", "cluster.yaml", "--configs", "configs.csv", "--repeat", "2", "-o", out])
+            .args([
+                "run",
+                "job.yaml",
+                "--cluster",
+                "cluster.yaml",
+                "--configs",
+                "configs.csv",
+                "--repeat",
+                "2",
+                "-o",
+                out,
+            ])
             .current_dir(dir.path())
             .env("SLOW", slow)
             .output()
@@ -203,7 +217,11 @@ fn compare_passes_the_same_code_and_fails_a_slower_configuration() {
     assert!(slow.stdout.starts_with("<?xml") && slow.stdout.contains("<testsuite "), "{}", slow.stdout);
     assert!(slow.stdout.contains("failures=\"3\""), "three configurations measured, all slower: {}", slow.stdout);
     assert!(slow.stderr.contains("regressed"), "{}", slow.stderr);
-    let md = run_in(dir.path(), "rubick-profile", &["compare", "base.csv", "slow.csv", "--format", "markdown", "--max-regression", "40%"]);
+    let md = run_in(
+        dir.path(),
+        "rubick-profile",
+        &["compare", "base.csv", "slow.csv", "--format", "markdown", "--max-regression", "40%"],
+    );
     assert_eq!(md.code, Some(0), "30% slower is within a 40% threshold: {}", md.stdout);
     assert!(md.stdout.starts_with("| plan |"), "{}", md.stdout);
 }
@@ -217,7 +235,8 @@ fn a_job_without_a_launch_section_or_another_jobs_table_is_a_clear_error() {
     let run = run_in(dir.path(), "rubick-profile", &["run", "bare.yaml", "--cluster", "cluster.yaml", "-o", "p.csv"]);
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("bare.yaml") && run.stderr.contains("launch"), "{}", run.stderr);
-    std::fs::write(dir.path().join("other.csv"), "job,model,plan,placement\nother,tiny,dp1-tp1-pp1-mb4-ga4,1\n").unwrap();
+    std::fs::write(dir.path().join("other.csv"), "job,model,plan,placement\nother,tiny,dp1-tp1-pp1-mb4-ga4,1\n")
+        .unwrap();
     let run = run_in(dir.path(), "rubick-profile", &profile_args("other.csv", "configs.csv"));
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("`other`") && run.stderr.contains("--fresh"), "{}", run.stderr);

@@ -8,6 +8,8 @@
 //! runs). Without one they skip with the reason, unless `RUBICK_REQUIRE_PYTORCH=1` /
 //! `RUBICK_REQUIRE_SLURM=1` (CI sets both) makes the absence a failure.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;

@@ -14,9 +14,9 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use rubick_core::artifact::to_yaml;
 use rubick_core::fit::{Fit, FitOptions, Observation, fit};
-use rubick_core::tables::ProfileRow;
 use rubick_core::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
 use rubick_core::perfmodel::{FORM, Links, PARAMS, Params, predict};
+use rubick_core::tables::ProfileRow;
 use rubick_core::{Cluster, Job, ModelSpec, Placement, Plan};
 use rubick_io::cli::{LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::load_artifact;
@@ -244,7 +244,11 @@ pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow
         let what: Vec<String> = skipped.iter().map(|(s, n)| format!("{n} {s}")).collect();
         tracing::info!("{}: left out runs that did not measure: {}", path.display(), what.join(", "));
     }
-    anyhow::ensure!(!rows.is_empty(), "{}: no run measured its configuration (status ok); nothing to fit", path.display());
+    anyhow::ensure!(
+        !rows.is_empty(),
+        "{}: no run measured its configuration (status ok); nothing to fit",
+        path.display()
+    );
     Ok(rows)
 }
 

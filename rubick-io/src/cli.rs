@@ -125,7 +125,9 @@ pub fn progress_bar(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
         return None;
     }
     let bar = indicatif::ProgressBar::new(len);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(&format!("{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {what} {{msg}}")) {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&format!(
+        "{{elapsed_precise}} [{{bar:40}}] {{pos}}/{{len}} {what} {{msg}}"
+    )) {
         bar.set_style(style);
     }
     Some(bar)

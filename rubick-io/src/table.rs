@@ -153,17 +153,29 @@ pub fn rows_of<T: serde::de::DeserializeOwned>(
             vec![Value::Null; df.height()]
         } else {
             match spec.dtype {
-                ColumnType::Str => str_column(path, df, spec.name)?.into_iter().map(|v| v.map_or(Value::Null, Value::from)).collect(),
-                ColumnType::Float => f64_column(path, df, spec.name)?.into_iter().map(|v| v.map_or(Value::Null, Value::from)).collect(),
+                ColumnType::Str => {
+                    str_column(path, df, spec.name)?.into_iter().map(|v| v.map_or(Value::Null, Value::from)).collect()
+                }
+                ColumnType::Float => {
+                    f64_column(path, df, spec.name)?.into_iter().map(|v| v.map_or(Value::Null, Value::from)).collect()
+                }
                 ColumnType::Int => {
                     let column = df.column(spec.name).map_err(|e| IoError::table(path, e))?;
                     let cast = column.cast(&DataType::Int64).map_err(|e| IoError::table(path, e))?;
-                    cast.i64().map_err(|e| IoError::table(path, e))?.iter().map(|v| v.map_or(Value::Null, Value::from)).collect()
+                    cast.i64()
+                        .map_err(|e| IoError::table(path, e))?
+                        .iter()
+                        .map(|v| v.map_or(Value::Null, Value::from))
+                        .collect()
                 }
                 ColumnType::Bool => {
                     let column = df.column(spec.name).map_err(|e| IoError::table(path, e))?;
                     let cast = column.cast(&DataType::Boolean).map_err(|e| IoError::table(path, e))?;
-                    cast.bool().map_err(|e| IoError::table(path, e))?.iter().map(|v| v.map_or(Value::Null, Value::from)).collect()
+                    cast.bool()
+                        .map_err(|e| IoError::table(path, e))?
+                        .iter()
+                        .map(|v| v.map_or(Value::Null, Value::from))
+                        .collect()
                 }
             }
         };
@@ -174,8 +186,7 @@ pub fn rows_of<T: serde::de::DeserializeOwned>(
     rows.into_iter()
         .enumerate()
         .map(|(i, row)| {
-            serde_json::from_value(Value::Object(row))
-                .map_err(|e| IoError::table(path, format!("line {}: {e}", i + 2)))
+            serde_json::from_value(Value::Object(row)).map_err(|e| IoError::table(path, format!("line {}: {e}", i + 2)))
         })
         .collect()
 }

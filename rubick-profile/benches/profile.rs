@@ -59,15 +59,17 @@ fn main() -> anyhow::Result<()> {
     let candidates: Vec<Candidate> =
         observations.iter().map(|o| Candidate { plan: o.plan, placement: o.placement.clone() }).collect();
     let chosen = select(&candidates, 4);
-    let (train, held): (Vec<_>, Vec<_>) =
-        observations.iter().enumerate().partition(|(i, _)| chosen.contains(i));
+    let (train, held): (Vec<_>, Vec<_>) = observations.iter().enumerate().partition(|(i, _)| chosen.contains(i));
     let train: Vec<Observation> = train.into_iter().map(|(_, o)| o.clone()).collect();
     let fitted = fit(&job.model, &train, &FitOptions::default()).map_err(|e| anyhow::anyhow!("fit: {e}"))?;
     let errors: Vec<f64> = held
         .iter()
         .map(|(_, o)| {
             let t = predict(&job.model, &o.plan, &o.placement, &o.links, &fitted.params).total;
-            eprintln!("bench profile: held out {} on {}: measured {:.4} s, predicted {t:.4} s", o.plan, o.placement, o.iter_time_s);
+            eprintln!(
+                "bench profile: held out {} on {}: measured {:.4} s, predicted {t:.4} s",
+                o.plan, o.placement, o.iter_time_s
+            );
             (t - o.iter_time_s).abs() / o.iter_time_s
         })
         .collect();

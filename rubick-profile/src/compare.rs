@@ -47,7 +47,10 @@ fn parse_fraction(text: &str) -> Result<f64, String> {
         Some(n) => (n, 0.01),
         None => (text, 1.0),
     };
-    let v: f64 = number.trim().parse().map_err(|_| format!("`{text}`: expected a percentage like 5% or a fraction like 0.05"))?;
+    let v: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}`: expected a percentage like 5% or a fraction like 0.05"))?;
     let v = v * scale;
     if !(0.0..1.0).contains(&v) {
         return Err(format!("`{text}`: must be at least 0% and below 100%"));
@@ -146,7 +149,8 @@ pub struct Comparison {
 
 /// Compares two profiles' rows configuration by configuration.
 pub fn compare(baseline: &[ProfileRow], new: &[ProfileRow], max_regression: f64, alpha: f64) -> Vec<Comparison> {
-    let mut by: BTreeMap<(String, String), (Vec<&ProfileRow>, Vec<&ProfileRow>)> = BTreeMap::new();
+    type Sides<'a> = (Vec<&'a ProfileRow>, Vec<&'a ProfileRow>);
+    let mut by: BTreeMap<(String, String), Sides<'_>> = BTreeMap::new();
     for r in baseline {
         by.entry((r.plan.clone(), r.placement.clone())).or_default().0.push(r);
     }
@@ -478,7 +482,10 @@ mod tests {
         let slightly = [row("a", 0, 1.02, 0.001)];
         assert_eq!(compare(&[row("a", 0, 1.0, 0.001)], &slightly, 0.05, 0.05)[0].verdict, Verdict::Ok);
         // One run each: the iterations' spread is the noise.
-        assert_eq!(compare(&[row("a", 0, 1.0, 0.01)], &[row("a", 0, 1.3, 0.01)], 0.05, 0.05)[0].verdict, Verdict::Regressed);
+        assert_eq!(
+            compare(&[row("a", 0, 1.0, 0.01)], &[row("a", 0, 1.3, 0.01)], 0.05, 0.05)[0].verdict,
+            Verdict::Regressed
+        );
     }
 
     #[test]

@@ -85,7 +85,8 @@ pub fn machine() -> anyhow::Result<Machine> {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .context("/proc/meminfo: no MemTotal")?;
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "localhost".into(), |h| h.trim().to_owned());
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "localhost".into(), |h| h.trim().to_owned());
     Ok(Machine { hostname, cpu_model, cpu_cores, host_memory_gib: kib / (1u64 << 20) as f64, no_gpu_reason, gpus })
 }
 
@@ -196,7 +197,8 @@ impl Sampler {
                         a.util += f64::from(u.gpu);
                         a.peak_mem = a.peak_mem.max(m.used as f64 / GIB);
                         a.power += device.power_usage().map_or(0.0, |mw| f64::from(mw) / 1000.0);
-                        a.sm += device.clock_info(nvml_wrapper::enum_wrappers::device::Clock::SM).map_or(0.0, f64::from);
+                        a.sm +=
+                            device.clock_info(nvml_wrapper::enum_wrappers::device::Clock::SM).map_or(0.0, f64::from);
                     }
                 }
                 if !matches!(stopped.recv_timeout(period), Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
@@ -207,7 +209,9 @@ impl Sampler {
             if sampled.is_empty() {
                 return None;
             }
-            let mean = |f: fn(&Acc) -> f64| sampled.iter().map(|(_, a)| f(a) / f64::from(a.n)).sum::<f64>() / sampled.len() as f64;
+            let mean = |f: fn(&Acc) -> f64| {
+                sampled.iter().map(|(_, a)| f(a) / f64::from(a.n)).sum::<f64>() / sampled.len() as f64
+            };
             Some(GpuMetrics {
                 util_pct: mean(|a| a.util),
                 peak_memory_gib: sampled.iter().map(|(_, a)| a.peak_mem).fold(0.0, f64::max),

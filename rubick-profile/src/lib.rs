@@ -85,7 +85,9 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Devices { cluster_out } => {
             let machine = devices::machine()?;
             match &machine.no_gpu_reason {
-                Some(reason) => tracing::warn!("{reason}; the CPU: {} ({} cores)", machine.cpu_model, machine.cpu_cores),
+                Some(reason) => {
+                    tracing::warn!("{reason}; the CPU: {} ({} cores)", machine.cpu_model, machine.cpu_cores)
+                }
                 None => tracing::info!("{} GPU(s)", machine.gpus.len()),
             }
             let listing = serde_yaml_ng::to_string(&machine)?;

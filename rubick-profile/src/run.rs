@@ -279,7 +279,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
             if let Some(bar) = &bar {
                 bar.set_message(format!("{} running", planned.plan));
             }
-            tracing::info!("run {}: {} on {} (repeat {})", planned.index, planned.plan, planned.placement, planned.repeat);
+            tracing::info!(
+                "run {}: {} on {} (repeat {})",
+                planned.index,
+                planned.plan,
+                planned.placement,
+                planned.repeat
+            );
             start_run(
                 planned,
                 devices,
@@ -384,9 +390,11 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                 log: log.clone(),
                 clear_env: false,
             };
-            let sampler = ctx.nvml.as_ref().filter(|_| !devices.is_empty()).map(|nvml| {
-                Sampler::start(Arc::clone(nvml), devices.clone(), Duration::from_millis(200))
-            });
+            let sampler = ctx
+                .nvml
+                .as_ref()
+                .filter(|_| !devices.is_empty())
+                .map(|nvml| Sampler::start(Arc::clone(nvml), devices.clone(), Duration::from_millis(200)));
             let outcome = match ctx.backend {
                 Backend::Local => rubick_launch::run(&request),
                 Backend::Slurm => rubick_launch::slurm::run(
@@ -463,8 +471,10 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
     row.status = Some(status.as_str().into());
     if status == RunStatus::Ok {
         let field = |f: fn(&MetricLine) -> Option<f64>| mean(&lines.iter().copied().filter_map(f).collect::<Vec<_>>());
-        let times: Vec<f64> =
-            lines.iter().filter_map(|m| if let MetricLine::Iteration { iter_time_s, .. } = m { Some(*iter_time_s) } else { None }).collect();
+        let times: Vec<f64> = lines
+            .iter()
+            .filter_map(|m| if let MetricLine::Iteration { iter_time_s, .. } = m { Some(*iter_time_s) } else { None })
+            .collect();
         let t = mean(&times).unwrap_or(f64::NAN);
         let sd = if times.len() > 1 {
             (times.iter().map(|x| (x - t).powi(2)).sum::<f64>() / (times.len() - 1) as f64).sqrt()
@@ -477,9 +487,11 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
         row.forward_s = field(|m| if let MetricLine::Iteration { forward_s, .. } = m { *forward_s } else { None });
         row.backward_sync_s =
             field(|m| if let MetricLine::Iteration { backward_sync_s, .. } = m { *backward_sync_s } else { None });
-        row.optimizer_s = field(|m| if let MetricLine::Iteration { optimizer_s, .. } = m { *optimizer_s } else { None });
-        let samples = field(|m| if let MetricLine::Iteration { samples, .. } = m { samples.map(|s| s as f64) } else { None })
-            .unwrap_or(p.plan.global_batch() as f64);
+        row.optimizer_s =
+            field(|m| if let MetricLine::Iteration { optimizer_s, .. } = m { *optimizer_s } else { None });
+        let samples =
+            field(|m| if let MetricLine::Iteration { samples, .. } = m { samples.map(|s| s as f64) } else { None })
+                .unwrap_or(p.plan.global_batch() as f64);
         row.samples_per_s = Some(samples / t);
     }
     let reported_peak = outcome
