@@ -230,12 +230,13 @@ pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow
         let at = |what: &str| format!("{}: line {}: {what}", path.display(), i + 2);
         let plan: Plan = row.plan.parse().with_context(|| at("plan"))?;
         let placement: Placement = row.placement.parse().with_context(|| at("placement"))?;
-        if !row.measured() {
-            let status = row.status.clone().unwrap_or_else(|| "ok without iter_time_s".into());
-            *skipped.entry(status).or_default() += 1;
+        if let Some(status) = row.status.as_deref().filter(|s| *s != "ok") {
+            *skipped.entry(status.to_owned()).or_default() += 1;
             continue;
         }
-        let iter_time_s = row.iter_time_s.with_context(|| at("iter_time_s is empty"))?;
+        let iter_time_s = row.iter_time_s.with_context(|| {
+            at("iter_time_s: a measured run needs a positive, finite number of seconds (empty or not a number)")
+        })?;
         plan.check(&job.model, placement.gpus())
             .map_err(|v| anyhow::anyhow!("{}", at(&format!("plan `{plan}`: {v}"))))?;
         rows.push(Observation { plan, placement, links, iter_time_s });
