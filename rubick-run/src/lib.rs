@@ -1,21 +1,55 @@
 //! # rubick-run: launch and reconfigure training runs from a schedule
 //!
-//! Today: `check` validates `Schedule` files. Reconciling a schedule with running jobs
-//! (`apply`) on the local, Slurm and Kubernetes backends comes with its issue.
+//! * `submit` — queue jobs in a state directory;
+//! * `jobs` — the `JobBatch` of the state (queued and running jobs, where they run,
+//!   iterations left) for `rubick-plan schedule --jobs -`;
+//! * `apply` — reconcile a schedule with what runs: start, reconfigure (stop signal,
+//!   checkpoint, relaunch under the new plan), preempt; idempotent and crash-safe;
+//! * `status` — what runs where and how fast (table, YAML, Prometheus text);
+//! * `stop` — stop a job for good; `check` — validate schedules.
+//!
+//! The reconcile decision is a pure function ([`reconcile`]); the state directory
+//! ([`state`]) is locked and rewritten atomically around every action; backends are
+//! behind one trait ([`backend`]).
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use rubick_core::artifact::{ApiVersion, Kind, to_yaml};
+use rubick_core::job::CurrentAllocation;
 use rubick_core::schedule::Schedule;
+use rubick_core::{Cluster, Job, JobBatch, Placement};
 use rubick_io::cli::{LogArgs, Outcome};
+use rubick_io::files::load_artifact;
+
+pub mod backend;
+pub mod reconcile;
+pub mod state;
+
+use backend::Backend;
+use reconcile::{Action, Allocation, StopReason};
+use state::{JobRecord, JobStatus, Reconfiguration, RunPhase, RunRecord, State, StateDir};
 
 const EXAMPLES: &str = "\
 Examples:
+  # Queue a job (its Job YAML has a launch section: see the README, \"The job contract\")
+  rubick-run submit examples/pytorch/job.yaml --state /var/lib/rubick
+
+  # One round, every minute from cron: the state's jobs, scheduled, applied
+  rubick-run jobs --state /var/lib/rubick \\
+    | rubick-plan schedule --cluster cluster.yaml --jobs - --current /var/lib/rubick/current.yaml \\
+    | rubick-run apply - --state /var/lib/rubick
+
+  # What runs where, and how fast (also --format yaml | prometheus)
+  rubick-run status --state /var/lib/rubick
+
   # Validate the schedule a round produced before applying it
   rubick-run check schedule.yaml";
 
-/// Launch and reconfigure training runs so that they follow a rubick schedule:
-/// locally, on Slurm or on Kubernetes.
+/// Launch and reconfigure training runs so that they follow a rubick schedule.
 #[derive(Debug, Parser)]
 #[command(name = "rubick-run", version, after_help = EXAMPLES)]
 pub struct Cli {
@@ -25,8 +59,81 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The state directory, shared by every command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StateArgs {
+    /// The state directory (created when absent)
+    #[arg(long, env = "RUBICK_STATE")]
+    pub state: PathBuf,
+    /// Seconds to wait for another rubick-run holding the state (a round in progress)
+    /// before giving up with exit 1
+    #[arg(long, default_value_t = 10.0)]
+    pub lock_wait: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFormat {
+    Table,
+    Yaml,
+    /// Prometheus text format (for node-exporter's textfile collector)
+    Prometheus,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Queue jobs (Job YAML with a launch section)
+    Submit {
+        #[arg(required = true)]
+        jobs: Vec<PathBuf>,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// The state's queued and running jobs as a JobBatch (stdout), for rubick-plan
+    Jobs {
+        #[command(flatten)]
+        state: StateArgs,
+        /// Where to write it (`-`: stdout)
+        #[arg(short, long, default_value = "-")]
+        output: PathBuf,
+    },
+    /// Make what runs follow a schedule: start, reconfigure, preempt; idempotent
+    ///
+    /// Jobs running with the schedule's plan on its GPUs and cores are left alone;
+    /// others are asked to checkpoint and exit (their stop signal; killed with their
+    /// whole process group after stopTimeoutS) and started again under the new plan,
+    /// resuming from their checkpoint; jobs not scheduled are stopped and queued. The
+    /// state is saved before and after every action: a rubick-run killed at any point
+    /// is repaired by the next apply. The schedule is refused (exit 2, nothing done)
+    /// when it names unknown jobs, gives a GPU twice, is for another cluster, or does
+    /// not fit the --cluster.
+    Apply {
+        /// The Schedule (YAML), `-` for stdin
+        schedule: PathBuf,
+        #[command(flatten)]
+        state: StateArgs,
+        /// Where runs execute
+        #[arg(long, default_value = "local", value_parser = backend_name)]
+        backend: String,
+        /// Check the schedule against this cluster (names, GPU indices)
+        #[arg(long)]
+        cluster: Option<PathBuf>,
+    },
+    /// What runs where, how far and how fast
+    Status {
+        #[command(flatten)]
+        state: StateArgs,
+        #[arg(long, value_enum, default_value_t = StatusFormat::Table)]
+        format: StatusFormat,
+        /// Where to write it (`-`: stdout)
+        #[arg(short, long, default_value = "-")]
+        output: PathBuf,
+    },
+    /// Stop a job for good (checkpoint and exit); no round starts it again
+    Stop {
+        job: String,
+        #[command(flatten)]
+        state: StateArgs,
+    },
     /// Validate Schedule files (YAML); exit 2 naming the first bad file and field
     Check {
         /// Schedule files, `-` for stdin
@@ -35,8 +142,553 @@ pub enum Command {
     },
 }
 
+fn backend_name(name: &str) -> Result<String, String> {
+    backend::backend(name).map(|_| name.to_owned()).ok_or_else(|| {
+        let known: Vec<&str> = backend::REGISTRY.iter().map(|(n, _)| *n).collect();
+        format!("`{name}`: known backends: {} (slurm and kubernetes are not built yet)", known.join(", "))
+    })
+}
+
+/// Kills this process with SIGKILL when `RUBICK_RUN_FAILPOINT` names `point`: how the
+/// tests prove that a rubick-run killed at any phase leaves a state the next one repairs.
+pub fn failpoint(point: &str) {
+    if std::env::var("RUBICK_RUN_FAILPOINT").is_ok_and(|p| p == point) {
+        let _ = std::process::Command::new("kill").args(["-s", "KILL", &std::process::id().to_string()]).status();
+        std::process::abort();
+    }
+}
+
+fn open(args: &StateArgs) -> anyhow::Result<Result<StateDir, String>> {
+    anyhow::ensure!(args.lock_wait.is_finite() && args.lock_wait >= 0.0, "--lock-wait: must be a number of seconds");
+    StateDir::open(&args.state, Duration::from_secs_f64(args.lock_wait))
+}
+
+macro_rules! locked {
+    ($args:expr) => {
+        match open($args)? {
+            Ok(dir) => dir,
+            Err(busy) => return Ok(Outcome::Negative(busy)),
+        }
+    };
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
+        Command::Submit { jobs, state } => submit(&jobs, &state),
+        Command::Jobs { state, output } => jobs(&state, &output),
+        Command::Apply { schedule, state, backend, cluster } => apply(&schedule, &state, &backend, cluster.as_deref()),
+        Command::Status { state, format, output } => status(&state, format, &output),
+        Command::Stop { job, state } => stop_job(&job, &state),
         Command::Check { files } => rubick_io::cli::check_command::<Schedule>(&files),
     }
+}
+
+fn submit(paths: &[PathBuf], args: &StateArgs) -> anyhow::Result<Outcome> {
+    rubick_io::cli::ensure_one_stdin(&paths.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
+    let mut jobs = Vec::new();
+    for path in paths {
+        let mut job: Job = load_artifact(path)?;
+        anyhow::ensure!(
+            job.launch.is_some(),
+            "{}: launch: missing (rubick-run starts a job through its launch section)",
+            path.display()
+        );
+        // Kept absolute: the state outlives the submitting directory.
+        if let Some(model) = &job.perf_model {
+            let base = path.parent().unwrap_or(Path::new("."));
+            let abs =
+                std::path::absolute(base.join(model)).with_context(|| format!("{}: perfModel", path.display()))?;
+            job.perf_model = Some(abs.display().to_string());
+        }
+        jobs.push(job);
+    }
+    let dir = locked!(args);
+    let mut state = dir.load()?;
+    for job in jobs {
+        if let Some(old) =
+            state.jobs.get(&job.name).filter(|r| matches!(r.status, JobStatus::Queued | JobStatus::Running))
+        {
+            bail!("job `{}` is already {:?} in {}; stop it first", job.name, old.status, dir.root.display());
+        }
+        tracing::info!("submitted `{}`", job.name);
+        state.jobs.insert(
+            job.name.clone(),
+            JobRecord {
+                job,
+                status: JobStatus::Queued,
+                run: None,
+                attempts: 0,
+                iterations_done: 0,
+                exit_code: None,
+                reconfigurations: Vec::new(),
+            },
+        );
+    }
+    dir.save(&state)?;
+    Ok(Outcome::Done)
+}
+
+/// Brings the records up to date with the backend: runs that ended, runs a killed
+/// rubick-run started but never recorded, stops it never finished.
+fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) {
+    for (name, rec) in &mut state.jobs {
+        let Some(run) = rec.run.clone() else { continue };
+        let attempt_dir = dir.attempt_dir(name, run.attempt);
+        let (last, _, _) = backend::progress(&attempt_dir);
+        rec.iterations_done = rec.iterations_done.max(last.unwrap_or(0));
+        match run.phase {
+            RunPhase::Starting => match backend.recover(&attempt_dir) {
+                Some(handle) => {
+                    tracing::warn!("`{name}`: adopting run {} started by an interrupted rubick-run", run.attempt);
+                    if let Some(r) = rec.run.as_mut() {
+                        r.handle = Some(handle);
+                        r.phase = RunPhase::Running;
+                    }
+                }
+                None if backend.exit_code(&attempt_dir).is_some() => ended(rec, backend, &attempt_dir),
+                None => {
+                    tracing::warn!(
+                        "`{name}`: run {} was never started (interrupted rubick-run); queued again",
+                        run.attempt
+                    );
+                    rec.run = None;
+                    rec.status = JobStatus::Queued;
+                }
+            },
+            RunPhase::Running => {
+                // Its exit code is written as its last act: ended, even if the wrapper lingers.
+                if backend.exit_code(&attempt_dir).is_some() || !run.handle.as_deref().is_some_and(|h| backend.alive(h))
+                {
+                    ended(rec, backend, &attempt_dir);
+                }
+            }
+            RunPhase::Stopping => {
+                tracing::warn!("`{name}`: finishing the stop an interrupted rubick-run began");
+                let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
+                if let Some(h) = &run.handle {
+                    let (secs, clean) = backend::stop(backend, h, launch.stop_signal, secs(launch.stop_timeout_s));
+                    record_stop(rec, &attempt_dir, &run, secs, clean);
+                }
+                rec.run = None;
+                rec.status = JobStatus::Queued;
+            }
+        }
+    }
+}
+
+fn default_launch() -> rubick_core::launch::Launch {
+    serde_yaml_ng::from_str("version: 1\ncommand: [true]\n").unwrap_or_else(|_| unreachable!("a valid literal"))
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+/// A run that ended on its own: finished (exit 0) or failed.
+fn ended(rec: &mut JobRecord, backend: &dyn Backend, attempt_dir: &Path) {
+    let code = backend.exit_code(attempt_dir);
+    rec.exit_code = code;
+    rec.status = if code == Some(0) { JobStatus::Finished } else { JobStatus::Failed };
+    tracing::info!("`{}` ended: {:?} (exit {code:?})", rec.job.name, rec.status);
+    rec.run = None;
+}
+
+fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunRecord, secs: f64, clean: bool) {
+    let (last, _, checkpointed) = backend::progress(attempt_dir);
+    rec.iterations_done = rec.iterations_done.max(last.unwrap_or(0));
+    rec.reconfigurations.push(Reconfiguration {
+        from: run.plan.to_string(),
+        to: None,
+        stop_s: secs,
+        clean,
+        checkpointed_iter: checkpointed,
+        first_iteration_s: None,
+    });
+}
+
+/// The schedule's desired allocations, checked: known jobs, no GPU given twice, the
+/// cluster's names and GPU indices when it is given, one node for the local backend.
+fn desired_of(
+    schedule: &Schedule,
+    path: &Path,
+    state: &State,
+    cluster: Option<&Cluster>,
+    backend: &dyn Backend,
+) -> anyhow::Result<BTreeMap<String, Allocation>> {
+    let at = |i: usize, what: &str| format!("{}: assignments[{i}].{what}", rubick_io::files::display(path));
+    if let Some(c) = cluster {
+        anyhow::ensure!(
+            schedule.cluster == c.name,
+            "{}: cluster: the schedule is for `{}`, not `{}`",
+            rubick_io::files::display(path),
+            schedule.cluster,
+            c.name
+        );
+    }
+    if let Some(known) = state.cluster.as_deref().filter(|c| *c != schedule.cluster) {
+        bail!(
+            "{}: cluster: the schedule is for `{}`, but this state runs cluster `{known}`",
+            rubick_io::files::display(path),
+            schedule.cluster
+        );
+    }
+    let mut desired = BTreeMap::new();
+    for (i, a) in schedule.assignments.iter().enumerate() {
+        let Some(rec) = state.jobs.get(&a.job) else {
+            bail!("{}: `{}` is not a job of this state (submit it first)", at(i, "job"), a.job);
+        };
+        let (Some(plan), false) = (a.plan, a.nodes.is_empty()) else { continue };
+        if matches!(rec.status, JobStatus::Finished | JobStatus::Failed | JobStatus::Stopped) {
+            tracing::warn!("`{}` is {:?}: its assignment is ignored", a.job, rec.status);
+            continue;
+        }
+        for (k, share) in a.nodes.iter().enumerate() {
+            if let Some(c) = cluster {
+                let group = c
+                    .node_groups
+                    .iter()
+                    .find(|g| {
+                        share
+                            .node
+                            .strip_prefix(&format!("{}-", g.name))
+                            .and_then(|n| n.parse::<u32>().ok())
+                            .is_some_and(|n| n < g.count)
+                    })
+                    .with_context(|| {
+                        at(i, &format!("nodes[{k}].node: `{}` is not a node of cluster `{}`", share.node, c.name))
+                    })?;
+                if let Some(g) = share.gpus.iter().find(|g| **g >= group.gpus_per_node) {
+                    bail!(
+                        "{}: GPU {g} is out of range (the node has {})",
+                        at(i, &format!("nodes[{k}].gpus")),
+                        group.gpus_per_node
+                    );
+                }
+                anyhow::ensure!(
+                    share.cpus <= group.cpu_cores,
+                    "{}: {} cores on a node of {}",
+                    at(i, &format!("nodes[{k}].cpus")),
+                    share.cpus,
+                    group.cpu_cores
+                );
+            }
+            let mut seen = share.gpus.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            anyhow::ensure!(
+                seen.len() == share.gpus.len(),
+                "{}: a GPU is listed twice",
+                at(i, &format!("nodes[{k}].gpus"))
+            );
+        }
+        if backend.name() == "local" && a.nodes.len() > 1 {
+            bail!("{}: {} nodes; the local backend runs a job on this one machine", at(i, "nodes"), a.nodes.len());
+        }
+        desired.insert(a.job.clone(), Allocation { plan, nodes: a.nodes.clone() });
+    }
+    if let Some((a, b, node, gpu)) = reconcile::shared_gpu(&desired) {
+        bail!("{}: GPU {gpu} of {node} is given to both `{a}` and `{b}`", rubick_io::files::display(path));
+    }
+    Ok(desired)
+}
+
+fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
+    let backend = backend::backend(backend_name).with_context(|| format!("--backend: unknown `{backend_name}`"))?;
+    let schedule: Schedule = load_artifact(path)?;
+    let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
+    let dir = locked!(args);
+    failpoint("locked");
+    let mut state = dir.load()?;
+    // Bad input is refused before anything is touched; then the records are brought up
+    // to date (a job may have finished since) and the schedule read against them.
+    desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
+    refresh(&dir, &mut state, backend.as_ref());
+    dir.save(&state)?;
+    let desired = desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
+    let actual: BTreeMap<String, Allocation> = state
+        .jobs
+        .iter()
+        .filter_map(|(n, r)| {
+            r.run.as_ref().filter(|run| run.phase == RunPhase::Running).map(|run| (n.clone(), run.allocation()))
+        })
+        .collect();
+    let actions = reconcile::reconcile(&desired, &actual);
+    let new_round = state.round != Some(schedule.round);
+    if new_round {
+        for rec in state.jobs.values_mut() {
+            if let Some(run) = rec
+                .run
+                .as_mut()
+                .filter(|_| !actions.iter().any(|a| matches!(a, Action::Stop { job, .. } if *job == rec.job.name)))
+            {
+                run.rounds_since_change += 1;
+            }
+        }
+    }
+    tracing::info!("round {}: {} action(s)", schedule.round, actions.len());
+    for action in &actions {
+        match action {
+            Action::Stop { job, reason } => {
+                let rec = state.jobs.get_mut(job).context("a running job has a record")?;
+                let Some(mut run) = rec.run.clone() else { continue };
+                run.phase = RunPhase::Stopping;
+                rec.run = Some(run.clone());
+                dir.save(&state)?;
+                failpoint("stop-recorded");
+                let rec = state.jobs.get_mut(job).context("record")?;
+                let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
+                let handle = run.handle.clone().unwrap_or_default();
+                let (secs, clean) =
+                    backend::stop(backend.as_ref(), &handle, launch.stop_signal, secs(launch.stop_timeout_s));
+                failpoint("stopped");
+                let attempt_dir = dir.attempt_dir(job, run.attempt);
+                record_stop(rec, &attempt_dir, &run, secs, clean);
+                rec.run = None;
+                rec.status = JobStatus::Queued;
+                eprintln!(
+                    "{job}: stopped ({}) in {secs:.1} s{}",
+                    if *reason == StopReason::Reconfigure { "to reconfigure" } else { "preempted" },
+                    if clean { "" } else { " (killed after stopTimeoutS)" }
+                );
+                dir.save(&state)?;
+            }
+            Action::Start { job, allocation } => {
+                let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
+                rec.attempts += 1;
+                let attempt = rec.attempts;
+                let run = RunRecord {
+                    plan: allocation.plan,
+                    nodes: allocation.nodes.clone(),
+                    attempt,
+                    phase: RunPhase::Starting,
+                    handle: None,
+                    started_unix_s: unix_now(),
+                    rounds_since_change: 0,
+                };
+                if let Some(last) = rec.reconfigurations.last_mut().filter(|r| r.to.is_none()) {
+                    last.to = Some(allocation.plan.to_string());
+                }
+                rec.run = Some(run);
+                rec.status = JobStatus::Running;
+                dir.save(&state)?;
+                failpoint("start-recorded");
+                let rec = state.jobs.get(job).context("record")?;
+                let launch = rec.job.launch.clone().context("a submitted job has a launch section")?;
+                let mut launch = launch;
+                let total = rec.job.iterations.to_string();
+                launch.env.entry("RUBICK_TOTAL_ITERATIONS".into()).or_insert_with(|| total.clone());
+                launch.env.entry("RUBICK_ITERATIONS".into()).or_insert(total);
+                let attempt_dir = dir.attempt_dir(job, attempt);
+                let checkpoints = dir.job_dir(job).join("checkpoints");
+                let spec = backend::StartSpec {
+                    job: &rec.job,
+                    launch: &launch,
+                    allocation,
+                    dir: &attempt_dir,
+                    checkpoint_dir: &checkpoints,
+                };
+                let handle = backend.start(&spec)?;
+                failpoint("spawned");
+                let rec = state.jobs.get_mut(job).context("record")?;
+                if let Some(run) = rec.run.as_mut() {
+                    run.handle = Some(handle.clone());
+                    run.phase = RunPhase::Running;
+                }
+                eprintln!(
+                    "{job}: started {} on {} (run {attempt}, process group {handle})",
+                    allocation.plan,
+                    where_(&allocation.nodes)
+                );
+                dir.save(&state)?;
+            }
+        }
+    }
+    state.round = Some(schedule.round);
+    state.cluster = Some(schedule.cluster.clone());
+    dir.save(&state)?;
+    state::write_durably(&dir.current_path(), to_yaml(&schedule).as_bytes())?;
+    failpoint("applied");
+    if actions.is_empty() {
+        tracing::info!("nothing to change");
+    }
+    Ok(Outcome::Done)
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn where_(nodes: &[rubick_core::schedule::NodeShare]) -> String {
+    nodes
+        .iter()
+        .map(|n| format!("{}:{}", n.node, n.gpus.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn jobs(args: &StateArgs, output: &Path) -> anyhow::Result<Outcome> {
+    let dir = locked!(args);
+    let mut state = dir.load()?;
+    let backend = backend::Local;
+    refresh(&dir, &mut state, &backend);
+    dir.save(&state)?;
+    let jobs: Vec<Job> = state
+        .jobs
+        .values()
+        .filter(|r| matches!(r.status, JobStatus::Queued | JobStatus::Running))
+        .map(|r| {
+            let mut job = r.job.clone();
+            job.kind = None;
+            job.api_version = None;
+            job.iterations = job.iterations.saturating_sub(r.iterations_done).max(1);
+            let costs: Vec<f64> = r
+                .reconfigurations
+                .iter()
+                .filter(|c| c.to.is_some())
+                .map(|c| c.stop_s + c.first_iteration_s.unwrap_or(0.0))
+                .collect();
+            if !costs.is_empty() {
+                job.restart_cost_s = Some(costs.iter().sum::<f64>() / costs.len() as f64);
+            }
+            job.current = r.run.as_ref().and_then(|run| {
+                Some(CurrentAllocation {
+                    plan: run.plan,
+                    placement: Placement::new(run.nodes.iter().map(|n| n.gpus.len() as u32).collect())?,
+                    nodes: run.nodes.iter().map(|n| n.node.clone()).collect(),
+                    cpus: Some(run.nodes.iter().map(|n| n.cpus).sum()),
+                    rounds_since_change: run.rounds_since_change,
+                })
+            });
+            job
+        })
+        .collect();
+    let batch = JobBatch { api_version: Some(ApiVersion::CURRENT), kind: Some(Kind::JobBatch), jobs };
+    rubick_io::write_output(output, to_yaml(&batch).as_bytes())?;
+    Ok(Outcome::Done)
+}
+
+fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
+    let dir = locked!(args);
+    let mut state = dir.load()?;
+    let backend = backend::Local;
+    refresh(&dir, &mut state, &backend);
+    let rec = state.jobs.get_mut(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
+    if let Some(mut run) = rec.run.clone() {
+        run.phase = RunPhase::Stopping;
+        rec.run = Some(run.clone());
+        dir.save(&state)?;
+        let rec = state.jobs.get_mut(job).context("record")?;
+        let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
+        let (secs, clean) = backend::stop(
+            &backend,
+            run.handle.as_deref().unwrap_or_default(),
+            launch.stop_signal,
+            secs(launch.stop_timeout_s),
+        );
+        record_stop(rec, &dir.attempt_dir(job, run.attempt), &run, secs, clean);
+        eprintln!("{job}: stopped in {secs:.1} s{}", if clean { "" } else { " (killed after stopTimeoutS)" });
+    }
+    let rec = state.jobs.get_mut(job).context("record")?;
+    rec.run = None;
+    if matches!(rec.status, JobStatus::Queued | JobStatus::Running) {
+        rec.status = JobStatus::Stopped;
+    }
+    dir.save(&state)?;
+    Ok(Outcome::Done)
+}
+
+fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Result<Outcome> {
+    let dir = locked!(args);
+    let mut state = dir.load()?;
+    let backend = backend::Local;
+    refresh(&dir, &mut state, &backend);
+    dir.save(&state)?;
+    let mut rows = Vec::new();
+    for (name, r) in &state.jobs {
+        let (last, mean, _) =
+            r.run.as_ref().map_or((None, None, None), |run| backend::progress(&dir.attempt_dir(name, run.attempt)));
+        rows.push((name, r, last, mean));
+    }
+    let text = match format {
+        StatusFormat::Yaml => serde_yaml_ng::to_string(&state)?,
+        StatusFormat::Table => {
+            let mut out = format!(
+                "{:<16} {:<9} {:<32} {:<14} {:>4} {:>11} {:>9} {:>8} {:>10}\n",
+                "job", "status", "plan", "where", "run", "iterations", "iter_s", "restarts", "reconfig_s"
+            );
+            for (name, r, _, mean) in &rows {
+                out.push_str(&format!(
+                    "{:<16} {:<9} {:<32} {:<14} {:>4} {:>11} {:>9} {:>8} {:>10.1}\n",
+                    name,
+                    format!("{:?}", r.status).to_lowercase(),
+                    r.run.as_ref().map_or("-".to_owned(), |run| run.plan.to_string()),
+                    r.run.as_ref().map_or("-".to_owned(), |run| where_(&run.nodes)),
+                    r.attempts,
+                    format!("{}/{}", r.iterations_done, r.job.iterations),
+                    mean.map_or("-".to_owned(), |m| format!("{m:.3}")),
+                    r.reconfigurations.len(),
+                    r.reconfigurations.iter().map(|c| c.stop_s).sum::<f64>()
+                ));
+            }
+            out
+        }
+        StatusFormat::Prometheus => {
+            let mut out = String::new();
+            let metric = |out: &mut String, name: &str, kind: &str, help: &str, values: &[(String, f64)]| {
+                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+                for (labels, v) in values {
+                    out.push_str(&format!("{name}{{{labels}}} {v}\n"));
+                }
+            };
+            let label = |name: &str, r: &JobRecord| {
+                let plan = r.run.as_ref().map_or("none".to_owned(), |run| run.plan.to_string());
+                format!("job=\"{}\",plan=\"{plan}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
+            };
+            let of = |f: &dyn Fn(&JobRecord, Option<f64>) -> f64| -> Vec<(String, f64)> {
+                rows.iter().map(|(n, r, _, mean)| (label(n, r), f(r, *mean))).collect()
+            };
+            metric(
+                &mut out,
+                "rubick_job_running",
+                "gauge",
+                "1 while the job runs",
+                &of(&|r, _| f64::from(u8::from(r.status == JobStatus::Running))),
+            );
+            metric(
+                &mut out,
+                "rubick_job_iterations_done",
+                "gauge",
+                "highest iteration reported",
+                &of(&|r, _| r.iterations_done as f64),
+            );
+            metric(
+                &mut out,
+                "rubick_job_runs_total",
+                "counter",
+                "runs started (first start and restarts)",
+                &of(&|r, _| f64::from(r.attempts)),
+            );
+            metric(
+                &mut out,
+                "rubick_job_reconfigure_seconds_total",
+                "counter",
+                "seconds spent stopping for reconfigurations and preemptions",
+                &of(&|r, _| r.reconfigurations.iter().map(|c| c.stop_s).sum()),
+            );
+            let measured: Vec<(String, f64)> = rows
+                .iter()
+                .filter_map(|(n, r, _, mean)| mean.map(|m| (label(n, r), r.job.model.global_batch as f64 / m)))
+                .collect();
+            metric(
+                &mut out,
+                "rubick_job_measured_samples_per_second",
+                "gauge",
+                "throughput of the last ten iterations",
+                &measured,
+            );
+            out
+        }
+    };
+    rubick_io::write_output(output, text.as_bytes())?;
+    Ok(Outcome::Done)
 }

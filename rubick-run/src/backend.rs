@@ -1,0 +1,219 @@
+//! Backends: where runs execute. One trait, one registry.
+//!
+//! * `local` — detached processes on this machine, each run in a process group of its
+//!   own under a small `sh` wrapper that records the group's id (its pid file) before
+//!   the job starts and the job's exit code after it ends, both written atomically in
+//!   the run's directory: a `rubick-run` killed between starting a run and recording it
+//!   finds it again from its pid file; `CUDA_VISIBLE_DEVICES` from the placement's GPU
+//!   indices; a log file per run.
+//!
+//! Slurm and Kubernetes backends for `apply` are not built yet (the Slurm launch used
+//! by `rubick-profile` lives in `rubick_launch::slurm`).
+
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rubick_core::Job;
+use rubick_core::launch::{Launch, LaunchContext, StopSignal};
+use rubick_launch::RunRequest;
+
+use crate::reconcile::Allocation;
+
+/// What a backend needs to start a run.
+#[derive(Debug)]
+pub struct StartSpec<'a> {
+    pub job: &'a Job,
+    pub launch: &'a Launch,
+    pub allocation: &'a Allocation,
+    /// This run's directory (log, metric lines, pid and exit files).
+    pub dir: &'a Path,
+    /// The job's checkpoints, kept across its runs.
+    pub checkpoint_dir: &'a Path,
+}
+
+/// A place runs execute.
+pub trait Backend: std::fmt::Debug {
+    fn name(&self) -> &'static str;
+    /// Starts a run; its handle.
+    fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String>;
+    /// Whether any process of the run is alive.
+    fn alive(&self, handle: &str) -> bool;
+    /// Sends `signal` to every process of the run.
+    fn signal(&self, handle: &str, signal: &str);
+    /// The handle of a run started in `dir` but maybe never recorded (crash recovery).
+    fn recover(&self, dir: &Path) -> Option<String>;
+    /// The run's exit code, once it ended on its own.
+    fn exit_code(&self, dir: &Path) -> Option<i32>;
+}
+
+/// Backends by name.
+pub const REGISTRY: [(&str, fn() -> Box<dyn Backend>); 1] = [("local", || Box::new(Local))];
+
+/// The backend called `name`.
+pub fn backend(name: &str) -> Option<Box<dyn Backend>> {
+    REGISTRY.iter().find(|(n, _)| *n == name).map(|(_, make)| make())
+}
+
+/// Asks a run to stop (the contract's stop signal), waits up to `timeout` for all its
+/// processes to exit, then kills what is left; `(seconds, exited cleanly)`.
+pub fn stop(backend: &dyn Backend, handle: &str, signal: StopSignal, timeout: Duration) -> (f64, bool) {
+    let start = Instant::now();
+    backend.signal(handle, signal.name().trim_start_matches("SIG"));
+    crate::failpoint("stop-signalled");
+    let clean = wait_gone(backend, handle, timeout);
+    if !clean {
+        backend.signal(handle, "KILL");
+        wait_gone(backend, handle, Duration::from_secs(10));
+    }
+    (start.elapsed().as_secs_f64(), clean)
+}
+
+fn wait_gone(backend: &dyn Backend, handle: &str, timeout: Duration) -> bool {
+    let start = Instant::now();
+    while backend.alive(handle) {
+        if start.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// Local processes.
+#[derive(Debug, Clone, Copy)]
+pub struct Local;
+
+const PID_FILE: &str = "pgid";
+const EXIT_FILE: &str = "exit-code";
+
+/// The wrapper: record the group id, run the job (the stop signals it traps reach the
+/// job with their default action, as the contract says), record the exit code.
+const WRAPPER: &str = r#"pidfile=$1; exitfile=$2; shift 2
+echo $$ > "$pidfile.tmp" && mv "$pidfile.tmp" "$pidfile"
+trap '' HUP
+trap true USR1 USR2 TERM INT
+"$@"
+code=$?
+echo "$code" > "$exitfile.tmp" && mv "$exitfile.tmp" "$exitfile""#;
+
+/// Non-zombie processes of process group `pgid` (from /proc).
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+            let fields: Vec<&str> =
+                stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+            fields.len() > 2 && fields[0] != "Z" && fields[2].parse::<u32>() == Ok(pgid)
+        })
+        .collect()
+}
+
+impl Backend for Local {
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
+        std::fs::create_dir_all(spec.dir).with_context(|| format!("{}: cannot create", spec.dir.display()))?;
+        std::fs::create_dir_all(spec.checkpoint_dir)
+            .with_context(|| format!("{}: cannot create", spec.checkpoint_dir.display()))?;
+        let a = spec.allocation;
+        let path = |name: &str| spec.dir.join(name).display().to_string();
+        let request = RunRequest {
+            launch: spec.launch,
+            context: LaunchContext {
+                job: spec.job.name.clone(),
+                plan: a.plan,
+                nodes: a.nodes.len() as u32,
+                gpus_per_node: a.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
+                cpus: a.nodes.iter().map(|n| n.cpus).sum(),
+                master_addr: "127.0.0.1".into(),
+                master_port: free_port(),
+                deepspeed_config: path("deepspeed.json"),
+                checkpoint_dir: spec.checkpoint_dir.display().to_string(),
+                metrics: path("metrics.jsonl"),
+                visible_devices: a.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default(),
+            },
+            log: spec.dir.join("log.txt"),
+            clear_env: false,
+        };
+        let prepared = rubick_launch::supervise::prepare(&request)?;
+        let log = std::fs::File::create(&request.log).with_context(|| request.log.display().to_string())?;
+        let log2 = log.try_clone()?;
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", WRAPPER, "rubick-run-job"])
+            .arg(spec.dir.join(PID_FILE))
+            .arg(spec.dir.join(EXIT_FILE))
+            .args(&prepared.argv)
+            .envs(&prepared.env)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .process_group(0);
+        if let Some(dir) = &prepared.workdir {
+            command.current_dir(dir);
+        }
+        let mut child = command.spawn().with_context(|| format!("cannot start the run of `{}`", spec.job.name))?;
+        let pgid = child.id();
+        // Reaped here while this rubick-run lives; by init once it has exited.
+        std::thread::spawn(move || child.wait());
+        Ok(pgid.to_string())
+    }
+
+    fn alive(&self, handle: &str) -> bool {
+        handle.parse().is_ok_and(|pgid| !group_members(pgid).is_empty())
+    }
+
+    fn signal(&self, handle: &str, signal: &str) {
+        let _ = Command::new("kill")
+            .args(["-s", signal, "--", &format!("-{handle}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    fn recover(&self, dir: &Path) -> Option<String> {
+        let pgid = std::fs::read_to_string(dir.join(PID_FILE)).ok()?.trim().to_owned();
+        self.alive(&pgid).then_some(pgid)
+    }
+
+    fn exit_code(&self, dir: &Path) -> Option<i32> {
+        std::fs::read_to_string(dir.join(EXIT_FILE)).ok()?.trim().parse().ok()
+    }
+}
+
+/// A TCP port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
+}
+
+/// The metric lines of a run so far: (last iteration, mean of the last ten iteration
+/// times, iteration of its last checkpoint).
+pub fn progress(dir: &Path) -> (Option<u64>, Option<f64>, Option<u64>) {
+    use rubick_core::launch::MetricLine;
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    let lines: Vec<MetricLine> = text.lines().filter_map(MetricLine::parse).collect();
+    let iters: Vec<(u64, f64)> = lines
+        .iter()
+        .filter_map(|m| {
+            if let MetricLine::Iteration { iter, iter_time_s, .. } = m { Some((*iter, *iter_time_s)) } else { None }
+        })
+        .collect();
+    let last = iters.last().map(|(i, _)| *i);
+    let recent: Vec<f64> = iters.iter().rev().take(10).map(|(_, t)| *t).collect();
+    let mean = (!recent.is_empty()).then(|| recent.iter().sum::<f64>() / recent.len() as f64);
+    let checkpointed = lines
+        .iter()
+        .filter_map(|m| match m {
+            MetricLine::Event { event, iter, .. } if event == "checkpointed" => *iter,
+            _ => None,
+        })
+        .next_back();
+    (last, mean, checkpointed)
+}

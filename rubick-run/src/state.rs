@@ -1,0 +1,240 @@
+//! The state directory: what was submitted, what runs where, what it cost.
+//!
+//! ```text
+//! DIR/state.yaml        every job: its spec, status, current run, restarts, reconfigurations
+//! DIR/current.yaml      the schedule as last applied (the planner's --current)
+//! DIR/lock              held by the one rubick-run that may act
+//! DIR/jobs/NAME/        checkpoints/ (kept across runs), attempt-N/ (log, metric lines,
+//!                       pid and exit-code files of each run)
+//! ```
+//!
+//! `state.yaml` is rewritten atomically (temporary file, fsync, rename) before and
+//! after every action, so a `rubick-run` killed at any point leaves a state that says
+//! what it was doing: a run `starting` (its process may or may not exist: its pid file
+//! decides), `running`, or `stopping` (stop it again).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rubick_core::schedule::NodeShare;
+use rubick_core::{Job, Plan};
+use serde::{Deserialize, Serialize};
+
+use crate::reconcile::Allocation;
+
+/// The state format this build reads and writes.
+pub const STATE_VERSION: u32 = 1;
+
+/// A job's lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobStatus {
+    /// Submitted or preempted: waits for a round to schedule it.
+    Queued,
+    Running,
+    /// Ran all its iterations (exited 0 on its own).
+    Finished,
+    /// Exited non-zero on its own.
+    Failed,
+    /// Stopped by `rubick-run stop`: no round schedules it again.
+    Stopped,
+}
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunPhase {
+    /// About to start (or started, not yet recorded: its pid file tells).
+    Starting,
+    Running,
+    /// Asked to stop (checkpoint and exit).
+    Stopping,
+}
+
+/// One run of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunRecord {
+    pub plan: Plan,
+    pub nodes: Vec<NodeShare>,
+    pub attempt: u32,
+    pub phase: RunPhase,
+    /// The backend's handle: the process group (local).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle: Option<String>,
+    /// Seconds since the Unix epoch when it was started.
+    pub started_unix_s: f64,
+    /// Rounds it has run unchanged.
+    #[serde(default)]
+    pub rounds_since_change: u32,
+}
+
+impl RunRecord {
+    pub fn allocation(&self) -> Allocation {
+        Allocation { plan: self.plan, nodes: self.nodes.clone() }
+    }
+}
+
+/// What one reconfiguration (or preemption) cost, measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Reconfiguration {
+    pub from: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Stop signal to the exit of the whole process group (checkpoint save + teardown).
+    pub stop_s: f64,
+    /// Whether it exited within `stopTimeoutS` (else its group was killed).
+    pub clean: bool,
+    /// Iteration of its checkpoint, when it reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointed_iter: Option<u64>,
+    /// Start of the new run to its first metric line (seen by a later round).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_iteration_s: Option<f64>,
+}
+
+/// A job the state knows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobRecord {
+    pub job: Job,
+    pub status: JobStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunRecord>,
+    /// Runs started so far.
+    #[serde(default)]
+    pub attempts: u32,
+    /// Highest iteration any of its runs reported.
+    #[serde(default)]
+    pub iterations_done: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reconfigurations: Vec<Reconfiguration>,
+}
+
+/// `state.yaml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct State {
+    pub version: u32,
+    /// Round of the schedule last applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u64>,
+    /// The cluster its schedules are for (set by the first apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    #[serde(default)]
+    pub jobs: BTreeMap<String, JobRecord>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State { version: STATE_VERSION, round: None, cluster: None, jobs: BTreeMap::new() }
+    }
+}
+
+/// An open state directory, locked for as long as it lives.
+#[derive(Debug)]
+pub struct StateDir {
+    pub root: PathBuf,
+    _lock: File,
+}
+
+impl StateDir {
+    /// Opens (creating) `root` and takes its lock, waiting up to `wait` for a round in
+    /// progress; then fails with a message saying so (the caller exits 1).
+    pub fn open(root: &Path, wait: Duration) -> anyhow::Result<Result<StateDir, String>> {
+        std::fs::create_dir_all(root)
+            .with_context(|| format!("{}: cannot create the state directory", root.display()))?;
+        let path = root.join("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("{}: cannot open", path.display()))?;
+        let start = Instant::now();
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if start.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Ok(Err(format!(
+                        "{}: another rubick-run holds it (a round in progress); waited {:.0} s, did nothing",
+                        path.display(),
+                        wait.as_secs_f64()
+                    )));
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(e).with_context(|| format!("{}: lock", path.display()));
+                }
+            }
+        }
+        Ok(Ok(StateDir { root: root.to_path_buf(), _lock: lock }))
+    }
+
+    pub fn state_path(&self) -> PathBuf {
+        self.root.join("state.yaml")
+    }
+
+    pub fn current_path(&self) -> PathBuf {
+        self.root.join("current.yaml")
+    }
+
+    pub fn job_dir(&self, job: &str) -> PathBuf {
+        self.root.join("jobs").join(job)
+    }
+
+    pub fn attempt_dir(&self, job: &str, attempt: u32) -> PathBuf {
+        self.job_dir(job).join(format!("attempt-{attempt}"))
+    }
+
+    /// The state (empty when there is none yet). A newer format is refused.
+    pub fn load(&self) -> anyhow::Result<State> {
+        let path = self.state_path();
+        if !path.exists() {
+            return Ok(State::default());
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+        #[derive(Deserialize)]
+        struct Version {
+            version: u32,
+        }
+        let version: Version =
+            serde_yaml_ng::from_str(&text).with_context(|| format!("{}: version", path.display()))?;
+        if version.version > STATE_VERSION {
+            bail!(
+                "{}: version: {} is newer than this rubick-run understands ({STATE_VERSION}); use a newer rubick-run",
+                path.display(),
+                version.version
+            );
+        }
+        serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a rubick-run state", path.display()))
+    }
+
+    /// Writes the state atomically and durably.
+    pub fn save(&self, state: &State) -> anyhow::Result<()> {
+        write_durably(&self.state_path(), serde_yaml_ng::to_string(state)?.as_bytes())
+    }
+}
+
+/// Temporary file in the same directory, fsync, rename, fsync of the directory.
+pub fn write_durably(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("{}: temporary file", dir.display()))?;
+    tmp.write_all(bytes).with_context(|| format!("{}: write", path.display()))?;
+    tmp.as_file().sync_all().with_context(|| format!("{}: fsync", path.display()))?;
+    tmp.persist(path).with_context(|| format!("{}: rename", path.display()))?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}

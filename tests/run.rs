@@ -1,0 +1,283 @@
+//! End-to-end tests of `rubick-run` on the local backend: rounds that start,
+//! reconfigure and preempt jobs; a `rubick-run apply` killed (SIGKILL) at every phase
+//! of a reconfiguration, then repaired by the next; idempotence; the lock; bad input.
+//! A stand-in workload (a shell script speaking the job contract: metric lines,
+//! checkpoint on SIGUSR1, resume from the checkpoint) keeps them fast; the PyTorch
+//! workload's rounds are in `run_pytorch.rs`.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rubick_tests::{binary, temp};
+
+const WORKLOAD: &str = r#"#!/bin/sh
+# A stand-in training job: resumes from its checkpoint, checkpoints and exits 0 on SIGUSR1.
+ckpt="$RUBICK_CHECKPOINT_DIR/iter"
+i=0
+[ -f "$ckpt" ] && i=$(cat "$ckpt")
+stop=0
+trap 'stop=1' USR1
+while [ "$i" -lt "${RUBICK_TOTAL_ITERATIONS:-100000}" ]; do
+  i=$((i + 1))
+  echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.05}" >> "$RUBICK_METRICS"
+  echo "$RUBICK_DP $CUDA_VISIBLE_DEVICES" > "$RUBICK_CHECKPOINT_DIR/../where"
+  sleep 0.05
+  if [ "$stop" = 1 ]; then
+    echo "$i" > "$ckpt.tmp" && mv "$ckpt.tmp" "$ckpt"
+    echo "{\"rubick\":1,\"event\":\"checkpointed\",\"iter\":$i}" >> "$RUBICK_METRICS"
+    exit 0
+  fi
+done
+echo "$i" > "$ckpt"
+"#;
+
+fn setup(dir: &Path, iterations: u64) {
+    std::fs::write(dir.join("work.sh"), WORKLOAD).unwrap();
+    for name in ["a", "b"] {
+        let job = format!(
+            "apiVersion: rubick/v1
+kind: Job
+name: {name}
+model: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}
+iterations: {iterations}
+request: {{ gpus: 1, plan: ga }}
+launch:
+  version: 1
+  command: [sh, {}]
+  stopTimeoutS: 10
+",
+            dir.join("work.sh").display()
+        );
+        std::fs::write(dir.join(format!("{name}.yaml")), job).unwrap();
+    }
+}
+
+/// A schedule: `(job, plan, gpus)` on node `local-0`.
+fn schedule(dir: &Path, file: &str, round: u64, jobs: &[(&str, &str, &[u32])]) {
+    let mut text =
+        format!("apiVersion: rubick/v1\nkind: Schedule\ncluster: box\nround: {round}\npolicy: test\nassignments:\n");
+    for (job, plan, gpus) in jobs {
+        text.push_str(&format!(
+            "  - {{ job: {job}, plan: {plan}, nodes: [{{ node: local-0, gpus: {gpus:?}, cpus: 1, hostMemoryGib: 1 }}], predictedThroughput: 1, change: started }}\n"
+        ));
+    }
+    text.push_str(
+        "totals: { gpusUsed: 0, gpusTotal: 4, cpusUsed: 0, hostMemoryGibUsed: 0, normalizedThroughput: 0 }\nobjective: 0\nsolver: { method: test, status: optimal }\n",
+    );
+    std::fs::write(dir.join(file), text).unwrap();
+}
+
+fn rr(dir: &Path, args: &[&str], failpoint: Option<&str>) -> (Option<i32>, String, String) {
+    let mut c = Command::new(binary("rubick-run"));
+    c.args(args).arg("--state").arg(dir.join("state")).current_dir(dir).env("NO_COLOR", "1");
+    if let Some(p) = failpoint {
+        c.env("RUBICK_RUN_FAILPOINT", p);
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let (code, out, err) = rr(dir, args, None);
+    assert_eq!(code, Some(0), "rubick-run {args:?}: {err}");
+    out
+}
+
+fn state(dir: &Path) -> serde_yaml_ng::Value {
+    serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("state/state.yaml")).unwrap()).unwrap()
+}
+
+fn last_iter(dir: &Path, job: &str, attempt: u64) -> u64 {
+    let path = dir.join(format!("state/jobs/{job}/attempt-{attempt}/metrics.jsonl"));
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split("\"iter\":").nth(1)?.split([',', '}']).next()?.parse().ok())
+        .filter(|_| true)
+        .max()
+        .unwrap_or(0)
+}
+
+fn first_iter(dir: &Path, job: &str, attempt: u64) -> Option<u64> {
+    let path = dir.join(format!("state/jobs/{job}/attempt-{attempt}/metrics.jsonl"));
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| l.split("\"iter\":").nth(1)?.split([',', '}']).next()?.parse().ok())
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Live processes running the stand-in for `dir` (by their command line).
+fn workers(dir: &Path) -> Vec<String> {
+    let needle = dir.join("work.sh").display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid = e.ok()?.file_name().to_str()?.parse::<u32>().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (!zombie && cmd.contains(&needle) && !cmd.contains("rubick-run-job")).then(|| format!("{pid} {cmd}"))
+        })
+        .collect()
+}
+
+#[test]
+fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml", "b.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]);
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("both jobs iterating", || last_iter(d, "a", 1) >= 3 && last_iter(d, "b", 1) >= 3);
+    // The same schedule again: nothing changes.
+    ok(d, &["apply", "r1.yaml"]);
+    assert_eq!(state(d)["jobs"]["a"]["attempts"].as_u64(), Some(1));
+    // Round 2: a to DP 2 on GPUs 0 and 1, b preempted.
+    schedule(d, "r2.yaml", 2, &[("a", "dp2-tp1-pp1-mb4-ga2", &[0, 1])]);
+    let (code, _, err) = rr(d, &["apply", "r2.yaml"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("a: stopped (to reconfigure)") && err.contains("b: stopped (preempted)"), "{err}");
+    let s = state(d);
+    assert_eq!(s["jobs"]["a"]["run"]["plan"].as_str(), Some("dp2-tp1-pp1-mb4-ga2"));
+    assert_eq!(s["jobs"]["b"]["status"].as_str(), Some("queued"));
+    let stopped_at = s["jobs"]["a"]["reconfigurations"][0]["checkpointedIter"].as_u64().unwrap();
+    wait_for("a's second run", || first_iter(d, "a", 2).is_some());
+    assert_eq!(first_iter(d, "a", 2), Some(stopped_at + 1), "resumed from its checkpoint, not from zero");
+    assert_eq!(std::fs::read_to_string(d.join("state/jobs/a/where")).unwrap().trim(), "2 0,1");
+    // The batch for the next round: a running on 2 GPUs, b queued, iterations left.
+    let batch = ok(d, &["jobs"]);
+    assert!(
+        batch.contains("kind: JobBatch") && batch.contains("current:") && batch.contains("restartCostS"),
+        "{batch}"
+    );
+    // Status in every format.
+    let table = ok(d, &["status"]);
+    assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("running")), "{table}");
+    let prom = ok(d, &["status", "--format", "prometheus"]);
+    assert!(prom.contains("rubick_job_running{job=\"a\",plan=\"dp2-tp1-pp1-mb4-ga2\"} 1"), "{prom}");
+    // Round 3: nothing scheduled; both stopped; no process left.
+    schedule(d, "r3.yaml", 3, &[]);
+    ok(d, &["apply", "r3.yaml"]);
+    assert!(workers(d).is_empty(), "{:?}", workers(d));
+    ok(d, &["stop", "b"]);
+    assert_eq!(state(d)["jobs"]["b"]["status"].as_str(), Some("stopped"));
+}
+
+#[test]
+fn an_apply_killed_at_any_phase_of_a_reconfiguration_is_repaired_by_the_next() {
+    for point in ["locked", "stop-recorded", "stop-signalled", "stopped", "start-recorded", "spawned", "applied"] {
+        let dir = temp();
+        let d = dir.path();
+        setup(d, 100_000);
+        ok(d, &["submit", "a.yaml"]);
+        schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+        ok(d, &["apply", "r1.yaml"]);
+        wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+        schedule(d, "r2.yaml", 2, &[("a", "dp2-tp1-pp1-mb4-ga2", &[0, 1])]);
+        let (code, _, err) = rr(d, &["apply", "r2.yaml"], Some(point));
+        assert_eq!(code, None, "{point}: killed by a signal: {err}");
+        // The next round converges: one run of a, at DP 2, nothing else alive.
+        let (code, _, err) = rr(d, &["apply", "r2.yaml"], None);
+        assert_eq!(code, Some(0), "{point}: {err}");
+        let s = state(d);
+        assert_eq!(s["jobs"]["a"]["run"]["plan"].as_str(), Some("dp2-tp1-pp1-mb4-ga2"), "{point}");
+        let attempt = s["jobs"]["a"]["run"]["attempt"].as_u64().unwrap();
+        wait_for("a's new run", || first_iter(d, "a", attempt).is_some());
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(workers(d).len(), 1, "{point}: exactly one run of a: {:?}", workers(d));
+        assert!(first_iter(d, "a", attempt).unwrap() > 1, "{point}: resumed, not restarted from zero");
+        // Idempotent from here.
+        ok(d, &["apply", "r2.yaml"]);
+        assert_eq!(state(d)["jobs"]["a"]["run"]["attempt"].as_u64(), Some(attempt), "{point}");
+        ok(d, &["stop", "a"]);
+        assert!(workers(d).is_empty(), "{point}: {:?}", workers(d));
+    }
+}
+
+#[test]
+fn a_finished_job_is_recorded_and_not_started_again() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 5);
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("a to finish", || d.join("state/jobs/a/attempt-1/exit-code").exists());
+    ok(d, &["apply", "r1.yaml"]);
+    let s = state(d);
+    assert_eq!(s["jobs"]["a"]["status"].as_str(), Some("finished"));
+    assert_eq!(s["jobs"]["a"]["attempts"].as_u64(), Some(1));
+    assert!(!ok(d, &["jobs"]).contains("name: a"));
+}
+
+#[test]
+fn bad_schedules_and_states_are_refused_before_anything_is_done() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 100);
+    ok(d, &["submit", "a.yaml", "b.yaml"]);
+    let cases: [(&str, &[(&str, &str, &[u32])], &str); 2] = [
+        ("unknown.yaml", &[("zz", "dp1-tp1-pp1-mb4-ga4", &[0])], "assignments[0].job"),
+        ("twice.yaml", &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[0])], "given to both"),
+    ];
+    for (file, jobs, expected) in cases {
+        schedule(d, file, 1, jobs);
+        let (code, _, err) = rr(d, &["apply", file], None);
+        assert_eq!(code, Some(2), "{file}: {err}");
+        assert!(err.contains(expected) && err.contains(file), "{file}: {err}");
+        assert!(!d.join("state/jobs").exists(), "{file}: something was started");
+    }
+    // Out of the cluster's range, or for another cluster.
+    std::fs::write(
+        d.join("cluster.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
+    )
+    .unwrap();
+    schedule(d, "range.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[7])]);
+    let (code, _, err) = rr(d, &["apply", "range.yaml", "--cluster", "cluster.yaml"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("assignments[0].nodes[0].gpus") && err.contains("GPU 7"), "{err}");
+    let other = std::fs::read_to_string(d.join("range.yaml")).unwrap().replace("cluster: box", "cluster: other");
+    std::fs::write(d.join("other.yaml"), other).unwrap();
+    let (code, _, err) = rr(d, &["apply", "other.yaml", "--cluster", "cluster.yaml"], None);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("cluster") && err.contains("`other`"), "{err}");
+    // A state from a newer rubick-run.
+    let text = std::fs::read_to_string(d.join("state/state.yaml")).unwrap().replace("version: 1", "version: 99");
+    std::fs::write(d.join("state/state.yaml"), text).unwrap();
+    let (code, _, err) = rr(d, &["status"], None);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("state.yaml") && err.contains("version: 99"), "{err}");
+}
+
+#[test]
+fn a_second_round_at_the_same_time_waits_then_does_nothing() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 100);
+    ok(d, &["submit", "a.yaml"]);
+    let lock = std::fs::File::options().write(true).open(d.join("state/lock")).unwrap();
+    lock.lock().unwrap();
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    let (code, _, err) = rr(d, &["apply", "r1.yaml", "--lock-wait", "0.5"], None);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("another rubick-run holds it"), "{err}");
+    assert!(!d.join("state/jobs").exists());
+    lock.unlock().unwrap();
+    ok(d, &["apply", "r1.yaml"]);
+    ok(d, &["stop", "a"]);
+}
