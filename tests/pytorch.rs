@@ -184,3 +184,109 @@ fn the_same_profile_runs_through_a_real_slurm() {
     check_profile(&std::fs::read_to_string(&out).unwrap(), &stderr);
     fit(dir.path(), &out);
 }
+
+/// `(iter, loss)` of a run's metric lines.
+fn losses(path: &Path) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(l).ok()?;
+            Some((v["iter"].as_u64()?, v["loss"].as_f64()?))
+        })
+        .collect()
+}
+
+/// Processes of the workload whose environment points into `dir`.
+fn workload_processes(dir: &Path) -> Vec<u32> {
+    let needle = dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid = e.ok()?.file_name().to_str()?.parse::<u32>().ok()?;
+            let cmd = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?).into_owned();
+            let env = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).ok()?).into_owned();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+            (!zombie && cmd.contains("train.py") && env.contains(&needle)).then_some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn rubick_run_starts_reconfigures_and_stops_the_pytorch_workload() {
+    let venv = match venv() {
+        Ok(v) => v,
+        Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
+    };
+    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = temp();
+    let d = dir.path();
+    let job = std::fs::read_to_string(repo().join("examples/pytorch/job.yaml")).unwrap();
+    for name in ["a", "b"] {
+        let text = job.replace("name: gpt-tiny\n", &format!("name: {name}\n")).replace("iterations: 200\n", "iterations: 5000\n");
+        assert!(text.contains(&format!("name: {name}\n")) && text.contains("iterations: 5000"), "{text}");
+        std::fs::write(d.join(format!("{name}.yaml")), text).unwrap();
+    }
+    let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let rr = |args: &[&str]| {
+        let out = Command::new(binary("rubick-run"))
+            .args(args)
+            .arg("--state")
+            .arg(d.join("state"))
+            .current_dir(repo())
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "rubick-run {args:?}: {err}");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+    };
+    let schedule = |round: u64, jobs: &[(&str, &str, &[u32])]| {
+        let mut text = format!("apiVersion: rubick/v1\nkind: Schedule\ncluster: box\nround: {round}\npolicy: test\nassignments:\n");
+        for (job, plan, gpus) in jobs {
+            text.push_str(&format!(
+                "  - {{ job: {job}, plan: {plan}, nodes: [{{ node: local-0, gpus: {gpus:?}, cpus: {}, hostMemoryGib: 4 }}], predictedThroughput: 1, change: started }}\n",
+                gpus.len()
+            ));
+        }
+        text.push_str("totals: { gpusUsed: 0, gpusTotal: 2, cpusUsed: 0, hostMemoryGibUsed: 0, normalizedThroughput: 0 }\nobjective: 0\nsolver: { method: test, status: optimal }\n");
+        let file = d.join(format!("round{round}.yaml"));
+        std::fs::write(&file, text).unwrap();
+        file.display().to_string()
+    };
+    let metrics = |job: &str, attempt: u32| d.join(format!("state/jobs/{job}/attempt-{attempt}/metrics.jsonl"));
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    rr(&["submit", d.join("a.yaml").to_str().unwrap(), d.join("b.yaml").to_str().unwrap()]);
+    // Round 1: two jobs, one worker slot each.
+    rr(&["apply", &schedule(1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])])]);
+    wait("a and b training", &|| losses(&metrics("a", 1)).len() >= 6 && !losses(&metrics("b", 1)).is_empty());
+    // Round 2: a to DP 2 on both slots (checkpoint, relaunch, resume); b preempted.
+    let (_, err) = rr(&["apply", &schedule(2, &[("a", "dp2-tp1-pp1-mb4-ga2", &[0, 1])])]);
+    assert!(err.contains("a: stopped (to reconfigure)") && err.contains("b: stopped (preempted)"), "{err}");
+    let before = losses(&metrics("a", 1));
+    let (stopped_iter, stopped_loss) = *before.last().unwrap();
+    wait("a's run at DP 2", &|| !losses(&metrics("a", 2)).is_empty());
+    let after = losses(&metrics("a", 2));
+    let (first_iter, first_loss) = after[0];
+    assert_eq!(first_iter, stopped_iter + 1, "the iteration counter continues from the checkpoint: {before:?} {after:?}");
+    let initial = before[0].1;
+    assert!(
+        (first_loss - stopped_loss).abs() < 0.5 * (initial - stopped_loss).abs(),
+        "the loss continues where it stopped ({stopped_loss} at {stopped_iter}), not from the start ({initial}): {first_loss}"
+    );
+    let (table, _) = rr(&["status"]);
+    assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("dp2-tp1-pp1-mb4-ga2")), "{table}");
+    // Round 3: b back on one slot, a down to one; then both stopped for good.
+    rr(&["apply", &schedule(3, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])])]);
+    wait("b resumed", &|| !losses(&metrics("b", 2)).is_empty());
+    assert!(losses(&metrics("b", 2))[0].0 > 1, "b resumed from its checkpoint");
+    rr(&["stop", "a"]);
+    rr(&["stop", "b"]);
+    assert!(workload_processes(d).is_empty(), "no workload process survives a stop: {:?}", workload_processes(d));
+}
