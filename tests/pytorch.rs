@@ -223,7 +223,9 @@ fn rubick_run_starts_reconfigures_and_stops_the_pytorch_workload() {
     let d = dir.path();
     let job = std::fs::read_to_string(repo().join("examples/pytorch/job.yaml")).unwrap();
     for name in ["a", "b"] {
-        let text = job.replace("name: gpt-tiny\n", &format!("name: {name}\n")).replace("iterations: 200\n", "iterations: 5000\n");
+        let text = job
+            .replace("name: gpt-tiny\n", &format!("name: {name}\n"))
+            .replace("iterations: 200\n", "iterations: 5000\n");
         assert!(text.contains(&format!("name: {name}\n")) && text.contains("iterations: 5000"), "{text}");
         std::fs::write(d.join(format!("{name}.yaml")), text).unwrap();
     }
@@ -242,7 +244,9 @@ fn rubick_run_starts_reconfigures_and_stops_the_pytorch_workload() {
         (String::from_utf8_lossy(&out.stdout).into_owned(), err)
     };
     let schedule = |round: u64, jobs: &[(&str, &str, &[u32])]| {
-        let mut text = format!("apiVersion: rubick/v1\nkind: Schedule\ncluster: box\nround: {round}\npolicy: test\nassignments:\n");
+        let mut text = format!(
+            "apiVersion: rubick/v1\nkind: Schedule\ncluster: box\nround: {round}\npolicy: test\nassignments:\n"
+        );
         for (job, plan, gpus) in jobs {
             text.push_str(&format!(
                 "  - {{ job: {job}, plan: {plan}, nodes: [{{ node: local-0, gpus: {gpus:?}, cpus: {}, hostMemoryGib: 4 }}], predictedThroughput: 1, change: started }}\n",
@@ -274,7 +278,11 @@ fn rubick_run_starts_reconfigures_and_stops_the_pytorch_workload() {
     wait("a's run at DP 2", &|| !losses(&metrics("a", 2)).is_empty());
     let after = losses(&metrics("a", 2));
     let (first_iter, first_loss) = after[0];
-    assert_eq!(first_iter, stopped_iter + 1, "the iteration counter continues from the checkpoint: {before:?} {after:?}");
+    assert_eq!(
+        first_iter,
+        stopped_iter + 1,
+        "the iteration counter continues from the checkpoint: {before:?} {after:?}"
+    );
     let initial = before[0].1;
     assert!(
         (first_loss - stopped_loss).abs() < 0.5 * (initial - stopped_loss).abs(),

@@ -99,17 +99,19 @@ trap true USR1 USR2 TERM INT
 code=$?
 echo "$code" > "$exitfile.tmp" && mv "$exitfile.tmp" "$exitfile""#;
 
-/// Non-zombie processes of process group `pgid` (from /proc).
+/// The state letter and process group of `pid` (from /proc/PID/stat).
+fn process_state(pid: u32) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(((*fields.first()?).to_owned(), fields.get(2)?.parse().ok()?))
+}
+
+/// Non-zombie processes of process group `pgid` (a scan of /proc).
 pub fn group_members(pgid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-            let fields: Vec<&str> =
-                stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
-            fields.len() > 2 && fields[0] != "Z" && fields[2].parse::<u32>() == Ok(pgid)
-        })
+        .filter(|pid| process_state(*pid).is_some_and(|(state, group)| state != "Z" && group == pgid))
         .collect()
 }
 
@@ -167,7 +169,11 @@ impl Backend for Local {
     }
 
     fn alive(&self, handle: &str) -> bool {
-        handle.parse().is_ok_and(|pgid| !group_members(pgid).is_empty())
+        let Ok(pgid) = handle.parse::<u32>() else { return false };
+        // The group's leader (the wrapper) lives as long as the job: one read. Only
+        // when it is gone are the other processes looked for (a scan of /proc).
+        process_state(pgid).is_some_and(|(state, group)| state != "Z" && group == pgid)
+            || !group_members(pgid).is_empty()
     }
 
     fn signal(&self, handle: &str, signal: &str) {

@@ -614,7 +614,7 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
         StatusFormat::Table => {
             let mut out = format!(
                 "{:<16} {:<9} {:<32} {:<14} {:>4} {:>11} {:>9} {:>8} {:>10}\n",
-                "job", "status", "plan", "where", "run", "iterations", "iter_s", "restarts", "reconfig_s"
+                "job", "status", "plan", "where", "run", "iterations", "iter_s", "stops", "stopping_s"
             );
             for (name, r, _, mean) in &rows {
                 out.push_str(&format!(

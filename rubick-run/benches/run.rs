@@ -1,0 +1,100 @@
+//! `make bench`, rubick-run's figures, on the local backend with a stand-in workload
+//! (a shell loop speaking the job contract: checkpoint on SIGUSR1, resume):
+//!
+//! * `apply_noop_ms`: an `apply` with nothing to change, 100 jobs running (median of 5);
+//! * `reconfigure_overhead_s`: the wall time of an `apply` that reconfigures one job,
+//!   beyond the workload's own stop (signal to exit, recorded by rubick-run) — state
+//!   writes, process-group checks, the relaunch (median of 5).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+const WORKLOAD: &str = r#"ckpt="$RUBICK_CHECKPOINT_DIR/iter"; i=0; [ -f "$ckpt" ] && i=$(cat "$ckpt")
+stop=0; trap 'stop=1' USR1
+while :; do i=$((i + 1)); echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.2}" >> "$RUBICK_METRICS"; sleep 0.2
+  if [ "$stop" = 1 ]; then echo "$i" > "$ckpt"; exit 0; fi; done"#;
+
+fn rr(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_rubick-run")).args(args).arg("--state").arg(dir.join("state")).output()?;
+    anyhow::ensure!(out.status.success(), "rubick-run {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn schedule(dir: &Path, round: u64, jobs: &[(String, &str, u32)]) -> anyhow::Result<String> {
+    let mut text =
+        format!("apiVersion: rubick/v1\nkind: Schedule\ncluster: bench\nround: {round}\npolicy: bench\nassignments:\n");
+    for (job, plan, gpu) in jobs {
+        text.push_str(&format!(
+            "  - {{ job: {job}, plan: {plan}, nodes: [{{ node: n-0, gpus: [{gpu}], cpus: 1, hostMemoryGib: 1 }}], predictedThroughput: 1, change: started }}\n"
+        ));
+    }
+    text.push_str("totals: { gpusUsed: 0, gpusTotal: 0, cpusUsed: 0, hostMemoryGibUsed: 0, normalizedThroughput: 0 }\nobjective: 0\nsolver: { method: bench, status: optimal }\n");
+    let path = dir.join(format!("round{round}.yaml"));
+    std::fs::write(&path, text)?;
+    Ok(path.display().to_string())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    std::fs::write(d.join("work.sh"), WORKLOAD)?;
+    let mut jobs = Vec::new();
+    let mut files = Vec::new();
+    for i in 0..100 {
+        let name = format!("j{i:03}");
+        let file = d.join(format!("{name}.yaml"));
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: rubick/v1\nkind: Job\nname: {name}\nmodel: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}\niterations: 1000000\nrequest: {{ gpus: 1, plan: ga }}\nlaunch: {{ version: 1, command: [sh, {}], stopTimeoutS: 10 }}\n",
+                d.join("work.sh").display()
+            ),
+        )?;
+        files.push(file.display().to_string());
+        jobs.push((name, "dp1-tp1-pp1-mb4-ga4", i));
+    }
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    rr(d, &args)?;
+    let round1 = schedule(d, 1, &jobs)?;
+    rr(d, &["apply", &round1])?;
+    let mut noop = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        rr(d, &["apply", &round1])?;
+        noop.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    println!("bench: apply_noop_ms {:.1} ms", median(noop));
+    // Reconfigure job j000 back and forth between two plans (same GPU), 5 times.
+    let mut overhead = Vec::new();
+    for k in 0..5u64 {
+        let plan = if k % 2 == 0 { "dp1-tp1-pp1-mb2-ga8" } else { "dp1-tp1-pp1-mb4-ga4" };
+        let mut next = jobs.clone();
+        next[0].1 = plan;
+        let path = schedule(d, 2 + k, &next)?;
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let start = Instant::now();
+        rr(d, &["apply", &path])?;
+        let wall = start.elapsed().as_secs_f64();
+        let state: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(d.join("state/state.yaml"))?)?;
+        let stops = state["jobs"]["j000"]["reconfigurations"].as_sequence().map_or(0, Vec::len);
+        let stop_s = state["jobs"]["j000"]["reconfigurations"][stops - 1]["stopS"].as_f64().unwrap_or(0.0);
+        overhead.push(wall - stop_s);
+    }
+    println!("bench: reconfigure_overhead_s {:.3} s", median(overhead));
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_rubick-run")).args(["status", "--state"]).arg(d.join("state")).output()?;
+    anyhow::ensure!(out.status.success());
+    for i in 0..100 {
+        rr(d, &["stop", &format!("j{i:03}")])?;
+    }
+    Ok(())
+}
