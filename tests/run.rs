@@ -56,6 +56,7 @@ launch:
 }
 
 /// A schedule: `(job, plan, gpus)` on node `local-0`.
+#[allow(clippy::type_complexity)]
 fn schedule(dir: &Path, file: &str, round: u64, jobs: &[(&str, &str, &[u32])]) {
     let mut text =
         format!("apiVersion: rubick/v1\nkind: Schedule\ncluster: box\nround: {round}\npolicy: test\nassignments:\n");
@@ -230,7 +231,8 @@ fn bad_schedules_and_states_are_refused_before_anything_is_done() {
     let d = dir.path();
     setup(d, 100);
     ok(d, &["submit", "a.yaml", "b.yaml"]);
-    let cases: [(&str, &[(&str, &str, &[u32])], &str); 2] = [
+    type Assignments<'a> = &'a [(&'a str, &'a str, &'a [u32])];
+    let cases: [(&str, Assignments<'_>, &str); 2] = [
         ("unknown.yaml", &[("zz", "dp1-tp1-pp1-mb4-ga4", &[0])], "assignments[0].job"),
         ("twice.yaml", &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[0])], "given to both"),
     ];
@@ -280,4 +282,59 @@ fn a_second_round_at_the_same_time_waits_then_does_nothing() {
     lock.unlock().unwrap();
     ok(d, &["apply", "r1.yaml"]);
     ok(d, &["stop", "a"]);
+}
+
+#[test]
+fn the_cron_loop_runs_rounds_unattended_until_every_job_finished() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 40);
+    // A third job, and a cluster of 2 worker slots: three jobs must share them.
+    let c = std::fs::read_to_string(d.join("b.yaml")).unwrap().replace("name: b", "name: c");
+    std::fs::write(d.join("c.yaml"), c).unwrap();
+    std::fs::write(
+        d.join("cluster.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
+    )
+    .unwrap();
+    ok(d, &["submit", "a.yaml", "b.yaml", "c.yaml"]);
+    let state_dir = d.join("state");
+    let round = || {
+        // rubick-run jobs | rubick-plan schedule --jobs - --current ... | rubick-run apply -
+        let script = format!(
+            "set -e; {run} jobs --state {s} | {plan} schedule --cluster {d}/cluster.yaml --jobs - {current} | {run} apply - --state {s}",
+            run = binary("rubick-run").display(),
+            plan = binary("rubick-plan").display(),
+            s = state_dir.display(),
+            d = d.display(),
+            current = if state_dir.join("current.yaml").exists() {
+                format!("--current {}", state_dir.join("current.yaml").display())
+            } else {
+                String::new()
+            },
+        );
+        let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let mut log = String::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let s = state(d);
+        let statuses: Vec<&str> =
+            ["a", "b", "c"].iter().map(|j| s["jobs"][*j]["status"].as_str().unwrap_or("")).collect();
+        if statuses.iter().all(|x| *x == "finished") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not finished: {statuses:?}\n{log}");
+        let (success, err) = round();
+        log.push_str(&err);
+        assert!(success, "a round failed: {err}");
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let s = state(d);
+    for job in ["a", "b", "c"] {
+        assert!(s["jobs"][job]["iterationsDone"].as_u64().unwrap() >= 40, "{job}: {s:?}");
+    }
+    assert!(log.contains("started"), "{log}");
+    assert!(workers(d).is_empty(), "{:?}", workers(d));
 }

@@ -49,8 +49,11 @@ pub trait Backend: std::fmt::Debug {
     fn exit_code(&self, dir: &Path) -> Option<i32>;
 }
 
+/// Makes a backend.
+pub type MakeBackend = fn() -> Box<dyn Backend>;
+
 /// Backends by name.
-pub const REGISTRY: [(&str, fn() -> Box<dyn Backend>); 1] = [("local", || Box::new(Local))];
+pub const REGISTRY: [(&str, MakeBackend); 1] = [("local", || Box::new(Local))];
 
 /// The backend called `name`.
 pub fn backend(name: &str) -> Option<Box<dyn Backend>> {

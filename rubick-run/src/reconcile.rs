@@ -103,10 +103,10 @@ pub fn shared_gpu<'a>(
     let mut owner: BTreeMap<(String, u32), &String> = BTreeMap::new();
     for (job, a) in allocations {
         for (node, gpu) in a.gpus() {
-            if let Some(first) = owner.insert((node.to_owned(), gpu), job) {
-                if first != job {
-                    return Some((first.clone(), job.clone(), node.to_owned(), gpu));
-                }
+            if let Some(first) = owner.insert((node.to_owned(), gpu), job)
+                && first != job
+            {
+                return Some((first.clone(), job.clone(), node.to_owned(), gpu));
             }
         }
     }
