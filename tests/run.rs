@@ -137,19 +137,35 @@ fn workers(dir: &Path) -> Vec<String> {
 
 #[test]
 fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
+    rounds("local");
+}
+
+#[test]
+fn the_same_rounds_run_through_a_real_slurm() {
+    if let Err(reason) = rubick_launch::slurm::available() {
+        assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    rounds("slurm");
+}
+
+/// Three rounds on `backend`: start two jobs; reconfigure one to DP 2 (it resumes from
+/// its checkpoint) and preempt the other; stop both; nothing left running.
+fn rounds(backend: &str) {
     let dir = temp();
     let d = dir.path();
     setup(d, 100_000);
     ok(d, &["submit", "a.yaml", "b.yaml"]);
     schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]);
-    ok(d, &["apply", "r1.yaml"]);
+    ok(d, &["apply", "r1.yaml", "--backend", backend]);
     wait_for("both jobs iterating", || last_iter(d, "a", 1) >= 3 && last_iter(d, "b", 1) >= 3);
     // The same schedule again: nothing changes.
-    ok(d, &["apply", "r1.yaml"]);
+    ok(d, &["apply", "r1.yaml", "--backend", backend]);
     assert_eq!(state(d)["jobs"]["a"]["attempts"].as_u64(), Some(1));
     // Round 2: a to DP 2 on GPUs 0 and 1, b preempted.
     schedule(d, "r2.yaml", 2, &[("a", "dp2-tp1-pp1-mb4-ga2", &[0, 1])]);
-    let (code, _, err) = rr(d, &["apply", "r2.yaml"], None);
+    let (code, _, err) = rr(d, &["apply", "r2.yaml", "--backend", backend], None);
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("a: stopped (to reconfigure)") && err.contains("b: stopped (preempted)"), "{err}");
     let s = state(d);
@@ -158,7 +174,16 @@ fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
     let stopped_at = s["jobs"]["a"]["reconfigurations"][0]["checkpointedIter"].as_u64().unwrap();
     wait_for("a's second run", || first_iter(d, "a", 2).is_some());
     assert_eq!(first_iter(d, "a", 2), Some(stopped_at + 1), "resumed from its checkpoint, not from zero");
-    assert_eq!(std::fs::read_to_string(d.join("state/jobs/a/where")).unwrap().trim(), "2 0,1");
+    let placed = std::fs::read_to_string(d.join("state/jobs/a/where")).unwrap();
+    if backend == "local" {
+        assert_eq!(placed.trim(), "2 0,1");
+    } else {
+        // Slurm picks the GPUs itself: two of them.
+        assert!(
+            placed.starts_with("2 ") && placed.trim().split_once(' ').is_some_and(|(_, g)| g.split(',').count() == 2),
+            "{placed}"
+        );
+    }
     // The batch for the next round: a running on 2 GPUs, b queued, iterations left.
     let batch = ok(d, &["jobs"]);
     assert!(
@@ -172,8 +197,8 @@ fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
     assert!(prom.contains("rubick_job_running{job=\"a\",plan=\"dp2-tp1-pp1-mb4-ga2\"} 1"), "{prom}");
     // Round 3: nothing scheduled; both stopped; no process left.
     schedule(d, "r3.yaml", 3, &[]);
-    ok(d, &["apply", "r3.yaml"]);
-    assert!(workers(d).is_empty(), "{:?}", workers(d));
+    ok(d, &["apply", "r3.yaml", "--backend", backend]);
+    wait_for("no process left", || workers(d).is_empty());
     ok(d, &["stop", "b"]);
     assert_eq!(state(d)["jobs"]["b"]["status"].as_str(), Some("stopped"));
 }

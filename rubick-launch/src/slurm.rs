@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 use crate::supervise::{Guard, LaunchError, Prepared, RunOutcome, RunRequest, collect, prepare};
 
 /// Resources of one sbatch job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SlurmResources {
     /// Only 1 is supported (see the module's limitations).
     pub nodes: u32,
@@ -63,6 +63,17 @@ pub struct SlurmResources {
     pub mem_mb: Option<u64>,
     /// none: the cluster's default partition.
     pub partition: Option<String>,
+    /// `--job-name` (sanitised); none: the job's name.
+    pub job_name: Option<String>,
+    /// Slurm's time limit in seconds; none: the launch's `timeoutS + stopTimeoutS`;
+    /// zero: none asked (the partition's default applies).
+    pub time_limit_s: Option<f64>,
+    /// `--requeue`: Slurm may requeue the job (preemption, node failure); the job
+    /// resumes from its checkpoint.
+    pub requeue: bool,
+    /// `--signal=B:SIG@N`: the launch's stop signal N seconds before Slurm ends the job
+    /// (its time limit, a preemption), so that it checkpoints first.
+    pub signal_before_end_s: Option<u64>,
 }
 
 impl Default for SlurmResources {
@@ -74,6 +85,10 @@ impl Default for SlurmResources {
             cpus_per_task: 1,
             mem_mb: None,
             partition: None,
+            job_name: None,
+            time_limit_s: None,
+            requeue: false,
+            signal_before_end_s: None,
         }
     }
 }
@@ -141,33 +156,7 @@ fn find_program(name: &str) -> Option<PathBuf> {
 /// it did. `wall` counts from the moment the job was seen running.
 pub fn run(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<RunOutcome, LaunchError> {
     let ctx = &request.context;
-    check_resources(resources)?;
-    let prepared = prepare(request)?;
-    let cwd = std::env::current_dir().map_err(|source| LaunchError::Io { path: ".".into(), source })?;
-    let log = cwd.join(&request.log);
-    // A fresh log, as the local backend's: a job that never starts leaves no stale one.
-    std::fs::File::create(&log).map_err(|source| LaunchError::Io { path: log.clone(), source })?;
-    let script_path = {
-        let mut name: OsString = log.clone().into_os_string();
-        name.push(".sbatch");
-        PathBuf::from(name)
-    };
-    let script = batch_script(&ctx.job, &prepared, resources, request.launch, &log, &cwd)?;
-    std::fs::write(&script_path, script).map_err(|source| LaunchError::Io { path: script_path.clone(), source })?;
-
-    let mut sbatch = Command::new("sbatch");
-    sbatch.arg("--parsable").arg(&script_path).stdin(Stdio::null());
-    if request.clear_env {
-        sbatch.env_clear();
-        for keep in KEPT_ENV {
-            if let Some(v) = std::env::var_os(keep) {
-                sbatch.env(keep, v);
-            }
-        }
-    }
-    let out = output(&mut sbatch, "sbatch")?;
-    let job = parse_job_id(&out)
-        .ok_or_else(|| LaunchError::Slurm(format!("sbatch: no job id in its output `{}`", out.trim())))?;
+    let (job, log, script_path) = submit_job(request, resources)?;
     let submitted = Instant::now();
     // From here on, a launcher killed by anything cancels the job.
     let guard = match Guard::arm(&["scancel", &job]) {
@@ -242,6 +231,81 @@ pub fn run(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<RunOu
     Ok(collect(Path::new(&ctx.metrics), &log, timed_out, exit_code, wall))
 }
 
+/// Submits the request as one Slurm job and returns its id, without waiting for it
+/// (a launcher that keeps jobs running across its own runs: `rubick-run`).
+pub fn submit(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<String, LaunchError> {
+    submit_job(request, resources).map(|(job, _, _)| job)
+}
+
+/// Writes the batch script and submits it: the job id, the log and the script paths.
+fn submit_job(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<(String, PathBuf, PathBuf), LaunchError> {
+    check_resources(resources)?;
+    let prepared = prepare(request)?;
+    let cwd = std::env::current_dir().map_err(|source| LaunchError::Io { path: ".".into(), source })?;
+    let log = cwd.join(&request.log);
+    // A fresh log, as the local backend's: a job that never starts leaves no stale one.
+    std::fs::File::create(&log).map_err(|source| LaunchError::Io { path: log.clone(), source })?;
+    let script_path = {
+        let mut name: OsString = log.clone().into_os_string();
+        name.push(".sbatch");
+        PathBuf::from(name)
+    };
+    let script = batch_script(&request.context.job, &prepared, resources, request.launch, &log, &cwd)?;
+    std::fs::write(&script_path, script).map_err(|source| LaunchError::Io { path: script_path.clone(), source })?;
+    let mut sbatch = Command::new("sbatch");
+    sbatch.arg("--parsable").arg(&script_path).stdin(Stdio::null());
+    if request.clear_env {
+        sbatch.env_clear();
+        for keep in KEPT_ENV {
+            if let Some(v) = std::env::var_os(keep) {
+                sbatch.env(keep, v);
+            }
+        }
+    }
+    let out = output(&mut sbatch, "sbatch")?;
+    let job = parse_job_id(&out)
+        .ok_or_else(|| LaunchError::Slurm(format!("sbatch: no job id in its output `{}`", out.trim())))?;
+    Ok((job, log, script_path))
+}
+
+/// A job's state as Slurm says it (`RUNNING`, `PENDING`, `REQUEUED`, `COMPLETED`...)
+/// with its exit status when it has one; `None` when Slurm no longer knows the job.
+pub fn job_state(job: &str) -> Result<Option<(String, Option<i32>)>, LaunchError> {
+    let info = match query(job)? {
+        Some(info) => Some(info),
+        None => completion_log(job),
+    };
+    Ok(info.map(|i| {
+        let code = i.exit_code();
+        (i.state, code)
+    }))
+}
+
+/// Whether a state is final (the job will not run again).
+pub fn is_terminal(state: &str) -> bool {
+    TERMINAL.contains(&state)
+}
+
+/// Sends `signal` (e.g. `USR1`, `TERM`) to every process of the job.
+pub fn signal(job: &str, signal: &str) -> Result<(), LaunchError> {
+    scancel(job, &[&format!("--signal={signal}"), "--full"]).map(|_| ())
+}
+
+/// Cancels the job (Slurm kills what is left after its `KillWait`).
+pub fn cancel(job: &str) -> Result<(), LaunchError> {
+    scancel(job, &[]).map(|_| ())
+}
+
+/// The id of a job Slurm still knows by this name (as submitted: sanitised), if any.
+pub fn find_by_name(name: &str) -> Option<String> {
+    let out = Command::new("squeue")
+        .args(["-h", "-o", "%i", "-n", &sanitise_name(name)])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_owned)
+}
+
 fn check_resources(r: &SlurmResources) -> Result<(), LaunchError> {
     let bad = |what: &str| Err(LaunchError::Contract(format!("slurm: {what}")));
     match r {
@@ -289,7 +353,7 @@ fn batch_script(
         let _ = writeln!(s, "#SBATCH --{option}={}", directive_value(option, value)?);
         Ok(())
     };
-    directive("job-name", &sanitise_name(job_name))?;
+    directive("job-name", &sanitise_name(r.job_name.as_deref().unwrap_or(job_name)))?;
     directive("nodes", &r.nodes.to_string())?;
     directive("ntasks-per-node", &r.ntasks_per_node.to_string())?;
     directive("cpus-per-task", &r.cpus_per_task.to_string())?;
@@ -302,7 +366,14 @@ fn batch_script(
     if let Some(partition) = &r.partition {
         directive("partition", partition)?;
     }
-    directive("time", &time_limit_minutes(launch.timeout_s + launch.stop_timeout_s).to_string())?;
+    let limit = r.time_limit_s.unwrap_or(launch.timeout_s + launch.stop_timeout_s);
+    if limit.is_finite() && limit > 0.0 {
+        directive("time", &time_limit_minutes(limit).to_string())?;
+    }
+    if let Some(before) = r.signal_before_end_s {
+        let sig = launch.stop_signal.name().trim_start_matches("SIG");
+        directive("signal", &format!("B:{sig}@{before}"))?;
+    }
     let log = path_text(log, "the log")?;
     if log.contains('\\') {
         return Err(LaunchError::Contract(format!("slurm: the log path `{log}` holds a backslash")));
@@ -311,6 +382,9 @@ fn batch_script(
     directive("output", &log.replace('%', "%%"))?;
     if let Some(dir) = &prepared.workdir {
         directive("chdir", path_text(&cwd.join(dir), "the working directory")?)?;
+    }
+    if r.requeue {
+        s.push_str("#SBATCH --requeue\n");
     }
     s.push('\n');
     for (k, v) in &prepared.env {
@@ -757,6 +831,7 @@ echo "cpus=$SLURM_CPUS_PER_TASK gpus=$CUDA_VISIBLE_DEVICES plan=$RUBICK_PLAN job
             cpus_per_task: 3,
             mem_mb: Some(4096),
             partition: Some("gpu#1".into()),
+            ..SlurmResources::default()
         };
         let mut l = launch("true", 61.0);
         l.stop_timeout_s = 0.5;

@@ -25,11 +25,11 @@ use rubick_core::{Cluster, Job, JobBatch, Placement};
 use rubick_io::cli::{LogArgs, Outcome};
 use rubick_io::files::load_artifact;
 
-pub mod backend;
+pub mod backends;
 pub mod reconcile;
 pub mod state;
 
-use backend::Backend;
+use backends::Backend;
 use reconcile::{Action, Allocation, StopReason};
 use state::{JobRecord, JobStatus, Reconfiguration, RunPhase, RunRecord, State, StateDir};
 
@@ -143,9 +143,9 @@ pub enum Command {
 }
 
 fn backend_name(name: &str) -> Result<String, String> {
-    backend::backend(name).map(|_| name.to_owned()).ok_or_else(|| {
-        let known: Vec<&str> = backend::REGISTRY.iter().map(|(n, _)| *n).collect();
-        format!("`{name}`: known backends: {} (slurm and kubernetes are not built yet)", known.join(", "))
+    backends::backend(name).map(|_| name.to_owned()).ok_or_else(|| {
+        let known: Vec<&str> = backends::REGISTRY.iter().map(|(n, _)| *n).collect();
+        format!("`{name}`: known backends: {} (kubernetes is not built yet)", known.join(", "))
     })
 }
 
@@ -234,7 +234,7 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) {
     for (name, rec) in &mut state.jobs {
         let Some(run) = rec.run.clone() else { continue };
         let attempt_dir = dir.attempt_dir(name, run.attempt);
-        let (last, _, _) = backend::progress(&attempt_dir);
+        let (last, _, _) = backends::progress(&attempt_dir);
         rec.iterations_done = rec.iterations_done.max(last.unwrap_or(0));
         match run.phase {
             RunPhase::Starting => match backend.recover(&attempt_dir) {
@@ -245,7 +245,7 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) {
                         r.phase = RunPhase::Running;
                     }
                 }
-                None if backend.exit_code(&attempt_dir).is_some() => ended(rec, backend, &attempt_dir),
+                None if backend.exit_code(None, &attempt_dir).is_some() => ended(rec, backend, None, &attempt_dir),
                 None => {
                     tracing::warn!(
                         "`{name}`: run {} was never started (interrupted rubick-run); queued again",
@@ -257,16 +257,16 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) {
             },
             RunPhase::Running => {
                 // Its exit code is written as its last act: ended, even if the wrapper lingers.
-                if backend.exit_code(&attempt_dir).is_some() || !run.handle.as_deref().is_some_and(|h| backend.alive(h))
-                {
-                    ended(rec, backend, &attempt_dir);
+                let handle = run.handle.as_deref();
+                if backend.exit_code(handle, &attempt_dir).is_some() || !handle.is_some_and(|h| backend.alive(h)) {
+                    ended(rec, backend, handle, &attempt_dir);
                 }
             }
             RunPhase::Stopping => {
                 tracing::warn!("`{name}`: finishing the stop an interrupted rubick-run began");
                 let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
                 if let Some(h) = &run.handle {
-                    let (secs, clean) = backend::stop(backend, h, launch.stop_signal, secs(launch.stop_timeout_s));
+                    let (secs, clean) = backends::stop(backend, h, launch.stop_signal, secs(launch.stop_timeout_s));
                     record_stop(rec, &attempt_dir, &run, secs, clean);
                 }
                 rec.run = None;
@@ -285,8 +285,8 @@ fn secs(s: f64) -> Duration {
 }
 
 /// A run that ended on its own: finished (exit 0) or failed.
-fn ended(rec: &mut JobRecord, backend: &dyn Backend, attempt_dir: &Path) {
-    let code = backend.exit_code(attempt_dir);
+fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attempt_dir: &Path) {
+    let code = backend.exit_code(handle, attempt_dir);
     rec.exit_code = code;
     rec.status = if code == Some(0) { JobStatus::Finished } else { JobStatus::Failed };
     tracing::info!("`{}` ended: {:?} (exit {code:?})", rec.job.name, rec.status);
@@ -294,7 +294,7 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, attempt_dir: &Path) {
 }
 
 fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunRecord, secs: f64, clean: bool) {
-    let (last, _, checkpointed) = backend::progress(attempt_dir);
+    let (last, _, checkpointed) = backends::progress(attempt_dir);
     rec.iterations_done = rec.iterations_done.max(last.unwrap_or(0));
     rec.reconfigurations.push(Reconfiguration {
         from: run.plan.to_string(),
@@ -393,12 +393,17 @@ fn desired_of(
 }
 
 fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
-    let backend = backend::backend(backend_name).with_context(|| format!("--backend: unknown `{backend_name}`"))?;
+    let backend = backends::backend(backend_name).with_context(|| format!("--backend: unknown `{backend_name}`"))?;
     let schedule: Schedule = load_artifact(path)?;
     let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
     let dir = locked!(args);
     failpoint("locked");
     let mut state = dir.load()?;
+    if let Some(known) =
+        state.backend.as_deref().filter(|b| *b != backend_name && state.jobs.values().any(|r| r.run.is_some()))
+    {
+        bail!("--backend {backend_name}: the runs of {} are on backend `{known}`; stop them first", dir.root.display());
+    }
     // Bad input is refused before anything is touched; then the records are brought up
     // to date (a job may have finished since) and the schedule read against them.
     desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
@@ -439,7 +444,7 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                 let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
                 let handle = run.handle.clone().unwrap_or_default();
                 let (secs, clean) =
-                    backend::stop(backend.as_ref(), &handle, launch.stop_signal, secs(launch.stop_timeout_s));
+                    backends::stop(backend.as_ref(), &handle, launch.stop_signal, secs(launch.stop_timeout_s));
                 failpoint("stopped");
                 let attempt_dir = dir.attempt_dir(job, run.attempt);
                 record_stop(rec, &attempt_dir, &run, secs, clean);
@@ -480,7 +485,7 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                 launch.env.entry("RUBICK_ITERATIONS".into()).or_insert(total);
                 let attempt_dir = dir.attempt_dir(job, attempt);
                 let checkpoints = dir.job_dir(job).join("checkpoints");
-                let spec = backend::StartSpec {
+                let spec = backends::StartSpec {
                     job: &rec.job,
                     launch: &launch,
                     allocation,
@@ -505,6 +510,7 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
     }
     state.round = Some(schedule.round);
     state.cluster = Some(schedule.cluster.clone());
+    state.backend = Some(backend_name.to_owned());
     dir.save(&state)?;
     state::write_durably(&dir.current_path(), to_yaml(&schedule).as_bytes())?;
     failpoint("applied");
@@ -512,6 +518,12 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
         tracing::info!("nothing to change");
     }
     Ok(Outcome::Done)
+}
+
+/// The backend the state's runs are on (local until an apply says otherwise).
+fn state_backend(state: &State) -> anyhow::Result<Box<dyn Backend>> {
+    let name = state.backend.as_deref().unwrap_or("local");
+    backends::backend(name).with_context(|| format!("state: backend: `{name}` is not known to this rubick-run"))
 }
 
 fn unix_now() -> f64 {
@@ -529,8 +541,8 @@ fn where_(nodes: &[rubick_core::schedule::NodeShare]) -> String {
 fn jobs(args: &StateArgs, output: &Path) -> anyhow::Result<Outcome> {
     let dir = locked!(args);
     let mut state = dir.load()?;
-    let backend = backend::Local;
-    refresh(&dir, &mut state, &backend);
+    let backend = state_backend(&state)?;
+    refresh(&dir, &mut state, backend.as_ref());
     dir.save(&state)?;
     let jobs: Vec<Job> = state
         .jobs
@@ -570,8 +582,8 @@ fn jobs(args: &StateArgs, output: &Path) -> anyhow::Result<Outcome> {
 fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args);
     let mut state = dir.load()?;
-    let backend = backend::Local;
-    refresh(&dir, &mut state, &backend);
+    let backend = state_backend(&state)?;
+    refresh(&dir, &mut state, backend.as_ref());
     let rec = state.jobs.get_mut(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
     if let Some(mut run) = rec.run.clone() {
         run.phase = RunPhase::Stopping;
@@ -579,8 +591,8 @@ fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
         dir.save(&state)?;
         let rec = state.jobs.get_mut(job).context("record")?;
         let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
-        let (secs, clean) = backend::stop(
-            &backend,
+        let (secs, clean) = backends::stop(
+            backend.as_ref(),
             run.handle.as_deref().unwrap_or_default(),
             launch.stop_signal,
             secs(launch.stop_timeout_s),
@@ -600,13 +612,13 @@ fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
 fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Result<Outcome> {
     let dir = locked!(args);
     let mut state = dir.load()?;
-    let backend = backend::Local;
-    refresh(&dir, &mut state, &backend);
+    let backend = state_backend(&state)?;
+    refresh(&dir, &mut state, backend.as_ref());
     dir.save(&state)?;
     let mut rows = Vec::new();
     for (name, r) in &state.jobs {
         let (last, mean, _) =
-            r.run.as_ref().map_or((None, None, None), |run| backend::progress(&dir.attempt_dir(name, run.attempt)));
+            r.run.as_ref().map_or((None, None, None), |run| backends::progress(&dir.attempt_dir(name, run.attempt)));
         rows.push((name, r, last, mean));
     }
     let text = match format {

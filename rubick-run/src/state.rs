@@ -129,13 +129,16 @@ pub struct State {
     /// The cluster its schedules are for (set by the first apply).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// The backend its runs are on (set by apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
     #[serde(default)]
     pub jobs: BTreeMap<String, JobRecord>,
 }
 
 impl Default for State {
     fn default() -> Self {
-        State { version: STATE_VERSION, round: None, cluster: None, jobs: BTreeMap::new() }
+        State { version: STATE_VERSION, round: None, cluster: None, backend: None, jobs: BTreeMap::new() }
     }
 }
 

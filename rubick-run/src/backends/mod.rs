@@ -7,8 +7,9 @@
 //!   finds it again from its pid file; `CUDA_VISIBLE_DEVICES` from the placement's GPU
 //!   indices; a log file per run.
 //!
-//! Slurm and Kubernetes backends for `apply` are not built yet (the Slurm launch used
-//! by `rubick-profile` lives in `rubick_launch::slurm`).
+//! * `slurm` — one `sbatch` job per run ([`slurm`]).
+//!
+//! A Kubernetes backend is not built yet.
 
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -21,6 +22,8 @@ use rubick_core::launch::{Launch, LaunchContext, StopSignal};
 use rubick_launch::RunRequest;
 
 use crate::reconcile::Allocation;
+
+pub mod slurm;
 
 /// What a backend needs to start a run.
 #[derive(Debug)]
@@ -45,15 +48,15 @@ pub trait Backend: std::fmt::Debug {
     fn signal(&self, handle: &str, signal: &str);
     /// The handle of a run started in `dir` but maybe never recorded (crash recovery).
     fn recover(&self, dir: &Path) -> Option<String>;
-    /// The run's exit code, once it ended on its own.
-    fn exit_code(&self, dir: &Path) -> Option<i32>;
+    /// The run's exit code, once it ended.
+    fn exit_code(&self, handle: Option<&str>, dir: &Path) -> Option<i32>;
 }
 
 /// Makes a backend.
 pub type MakeBackend = fn() -> Box<dyn Backend>;
 
 /// Backends by name.
-pub const REGISTRY: [(&str, MakeBackend); 1] = [("local", || Box::new(Local))];
+pub const REGISTRY: [(&str, MakeBackend); 2] = [("local", || Box::new(Local)), ("slurm", || Box::new(slurm::Slurm))];
 
 /// The backend called `name`.
 pub fn backend(name: &str) -> Option<Box<dyn Backend>> {
@@ -192,13 +195,13 @@ impl Backend for Local {
         self.alive(&pgid).then_some(pgid)
     }
 
-    fn exit_code(&self, dir: &Path) -> Option<i32> {
+    fn exit_code(&self, _handle: Option<&str>, dir: &Path) -> Option<i32> {
         std::fs::read_to_string(dir.join(EXIT_FILE)).ok()?.trim().parse().ok()
     }
 }
 
 /// A TCP port nobody listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
 }
 

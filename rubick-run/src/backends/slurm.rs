@@ -1,0 +1,103 @@
+//! Slurm: each run one `sbatch` job (rubick-launch's batch script: resources as
+//! `#SBATCH` lines, every value single-quoted), named `rubick-JOB-ATTEMPT` so that a
+//! run submitted by a `rubick-run` killed before recording its id is found again,
+//! with `--requeue` (a preempted or failed node's job is requeued by Slurm and resumes
+//! from its checkpoint: REQUEUED and PENDING count as alive, not as failures) and
+//! `--signal=B:STOP@stopTimeoutS` (the stop signal before Slurm ends it). No time limit
+//! is asked: the partition's default applies. GPUs are Slurm's to pick (`--gres`): the
+//! schedule's GPU indices are not pinned.
+
+use std::path::Path;
+
+use rubick_core::launch::LaunchContext;
+use rubick_launch::RunRequest;
+use rubick_launch::slurm;
+
+use super::{Backend, StartSpec, free_port};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Slurm;
+
+/// The Slurm job name of a run, from its directory `.../jobs/JOB/attempt-N`.
+fn job_name(dir: &Path) -> Option<String> {
+    let attempt = dir.file_name()?.to_str()?.strip_prefix("attempt-")?;
+    let job = dir.parent()?.file_name()?.to_str()?;
+    Some(format!("rubick-{job}-{attempt}"))
+}
+
+impl Backend for Slurm {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
+        slurm::available().map_err(|reason| anyhow::anyhow!("--backend slurm: {reason}"))?;
+        std::fs::create_dir_all(spec.dir)?;
+        std::fs::create_dir_all(spec.checkpoint_dir)?;
+        let a = spec.allocation;
+        let path = |name: &str| spec.dir.join(name).display().to_string();
+        let request = RunRequest {
+            launch: spec.launch,
+            context: LaunchContext {
+                job: spec.job.name.clone(),
+                plan: a.plan,
+                nodes: a.nodes.len() as u32,
+                gpus_per_node: a.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
+                cpus: a.nodes.iter().map(|n| n.cpus).sum(),
+                master_addr: "127.0.0.1".into(),
+                master_port: free_port(),
+                deepspeed_config: path("deepspeed.json"),
+                checkpoint_dir: spec.checkpoint_dir.display().to_string(),
+                metrics: path("metrics.jsonl"),
+                // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation.
+                visible_devices: Vec::new(),
+            },
+            log: spec.dir.join("log.txt"),
+            clear_env: false,
+        };
+        let share = a.nodes.first();
+        let resources = slurm::SlurmResources {
+            nodes: a.nodes.len() as u32,
+            ntasks_per_node: 1,
+            gpus_per_node: share.map_or(0, |n| n.gpus.len() as u32),
+            cpus_per_task: share.map_or(1, |n| n.cpus.max(1)),
+            mem_mb: share.map(|n| (n.host_memory_gib * 1024.0).ceil() as u64).filter(|m| *m > 0),
+            job_name: job_name(spec.dir),
+            time_limit_s: Some(0.0),
+            requeue: true,
+            signal_before_end_s: Some(spec.launch.stop_timeout_s.ceil() as u64),
+            ..slurm::SlurmResources::default()
+        };
+        Ok(slurm::submit(&request, &resources)?)
+    }
+
+    fn alive(&self, handle: &str) -> bool {
+        match slurm::job_state(handle) {
+            Ok(Some((state, _))) => !slurm::is_terminal(&state),
+            Ok(None) => false,
+            // The controller does not answer: assume it still runs (never start it twice).
+            Err(e) => {
+                tracing::warn!("slurm job {handle}: {e}");
+                true
+            }
+        }
+    }
+
+    fn signal(&self, handle: &str, signal: &str) {
+        let result = if signal == "KILL" { slurm::cancel(handle) } else { slurm::signal(handle, signal) };
+        if let Err(e) = result {
+            tracing::warn!("slurm job {handle}: {e}");
+        }
+    }
+
+    fn recover(&self, dir: &Path) -> Option<String> {
+        slurm::find_by_name(&job_name(dir)?)
+    }
+
+    fn exit_code(&self, handle: Option<&str>, _dir: &Path) -> Option<i32> {
+        match slurm::job_state(handle?) {
+            Ok(Some((state, code))) if slurm::is_terminal(&state) => Some(code.unwrap_or(-1)),
+            _ => None,
+        }
+    }
+}
