@@ -363,3 +363,35 @@ fn the_cron_loop_runs_rounds_unattended_until_every_job_finished() {
     assert!(log.contains("started"), "{log}");
     assert!(workers(d).is_empty(), "{:?}", workers(d));
 }
+
+#[test]
+fn a_crashed_job_is_retried_within_its_budget_and_bad_arguments_are_permanent() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 100_000);
+    // A job that crashes (exit 9) at once, and one whose arguments are bad (exit 2).
+    for (name, code) in [("crash", 9), ("bad", 2)] {
+        let job =
+            std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("name: a", &format!("name: {name}")).replace(
+                &format!("command: [sh, {}]", d.join("work.sh").display()),
+                &format!("command: [sh, -c, \"exit {code}\"]"),
+            );
+        std::fs::write(d.join(format!("{name}.yaml")), job).unwrap();
+    }
+    ok(d, &["submit", "crash.yaml", "bad.yaml", "--retries", "1"]);
+    schedule(d, "r.yaml", 1, &[("crash", "dp1-tp1-pp1-mb4-ga4", &[0]), ("bad", "dp1-tp1-pp1-mb4-ga4", &[1])]);
+    ok(d, &["apply", "r.yaml"]);
+    wait_for("both exited", || {
+        d.join("state/jobs/crash/attempt-1/exit-code").exists() && d.join("state/jobs/bad/attempt-1/exit-code").exists()
+    });
+    ok(d, &["apply", "r.yaml"]);
+    let s = state(d);
+    assert_eq!(s["jobs"]["bad"]["status"].as_str(), Some("failed"), "exit 2 is permanent");
+    assert_eq!(s["jobs"]["crash"]["status"].as_str(), Some("running"), "retried once: {s:?}");
+    assert_eq!(s["jobs"]["crash"]["attempts"].as_u64(), Some(2));
+    wait_for("the retry exited", || d.join("state/jobs/crash/attempt-2/exit-code").exists());
+    ok(d, &["apply", "r.yaml"]);
+    let s = state(d);
+    assert_eq!(s["jobs"]["crash"]["status"].as_str(), Some("failed"), "budget spent: {s:?}");
+    assert_eq!(s["jobs"]["crash"]["exitCode"].as_i64(), Some(9));
+}

@@ -87,6 +87,11 @@ pub enum Command {
         jobs: Vec<PathBuf>,
         #[command(flatten)]
         state: StateArgs,
+        /// Restarts a job gets after it fails on its own with a retryable exit (killed
+        /// by a signal, a crash); bad arguments (exit 2) and out of memory (exit 3, the
+        /// `oom` event) are permanent
+        #[arg(long, default_value_t = 3)]
+        retries: u32,
     },
     /// The state's queued and running jobs as a JobBatch (stdout), for rubick-plan
     Jobs {
@@ -174,7 +179,7 @@ macro_rules! locked {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Submit { jobs, state } => submit(&jobs, &state),
+        Command::Submit { jobs, state, retries } => submit(&jobs, &state, retries),
         Command::Jobs { state, output } => jobs(&state, &output),
         Command::Apply { schedule, state, backend, cluster } => apply(&schedule, &state, &backend, cluster.as_deref()),
         Command::Status { state, format, output } => status(&state, format, &output),
@@ -183,7 +188,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     }
 }
 
-fn submit(paths: &[PathBuf], args: &StateArgs) -> anyhow::Result<Outcome> {
+fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32) -> anyhow::Result<Outcome> {
     rubick_io::cli::ensure_one_stdin(&paths.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
     let mut jobs = Vec::new();
     for path in paths {
@@ -221,6 +226,7 @@ fn submit(paths: &[PathBuf], args: &StateArgs) -> anyhow::Result<Outcome> {
                 iterations_done: 0,
                 exit_code: None,
                 reconfigurations: Vec::new(),
+                retries_left: retries,
             },
         );
     }
@@ -288,9 +294,49 @@ fn secs(s: f64) -> Duration {
 fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attempt_dir: &Path) {
     let code = backend.exit_code(handle, attempt_dir);
     rec.exit_code = code;
-    rec.status = if code == Some(0) { JobStatus::Finished } else { JobStatus::Failed };
-    tracing::info!("`{}` ended: {:?} (exit {code:?})", rec.job.name, rec.status);
+    let failure = classify(code, attempt_dir);
+    rec.status = match failure {
+        None => JobStatus::Finished,
+        Some(Failure::Retryable) if rec.retries_left > 0 => {
+            rec.retries_left -= 1;
+            tracing::warn!(
+                "`{}` failed (exit {code:?}): retryable, queued again ({} retries left)",
+                rec.job.name,
+                rec.retries_left
+            );
+            JobStatus::Queued
+        }
+        Some(_) => JobStatus::Failed,
+    };
+    tracing::info!("`{}` ended: {:?} (exit {code:?}, {failure:?})", rec.job.name, rec.status);
     rec.run = None;
+}
+
+/// Why a run ended badly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Killed by a signal, crashed, or its end unknown: a restart may succeed.
+    Retryable,
+    /// Bad arguments or plan (exit 2): restarting changes nothing.
+    BadInput,
+    /// Out of memory (exit 3, the `oom` event, a framework's message): not under this plan.
+    OutOfMemory,
+}
+
+/// The failure an exit code (and the run's files) says, `None` for success.
+pub fn classify(code: Option<i32>, attempt_dir: &Path) -> Option<Failure> {
+    let text = std::fs::read_to_string(attempt_dir.join("metrics.jsonl")).unwrap_or_default();
+    let oom_event = text
+        .lines()
+        .filter_map(rubick_core::launch::MetricLine::parse)
+        .any(|m| matches!(m, rubick_core::launch::MetricLine::Event { event, .. } if event == "oom"));
+    match code {
+        Some(0) => None,
+        _ if oom_event => Some(Failure::OutOfMemory),
+        Some(2) => Some(Failure::BadInput),
+        Some(3) => Some(Failure::OutOfMemory),
+        _ => Some(Failure::Retryable),
+    }
 }
 
 fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunRecord, secs: f64, clean: bool) {

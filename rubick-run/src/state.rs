@@ -116,6 +116,9 @@ pub struct JobRecord {
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reconfigurations: Vec<Reconfiguration>,
+    /// Restarts left after retryable failures (`submit --retries`).
+    #[serde(default)]
+    pub retries_left: u32,
 }
 
 /// `state.yaml`.
