@@ -17,13 +17,13 @@ const WORKLOAD: &str = r#"#!/bin/sh
 # A stand-in training job: resumes from its checkpoint, checkpoints and exits 0 on SIGUSR1.
 ckpt="$RUBICK_CHECKPOINT_DIR/iter"
 i=0
-[ -f "$ckpt" ] && i=$(cat "$ckpt")
+[ -f "$ckpt" ] && read -r i < "$ckpt"
 stop=0
 trap 'stop=1' USR1
 while [ "$i" -lt "${RUBICK_TOTAL_ITERATIONS:-100000}" ]; do
   i=$((i + 1))
   echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.05}" >> "$RUBICK_METRICS"
-  echo "$RUBICK_DP $CUDA_VISIBLE_DEVICES" > "$RUBICK_CHECKPOINT_DIR/../where"
+  echo "$RUBICK_DP $CUDA_VISIBLE_DEVICES" > "$RUBICK_CHECKPOINT_DIR/../where.$$" && mv "$RUBICK_CHECKPOINT_DIR/../where.$$" "$RUBICK_CHECKPOINT_DIR/../where"
   sleep 0.05
   if [ "$stop" = 1 ]; then
     echo "$i" > "$ckpt.tmp" && mv "$ckpt.tmp" "$ckpt"
@@ -174,7 +174,9 @@ fn rounds(backend: &str) {
     let stopped_at = s["jobs"]["a"]["reconfigurations"][0]["checkpointedIter"].as_u64().unwrap();
     wait_for("a's second run", || first_iter(d, "a", 2).is_some());
     assert_eq!(first_iter(d, "a", 2), Some(stopped_at + 1), "resumed from its checkpoint, not from zero");
-    let placed = std::fs::read_to_string(d.join("state/jobs/a/where")).unwrap();
+    let where_ = || std::fs::read_to_string(d.join("state/jobs/a/where")).unwrap_or_default();
+    wait_for("a's second run to say where it runs", || where_().starts_with("2 "));
+    let placed = where_();
     if backend == "local" {
         assert_eq!(placed.trim(), "2 0,1");
     } else {
@@ -190,6 +192,19 @@ fn rounds(backend: &str) {
         batch.contains("kind: JobBatch") && batch.contains("current:") && batch.contains("restartCostS"),
         "{batch}"
     );
+    // With the cluster, a's model is refitted on its two runs' measurements.
+    std::fs::write(
+        d.join("cluster.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 4, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
+    )
+    .unwrap();
+    wait_for("a's second run measured", || last_iter(d, "a", 2) >= stopped_at + 5);
+    let batch = ok(d, &["jobs", "--cluster", "cluster.yaml"]);
+    let model = d.join("state/jobs/a/model.yaml");
+    assert!(batch.contains(&format!("perfModel: {}", model.display())), "{batch}");
+    let profile = std::fs::read_to_string(d.join("state/jobs/a/profile.csv")).unwrap();
+    assert_eq!(profile.lines().count(), 3, "a header and one row per run: {profile}");
+    assert!(std::fs::read_to_string(&model).unwrap().contains("kind: PerfModel"));
     // Status in every format.
     let table = ok(d, &["status"]);
     assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("running")), "{table}");

@@ -99,6 +99,72 @@ impl PerfModel {
     }
 }
 
+/// A measured time more than this factor from its prediction is listed apart.
+pub const FLAG_FACTOR: f64 = 2.0;
+
+/// Whether a measured time is more than [`FLAG_FACTOR`] away from its prediction.
+pub fn is_inconsistent(measured_s: f64, predicted_s: f64) -> bool {
+    !(1.0 / FLAG_FACTOR..=FLAG_FACTOR).contains(&(measured_s / predicted_s))
+}
+
+impl PerfModel {
+    /// The artifact of a fit: parameters with standard errors and bounds, the model
+    /// spec, and the fit on every row (rows more than [`FLAG_FACTOR`] off listed apart).
+    /// Shared by `rubick-fit fit` and `rubick-run`'s online refit.
+    pub fn of_fit(
+        spec: &crate::ModelSpec,
+        rows: &[crate::fit::Observation],
+        fitted: &crate::fit::Fit,
+        source: &str,
+    ) -> PerfModel {
+        use crate::perfmodel::{FORM, PARAMS, predict};
+        let row_fits: Vec<RowFit> = rows
+            .iter()
+            .map(|r| RowFit {
+                plan: r.plan,
+                placement: r.placement.clone(),
+                measured_s: r.iter_time_s,
+                predicted_s: predict(spec, &r.plan, &r.placement, &r.links, &fitted.params).total,
+            })
+            .collect();
+        let mean = row_fits.iter().map(|r| (r.predicted_s / r.measured_s - 1.0).abs()).sum::<f64>()
+            / row_fits.len().max(1) as f64;
+        let (inconsistent, consistent): (Vec<RowFit>, Vec<RowFit>) =
+            row_fits.into_iter().partition(|r| is_inconsistent(r.measured_s, r.predicted_s));
+        let parameters = PARAMS
+            .iter()
+            .zip(fitted.params.values)
+            .zip(fitted.std_errors)
+            .map(|((spec, value), se)| {
+                (
+                    spec.name.to_owned(),
+                    FittedParameter {
+                        value,
+                        std_error: se.is_finite().then_some(se),
+                        lower: Some(spec.lower),
+                        upper: Some(spec.upper),
+                    },
+                )
+            })
+            .collect();
+        PerfModel {
+            api_version: None,
+            kind: None,
+            model: spec.name.clone(),
+            model_spec: Some(spec.clone()),
+            form: FORM.to_owned(),
+            parameters,
+            fitted_from: FitSource { source: source.to_owned(), rows: rows.len() as u32 },
+            diagnostics: Some(FitDiagnostics {
+                mean_rel_error: mean,
+                cv_mean_rel_error: None,
+                rows: consistent,
+                inconsistent_rows: inconsistent,
+            }),
+        }
+    }
+}
+
 impl Artifact for PerfModel {
     crate::artifact_header!(Kind::PerfModel);
 

@@ -121,6 +121,18 @@ pub struct Links {
     pub pcie_gbps: f64,
 }
 
+impl Links {
+    /// The links of a cluster's node group with the most GPUs (where multi-node jobs
+    /// run); 1 GB/s everywhere for a cluster without groups.
+    pub fn of_cluster(cluster: &crate::Cluster) -> Links {
+        cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from).unwrap_or(Links {
+            nvlink_gbps: 1.0,
+            network_gbps: 1.0,
+            pcie_gbps: 1.0,
+        })
+    }
+}
+
 impl From<&NodeGroup> for Links {
     fn from(g: &NodeGroup) -> Self {
         Links { nvlink_gbps: g.nvlink_gbps, network_gbps: g.inter_node_gbps, pcie_gbps: g.pcie_gbps }

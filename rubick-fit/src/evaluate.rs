@@ -13,14 +13,7 @@ use rubick_core::space::resolve_code;
 use rubick_core::{MemoryEstimator, ModelSpec, Placement};
 use serde::Serialize;
 
-/// Rows whose measured time is more than this factor away from the prediction are
-/// flagged as inconsistent with the model.
-pub const FLAG_FACTOR: f64 = 2.0;
-
-/// Whether a measured time is more than [`FLAG_FACTOR`] away from its prediction.
-pub fn is_inconsistent(measured_s: f64, predicted_s: f64) -> bool {
-    !(1.0 / FLAG_FACTOR..=FLAG_FACTOR).contains(&(measured_s / predicted_s))
-}
+pub use rubick_core::perf::{FLAG_FACTOR, is_inconsistent};
 
 /// One measured row with its prediction.
 #[derive(Debug, Clone, Serialize)]

@@ -14,8 +14,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use rubick_core::artifact::to_yaml;
 use rubick_core::fit::{Fit, FitOptions, Observation, fit};
-use rubick_core::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
-use rubick_core::perfmodel::{FORM, Links, PARAMS, Params, predict};
+use rubick_core::perf::PerfModel;
+use rubick_core::perfmodel::{Links, Params, predict};
 use rubick_core::tables::ProfileRow;
 use rubick_core::{Cluster, Job, ModelSpec, Placement, Plan};
 use rubick_io::cli::{LogArgs, Outcome, ensure_one_stdin};
@@ -132,12 +132,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
 }
 
 fn links_of(cluster: &Cluster) -> Links {
-    // The node group with the most GPUs: where multi-node jobs run.
-    cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from).unwrap_or(Links {
-        nvlink_gbps: 1.0,
-        network_gbps: 1.0,
-        pcie_gbps: 1.0,
-    })
+    Links::of_cluster(cluster)
 }
 
 fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
@@ -265,56 +260,9 @@ fn run_fit(profile: &Path, job: &Path, cluster: &Path, output: &Path) -> anyhow:
     Ok(Outcome::Done)
 }
 
-/// The `PerfModel` artifact of a fit: parameters with standard errors and bounds, the
-/// model spec, and the fit on every row (rows more than 2x off listed apart).
+/// The `PerfModel` artifact of a fit (see [`PerfModel::of_fit`]).
 pub fn perf_model_artifact(spec: &ModelSpec, rows: &[Observation], fitted: &Fit, source: &str) -> PerfModel {
-    let row_fits: Vec<RowFit> = rows
-        .iter()
-        .map(|r| RowFit {
-            plan: r.plan,
-            placement: r.placement.clone(),
-            measured_s: r.iter_time_s,
-            predicted_s: predict(spec, &r.plan, &r.placement, &r.links, &fitted.params).total,
-        })
-        .collect();
-    let mean =
-        row_fits.iter().map(|r| (r.predicted_s / r.measured_s - 1.0).abs()).sum::<f64>() / row_fits.len().max(1) as f64;
-    let (inconsistent, consistent): (Vec<RowFit>, Vec<RowFit>) =
-        row_fits.into_iter().partition(|r| evaluate::is_inconsistent(r.measured_s, r.predicted_s));
-    PerfModel {
-        api_version: None,
-        kind: None,
-        model: spec.name.clone(),
-        model_spec: Some(spec.clone()),
-        form: FORM.to_owned(),
-        parameters: parameters_of(&fitted.params, &fitted.std_errors),
-        fitted_from: FitSource { source: source.to_owned(), rows: rows.len() as u32 },
-        diagnostics: Some(FitDiagnostics {
-            mean_rel_error: mean,
-            cv_mean_rel_error: None,
-            rows: consistent,
-            inconsistent_rows: inconsistent,
-        }),
-    }
-}
-
-fn parameters_of(params: &Params, std_errors: &[f64]) -> BTreeMap<String, FittedParameter> {
-    PARAMS
-        .iter()
-        .zip(params.values)
-        .zip(std_errors)
-        .map(|((spec, value), se)| {
-            (
-                spec.name.to_owned(),
-                FittedParameter {
-                    value,
-                    std_error: se.is_finite().then_some(*se),
-                    lower: Some(spec.lower),
-                    upper: Some(spec.upper),
-                },
-            )
-        })
-        .collect()
+    PerfModel::of_fit(spec, rows, fitted, source)
 }
 
 /// The parameters of a PerfModel in the form's order; unknown names are errors.

@@ -100,6 +100,12 @@ pub enum Command {
         /// Where to write it (`-`: stdout)
         #[arg(short, long, default_value = "-")]
         output: PathBuf,
+        /// Refit each job's performance model online from what its runs measured
+        /// (`jobs/NAME/profile.csv` -> `jobs/NAME/model.yaml`, which `perfModel` then
+        /// names; a job measured under fewer than 2 configurations keeps its own model):
+        /// the cluster gives the links
+        #[arg(long)]
+        cluster: Option<PathBuf>,
     },
     /// Make what runs follow a schedule: start, reconfigure, preempt; idempotent
     ///
@@ -180,7 +186,7 @@ macro_rules! locked {
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Submit { jobs, state, retries } => submit(&jobs, &state, retries),
-        Command::Jobs { state, output } => jobs(&state, &output),
+        Command::Jobs { state, output, cluster } => jobs(&state, &output, cluster.as_deref()),
         Command::Apply { schedule, state, backend, cluster } => apply(&schedule, &state, &backend, cluster.as_deref()),
         Command::Status { state, format, output } => status(&state, format, &output),
         Command::Stop { job, state } => stop_job(&job, &state),
@@ -544,6 +550,8 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                 if let Some(run) = rec.run.as_mut() {
                     run.handle = Some(handle.clone());
                     run.phase = RunPhase::Running;
+                    // What this run was, beside what it measures (the online refit reads both).
+                    state::write_durably(&attempt_dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
                 }
                 eprintln!(
                     "{job}: started {} on {} (run {attempt}, process group {handle})",
@@ -584,12 +592,25 @@ fn where_(nodes: &[rubick_core::schedule::NodeShare]) -> String {
         .join(" ")
 }
 
-fn jobs(args: &StateArgs, output: &Path) -> anyhow::Result<Outcome> {
+fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
+    let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
     let dir = locked!(args);
     let mut state = dir.load()?;
     let backend = state_backend(&state)?;
     refresh(&dir, &mut state, backend.as_ref());
     dir.save(&state)?;
+    let mut refitted: BTreeMap<String, PathBuf> = BTreeMap::new();
+    if let Some(cluster) = &cluster {
+        for (name, rec) in state.jobs.iter().filter(|(_, r)| matches!(r.status, JobStatus::Queued | JobStatus::Running)) {
+            match refit(&dir, name, rec, cluster) {
+                Ok(Some(path)) => {
+                    refitted.insert(name.clone(), path);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("`{name}`: no online refit: {e:#}"),
+            }
+        }
+    }
     let jobs: Vec<Job> = state
         .jobs
         .values()
@@ -608,6 +629,9 @@ fn jobs(args: &StateArgs, output: &Path) -> anyhow::Result<Outcome> {
             if !costs.is_empty() {
                 job.restart_cost_s = Some(costs.iter().sum::<f64>() / costs.len() as f64);
             }
+            if let Some(path) = refitted.get(&r.job.name) {
+                job.perf_model = Some(path.display().to_string());
+            }
             job.current = r.run.as_ref().and_then(|run| {
                 Some(CurrentAllocation {
                     plan: run.plan,
@@ -623,6 +647,69 @@ fn jobs(args: &StateArgs, output: &Path) -> anyhow::Result<Outcome> {
     let batch = JobBatch { api_version: Some(ApiVersion::CURRENT), kind: Some(Kind::JobBatch), jobs };
     rubick_io::write_output(output, to_yaml(&batch).as_bytes())?;
     Ok(Outcome::Done)
+}
+
+/// The job's own measurements as a profile table (`jobs/NAME/profile.csv`: one row per
+/// run, its iterations after the warm-up) and, when they span 2 or more configurations,
+/// its model refitted on them (`jobs/NAME/model.yaml`, whose path is returned).
+fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyhow::Result<Option<PathBuf>> {
+    use rubick_core::fit::{FitOptions, Observation, fit};
+    use rubick_core::launch::MetricLine;
+    use rubick_core::tables::{PROFILE, ProfileRow};
+    let warmup = rec.job.launch.as_ref().map_or(3, |l| l.warmup_iterations) as usize;
+    let links = rubick_core::perfmodel::Links::of_cluster(cluster);
+    let (mut rows, mut observations) = (Vec::new(), Vec::new());
+    for attempt in 1..=rec.attempts {
+        let adir = dir.attempt_dir(name, attempt);
+        let Ok(text) = std::fs::read_to_string(adir.join("run.yaml")) else { continue };
+        let run: RunRecord = serde_yaml_ng::from_str(&text).with_context(|| format!("{}", adir.join("run.yaml").display()))?;
+        let metrics = std::fs::read_to_string(adir.join("metrics.jsonl")).unwrap_or_default();
+        let times: Vec<f64> = metrics
+            .lines()
+            .filter_map(MetricLine::parse)
+            .filter_map(|m| if let MetricLine::Iteration { iter_time_s, .. } = m { Some(iter_time_s) } else { None })
+            .skip(warmup)
+            .collect();
+        let Some(placement) = Placement::new(run.nodes.iter().map(|n| n.gpus.len() as u32).collect()) else { continue };
+        if times.is_empty() {
+            continue;
+        }
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        let sd = (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / (times.len().max(2) - 1) as f64).sqrt();
+        rows.push(ProfileRow {
+            job: name.to_owned(),
+            model: rec.job.model.name.clone(),
+            plan: run.plan.to_string(),
+            placement: placement.to_string(),
+            cpus: Some(i64::from(run.nodes.iter().map(|n| n.cpus).sum::<u32>())),
+            status: Some("ok".into()),
+            repeat: Some(i64::from(attempt)),
+            iterations: Some(times.len() as i64),
+            iter_time_s: Some(mean),
+            iter_time_sd_s: Some(sd),
+            samples_per_s: Some(run.plan.global_batch() as f64 / mean),
+            ..ProfileRow::default()
+        });
+        observations.push(Observation { plan: run.plan, placement, links, iter_time_s: mean });
+    }
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut df = rubick_io::table::frame_of(&rows, &PROFILE)?;
+    let table = dir.job_dir(name).join("profile.csv");
+    rubick_io::table::write_table(&mut df, &table, None, &PROFILE)?;
+    let mut configs: Vec<(String, String)> = rows.iter().map(|r| (r.plan.clone(), r.placement.clone())).collect();
+    configs.sort();
+    configs.dedup();
+    if configs.len() < 2 {
+        return Ok(None);
+    }
+    let fitted = fit(&rec.job.model, &observations, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let model = rubick_core::perf::PerfModel::of_fit(&rec.job.model, &observations, &fitted, &table.display().to_string());
+    let path = std::path::absolute(dir.job_dir(name).join("model.yaml"))?;
+    state::write_durably(&path, to_yaml(&model).as_bytes())?;
+    tracing::info!("`{name}`: model refitted on {} run(s) of {} configurations", rows.len(), configs.len());
+    Ok(Some(path))
 }
 
 fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
