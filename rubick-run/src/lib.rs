@@ -601,7 +601,8 @@ fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Resu
     dir.save(&state)?;
     let mut refitted: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(cluster) = &cluster {
-        for (name, rec) in state.jobs.iter().filter(|(_, r)| matches!(r.status, JobStatus::Queued | JobStatus::Running)) {
+        for (name, rec) in state.jobs.iter().filter(|(_, r)| matches!(r.status, JobStatus::Queued | JobStatus::Running))
+        {
             match refit(&dir, name, rec, cluster) {
                 Ok(Some(path)) => {
                     refitted.insert(name.clone(), path);
@@ -662,7 +663,8 @@ fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyh
     for attempt in 1..=rec.attempts {
         let adir = dir.attempt_dir(name, attempt);
         let Ok(text) = std::fs::read_to_string(adir.join("run.yaml")) else { continue };
-        let run: RunRecord = serde_yaml_ng::from_str(&text).with_context(|| format!("{}", adir.join("run.yaml").display()))?;
+        let run: RunRecord =
+            serde_yaml_ng::from_str(&text).with_context(|| format!("{}", adir.join("run.yaml").display()))?;
         let metrics = std::fs::read_to_string(adir.join("metrics.jsonl")).unwrap_or_default();
         let times: Vec<f64> = metrics
             .lines()
@@ -705,7 +707,8 @@ fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyh
         return Ok(None);
     }
     let fitted = fit(&rec.job.model, &observations, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let model = rubick_core::perf::PerfModel::of_fit(&rec.job.model, &observations, &fitted, &table.display().to_string());
+    let model =
+        rubick_core::perf::PerfModel::of_fit(&rec.job.model, &observations, &fitted, &table.display().to_string());
     let path = std::path::absolute(dir.job_dir(name).join("model.yaml"))?;
     state::write_durably(&path, to_yaml(&model).as_bytes())?;
     tracing::info!("`{name}`: model refitted on {} run(s) of {} configurations", rows.len(), configs.len());
