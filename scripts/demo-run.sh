@@ -16,7 +16,7 @@ for name in demo-a demo-b; do
   echo "perfModel: $(realpath "$model")" >> "$state/$name.yaml"
 done
 round() {
-  "$bin/rubick-run" jobs --state "$state/dir" \
+  "$bin/rubick-run" jobs --state "$state/dir" --cluster "$cluster" \
     | "$bin/rubick-plan" schedule --cluster "$cluster" --jobs - --current "$state/dir/current.yaml" --explain \
     | "$bin/rubick-run" apply - --state "$state/dir"
 }

@@ -205,6 +205,10 @@ fn rounds(backend: &str) {
     let profile = std::fs::read_to_string(d.join("state/jobs/a/profile.csv")).unwrap();
     assert_eq!(profile.lines().count(), 3, "a header and one row per run: {profile}");
     assert!(std::fs::read_to_string(&model).unwrap().contains("kind: PerfModel"));
+    // The reconfiguration's phases: the stop, then the relaunch to the first iteration.
+    let r = &state(d)["jobs"]["a"]["reconfigurations"][0];
+    assert!(r["stopS"].as_f64().is_some_and(|s| s > 0.0), "{r:?}");
+    assert!(r["firstIterationS"].as_f64().is_some_and(|s| (0.0..30.0).contains(&s)), "{r:?}");
     // Status in every format.
     let table = ok(d, &["status"]);
     assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("running")), "{table}");

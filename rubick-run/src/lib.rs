@@ -272,6 +272,10 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) {
                 let handle = run.handle.as_deref();
                 if backend.exit_code(handle, &attempt_dir).is_some() || !handle.is_some_and(|h| backend.alive(h)) {
                     ended(rec, backend, handle, &attempt_dir);
+                } else if let Some(last) =
+                    rec.reconfigurations.last_mut().filter(|r| r.first_iteration_s.is_none() && r.to.is_some())
+                {
+                    last.first_iteration_s = first_iteration_s(&attempt_dir, run.started_unix_s);
                 }
             }
             RunPhase::Stopping => {
@@ -286,6 +290,24 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) {
             }
         }
     }
+}
+
+/// Seconds from a run's start to its first metric line: the metrics file's last change,
+/// less the iterations written since at their mean time (exact when one line is there).
+fn first_iteration_s(attempt_dir: &Path, started_unix_s: f64) -> Option<f64> {
+    let path = attempt_dir.join("metrics.jsonl");
+    let (last, mean, _) = backends::progress(attempt_dir);
+    let text = std::fs::read_to_string(&path).ok()?;
+    let lines = text
+        .lines()
+        .filter_map(rubick_core::launch::MetricLine::parse)
+        .filter(|m| matches!(m, rubick_core::launch::MetricLine::Iteration { .. }))
+        .count();
+    last?;
+    let modified =
+        std::fs::metadata(&path).ok()?.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64();
+    let first = modified - (lines.saturating_sub(1) as f64) * mean.unwrap_or(0.0);
+    (first >= started_unix_s).then_some(first - started_unix_s)
 }
 
 fn default_launch() -> rubick_core::launch::Launch {

@@ -93,7 +93,8 @@ pub struct Reconfiguration {
     /// Iteration of its checkpoint, when it reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpointed_iter: Option<u64>,
-    /// Start of the new run to its first metric line (seen by a later round).
+    /// Start of the new run to its first metric line (seen by a later round; estimated
+    /// from the metrics file's last change when more lines were written by then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_iteration_s: Option<f64>,
 }
