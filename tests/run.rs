@@ -20,6 +20,7 @@ i=0
 [ -f "$ckpt" ] && read -r i < "$ckpt"
 stop=0
 trap 'stop=1' USR1
+grep Cpus_allowed_list /proc/$$/status | cut -f2 > "$RUBICK_CHECKPOINT_DIR/../cores.$$" && mv "$RUBICK_CHECKPOINT_DIR/../cores.$$" "$RUBICK_CHECKPOINT_DIR/../cores"
 while [ "$i" -lt "${RUBICK_TOTAL_ITERATIONS:-100000}" ]; do
   i=$((i + 1))
   echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.05}" >> "$RUBICK_METRICS"
@@ -160,6 +161,11 @@ fn rounds(backend: &str) {
     schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]);
     ok(d, &["apply", "r1.yaml", "--backend", backend]);
     wait_for("both jobs iterating", || last_iter(d, "a", 1) >= 3 && last_iter(d, "b", 1) >= 3);
+    let cores = |job: &str| std::fs::read_to_string(d.join(format!("state/jobs/{job}/cores"))).unwrap_or_default();
+    if backend == "local" && std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        // One core each (the schedule's cpus), and not the same one.
+        assert_eq!((cores("a").trim(), cores("b").trim()), ("0", "1"));
+    }
     // The same schedule again: nothing changes.
     ok(d, &["apply", "r1.yaml", "--backend", backend]);
     assert_eq!(state(d)["jobs"]["a"]["attempts"].as_u64(), Some(1));

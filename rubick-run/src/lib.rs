@@ -535,6 +535,14 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                 let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
                 rec.attempts += 1;
                 let attempt = rec.attempts;
+                let cores = if backend.name() == "local" {
+                    let held: Vec<u32> = state_cores(&state, job);
+                    let want: u32 = allocation.nodes.iter().map(|n| n.cpus).sum();
+                    free_cores(&held, want)
+                } else {
+                    Vec::new()
+                };
+                let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
                 let run = RunRecord {
                     plan: allocation.plan,
                     nodes: allocation.nodes.clone(),
@@ -543,6 +551,7 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                     handle: None,
                     started_unix_s: unix_now(),
                     rounds_since_change: 0,
+                    cores,
                 };
                 if let Some(last) = rec.reconfigurations.last_mut().filter(|r| r.to.is_none()) {
                     last.to = Some(allocation.plan.to_string());
@@ -559,12 +568,14 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                 launch.env.entry("RUBICK_ITERATIONS".into()).or_insert(total);
                 let attempt_dir = dir.attempt_dir(job, attempt);
                 let checkpoints = dir.job_dir(job).join("checkpoints");
+                let cores = rec.run.as_ref().map(|r| r.cores.clone()).unwrap_or_default();
                 let spec = backends::StartSpec {
                     job: &rec.job,
                     launch: &launch,
                     allocation,
                     dir: &attempt_dir,
                     checkpoint_dir: &checkpoints,
+                    cores: &cores,
                 };
                 let handle = backend.start(&spec)?;
                 failpoint("spawned");
@@ -594,6 +605,28 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
         tracing::info!("nothing to change");
     }
     Ok(Outcome::Done)
+}
+
+/// Cores the runs of jobs other than `job` are pinned to.
+fn state_cores(state: &State, job: &str) -> Vec<u32> {
+    state
+        .jobs
+        .iter()
+        .filter(|(n, _)| n.as_str() != job)
+        .filter_map(|(_, r)| r.run.as_ref())
+        .flat_map(|r| r.cores.clone())
+        .collect()
+}
+
+/// `want` of this machine's cores that none of `held` is, lowest first; fewer when
+/// there are not enough (then the run is pinned to what is free, or not at all).
+fn free_cores(held: &[u32], want: u32) -> Vec<u32> {
+    let total = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let free: Vec<u32> = (0..total).filter(|c| !held.contains(c)).take(want as usize).collect();
+    if (free.len() as u32) < want {
+        tracing::warn!("{want} cores asked, {} free on this machine: pinned to those", free.len());
+    }
+    free
 }
 
 /// The backend the state's runs are on (local until an apply says otherwise).

@@ -71,6 +71,9 @@ pub struct RunRecord {
     /// Rounds it has run unchanged.
     #[serde(default)]
     pub rounds_since_change: u32,
+    /// CPU cores it is pinned to (local backend).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cores: Vec<u32>,
 }
 
 impl RunRecord {

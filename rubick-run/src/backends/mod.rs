@@ -5,7 +5,8 @@
 //!   the job starts and the job's exit code after it ends, both written atomically in
 //!   the run's directory: a `rubick-run` killed between starting a run and recording it
 //!   finds it again from its pid file; `CUDA_VISIBLE_DEVICES` from the placement's GPU
-//!   indices; a log file per run.
+//!   indices; pinned (`taskset`) to as many of this machine's cores as it was given,
+//!   cores no other running job holds; a log file per run.
 //!
 //! * `slurm` — one `sbatch` job per run ([`slurm`]).
 //!
@@ -35,6 +36,8 @@ pub struct StartSpec<'a> {
     pub dir: &'a Path,
     /// The job's checkpoints, kept across its runs.
     pub checkpoint_dir: &'a Path,
+    /// CPU cores to pin the run to (local backend); empty: not pinned.
+    pub cores: &'a [u32],
 }
 
 /// A place runs execute.
@@ -153,7 +156,17 @@ impl Backend for Local {
         let prepared = rubick_launch::supervise::prepare(&request)?;
         let log = std::fs::File::create(&request.log).with_context(|| request.log.display().to_string())?;
         let log2 = log.try_clone()?;
-        let mut command = Command::new("sh");
+        // Pinned to its cores (`taskset`, inherited by every process of the run).
+        let pin =
+            !spec.cores.is_empty() && Command::new("taskset").arg("-V").output().is_ok_and(|o| o.status.success());
+        let mut command = if pin {
+            let cores: Vec<String> = spec.cores.iter().map(ToString::to_string).collect();
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cores.join(","), "sh"]);
+            c
+        } else {
+            Command::new("sh")
+        };
         command
             .args(["-c", WRAPPER, "rubick-run-job"])
             .arg(spec.dir.join(PID_FILE))
