@@ -220,6 +220,11 @@ fn rounds(backend: &str) {
     assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("running")), "{table}");
     let prom = ok(d, &["status", "--format", "prometheus"]);
     assert!(prom.contains("rubick_job_running{job=\"a\",plan=\"dp2-tp1-pp1-mb4-ga2\"} 1"), "{prom}");
+    assert!(
+        prom.contains("rubick_job_predicted_samples_per_second{job=\"a\",plan=\"dp2-tp1-pp1-mb4-ga2\"} 1"),
+        "{prom}"
+    );
+    assert!(prom.contains("# TYPE rubick_job_queue_seconds gauge"), "{prom}");
     // Round 3: nothing scheduled; both stopped; no process left.
     schedule(d, "r3.yaml", 3, &[]);
     ok(d, &["apply", "r3.yaml", "--backend", backend]);

@@ -233,6 +233,8 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32) -> anyhow::Result<O
                 exit_code: None,
                 reconfigurations: Vec::new(),
                 retries_left: retries,
+                submitted_unix_s: unix_now(),
+                first_started_unix_s: None,
             },
         );
     }
@@ -556,6 +558,7 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                 if let Some(last) = rec.reconfigurations.last_mut().filter(|r| r.to.is_none()) {
                     last.to = Some(allocation.plan.to_string());
                 }
+                rec.first_started_unix_s.get_or_insert(run.started_unix_s);
                 rec.run = Some(run);
                 rec.status = JobStatus::Running;
                 dir.save(&state)?;
@@ -888,6 +891,36 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
                 "gauge",
                 "throughput of the last ten iterations",
                 &measured,
+            );
+            // What the round that placed it predicted, and whether its guarantee held.
+            let applied: Option<Schedule> =
+                dir.current_path().exists().then(|| load_artifact(&dir.current_path())).transpose().unwrap_or(None);
+            let assignment = |name: &str| applied.as_ref().and_then(|s| s.assignments.iter().find(|a| a.job == name));
+            let predicted: Vec<(String, f64)> = rows
+                .iter()
+                .filter(|(_, r, _, _)| r.status == JobStatus::Running)
+                .filter_map(|(n, r, _, _)| assignment(n).map(|a| (label(n, r), a.predicted_throughput)))
+                .collect();
+            metric(
+                &mut out,
+                "rubick_job_predicted_samples_per_second",
+                "gauge",
+                "throughput the schedule predicted for the running job",
+                &predicted,
+            );
+            let held: Vec<(String, f64)> = rows
+                .iter()
+                .filter_map(|(n, r, _, _)| {
+                    assignment(n)?.guarantee.as_ref().map(|g| (label(n, r), f64::from(u8::from(g.holds))))
+                })
+                .collect();
+            metric(&mut out, "rubick_job_guarantee_held", "gauge", "1 when the guaranteed job's request is met", &held);
+            metric(
+                &mut out,
+                "rubick_job_queue_seconds",
+                "gauge",
+                "submission to first start (to now while it waits)",
+                &of(&|r, _| r.first_started_unix_s.unwrap_or_else(unix_now) - r.submitted_unix_s),
             );
             out
         }

@@ -123,6 +123,11 @@ pub struct JobRecord {
     /// Restarts left after retryable failures (`submit --retries`).
     #[serde(default)]
     pub retries_left: u32,
+    /// When it was submitted, and first started (seconds since the Unix epoch).
+    #[serde(default)]
+    pub submitted_unix_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_started_unix_s: Option<f64>,
 }
 
 /// `state.yaml`.
