@@ -425,3 +425,48 @@ fn a_crashed_job_is_retried_within_its_budget_and_bad_arguments_are_permanent() 
     assert_eq!(s["jobs"]["crash"]["status"].as_str(), Some("failed"), "budget spent: {s:?}");
     assert_eq!(s["jobs"]["crash"]["exitCode"].as_i64(), Some(9));
 }
+
+#[test]
+fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 100);
+    ok(d, &["submit", "a.yaml"]);
+    let gitops = d.join("gitops");
+    let k8s = |args: &[&str]| {
+        let out = Command::new(binary("rubick-run"))
+            .args(args)
+            .arg("--state")
+            .arg(d.join("state"))
+            .current_dir(d)
+            .env("RUBICK_KUBECTL", "0")
+            .env("RUBICK_K8S_MANIFEST_DIR", &gitops)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let listed = || {
+        let mut names: Vec<String> = std::fs::read_dir(&gitops)
+            .map(|r| r.filter_map(|e| Some(e.ok()?.file_name().to_str()?.to_owned())).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    k8s(&["apply", "r1.yaml", "--backend", "kubernetes"]);
+    assert_eq!(listed(), ["rubick-a-1.yaml"]);
+    let manifest = std::fs::read_to_string(gitops.join("rubick-a-1.yaml")).unwrap();
+    assert!(
+        manifest.contains("kind: PyTorchJob")
+            && manifest.contains("kind: TrainJob")
+            && manifest.contains("kind: ConfigMap")
+    );
+    // Idempotent; then a reconfiguration replaces the resources; a stop removes them.
+    k8s(&["apply", "r1.yaml", "--backend", "kubernetes"]);
+    assert_eq!(listed(), ["rubick-a-1.yaml"]);
+    schedule(d, "r2.yaml", 2, &[("a", "dp2-tp1-pp1-mb4-ga2", &[0, 1])]);
+    k8s(&["apply", "r2.yaml", "--backend", "kubernetes"]);
+    assert_eq!(listed(), ["rubick-a-2.yaml"]);
+    k8s(&["stop", "a"]);
+    assert!(listed().is_empty(), "{:?}", listed());
+}

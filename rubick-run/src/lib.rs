@@ -156,7 +156,7 @@ pub enum Command {
 fn backend_name(name: &str) -> Result<String, String> {
     backends::backend(name).map(|_| name.to_owned()).ok_or_else(|| {
         let known: Vec<&str> = backends::REGISTRY.iter().map(|(n, _)| *n).collect();
-        format!("`{name}`: known backends: {} (kubernetes is not built yet)", known.join(", "))
+        format!("`{name}`: known backends: {}", known.join(", "))
     })
 }
 

@@ -10,7 +10,8 @@
 //!
 //! * `slurm` — one `sbatch` job per run ([`slurm`]).
 //!
-//! A Kubernetes backend is not built yet.
+//! * `kubernetes` — Kubeflow PyTorchJob / TrainJob manifests and a ConfigMap, applied with
+//!   kubectl when a cluster is configured, else written to a directory ([`kubernetes`]).
 
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -24,6 +25,7 @@ use rubick_launch::RunRequest;
 
 use crate::reconcile::Allocation;
 
+pub mod kubernetes;
 pub mod slurm;
 
 /// What a backend needs to start a run.
@@ -59,7 +61,11 @@ pub trait Backend: std::fmt::Debug {
 pub type MakeBackend = fn() -> Box<dyn Backend>;
 
 /// Backends by name.
-pub const REGISTRY: [(&str, MakeBackend); 2] = [("local", || Box::new(Local)), ("slurm", || Box::new(slurm::Slurm))];
+pub const REGISTRY: [(&str, MakeBackend); 3] = [
+    ("local", || Box::new(Local)),
+    ("slurm", || Box::new(slurm::Slurm)),
+    ("kubernetes", || Box::new(kubernetes::Kubernetes::from_env())),
+];
 
 /// The backend called `name`.
 pub fn backend(name: &str) -> Option<Box<dyn Backend>> {
