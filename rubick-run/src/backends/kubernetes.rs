@@ -113,7 +113,6 @@ use std::process::{Command, Stdio};
 
 use anyhow::Context as _;
 use rubick_core::launch::{LaunchContext, StopSignal};
-use rubick_launch::RunRequest;
 use serde_yaml_ng::{Mapping, Value};
 
 use super::{Backend, StartSpec};
@@ -501,27 +500,10 @@ impl Kubernetes {
         let dir = std::path::absolute(spec.dir).with_context(|| spec.dir.display().to_string())?;
         let checkpoint_dir =
             std::path::absolute(spec.checkpoint_dir).with_context(|| spec.checkpoint_dir.display().to_string())?;
-        std::fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
-        std::fs::create_dir_all(&checkpoint_dir)
-            .with_context(|| format!("{}: cannot create", checkpoint_dir.display()))?;
         let a = spec.allocation;
-        let path = |name: &str| dir.join(name).display().to_string();
-        let context = LaunchContext {
-            job: spec.job.name.clone(),
-            plan: a.plan,
-            nodes: a.nodes.len() as u32,
-            gpus_per_node: a.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
-            cpus: a.nodes.iter().map(|n| n.cpus).sum(),
-            // The operator sets MASTER_ADDR; the kubelet expands it in command and args.
-            master_addr: "$(MASTER_ADDR)".into(),
-            master_port: PYTORCHJOB_PORT,
-            deepspeed_config: path("deepspeed.json"),
-            checkpoint_dir: checkpoint_dir.display().to_string(),
-            metrics: path("metrics.jsonl"),
-            // The device plugin picks the GPUs.
-            visible_devices: Vec::new(),
-        };
-        let request = RunRequest { launch: spec.launch, context, log: dir.join("log.txt"), clear_env: false };
+        // The operator sets MASTER_ADDR (the kubelet expands it in command and args); the
+        // device plugin picks the GPUs.
+        let request = spec.request(&dir, &checkpoint_dir, ("$(MASTER_ADDR)", PYTORCHJOB_PORT), Vec::new())?;
         let prepared = rubick_launch::supervise::prepare(&request)?;
         let ds = dir.join("deepspeed.json");
         let deepspeed = std::fs::read_to_string(&ds).with_context(|| ds.display().to_string())?;

@@ -42,6 +42,44 @@ pub struct StartSpec<'a> {
     pub cores: &'a [u32],
 }
 
+impl StartSpec<'_> {
+    /// Creates the run's directory (`dir`) and the job's checkpoint directory, and
+    /// builds the run's launch request: the contract's context for this allocation
+    /// (files in `dir`), with the master address and port and the GPU indices the
+    /// backend decides (none: the backend's scheduler sets `CUDA_VISIBLE_DEVICES`).
+    pub fn request(
+        &self,
+        dir: &Path,
+        checkpoint_dir: &Path,
+        master: (&str, u16),
+        visible_devices: Vec<u32>,
+    ) -> anyhow::Result<RunRequest<'_>> {
+        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+        std::fs::create_dir_all(checkpoint_dir)
+            .with_context(|| format!("{}: cannot create", checkpoint_dir.display()))?;
+        let a = self.allocation;
+        let path = |name: &str| dir.join(name).display().to_string();
+        Ok(RunRequest {
+            launch: self.launch,
+            context: LaunchContext {
+                job: self.job.name.clone(),
+                plan: a.plan,
+                nodes: a.nodes.len() as u32,
+                gpus_per_node: a.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
+                cpus: a.nodes.iter().map(|n| n.cpus).sum(),
+                master_addr: master.0.to_owned(),
+                master_port: master.1,
+                deepspeed_config: path("deepspeed.json"),
+                checkpoint_dir: checkpoint_dir.display().to_string(),
+                metrics: path("metrics.jsonl"),
+                visible_devices,
+            },
+            log: dir.join("log.txt"),
+            clear_env: false,
+        })
+    }
+}
+
 /// A place runs execute.
 pub trait Backend: std::fmt::Debug {
     fn name(&self) -> &'static str;
@@ -136,29 +174,8 @@ impl Backend for Local {
     }
 
     fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
-        std::fs::create_dir_all(spec.dir).with_context(|| format!("{}: cannot create", spec.dir.display()))?;
-        std::fs::create_dir_all(spec.checkpoint_dir)
-            .with_context(|| format!("{}: cannot create", spec.checkpoint_dir.display()))?;
-        let a = spec.allocation;
-        let path = |name: &str| spec.dir.join(name).display().to_string();
-        let request = RunRequest {
-            launch: spec.launch,
-            context: LaunchContext {
-                job: spec.job.name.clone(),
-                plan: a.plan,
-                nodes: a.nodes.len() as u32,
-                gpus_per_node: a.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
-                cpus: a.nodes.iter().map(|n| n.cpus).sum(),
-                master_addr: "127.0.0.1".into(),
-                master_port: free_port(),
-                deepspeed_config: path("deepspeed.json"),
-                checkpoint_dir: spec.checkpoint_dir.display().to_string(),
-                metrics: path("metrics.jsonl"),
-                visible_devices: a.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default(),
-            },
-            log: spec.dir.join("log.txt"),
-            clear_env: false,
-        };
+        let gpus = spec.allocation.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default();
+        let request = spec.request(spec.dir, spec.checkpoint_dir, ("127.0.0.1", free_port()), gpus)?;
         let prepared = rubick_launch::supervise::prepare(&request)?;
         let log = std::fs::File::create(&request.log).with_context(|| request.log.display().to_string())?;
         let log2 = log.try_clone()?;

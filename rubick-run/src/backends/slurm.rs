@@ -9,8 +9,6 @@
 
 use std::path::Path;
 
-use rubick_core::launch::LaunchContext;
-use rubick_launch::RunRequest;
 use rubick_launch::slurm;
 
 use super::{Backend, StartSpec, free_port};
@@ -32,29 +30,9 @@ impl Backend for Slurm {
 
     fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
         slurm::available().map_err(|reason| anyhow::anyhow!("--backend slurm: {reason}"))?;
-        std::fs::create_dir_all(spec.dir)?;
-        std::fs::create_dir_all(spec.checkpoint_dir)?;
+        // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation.
+        let request = spec.request(spec.dir, spec.checkpoint_dir, ("127.0.0.1", free_port()), Vec::new())?;
         let a = spec.allocation;
-        let path = |name: &str| spec.dir.join(name).display().to_string();
-        let request = RunRequest {
-            launch: spec.launch,
-            context: LaunchContext {
-                job: spec.job.name.clone(),
-                plan: a.plan,
-                nodes: a.nodes.len() as u32,
-                gpus_per_node: a.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
-                cpus: a.nodes.iter().map(|n| n.cpus).sum(),
-                master_addr: "127.0.0.1".into(),
-                master_port: free_port(),
-                deepspeed_config: path("deepspeed.json"),
-                checkpoint_dir: spec.checkpoint_dir.display().to_string(),
-                metrics: path("metrics.jsonl"),
-                // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation.
-                visible_devices: Vec::new(),
-            },
-            log: spec.dir.join("log.txt"),
-            clear_env: false,
-        };
         let share = a.nodes.first();
         let resources = slurm::SlurmResources {
             nodes: a.nodes.len() as u32,
