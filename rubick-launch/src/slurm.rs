@@ -595,10 +595,9 @@ fn output(command: &mut Command, program: &str) -> Result<String, LaunchError> {
 mod tests {
     use std::collections::BTreeMap;
 
-    use rubick_core::launch::{Launch, LaunchContext};
-
     use super::*;
     use crate::supervise::RunStatus;
+    use crate::supervise::tests::{launch, request};
 
     /// Whether a Slurm is here to test against; without one the test is skipped,
     /// unless `RUBICK_REQUIRE_SLURM=1` (CI), where that is a failure.
@@ -612,44 +611,6 @@ mod tests {
                 eprintln!("skipped: {reason}");
                 false
             }
-        }
-    }
-
-    fn launch(script: &str, timeout_s: f64) -> Launch {
-        Launch {
-            version: 1,
-            command: vec!["sh".into(), "-c".into(), script.into(), "job".into(), "{micro_batch}".into()],
-            env: BTreeMap::new(),
-            workdir: None,
-            checkpoint_dir: None,
-            stop_signal: Default::default(),
-            stop_timeout_s: 5.0,
-            warmup_iterations: 1,
-            measured_iterations: 3,
-            timeout_s,
-        }
-    }
-
-    fn request<'a>(dir: &Path, launch: &'a Launch) -> RunRequest<'a> {
-        let p = |n: &str| dir.join(n).display().to_string();
-        RunRequest {
-            launch,
-            context: LaunchContext {
-                job: "$(touch pwned)".into(),
-                plan: "dp2-mb2-ga2".parse().unwrap(),
-                nodes: 1,
-                gpus_per_node: 1,
-                cpus: 1,
-                master_addr: "127.0.0.1".into(),
-                master_port: 29500,
-                deepspeed_config: p("ds.json"),
-                checkpoint_dir: p("ckpt"),
-                metrics: p("metrics.jsonl"),
-                // Slurm places the GPUs itself.
-                visible_devices: vec![],
-            },
-            log: dir.join("log.txt"),
-            clear_env: true,
         }
     }
 

@@ -250,10 +250,12 @@ pub fn collect(metrics: &Path, log: &Path, timed_out: bool, exit_code: Option<i3
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn launch(script: &str, timeout_s: f64) -> Launch {
+    /// A launch section running `sh -c SCRIPT job {micro_batch}` (shared by the
+    /// backends' tests).
+    pub(crate) fn launch(script: &str, timeout_s: f64) -> Launch {
         Launch {
             version: 1,
             command: vec!["sh".into(), "-c".into(), script.into(), "job".into(), "{micro_batch}".into()],
@@ -268,7 +270,9 @@ mod tests {
         }
     }
 
-    fn request<'a>(dir: &Path, launch: &'a Launch) -> RunRequest<'a> {
+    /// A run of job `$(touch pwned)` (a name that must stay inert) under
+    /// dp2-mb2-ga2 with its files in `dir`, no GPU indices (a scheduler may place them).
+    pub(crate) fn request<'a>(dir: &Path, launch: &'a Launch) -> RunRequest<'a> {
         let p = |n: &str| dir.join(n).display().to_string();
         RunRequest {
             launch,
@@ -276,8 +280,8 @@ mod tests {
                 job: "$(touch pwned)".into(),
                 plan: "dp2-mb2-ga2".parse().unwrap(),
                 nodes: 1,
-                gpus_per_node: 2,
-                cpus: 4,
+                gpus_per_node: 1,
+                cpus: 1,
                 master_addr: "127.0.0.1".into(),
                 master_port: 29500,
                 deepspeed_config: p("ds.json"),
