@@ -326,6 +326,10 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attem
     rec.exit_code = code;
     let failure = classify(code, attempt_dir);
     rec.status = match failure {
+        _ if backend.preempted(handle) => {
+            tracing::warn!("`{}` was preempted by the backend's scheduler: queued again", rec.job.name);
+            JobStatus::Queued
+        }
         None => JobStatus::Finished,
         Some(Failure::Retryable) if rec.retries_left > 0 => {
             rec.retries_left -= 1;

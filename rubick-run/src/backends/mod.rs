@@ -93,6 +93,11 @@ pub trait Backend: std::fmt::Debug {
     fn recover(&self, dir: &Path) -> Option<String>;
     /// The run's exit code, once it ended.
     fn exit_code(&self, handle: Option<&str>, dir: &Path) -> Option<i32>;
+    /// Whether the backend's scheduler ended the run to make room (Slurm's PREEMPTED
+    /// without a requeue): the job waits again, no retry spent.
+    fn preempted(&self, _handle: Option<&str>) -> bool {
+        false
+    }
 }
 
 /// Makes a backend.

@@ -72,6 +72,10 @@ impl Backend for Slurm {
         slurm::find_by_name(&job_name(dir)?)
     }
 
+    fn preempted(&self, handle: Option<&str>) -> bool {
+        handle.is_some_and(|h| matches!(slurm::job_state(h), Ok(Some((state, _))) if state == "PREEMPTED"))
+    }
+
     fn exit_code(&self, handle: Option<&str>, _dir: &Path) -> Option<i32> {
         match slurm::job_state(handle?) {
             Ok(Some((state, code))) if slurm::is_terminal(&state) => Some(code.unwrap_or(-1)),
