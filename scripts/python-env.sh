@@ -40,9 +40,9 @@ esac
 
 marker=$venv/.rubick-ok
 deepspeed=${RUBICK_VENV_DEEPSPEED:-0}
-check='import torch, numpy'
+check='import torch, numpy, kubernetes_validate'
 if [[ $deepspeed == 1 ]]; then
-    check='import torch, numpy, deepspeed'
+    check='import torch, numpy, kubernetes_validate, deepspeed'
 fi
 
 venv_ok() {
@@ -106,7 +106,8 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 
 rm -f "$marker"
-packages=(torch numpy)
+# kubernetes-validate: the published Kubernetes schemas, to check rubick-run's manifests.
+packages=(torch numpy kubernetes-validate)
 if [[ $deepspeed == 1 ]]; then
     packages+=(deepspeed)
 fi

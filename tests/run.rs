@@ -456,6 +456,19 @@ fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
     k8s(&["apply", "r1.yaml", "--backend", "kubernetes"]);
     assert_eq!(listed(), ["rubick-a-1.yaml"]);
     let manifest = std::fs::read_to_string(gitops.join("rubick-a-1.yaml")).unwrap();
+    // The core kind against Kubernetes' published schemas (the CRDs are checked against
+    // theirs in the backend's unit tests).
+    let venv =
+        std::env::var_os("RUBICK_VENV").map_or_else(|| std::path::PathBuf::from("/var/tmp/rubick-venv"), Into::into);
+    let validator = venv.join("bin/kubernetes-validate");
+    if validator.exists() {
+        let out = Command::new(&validator).arg("--strict").arg(gitops.join("rubick-a-1.yaml")).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && said.contains("passed for resource configmap/rubick-a-1"), "{said}");
+    } else {
+        assert!(std::env::var("RUBICK_REQUIRE_PYTORCH").as_deref() != Ok("1"), "no {}", validator.display());
+        eprintln!("skipped: no {} (scripts/python-env.sh installs it)", validator.display());
+    }
     assert!(
         manifest.contains("kind: PyTorchJob")
             && manifest.contains("kind: TrainJob")

@@ -594,9 +594,10 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                     state::write_durably(&attempt_dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
                 }
                 eprintln!(
-                    "{job}: started {} on {} (run {attempt}, process group {handle})",
+                    "{job}: started {} on {} (run {attempt}, {} {handle})",
                     allocation.plan,
-                    where_(&allocation.nodes)
+                    where_(&allocation.nodes),
+                    if backend.name() == "local" { "process group" } else { "handle" }
                 );
                 dir.save(&state)?;
             }
