@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use rubick_tests::{binary, repo, temp};
+use rubick_tests::{Reaper, binary, repo, temp};
 
 /// The runs share this machine's few cores: one test at a time.
 static MACHINE: Mutex<()> = Mutex::new(());
@@ -114,6 +114,7 @@ fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
     };
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     cluster_of_this_machine(dir.path());
     std::fs::write(dir.path().join("configs.csv"), CONFIGS).unwrap();
     let out = dir.path().join("profile.csv");
@@ -165,6 +166,7 @@ fn the_same_profile_runs_through_a_real_slurm() {
     }
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     cluster_of_this_machine(dir.path());
     std::fs::write(dir.path().join("configs.csv"), CONFIGS).unwrap();
     let out = dir.path().join("slurm.csv");
@@ -233,6 +235,7 @@ fn rubick_run_rounds(backend: &str) {
     };
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     let job = std::fs::read_to_string(repo().join("examples/pytorch/job.yaml")).unwrap();
     for name in ["a", "b"] {

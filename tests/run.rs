@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rubick_tests::{binary, temp};
+use rubick_tests::{Reaper, binary, temp};
 
 const WORKLOAD: &str = r#"#!/bin/sh
 # A stand-in training job: resumes from its checkpoint, checkpoints and exits 0 on SIGUSR1.
@@ -155,6 +155,7 @@ fn the_same_rounds_run_through_a_real_slurm() {
 /// its checkpoint) and preempt the other; stop both; nothing left running.
 fn rounds(backend: &str) {
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 100_000);
     ok(d, &["submit", "a.yaml", "b.yaml"]);
@@ -235,38 +236,58 @@ fn rounds(backend: &str) {
 
 #[test]
 fn an_apply_killed_at_any_phase_of_a_reconfiguration_is_repaired_by_the_next() {
+    kill_matrix("local");
+}
+
+#[test]
+fn the_kill_matrix_holds_on_the_real_slurm_too() {
+    if let Err(reason) = rubick_launch::slurm::available() {
+        assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    kill_matrix("slurm");
+}
+
+/// `rubick-run apply` killed with SIGKILL at each phase of a reconfiguration on
+/// `backend`; the next apply must converge: one run at the new plan, resumed.
+fn kill_matrix(backend: &str) {
     for point in ["locked", "stop-recorded", "stop-signalled", "stopped", "start-recorded", "spawned", "applied"] {
         let dir = temp();
+        let _reaper = Reaper(dir.path().to_path_buf());
+        let _reaper = Reaper(dir.path().to_path_buf());
         let d = dir.path();
         setup(d, 100_000);
         ok(d, &["submit", "a.yaml"]);
         schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
-        ok(d, &["apply", "r1.yaml"]);
+        ok(d, &["apply", "r1.yaml", "--backend", backend]);
         wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
         schedule(d, "r2.yaml", 2, &[("a", "dp2-tp1-pp1-mb4-ga2", &[0, 1])]);
-        let (code, _, err) = rr(d, &["apply", "r2.yaml"], Some(point));
+        let (code, _, err) = rr(d, &["apply", "r2.yaml", "--backend", backend], Some(point));
         assert_eq!(code, None, "{point}: killed by a signal: {err}");
         // The next round converges: one run of a, at DP 2, nothing else alive.
-        let (code, _, err) = rr(d, &["apply", "r2.yaml"], None);
+        let (code, _, err) = rr(d, &["apply", "r2.yaml", "--backend", backend], None);
         assert_eq!(code, Some(0), "{point}: {err}");
         let s = state(d);
         assert_eq!(s["jobs"]["a"]["run"]["plan"].as_str(), Some("dp2-tp1-pp1-mb4-ga2"), "{point}");
         let attempt = s["jobs"]["a"]["run"]["attempt"].as_u64().unwrap();
         wait_for("a's new run", || first_iter(d, "a", attempt).is_some());
         std::thread::sleep(Duration::from_millis(300));
+        wait_for("the old run gone", || workers(d).len() <= 1);
         assert_eq!(workers(d).len(), 1, "{point}: exactly one run of a: {:?}", workers(d));
         assert!(first_iter(d, "a", attempt).unwrap() > 1, "{point}: resumed, not restarted from zero");
         // Idempotent from here.
-        ok(d, &["apply", "r2.yaml"]);
+        ok(d, &["apply", "r2.yaml", "--backend", backend]);
         assert_eq!(state(d)["jobs"]["a"]["run"]["attempt"].as_u64(), Some(attempt), "{point}");
         ok(d, &["stop", "a"]);
-        assert!(workers(d).is_empty(), "{point}: {:?}", workers(d));
+        wait_for("no process left", || workers(d).is_empty());
     }
 }
 
 #[test]
 fn a_finished_job_is_recorded_and_not_started_again() {
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 5);
     ok(d, &["submit", "a.yaml"]);
@@ -283,6 +304,7 @@ fn a_finished_job_is_recorded_and_not_started_again() {
 #[test]
 fn bad_schedules_and_states_are_refused_before_anything_is_done() {
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 100);
     ok(d, &["submit", "a.yaml", "b.yaml"]);
@@ -324,6 +346,7 @@ fn bad_schedules_and_states_are_refused_before_anything_is_done() {
 #[test]
 fn a_second_round_at_the_same_time_waits_then_does_nothing() {
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 100);
     ok(d, &["submit", "a.yaml"]);
@@ -342,6 +365,7 @@ fn a_second_round_at_the_same_time_waits_then_does_nothing() {
 #[test]
 fn the_cron_loop_runs_rounds_unattended_until_every_job_finished() {
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 40);
     // A third job, and a cluster of 2 worker slots: three jobs must share them.
@@ -397,6 +421,7 @@ fn the_cron_loop_runs_rounds_unattended_until_every_job_finished() {
 #[test]
 fn a_crashed_job_is_retried_within_its_budget_and_bad_arguments_are_permanent() {
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 100_000);
     // A job that crashes (exit 9) at once, and one whose arguments are bad (exit 2).
@@ -429,6 +454,7 @@ fn a_crashed_job_is_retried_within_its_budget_and_bad_arguments_are_permanent() 
 #[test]
 fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
     let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 100);
     ok(d, &["submit", "a.yaml"]);

@@ -59,3 +59,26 @@ pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Run {
 pub fn temp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temporary directory")
 }
+
+/// Kills, when dropped, every process whose command line or environment names `.0`:
+/// a test that fails half-way leaves no workload of its temporary directory running.
+#[derive(Debug)]
+pub struct Reaper(pub PathBuf);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let needle = self.0.display().to_string();
+        let me = std::process::id();
+        let Ok(entries) = std::fs::read_dir("/proc") else { return };
+        for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+            if pid == me {
+                continue;
+            }
+            let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).unwrap_or_default();
+            let named = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).contains(&needle);
+            if named(read("cmdline")) || named(read("environ")) {
+                let _ = Command::new("kill").args(["-s", "KILL", &pid.to_string()]).status();
+            }
+        }
+    }
+}

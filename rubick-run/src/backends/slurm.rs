@@ -1,5 +1,5 @@
 //! Slurm: each run one `sbatch` job (rubick-launch's batch script: resources as
-//! `#SBATCH` lines, every value single-quoted), named `rubick-JOB-ATTEMPT` so that a
+//! `#SBATCH` lines, every value single-quoted), named `rubick-JOB-ATTEMPT-HASH` (HASH: of the state directory) so that a
 //! run submitted by a `rubick-run` killed before recording its id is found again,
 //! with `--requeue` (a preempted or failed node's job is requeued by Slurm and resumes
 //! from its checkpoint: REQUEUED and PENDING count as alive, not as failures) and
@@ -16,11 +16,21 @@ use super::{Backend, StartSpec, free_port};
 #[derive(Debug, Clone, Copy)]
 pub struct Slurm;
 
-/// The Slurm job name of a run, from its directory `.../jobs/JOB/attempt-N`.
+/// The Slurm job name of a run, from its directory `STATE/jobs/JOB/attempt-N`:
+/// `rubick-JOB-N-HASH`, HASH a digest of the state directory's path, so that two state
+/// directories submitting to one cluster never find each other's jobs.
 fn job_name(dir: &Path) -> Option<String> {
     let attempt = dir.file_name()?.to_str()?.strip_prefix("attempt-")?;
-    let job = dir.parent()?.file_name()?.to_str()?;
-    Some(format!("rubick-{job}-{attempt}"))
+    let job_dir = dir.parent()?;
+    let job = job_dir.file_name()?.to_str()?;
+    let state = std::path::absolute(job_dir.parent()?.parent()?).ok()?;
+    // FNV-1a: stable across builds and platforms (std's hasher is not).
+    let hash = state
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    Some(format!("rubick-{job}-{attempt}-{:08x}", hash & 0xffff_ffff))
 }
 
 impl Backend for Slurm {
