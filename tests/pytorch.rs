@@ -49,11 +49,13 @@ fn skip(var: &str, reason: &str) {
     eprintln!("skipped: {reason}");
 }
 
-fn profile(dir: &Path, venv: &Path, extra: &[&str]) -> (Option<i32>, String) {
+/// `rubick-profile run JOB` on this machine's cluster with the venv's python.
+fn profile(dir: &Path, venv: &Path, job: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
     let out = Command::new(binary("rubick-profile"))
-        .arg("-v")
-        .args(["run", "examples/pytorch/job.yaml", "--cluster"])
+        .args(["-v", "run"])
+        .arg(job)
+        .arg("--cluster")
         .arg(dir.join("local.yaml"))
         .args(extra)
         .current_dir(repo())
@@ -121,6 +123,7 @@ fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
     let (code, stderr) = profile(
         dir.path(),
         &venv,
+        Path::new("examples/pytorch/job.yaml"),
         &["--configs", dir.path().join("configs.csv").to_str().unwrap(), "-o", out.to_str().unwrap()],
     );
     assert_eq!(code, Some(0), "{stderr}");
@@ -136,21 +139,18 @@ fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
     let job = job.replace("  version: 1\n", "  version: 1\n  env: { RUBICK_MAX_MEMORY_GIB: \"0.05\" }\n");
     assert!(job.contains("RUBICK_MAX_MEMORY_GIB"), "{job}");
     std::fs::write(&capped, job).unwrap();
-    let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
-    let o = Command::new(binary("rubick-profile"))
-        .arg("run")
-        .arg(&capped)
-        .arg("--cluster")
-        .arg(dir.path().join("local.yaml"))
-        .arg("--configs")
-        .arg(dir.path().join("one.csv"))
-        .arg("-o")
-        .arg(dir.path().join("oom.csv"))
-        .current_dir(repo())
-        .env("PATH", path)
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let (code, stderr) = profile(
+        dir.path(),
+        &venv,
+        &capped,
+        &[
+            "--configs",
+            dir.path().join("one.csv").to_str().unwrap(),
+            "-o",
+            dir.path().join("oom.csv").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
     let oom = std::fs::read_to_string(dir.path().join("oom.csv")).unwrap();
     assert_eq!(column(&oom, "status"), ["oom"], "{oom}");
 }
@@ -173,6 +173,7 @@ fn the_same_profile_runs_through_a_real_slurm() {
     let (code, stderr) = profile(
         dir.path(),
         &venv,
+        Path::new("examples/pytorch/job.yaml"),
         &[
             "--backend",
             "slurm",

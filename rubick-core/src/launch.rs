@@ -345,6 +345,40 @@ impl MetricLine {
     }
 }
 
+/// The measured iterations among a run's metric lines: the iteration lines after the
+/// first `warmup` of them (by order, since a resumed run numbers on), at most `measured`.
+pub fn measured_iterations(lines: &[MetricLine], warmup: u32, measured: Option<u32>) -> Vec<&MetricLine> {
+    lines
+        .iter()
+        .filter(|m| matches!(m, MetricLine::Iteration { .. }))
+        .skip(warmup as usize)
+        .take(measured.map_or(usize::MAX, |m| m as usize))
+        .collect()
+}
+
+/// The iteration times of metric lines.
+pub fn iteration_times<'a>(lines: impl IntoIterator<Item = &'a MetricLine>) -> Vec<f64> {
+    lines
+        .into_iter()
+        .filter_map(|m| if let MetricLine::Iteration { iter_time_s, .. } = m { Some(*iter_time_s) } else { None })
+        .collect()
+}
+
+/// Mean and sample standard deviation (0 for one value); `None` for none.
+pub fn mean_sd(values: &[f64]) -> Option<(f64, f64)> {
+    if values.is_empty() {
+        return None;
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let sd = if values.len() > 1 {
+        (values.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    Some((mean, sd))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,21 +78,9 @@ pub struct RunOutcome {
     pub wall: Duration,
 }
 
-impl RunOutcome {
-    /// Mean iteration time of the measured iterations: those after `warmup`, at most
-    /// `measured` of them; `None` when there are none.
-    pub fn mean_iter_time_s(&self, warmup: u32, measured: u32) -> Option<f64> {
-        let times: Vec<f64> = self
-            .metrics
-            .iter()
-            .filter_map(|m| match m {
-                MetricLine::Iteration { iter, iter_time_s, .. } if *iter > u64::from(warmup) => Some(*iter_time_s),
-                _ => None,
-            })
-            .take(measured as usize)
-            .collect();
-        (!times.is_empty()).then(|| times.iter().sum::<f64>() / times.len() as f64)
-    }
+/// A TCP port nobody listens on now (the OS picks it): a run's `{master_port}`.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
 }
 
 /// Signals a whole process group (`kill -s SIG -- -PGID`: no unsafe code here).
@@ -306,7 +294,9 @@ echo "not a metric" >> "$RUBICK_METRICS"; echo "job $RUBICK_JOB plan $RUBICK_PLA
         assert_eq!(out.status, RunStatus::Ok, "{}", std::fs::read_to_string(dir.path().join("log.txt")).unwrap());
         assert_eq!(out.metrics.len(), 4);
         assert_eq!(out.ignored_lines, 1);
-        assert!((out.mean_iter_time_s(1, 3).unwrap() - 0.3).abs() < 1e-9);
+        let times =
+            rubick_core::launch::iteration_times(rubick_core::launch::measured_iterations(&out.metrics, 1, Some(3)));
+        assert_eq!(times, [0.2, 0.3, 0.4]);
         assert!(!dir.path().join("pwned").exists() && !Path::new("pwned").exists());
         let log = std::fs::read_to_string(dir.path().join("log.txt")).unwrap();
         assert!(log.contains("job $(touch pwned) plan dp2-tp1-pp1-mb2-ga2"), "{log}");

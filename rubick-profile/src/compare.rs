@@ -320,8 +320,15 @@ fn xml_escape(text: &str) -> String {
 /// The report in `format`.
 pub fn render(comparisons: &[Comparison], format: Format, suite: &str) -> String {
     let mut out = String::new();
-    let change = |c: &Comparison| c.change.map_or_else(|| "-".to_owned(), |x| format!("{:+.1}%", x * 100.0));
-    let p = |c: &Comparison| c.p_slower.map_or_else(|| "-".to_owned(), |x| format!("{x:.3}"));
+    // The cells every format shows: baseline, new, change, p (slower).
+    let cells = |c: &Comparison| {
+        [
+            cell(&c.baseline),
+            cell(&c.new),
+            c.change.map_or_else(|| "-".to_owned(), |x| format!("{:+.1}%", x * 100.0)),
+            c.p_slower.map_or_else(|| "-".to_owned(), |x| format!("{x:.3}")),
+        ]
+    };
     match format {
         Format::Text => {
             let _ = writeln!(
@@ -330,15 +337,12 @@ pub fn render(comparisons: &[Comparison], format: Format, suite: &str) -> String
                 "plan", "placement", "baseline samples/s", "new samples/s", "change", "p"
             );
             for c in comparisons {
+                let [base, new, change, p] = cells(c);
                 let _ = writeln!(
                     out,
-                    "{:<34} {:>9} {:>26} {:>26} {:>8} {:>7}  {}: {}",
+                    "{:<34} {:>9} {base:>26} {new:>26} {change:>8} {p:>7}  {}: {}",
                     c.plan,
                     c.placement,
-                    cell(&c.baseline),
-                    cell(&c.new),
-                    change(c),
-                    p(c),
                     verdict_word(c.verdict),
                     c.reason
                 );
@@ -353,15 +357,12 @@ pub fn render(comparisons: &[Comparison], format: Format, suite: &str) -> String
                 } else {
                     format!("{}: {}", verdict_word(c.verdict), c.reason)
                 };
+                let [base, new, change, p] = cells(c);
                 let _ = writeln!(
                     out,
-                    "| `{}` | {} | {} | {} | {} | {} | {} |",
+                    "| `{}` | {} | {base} | {new} | {change} | {p} | {} |",
                     c.plan,
                     c.placement,
-                    cell(&c.baseline),
-                    cell(&c.new),
-                    change(c),
-                    p(c),
                     verdict.replace('|', "\\|")
                 );
             }
@@ -382,13 +383,8 @@ pub fn render(comparisons: &[Comparison], format: Format, suite: &str) -> String
             );
             for c in comparisons {
                 let name = xml_escape(&format!("{} on {}", c.plan, c.placement));
-                let detail = xml_escape(&format!(
-                    "baseline {}; new {}; change {}; p(slower) {}",
-                    cell(&c.baseline),
-                    cell(&c.new),
-                    change(c),
-                    p(c)
-                ));
+                let [base, new, change, p] = cells(c);
+                let detail = xml_escape(&format!("baseline {base}; new {new}; change {change}; p(slower) {p}"));
                 let _ = write!(out, "    <testcase classname=\"{suite}\" name=\"{name}\">");
                 match c.verdict {
                     Verdict::Regressed => {

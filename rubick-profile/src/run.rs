@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use rubick_core::launch::{Launch, LaunchContext, MetricLine};
+use rubick_core::launch::{Launch, LaunchContext, MetricLine, iteration_times, mean_sd, measured_iterations};
 use rubick_core::select::{Candidate, select};
 use rubick_core::tables::{PROFILE, ProfileRow};
 use rubick_core::{Cluster, Job, MemoryEstimator, NodeGroup, Placement, Plan, PlanSpace};
@@ -172,11 +172,6 @@ fn write_rows(output: &Path, rows: &mut [ProfileRow]) -> anyhow::Result<()> {
     let mut df = rubick_io::table::frame_of(rows, &PROFILE)?;
     rubick_io::table::write_table(&mut df, output, None, &PROFILE)?;
     Ok(())
-}
-
-/// A TCP port nobody listens on now (the OS picks it).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
 }
 
 /// Runs the profile.
@@ -381,7 +376,7 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                     gpus_per_node: planned.placement.max_per_node(),
                     cpus: planned.cpus,
                     master_addr: "127.0.0.1".into(),
-                    master_port: free_port(),
+                    master_port: rubick_launch::supervise::free_port(),
                     deepspeed_config: path("deepspeed.json"),
                     checkpoint_dir: path("checkpoints"),
                     metrics: path("metrics.jsonl"),
@@ -421,17 +416,6 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
     });
 }
 
-/// The measured iterations of a run: after the first `warmup`, at most `measured`.
-fn measured_iterations(outcome: &RunOutcome, warmup: u32, measured: u32) -> Vec<&MetricLine> {
-    outcome
-        .metrics
-        .iter()
-        .filter(|m| matches!(m, MetricLine::Iteration { .. }))
-        .skip(warmup as usize)
-        .take(measured as usize)
-        .collect()
-}
-
 fn mean(values: &[f64]) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }
@@ -459,7 +443,7 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
     };
     row.wall_s = Some(outcome.wall.as_secs_f64());
     let mut status = outcome.status;
-    let lines = measured_iterations(outcome, launch.warmup_iterations, launch.measured_iterations);
+    let lines = measured_iterations(&outcome.metrics, launch.warmup_iterations, Some(launch.measured_iterations));
     if status == RunStatus::Ok && lines.is_empty() {
         tracing::warn!(
             "{} on {}: exited 0 but reported no iteration after the {} warm-up ones; recorded as failed",
@@ -472,16 +456,8 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
     row.status = Some(status.as_str().into());
     if status == RunStatus::Ok {
         let field = |f: fn(&MetricLine) -> Option<f64>| mean(&lines.iter().copied().filter_map(f).collect::<Vec<_>>());
-        let times: Vec<f64> = lines
-            .iter()
-            .filter_map(|m| if let MetricLine::Iteration { iter_time_s, .. } = m { Some(*iter_time_s) } else { None })
-            .collect();
-        let t = mean(&times).unwrap_or(f64::NAN);
-        let sd = if times.len() > 1 {
-            (times.iter().map(|x| (x - t).powi(2)).sum::<f64>() / (times.len() - 1) as f64).sqrt()
-        } else {
-            0.0
-        };
+        let times = iteration_times(lines.iter().copied());
+        let (t, sd) = mean_sd(&times).unwrap_or((f64::NAN, 0.0));
         row.iterations = Some(times.len() as i64);
         row.iter_time_s = Some(t);
         row.iter_time_sd_s = Some(sd);

@@ -244,12 +244,12 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32) -> anyhow::Result<O
 
 /// Brings the records up to date with the backend: runs that ended, runs a killed
 /// rubick-run started but never recorded, stops it never finished.
-fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) {
+fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) -> anyhow::Result<()> {
+    let mut unfinished = Vec::new();
     for (name, rec) in &mut state.jobs {
         let Some(run) = rec.run.clone() else { continue };
         let attempt_dir = dir.attempt_dir(name, run.attempt);
-        let (last, _, _) = backends::progress(&attempt_dir);
-        rec.iterations_done = rec.iterations_done.max(last.unwrap_or(0));
+        rec.iterations_done = rec.iterations_done.max(backends::progress(&attempt_dir).last.unwrap_or(0));
         match run.phase {
             RunPhase::Starting => match backend.recover(&attempt_dir) {
                 Some(handle) => {
@@ -282,42 +282,64 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) {
             }
             RunPhase::Stopping => {
                 tracing::warn!("`{name}`: finishing the stop an interrupted rubick-run began");
-                let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
-                if let Some(h) = &run.handle {
-                    let (secs, clean) = backends::stop(backend, h, launch.stop_signal, secs(launch.stop_timeout_s));
-                    record_stop(rec, &attempt_dir, &run, secs, clean);
-                }
-                rec.run = None;
-                rec.status = JobStatus::Queued;
+                unfinished.push(name.clone());
             }
         }
     }
+    for job in unfinished {
+        stop_run(dir, state, &job, backend)?;
+    }
+    Ok(())
 }
 
 /// Seconds from a run's start to its first metric line: the metrics file's last change,
 /// less the iterations written since at their mean time (exact when one line is there).
 fn first_iteration_s(attempt_dir: &Path, started_unix_s: f64) -> Option<f64> {
+    let progress = backends::progress(attempt_dir);
+    progress.last?;
     let path = attempt_dir.join("metrics.jsonl");
-    let (last, mean, _) = backends::progress(attempt_dir);
-    let text = std::fs::read_to_string(&path).ok()?;
-    let lines = text
-        .lines()
-        .filter_map(rubick_core::launch::MetricLine::parse)
-        .filter(|m| matches!(m, rubick_core::launch::MetricLine::Iteration { .. }))
-        .count();
-    last?;
     let modified =
         std::fs::metadata(&path).ok()?.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64();
-    let first = modified - (lines.saturating_sub(1) as f64) * mean.unwrap_or(0.0);
+    let first = modified - (progress.iterations.saturating_sub(1) as f64) * progress.recent_iter_time_s.unwrap_or(0.0);
     (first >= started_unix_s).then_some(first - started_unix_s)
 }
 
-fn default_launch() -> rubick_core::launch::Launch {
-    serde_yaml_ng::from_str("version: 1\ncommand: [true]\n").unwrap_or_else(|_| unreachable!("a valid literal"))
+/// The job's stop signal and how long it may take to checkpoint and exit (the
+/// contract's defaults for a job without a launch section).
+fn stop_settings(job: &Job) -> (rubick_core::launch::StopSignal, Duration) {
+    job.launch.as_ref().map_or((Default::default(), Duration::from_secs(120)), |l| {
+        (l.stop_signal, Duration::from_secs_f64(l.stop_timeout_s.max(0.0)))
+    })
 }
 
-fn secs(s: f64) -> Duration {
-    Duration::from_secs_f64(s.max(0.0))
+/// Stops the job's run: the intent recorded durably first (phase stopping, which an
+/// interrupted rubick-run finishes next time), then the contract's signal,
+/// `stopTimeoutS`, KILL of what is left; what it cost recorded, the job queued.
+/// `(seconds, exited cleanly)`, or `None` when the job has no run.
+fn stop_run(
+    dir: &StateDir,
+    state: &mut State,
+    job: &str,
+    backend: &dyn Backend,
+) -> anyhow::Result<Option<(f64, bool)>> {
+    let rec = state.jobs.get_mut(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
+    let Some(run) = rec.run.as_mut() else { return Ok(None) };
+    run.phase = RunPhase::Stopping;
+    let run = run.clone();
+    dir.save(state)?;
+    failpoint("stop-recorded");
+    let rec = state.jobs.get_mut(job).context("record")?;
+    let (signal, timeout) = stop_settings(&rec.job);
+    let (secs, clean) = match &run.handle {
+        Some(handle) => backends::stop(backend, handle, signal, timeout),
+        None => (0.0, true),
+    };
+    failpoint("stopped");
+    record_stop(rec, &dir.attempt_dir(job, run.attempt), &run, secs, clean);
+    rec.run = None;
+    rec.status = JobStatus::Queued;
+    dir.save(state)?;
+    Ok(Some((secs, clean)))
 }
 
 /// A run that ended on its own: finished (exit 0) or failed.
@@ -374,14 +396,14 @@ pub fn classify(code: Option<i32>, attempt_dir: &Path) -> Option<Failure> {
 }
 
 fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunRecord, secs: f64, clean: bool) {
-    let (last, _, checkpointed) = backends::progress(attempt_dir);
-    rec.iterations_done = rec.iterations_done.max(last.unwrap_or(0));
+    let progress = backends::progress(attempt_dir);
+    rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
     rec.reconfigurations.push(Reconfiguration {
         from: run.plan.to_string(),
         to: None,
         stop_s: secs,
         clean,
-        checkpointed_iter: checkpointed,
+        checkpointed_iter: progress.checkpointed,
         first_iteration_s: None,
     });
 }
@@ -487,7 +509,7 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
     // Bad input is refused before anything is touched; then the records are brought up
     // to date (a job may have finished since) and the schedule read against them.
     desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
-    refresh(&dir, &mut state, backend.as_ref());
+    refresh(&dir, &mut state, backend.as_ref())?;
     dir.save(&state)?;
     let desired = desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
     let actual: BTreeMap<String, Allocation> = state
@@ -514,28 +536,13 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
     for action in &actions {
         match action {
             Action::Stop { job, reason } => {
-                let rec = state.jobs.get_mut(job).context("a running job has a record")?;
-                let Some(mut run) = rec.run.clone() else { continue };
-                run.phase = RunPhase::Stopping;
-                rec.run = Some(run.clone());
-                dir.save(&state)?;
-                failpoint("stop-recorded");
-                let rec = state.jobs.get_mut(job).context("record")?;
-                let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
-                let handle = run.handle.clone().unwrap_or_default();
-                let (secs, clean) =
-                    backends::stop(backend.as_ref(), &handle, launch.stop_signal, secs(launch.stop_timeout_s));
-                failpoint("stopped");
-                let attempt_dir = dir.attempt_dir(job, run.attempt);
-                record_stop(rec, &attempt_dir, &run, secs, clean);
-                rec.run = None;
-                rec.status = JobStatus::Queued;
-                eprintln!(
-                    "{job}: stopped ({}) in {secs:.1} s{}",
-                    if *reason == StopReason::Reconfigure { "to reconfigure" } else { "preempted" },
-                    if clean { "" } else { " (killed after stopTimeoutS)" }
-                );
-                dir.save(&state)?;
+                if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
+                    eprintln!(
+                        "{job}: stopped ({}) in {secs:.1} s{}",
+                        if *reason == StopReason::Reconfigure { "to reconfigure" } else { "preempted" },
+                        if clean { "" } else { " (killed after stopTimeoutS)" }
+                    );
+                }
             }
             Action::Start { job, allocation } => {
                 let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
@@ -660,7 +667,7 @@ fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Resu
     let dir = locked!(args);
     let mut state = dir.load()?;
     let backend = state_backend(&state)?;
-    refresh(&dir, &mut state, backend.as_ref());
+    refresh(&dir, &mut state, backend.as_ref())?;
     dir.save(&state)?;
     let mut refitted: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(cluster) = &cluster {
@@ -720,7 +727,7 @@ fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyh
     use rubick_core::fit::{FitOptions, Observation, fit};
     use rubick_core::launch::MetricLine;
     use rubick_core::tables::{PROFILE, ProfileRow};
-    let warmup = rec.job.launch.as_ref().map_or(3, |l| l.warmup_iterations) as usize;
+    let warmup = rec.job.launch.as_ref().map_or(3, |l| l.warmup_iterations);
     let links = rubick_core::perfmodel::Links::of_cluster(cluster);
     let (mut rows, mut observations) = (Vec::new(), Vec::new());
     for attempt in 1..=rec.attempts {
@@ -729,18 +736,11 @@ fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyh
         let run: RunRecord =
             serde_yaml_ng::from_str(&text).with_context(|| format!("{}", adir.join("run.yaml").display()))?;
         let metrics = std::fs::read_to_string(adir.join("metrics.jsonl")).unwrap_or_default();
-        let times: Vec<f64> = metrics
-            .lines()
-            .filter_map(MetricLine::parse)
-            .filter_map(|m| if let MetricLine::Iteration { iter_time_s, .. } = m { Some(iter_time_s) } else { None })
-            .skip(warmup)
-            .collect();
+        let lines: Vec<MetricLine> = metrics.lines().filter_map(MetricLine::parse).collect();
+        let times =
+            rubick_core::launch::iteration_times(rubick_core::launch::measured_iterations(&lines, warmup, None));
         let Some(placement) = Placement::new(run.nodes.iter().map(|n| n.gpus.len() as u32).collect()) else { continue };
-        if times.is_empty() {
-            continue;
-        }
-        let mean = times.iter().sum::<f64>() / times.len() as f64;
-        let sd = (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / (times.len().max(2) - 1) as f64).sqrt();
+        let Some((mean, sd)) = rubick_core::launch::mean_sd(&times) else { continue };
         rows.push(ProfileRow {
             job: name.to_owned(),
             model: rec.job.model.name.clone(),
@@ -782,26 +782,13 @@ fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args);
     let mut state = dir.load()?;
     let backend = state_backend(&state)?;
-    refresh(&dir, &mut state, backend.as_ref());
-    let rec = state.jobs.get_mut(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
-    if let Some(mut run) = rec.run.clone() {
-        run.phase = RunPhase::Stopping;
-        rec.run = Some(run.clone());
-        dir.save(&state)?;
-        let rec = state.jobs.get_mut(job).context("record")?;
-        let launch = rec.job.launch.clone().unwrap_or_else(default_launch);
-        let (secs, clean) = backends::stop(
-            backend.as_ref(),
-            run.handle.as_deref().unwrap_or_default(),
-            launch.stop_signal,
-            secs(launch.stop_timeout_s),
-        );
-        record_stop(rec, &dir.attempt_dir(job, run.attempt), &run, secs, clean);
+    refresh(&dir, &mut state, backend.as_ref())?;
+    let was = state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?.status;
+    if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
         eprintln!("{job}: stopped in {secs:.1} s{}", if clean { "" } else { " (killed after stopTimeoutS)" });
     }
     let rec = state.jobs.get_mut(job).context("record")?;
-    rec.run = None;
-    if matches!(rec.status, JobStatus::Queued | JobStatus::Running) {
+    if matches!(was, JobStatus::Queued | JobStatus::Running) {
         rec.status = JobStatus::Stopped;
     }
     dir.save(&state)?;
@@ -812,13 +799,13 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
     let dir = locked!(args);
     let mut state = dir.load()?;
     let backend = state_backend(&state)?;
-    refresh(&dir, &mut state, backend.as_ref());
+    refresh(&dir, &mut state, backend.as_ref())?;
     dir.save(&state)?;
     let mut rows = Vec::new();
     for (name, r) in &state.jobs {
-        let (last, mean, _) =
-            r.run.as_ref().map_or((None, None, None), |run| backends::progress(&dir.attempt_dir(name, run.attempt)));
-        rows.push((name, r, last, mean));
+        let mean =
+            r.run.as_ref().and_then(|run| backends::progress(&dir.attempt_dir(name, run.attempt)).recent_iter_time_s);
+        rows.push((name, r, mean));
     }
     let text = match format {
         StatusFormat::Yaml => serde_yaml_ng::to_string(&state)?,
@@ -827,7 +814,7 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
                 "{:<16} {:<9} {:<32} {:<14} {:>4} {:>11} {:>9} {:>8} {:>10}\n",
                 "job", "status", "plan", "where", "run", "iterations", "iter_s", "stops", "stopping_s"
             );
-            for (name, r, _, mean) in &rows {
+            for (name, r, mean) in &rows {
                 out.push_str(&format!(
                     "{:<16} {:<9} {:<32} {:<14} {:>4} {:>11} {:>9} {:>8} {:>10.1}\n",
                     name,
@@ -856,7 +843,7 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
                 format!("job=\"{}\",plan=\"{plan}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
             };
             let of = |f: &dyn Fn(&JobRecord, Option<f64>) -> f64| -> Vec<(String, f64)> {
-                rows.iter().map(|(n, r, _, mean)| (label(n, r), f(r, *mean))).collect()
+                rows.iter().map(|(n, r, mean)| (label(n, r), f(r, *mean))).collect()
             };
             metric(
                 &mut out,
@@ -888,7 +875,7 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
             );
             let measured: Vec<(String, f64)> = rows
                 .iter()
-                .filter_map(|(n, r, _, mean)| mean.map(|m| (label(n, r), r.job.model.global_batch as f64 / m)))
+                .filter_map(|(n, r, mean)| mean.map(|m| (label(n, r), r.job.model.global_batch as f64 / m)))
                 .collect();
             metric(
                 &mut out,
@@ -903,8 +890,8 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
             let assignment = |name: &str| applied.as_ref().and_then(|s| s.assignments.iter().find(|a| a.job == name));
             let predicted: Vec<(String, f64)> = rows
                 .iter()
-                .filter(|(_, r, _, _)| r.status == JobStatus::Running)
-                .filter_map(|(n, r, _, _)| assignment(n).map(|a| (label(n, r), a.predicted_throughput)))
+                .filter(|(_, r, _)| r.status == JobStatus::Running)
+                .filter_map(|(n, r, _)| assignment(n).map(|a| (label(n, r), a.predicted_throughput)))
                 .collect();
             metric(
                 &mut out,
@@ -915,7 +902,7 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
             );
             let held: Vec<(String, f64)> = rows
                 .iter()
-                .filter_map(|(n, r, _, _)| {
+                .filter_map(|(n, r, _)| {
                     assignment(n)?.guarantee.as_ref().map(|g| (label(n, r), f64::from(u8::from(g.holds))))
                 })
                 .collect();

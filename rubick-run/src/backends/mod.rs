@@ -180,7 +180,8 @@ impl Backend for Local {
 
     fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
         let gpus = spec.allocation.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default();
-        let request = spec.request(spec.dir, spec.checkpoint_dir, ("127.0.0.1", free_port()), gpus)?;
+        let request =
+            spec.request(spec.dir, spec.checkpoint_dir, ("127.0.0.1", rubick_launch::supervise::free_port()), gpus)?;
         let prepared = rubick_launch::supervise::prepare(&request)?;
         let log = std::fs::File::create(&request.log).with_context(|| request.log.display().to_string())?;
         let log2 = log.try_clone()?;
@@ -241,32 +242,35 @@ impl Backend for Local {
     }
 }
 
-/// A TCP port nobody listens on now.
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
+/// A run's metric lines so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Progress {
+    /// Iteration lines written.
+    pub iterations: usize,
+    /// The last iteration's number.
+    pub last: Option<u64>,
+    /// Mean time of the last ten iterations.
+    pub recent_iter_time_s: Option<f64>,
+    /// The iteration of its last checkpoint.
+    pub checkpointed: Option<u64>,
 }
 
-/// The metric lines of a run so far: (last iteration, mean of the last ten iteration
-/// times, iteration of its last checkpoint).
-pub fn progress(dir: &Path) -> (Option<u64>, Option<f64>, Option<u64>) {
-    use rubick_core::launch::MetricLine;
+/// What a run's metric lines (in its directory) say so far.
+pub fn progress(dir: &Path) -> Progress {
+    use rubick_core::launch::{MetricLine, iteration_times, mean_sd};
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
     let lines: Vec<MetricLine> = text.lines().filter_map(MetricLine::parse).collect();
-    let iters: Vec<(u64, f64)> = lines
-        .iter()
-        .filter_map(|m| {
-            if let MetricLine::Iteration { iter, iter_time_s, .. } = m { Some((*iter, *iter_time_s)) } else { None }
-        })
-        .collect();
-    let last = iters.last().map(|(i, _)| *i);
-    let recent: Vec<f64> = iters.iter().rev().take(10).map(|(_, t)| *t).collect();
-    let mean = (!recent.is_empty()).then(|| recent.iter().sum::<f64>() / recent.len() as f64);
-    let checkpointed = lines
-        .iter()
-        .filter_map(|m| match m {
+    let times = iteration_times(&lines);
+    Progress {
+        iterations: times.len(),
+        last: lines
+            .iter()
+            .rev()
+            .find_map(|m| if let MetricLine::Iteration { iter, .. } = m { Some(*iter) } else { None }),
+        recent_iter_time_s: mean_sd(&times[times.len().saturating_sub(10)..]).map(|(mean, _)| mean),
+        checkpointed: lines.iter().rev().find_map(|m| match m {
             MetricLine::Event { event, iter, .. } if event == "checkpointed" => *iter,
             _ => None,
-        })
-        .next_back();
-    (last, mean, checkpointed)
+        }),
+    }
 }

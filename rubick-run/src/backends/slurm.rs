@@ -11,7 +11,7 @@ use std::path::Path;
 
 use rubick_launch::slurm;
 
-use super::{Backend, StartSpec, free_port};
+use super::{Backend, StartSpec};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Slurm;
@@ -41,7 +41,12 @@ impl Backend for Slurm {
     fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
         slurm::available().map_err(|reason| anyhow::anyhow!("--backend slurm: {reason}"))?;
         // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation.
-        let request = spec.request(spec.dir, spec.checkpoint_dir, ("127.0.0.1", free_port()), Vec::new())?;
+        let request = spec.request(
+            spec.dir,
+            spec.checkpoint_dir,
+            ("127.0.0.1", rubick_launch::supervise::free_port()),
+            Vec::new(),
+        )?;
         let a = spec.allocation;
         let share = a.nodes.first();
         let resources = slurm::SlurmResources {
