@@ -10,6 +10,7 @@
 pub mod artifact;
 pub mod cluster;
 pub mod error;
+pub mod external;
 pub mod fit;
 pub mod job;
 pub mod launch;

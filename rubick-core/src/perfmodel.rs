@@ -58,11 +58,12 @@ pub mod idx {
     pub const PIPE_ETA: usize = 12;
     pub const STAGE: usize = 13;
     pub const TP_COMM: usize = 14;
+    pub const STEP: usize = 15;
 }
 
 /// The parameters of the form. The compute prior is replaced per job (from the
 /// model's measured forward time or the data).
-pub const PARAMS: [ParamSpec; 15] = [
+pub const PARAMS: [ParamSpec; 16] = [
     spec("compute_s_per_sample", 0.01, 1e-6, 100.0, 2.0, "forward + backward seconds per sample on one GPU"),
     spec("gc_factor", 1.33, 1.0, 2.5, 0.3, "compute multiplier with activation checkpointing"),
     spec("nvlink_efficiency", 0.5, 0.01, 2.0, 1.0, "share of the cluster's NVLink bandwidth collectives reach"),
@@ -89,9 +90,17 @@ pub const PARAMS: [ParamSpec; 15] = [
     ),
     spec("const_s", 0.01, 1e-5, 5.0, 1.5, "fixed cost per iteration"),
     spec("compute_3d", 1.0, 0.2, 5.0, 0.7, "compute multiplier of TP/PP implementations"),
-    spec("pipeline_eta", 0.5, 0.01, 1.0, 1.0, "effective share of extra micro-batches that fill the pipeline"),
+    spec("pipeline_eta", 0.9, 0.01, 1.0, 0.3, "effective share of extra micro-batches that fill the pipeline"),
     spec("stage_cost_s", 0.01, 1e-5, 2.0, 1.5, "fixed cost per pipeline stage"),
     spec("tp_comm", 1.0, 0.05, 20.0, 1.0, "multiplier of the tensor-parallel all-reduce time"),
+    spec(
+        "step_s_per_layer",
+        2e-4,
+        1e-7,
+        0.5,
+        2.0,
+        "fixed cost of one layer's forward + backward per micro-batch step (kernel launches, small GEMMs): micro-batch efficiency",
+    ),
 ];
 
 /// Values of every parameter, in the order of [`PARAMS`].
@@ -188,6 +197,11 @@ fn nic_scale(placement: &Placement, p: &Params) -> f64 {
     f64::from(rings).powf(p.v(idx::NET_SHARE))
 }
 
+/// The fixed cost of one micro-batch step through all layers (forward + backward).
+fn step_overhead(model: &ModelSpec, p: &Params) -> f64 {
+    p.v(idx::STEP) * f64::from(model.layers)
+}
+
 fn overlap(a: f64, b: f64, k: f64) -> f64 {
     let m = a.max(b);
     if m <= 0.0 {
@@ -211,7 +225,10 @@ fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let params = model.parameter_count() as f64;
     let grad_bytes = model.state_bytes.grad * params;
     let gc = if plan.checkpointing { p.v(idx::GC) } else { 1.0 };
-    let compute = p.v(idx::COMPUTE) * batch / n;
+    let ga = f64::from(plan.ga.max(1));
+    // Work per sample, plus a fixed cost per layer and micro-batch step: a micro-batch
+    // of m samples runs at efficiency m / (m + step * layers / compute).
+    let compute = p.v(idx::COMPUTE) * batch / n + step_overhead(model, p) * ga;
     let forward = compute / 3.0;
     let backward = compute * (gc - 1.0 / 3.0);
     let (sync_factor, gathers) = match plan.zero {
@@ -221,7 +238,6 @@ fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     };
     let sync = collective_s(sync_factor, grad_bytes, placement, links, p);
     let gather = collective_s(1.0, grad_bytes, placement, links, p);
-    let ga = f64::from(plan.ga.max(1));
     // DeepSpeed's ZeRO-2/3 reduce gradients bucket by bucket inside the backward hooks
     // (overlap_comm is off by default): the reduction adds to the backward. Plain DDP
     // overlaps its all-reduce with the backward.
@@ -253,7 +269,10 @@ fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let per_node = f64::from(placement.max_per_node().max(1));
 
     // Compute of one replica's batch, split over its tp * pp GPUs.
-    let stage_compute = p.v(idx::COMPUTE) * p.v(idx::COMPUTE_3D) * per_replica / (tp * pp) * gc;
+    let micro_batches = f64::from(plan.ga.max(1));
+    let stage_compute = (p.v(idx::COMPUTE) * p.v(idx::COMPUTE_3D) * per_replica / (tp * pp)
+        + step_overhead(model, p) / pp * micro_batches)
+        * gc;
     // Megatron: 4 all-reduces of s * b * h activations per layer (2 forward, 2 backward).
     let nvlink = links.nvlink_gbps * p.v(idx::NVLINK) * 1e9;
     let network = links.network_gbps * p.v(idx::NET) * 1e9;
@@ -265,7 +284,6 @@ fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let tp_comm = p.v(idx::TP_COMM) * tp_bytes / tp_link;
     // Pipeline: (M + pp - 1) slots of one micro-batch each; only part of the extra
     // micro-batches fill the bubble in practice.
-    let micro_batches = f64::from(plan.ga.max(1));
     let m_eff = 1.0 + p.v(idx::PIPE_ETA) * (micro_batches - 1.0);
     let bubble = (m_eff + pp - 1.0) / m_eff;
     // Point-to-point activations between stages (forward and backward), across nodes

@@ -40,6 +40,8 @@ fn features(c: &Candidate) -> Vec<f64> {
         lg(c.plan.pp),
         lg(c.plan.dp),
         lg(c.placement.min_per_node()),
+        lg(c.plan.micro_batch),
+        lg(c.plan.ga),
     ]);
     v
 }
