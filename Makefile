@@ -42,7 +42,8 @@ lint: setup
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # The main job on the embedded local default: first a real profile of the PyTorch
-# reference workload on this machine's CPU or GPUs (out/demo-profile.csv) and its fitted
+# reference workload on this machine's CPU or GPUs, of the 8 configurations the
+# selection rule chooses (out/demo-configs.csv, out/demo-profile.csv) and its fitted
 # model (out/demo-pytorch-model.yaml); then one scheduling round for the seven
 # example jobs on the paper's 8 x 8 A800 testbed (schedule in out/, the per-job
 # explanation on stderr), their resource sensitivity curves (out/demo-curves.png) and
@@ -58,8 +59,10 @@ demo: build
 	@echo "# a real profile of the PyTorch reference workload on this machine (examples/pytorch/), then its fit" >&2
 	@venv=$$(scripts/python-env.sh) && set -x && \
 	$(BIN)/rubick-profile devices --cluster-out out/local.yaml >/dev/null && \
+	$(BIN)/rubick-fit select --job examples/pytorch/job.yaml --cluster out/local.yaml --budget 8 \
+	  -o out/demo-configs.csv && \
 	PATH="$$venv/bin:$$PATH" $(BIN)/rubick-profile run examples/pytorch/job.yaml --cluster out/local.yaml \
-	  --configs examples/pytorch/configs-demo.csv --fresh -o out/demo-profile.csv && \
+	  --configs out/demo-configs.csv --fresh -o out/demo-profile.csv && \
 	$(BIN)/rubick-fit fit out/demo-profile.csv --job examples/pytorch/job.yaml --cluster out/local.yaml \
 	  -o out/demo-pytorch-model.yaml
 	@if [ -f "$(REFERENCE)/models.yaml" ]; then ref="--reference $(REFERENCE)"; else \
@@ -87,6 +90,7 @@ demo: build
 
 bench: setup
 	$(CARGO) bench -p rubick-plan --locked --bench rubick
+	$(CARGO) bench -p rubick-fit --locked --bench fit
 	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv"; \
 	$(CARGO) bench -p rubick-profile --locked --bench profile
 	$(CARGO) bench -p rubick-run --locked --bench run

@@ -144,7 +144,8 @@ impl Table {
 
     fn get<'a>(&self, row: &'a [String], line: usize, column: &str) -> Result<&'a str, ExternalError> {
         let i = self.header.iter().position(|h| h == column).ok_or_else(|| err(1, format!("no column `{column}`")))?;
-        Ok(row[i].trim()).and_then(|v| if v.is_empty() { Err(err(line, format!("`{column}` is empty"))) } else { Ok(v) })
+        Ok(row[i].trim())
+            .and_then(|v| if v.is_empty() { Err(err(line, format!("`{column}` is empty"))) } else { Ok(v) })
     }
 
     fn num<T: std::str::FromStr>(&self, row: &[String], line: usize, column: &str) -> Result<T, ExternalError> {
@@ -272,7 +273,8 @@ pub fn parse(set: &str, text: &str) -> Result<ExternalSet, ExternalError> {
         let plan = Plan { ga, checkpointing, ..Plan { tp, pp, ..Plan::data_parallel(dp, micro_batch) } };
         let per_node = t.int(row, line, "gpus_per_node")?;
         let placement = Placement::packed(gpus, per_node).ok_or_else(|| err(line, "no placement"))?;
-        let (hidden, heads, layers) = (t.int(row, line, "hidden")?, t.int(row, line, "heads")?, t.int(row, line, "layers")?);
+        let (hidden, heads, layers) =
+            (t.int(row, line, "hidden")?, t.int(row, line, "heads")?, t.int(row, line, "layers")?);
         let seq_len = t.int(row, line, "seq_len")?;
         let (vocab, parameters) = match source {
             Source::Sailor => (t.int(row, line, "vocab")?, t.num::<u64>(row, line, "parameters")?),
@@ -379,7 +381,7 @@ mod tests {
         let row = &set.jobs[0].rows[0];
         assert_eq!(row.plan.to_string(), "dp2-tp1-pp2-mb4-ga2-gc");
         assert_eq!(row.line, 2);
-        assert_eq!(set.jobs[1].rows[0].plan.ga, 2);
+        assert_eq!(set.jobs[1].rows[0].plan.ga, 8);
         let bad = text.replace("0.3,A100", "-1,A100");
         assert_eq!(parse("x", &bad).unwrap_err().line, 3);
         let bad = text.replace("1,2,2,0.4", "1,3,2,0.4");

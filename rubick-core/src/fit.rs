@@ -244,6 +244,27 @@ pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Res
 }
 
 impl Fit {
+    /// The covariance of the parameters' logarithms, `ln θ`, in the form's order (from
+    /// the covariance of φ: `d ln θ / d φ = (ln hi - ln lo) s (1 - s)`). Stored in a
+    /// `PerfModel` so that `predict` gives the same intervals as the fit.
+    pub fn log_covariance(&self) -> DMatrix<f64> {
+        let d = DVector::from_iterator(
+            N,
+            (0..N).map(|i| {
+                let (lo, hi) = bounds(i);
+                let s = logistic(self.phi[i]);
+                (hi - lo) * s * (1.0 - s)
+            }),
+        );
+        let mut cov = self.covariance.clone();
+        for i in 0..N {
+            for j in 0..N {
+                cov[(i, j)] *= d[i] * d[j];
+            }
+        }
+        cov
+    }
+
     /// A prediction with a ~95 % interval from the parameters' covariance (delta
     /// method on the log of the iteration time).
     pub fn predict_interval(
@@ -253,16 +274,38 @@ impl Fit {
         placement: &Placement,
         links: &Links,
     ) -> (f64, f64, f64) {
-        let f = |phi: &DVector<f64>| {
-            let t = predict(model, plan, placement, links, &theta_of(phi)).total;
-            DVector::from_element(1, t.max(1e-12).ln())
-        };
-        let grad = jacobian_of(f, &self.phi, 1);
-        let var = (&grad * &self.covariance * grad.transpose())[(0, 0)];
-        let mid = predict(model, plan, placement, links, &self.params).total;
-        let half = 1.96 * var.max(0.0).sqrt();
-        if half.is_finite() { (mid * (-half).exp(), mid, mid * half.exp()) } else { (mid, mid, mid) }
+        interval(model, plan, placement, links, &self.params, &self.log_covariance())
     }
+}
+
+/// A prediction `(low, mid, high)` with a ~95 % interval, from parameters and the
+/// covariance of their logarithms (delta method on the log of the iteration time). A
+/// covariance that is not finite gives the point prediction only.
+pub fn interval(
+    model: &ModelSpec,
+    plan: &Plan,
+    placement: &Placement,
+    links: &Links,
+    params: &Params,
+    log_cov: &DMatrix<f64>,
+) -> (f64, f64, f64) {
+    let mid = predict(model, plan, placement, links, params).total;
+    if log_cov.nrows() != N || log_cov.ncols() != N {
+        return (mid, mid, mid);
+    }
+    let ln_mid = mid.max(1e-12).ln();
+    let grad = DVector::from_iterator(
+        N,
+        (0..N).map(|i| {
+            let h: f64 = 1e-5;
+            let mut moved = params.clone();
+            moved.values[i] *= h.exp();
+            (predict(model, plan, placement, links, &moved).total.max(1e-12).ln() - ln_mid) / h
+        }),
+    );
+    let var = (grad.transpose() * log_cov * &grad)[(0, 0)];
+    let half = 1.96 * var.max(0.0).sqrt();
+    if half.is_finite() { (mid * (-half).exp(), mid, mid * half.exp()) } else { (mid, mid, mid) }
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ pub struct PerfModel {
     /// The model's specification, so that the fitted model predicts on its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_spec: Option<crate::model::ModelSpec>,
-    /// Name and version of the model form, e.g. `rubick-whitebox/1`.
+    /// Name and version of the model form, e.g. `rubick-whitebox/2`.
     pub form: String,
     /// Fitted parameters by name.
     pub parameters: BTreeMap<String, FittedParameter>,
@@ -63,6 +63,10 @@ pub struct FitSource {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FitDiagnostics {
     pub mean_rel_error: f64,
+    /// Covariance of the parameters' natural logarithms, rows and columns in the
+    /// form's parameter order: what `predict` turns into ~95 % intervals.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub log_covariance: Vec<Vec<f64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cv_mean_rel_error: Option<f64>,
     #[serde(default)]
@@ -86,9 +90,18 @@ impl PerfModel {
     /// The parameters in the form's order (unlisted ones at their prior centre);
     /// another form or an unknown parameter name is an error naming the field.
     pub fn params(&self) -> Result<crate::perfmodel::Params, ValidationError> {
-        use crate::perfmodel::{FORM, PARAMS, Params};
-        ensure(self.form == FORM, "form", || format!("`{}` is not supported (expected `{FORM}`)", self.form))?;
+        use crate::perfmodel::{FORM, FORM_V1, PARAMS, Params, idx};
+        ensure(self.form == FORM || self.form == FORM_V1, "form", || {
+            format!("`{}` is not supported (expected `{FORM}` or `{FORM_V1}`)", self.form)
+        })?;
         let mut params = Params::prior(PARAMS[0].prior);
+        if self.form == FORM_V1 {
+            // The old form had no cost per micro-batch step.
+            params.values[idx::STEP] = PARAMS[idx::STEP].lower;
+            ensure(!self.parameters.contains_key(PARAMS[idx::STEP].name), "parameters", || {
+                format!("`{}` is not a parameter of {FORM_V1}", PARAMS[idx::STEP].name)
+            })?;
+        }
         for (name, p) in &self.parameters {
             let i = PARAMS.iter().position(|s| s.name == name).ok_or_else(|| {
                 ValidationError::new(format!("parameters.{name}"), format!("not a parameter of {FORM}"))
@@ -157,11 +170,45 @@ impl PerfModel {
             fitted_from: FitSource { source: source.to_owned(), rows: rows.len() as u32 },
             diagnostics: Some(FitDiagnostics {
                 mean_rel_error: mean,
+                log_covariance: {
+                    let cov = fitted.log_covariance();
+                    (0..cov.nrows())
+                        .map(|i| {
+                            (0..cov.ncols()).map(|j| if cov[(i, j)].is_finite() { cov[(i, j)] } else { 0.0 }).collect()
+                        })
+                        .collect()
+                },
                 cv_mean_rel_error: None,
                 rows: consistent,
                 inconsistent_rows: inconsistent,
             }),
         }
+    }
+}
+
+impl PerfModel {
+    /// The stored covariance of the parameters' logarithms, when it has the form's shape.
+    pub fn log_covariance(&self) -> Option<nalgebra::DMatrix<f64>> {
+        let cov = &self.diagnostics.as_ref()?.log_covariance;
+        let n = crate::perfmodel::PARAMS.len();
+        if cov.len() != n || cov.iter().any(|r| r.len() != n) || self.form != crate::perfmodel::FORM {
+            return None;
+        }
+        Some(nalgebra::DMatrix::from_fn(n, n, |i, j| cov[i][j]))
+    }
+
+    /// A ~95 % interval `(low, mid, high)` of the iteration time; without a stored
+    /// covariance the interval is the point itself.
+    pub fn predict_interval(
+        &self,
+        params: &crate::perfmodel::Params,
+        plan: &Plan,
+        placement: &Placement,
+        links: &crate::perfmodel::Links,
+    ) -> Option<(f64, f64, f64)> {
+        let spec = self.model_spec.as_ref()?;
+        let cov = self.log_covariance()?;
+        Some(crate::fit::interval(spec, plan, placement, links, params, &cov))
     }
 }
 
@@ -183,7 +230,19 @@ impl Artifact for PerfModel {
             if let Some(hi) = p.upper {
                 ensure(p.value <= hi, &field, || format!("value {} is above its upper bound {hi}", p.value))?;
             }
+            if let Some(se) = p.std_error {
+                ensure(se.is_finite() && se >= 0.0, &format!("{field}.stdError"), || {
+                    format!("must be a non-negative number, got {se}")
+                })?;
+            }
         }
+        if let Some(d) = &self.diagnostics {
+            ensure(d.log_covariance.iter().flatten().all(|x| x.is_finite()), "diagnostics.logCovariance", || {
+                "every entry must be a finite number".into()
+            })?;
+        }
+        // What `predict` will refuse is refused here: another form, an unknown parameter.
+        self.params()?;
         Ok(())
     }
 }

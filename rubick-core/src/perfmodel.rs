@@ -1,11 +1,14 @@
 //! The performance model: iteration time of a job under a plan and placement.
 //!
-//! Form `rubick-whitebox/1`, a white-box model after the Rubick paper's (see
+//! Form `rubick-whitebox/2`, a white-box model after the Rubick paper's (see
 //! `shared/reference/PERF_MODEL.md`) with its weak spots fixed: bandwidths come from
 //! the cluster (NVLink inside a node, the network across nodes, PCIe for offload), a
 //! pipeline bubble, TP and PP communication that scale with micro-batch, hidden,
 //! sequence and layers per stage, ZeRO stages 1-3 and offload, accumulation and
-//! checkpointing multipliers. Nothing in it is specific to one model: everything
+//! checkpointing multipliers, and (new in `/2`) a fixed cost per layer and micro-batch
+//! step, so that a GPU (or core) runs small micro-batches less efficiently than large
+//! ones: every family pays it once per micro-batch step, so accumulation over many small
+//! micro-batches costs more than one large one. Nothing in it is specific to one model: everything
 //! model-specific is a fitted [`Params`] value or a [`ModelSpec`] field.
 //!
 //! All times are seconds per iteration (one global batch).
@@ -16,7 +19,11 @@ use crate::placement::Placement;
 use crate::plan::{Offload, Plan, ZeroStage};
 
 /// Name and version of the model form, stored in every `PerfModel`.
-pub const FORM: &str = "rubick-whitebox/1";
+pub const FORM: &str = "rubick-whitebox/2";
+
+/// The previous form: the same terms without the fixed cost per micro-batch step
+/// (`step_s_per_layer`), which its models read as zero.
+pub const FORM_V1: &str = "rubick-whitebox/1";
 
 /// One parameter of the form: its name, default (prior centre), bounds, prior width
 /// (standard deviation of the log-normal prior) and meaning.
@@ -236,7 +243,11 @@ fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
         ZeroStage::Two => (1.0, 1.0),
         ZeroStage::Three => (3.0, 1.0),
     };
-    let sync = collective_s(sync_factor, grad_bytes, placement, links, p);
+    // DDP (and ZeRO-1) accumulate locally and reduce once per iteration; ZeRO-2/3 keep
+    // only their shard of the gradients, so they reduce-scatter after every micro-batch
+    // step (and ZeRO-3 gathers the parameters for each step's forward and backward).
+    let reductions = if plan.zero >= ZeroStage::Two { ga } else { 1.0 };
+    let sync = reductions * collective_s(sync_factor, grad_bytes, placement, links, p);
     let gather = collective_s(1.0, grad_bytes, placement, links, p);
     // DeepSpeed's ZeRO-2/3 reduce gradients bucket by bucket inside the backward hooks
     // (overlap_comm is off by default): the reduction adds to the backward. Plain DDP

@@ -8,14 +8,20 @@
 //!    offload and 3-D parameters each need one), starting from the largest
 //!    single-node configuration;
 //! 2. then farthest-point selection in a feature space of plan family, log GPUs,
-//!    log nodes, multi-node, log TP / PP / DP and the smallest per-node GPU count, so
-//!    that the extremes (1 GPU, many nodes, thin nodes) are covered.
+//!    log nodes, multi-node, log TP / PP / DP, the smallest per-node GPU count, and
+//!    log micro-batch and accumulation, so that the extremes (1 GPU, many nodes, thin
+//!    nodes, the smallest and largest micro-batch) are covered: the micro-batch is what
+//!    identifies the fixed cost per micro-batch step, and the planner varies it.
 //!
 //! Ties go to the earlier candidate, so the selection is deterministic for a given
 //! candidate order.
 
+use crate::cluster::NodeGroup;
+use crate::memory::MemoryEstimator;
+use crate::model::ModelSpec;
 use crate::placement::Placement;
 use crate::plan::{Plan, PlanFamily};
+use crate::space::PlanSpace;
 
 /// A configuration that could be profiled.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,14 +46,27 @@ fn features(c: &Candidate) -> Vec<f64> {
         lg(c.plan.pp),
         lg(c.plan.dp),
         lg(c.placement.min_per_node()),
-        lg(c.plan.micro_batch),
-        lg(c.plan.ga),
     ]);
+    v.extend([lg(c.plan.micro_batch), lg(c.plan.ga)]);
     v
 }
 
 fn distance(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt()
+}
+
+/// What a profile can run: every valid, memory-feasible plan of the job's plan space on
+/// 1 to `gpusPerNode` GPUs of one node of `group` (packed), in the plan space's order.
+pub fn one_node_candidates(model: &ModelSpec, group: &NodeGroup, estimator: &MemoryEstimator) -> Vec<Candidate> {
+    (1..=group.gpus_per_node)
+        .flat_map(|gpus| {
+            let placement = Placement::packed(gpus, group.gpus_per_node);
+            PlanSpace::enumerate(model, gpus, group, estimator)
+                .plans
+                .into_iter()
+                .filter_map(move |e| placement.clone().map(|placement| Candidate { plan: e.plan, placement }))
+        })
+        .collect()
 }
 
 /// Indices of the `k` candidates to profile, in the order they were chosen.

@@ -152,7 +152,11 @@ fn job_batch() -> impl Strategy<Value = JobBatch> {
 fn perf_model() -> impl Strategy<Value = PerfModel> {
     (
         name(),
-        prop::collection::btree_map("[a-z_]{1,8}", (num(), prop::option::of(num())), 0..6),
+        prop::collection::btree_map(
+            prop::sample::select(rubick_core::perfmodel::PARAMS.iter().map(|p| p.name.to_owned()).collect::<Vec<_>>()),
+            (num(), prop::option::of(num())),
+            0..6,
+        ),
         1u32..64,
         any::<bool>(),
     )
@@ -161,7 +165,7 @@ fn perf_model() -> impl Strategy<Value = PerfModel> {
             kind: None,
             model,
             model_spec: None,
-            form: "rubick-whitebox/1".into(),
+            form: rubick_core::perfmodel::FORM.into(),
             parameters: params
                 .into_iter()
                 .map(|(k, (v, se))| {
@@ -171,6 +175,11 @@ fn perf_model() -> impl Strategy<Value = PerfModel> {
             fitted_from: FitSource { source: "profile.parquet".into(), rows },
             diagnostics: diag.then(|| FitDiagnostics {
                 mean_rel_error: 0.125,
+                log_covariance: (0..rubick_core::perfmodel::PARAMS.len())
+                    .map(|i| {
+                        (0..rubick_core::perfmodel::PARAMS.len()).map(|j| if i == j { 0.01 } else { 0.0 }).collect()
+                    })
+                    .collect(),
                 cv_mean_rel_error: Some(0.25),
                 rows: vec![RowFit {
                     plan: "dp8-mb1-z2".parse().unwrap(),

@@ -1,6 +1,13 @@
-//! `rubick-fit evaluate`: treat the authors' measured tables as the truth, "profile"
-//! only the K rows the selection rule picks (or use the authors' own profiling runs),
-//! fit, predict every other row, and report the errors and the plan choices.
+//! `rubick-fit evaluate`: treat measured tables as the truth, "profile" only the K rows
+//! the selection rule picks (or, for the authors' data, their own profiling runs), fit,
+//! predict every other row, and report the errors and the plan choices.
+//!
+//! Any measured table can be judged: the authors' (`--reference`), a profile table of
+//! one job (`--table` with `--job`), or others' published measurements
+//! (`--external`, read by `rubick_core::external`). Held-out error is over the rows the
+//! fit did not see; plan-choice regret, among held-out rows with the same GPU count, is
+//! the measured time of the row the model ranks fastest over the fastest measured,
+//! minus 1.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -8,7 +15,8 @@ use std::time::Instant;
 use rubick_core::fit::{FitOptions, Observation, fit};
 use rubick_core::perfmodel::{Links, predict};
 use rubick_core::plan::PlanCode;
-use rubick_core::reference::{MeasuredRow, ProfileRun, TESTBED_GPU_MEMORY_GIB, profiled_rows, resolve_rows};
+use rubick_core::reference::{MeasuredRow, ProfileRun, TESTBED_GPU_MEMORY_GIB, resolve_rows};
+use rubick_core::select::{Candidate, select};
 use rubick_core::space::resolve_code;
 use rubick_core::{MemoryEstimator, ModelSpec, Placement};
 use serde::Serialize;
@@ -23,6 +31,7 @@ pub struct EvaluatedRow {
     pub family: String,
     pub plan: String,
     pub placement: String,
+    pub gpus: u32,
     pub measured_s: f64,
     pub predicted_s: f64,
     pub lower_s: f64,
@@ -45,11 +54,12 @@ pub struct Metrics {
     pub mean_rel_error: Option<f64>,
     pub median_rel_error: Option<f64>,
     pub max_rel_error: Option<f64>,
-    /// Placements with several measured plans where the model's first choice is the best.
+    /// GPU counts with several held-out rows where the model's first choice is the best.
     pub plan_choice_accuracy: Option<f64>,
     /// Mean of (measured time of the model's choice / best measured time - 1).
     pub plan_regret_mean: Option<f64>,
     pub plan_regret_max: Option<f64>,
+    /// (job, GPU count) groups of two or more held-out rows the plan choice was judged on.
     pub placements_compared: usize,
 }
 
@@ -92,7 +102,8 @@ fn family_label(code: &PlanCode) -> String {
     }
 }
 
-/// Errors over held-out rows and plan choice over all rows of each placement.
+/// Errors over held-out rows, and plan choice among the held-out rows of each job with
+/// the same GPU count.
 pub fn metrics(rows: &[&EvaluatedRow]) -> Metrics {
     let mut errors: Vec<f64> = rows.iter().filter(|r| !r.fitted).map(|r| r.rel_error()).collect();
     errors.sort_by(f64::total_cmp);
@@ -101,13 +112,13 @@ pub fn metrics(rows: &[&EvaluatedRow]) -> Metrics {
         let n = errors.len();
         if n % 2 == 1 { errors[n / 2] } else { (errors[n / 2 - 1] + errors[n / 2]) / 2.0 }
     });
-    let mut by_placement: BTreeMap<(String, String), Vec<&EvaluatedRow>> = BTreeMap::new();
-    for r in rows {
-        by_placement.entry((r.model.clone(), r.placement.clone())).or_default().push(r);
+    let mut by_gpus: BTreeMap<(String, u32), Vec<&EvaluatedRow>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| !r.fitted) {
+        by_gpus.entry((r.model.clone(), r.gpus)).or_default().push(r);
     }
     let mut hits = 0;
     let mut regrets = Vec::new();
-    for group in by_placement.values().filter(|g| g.len() >= 2) {
+    for group in by_gpus.values().filter(|g| g.len() >= 2) {
         let best = group.iter().map(|r| r.measured_s).fold(f64::INFINITY, f64::min);
         let Some(chosen) = group.iter().min_by(|a, b| a.predicted_s.total_cmp(&b.predicted_s)) else { continue };
         if chosen.measured_s <= best {
@@ -160,8 +171,20 @@ pub struct Evaluation {
     pub perf_model: rubick_core::perf::PerfModel,
 }
 
-/// Evaluates one model: which rows were fitted is decided by `select` over all rows
-/// (`samples` of them), or the fit uses `profiles` when given.
+/// One measured configuration of a job, as the evaluation reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredConfig {
+    pub plan: rubick_core::Plan,
+    pub placement: Placement,
+    pub iter_time_s: f64,
+    /// How the source names the configuration (the authors' plan code, or the plan).
+    pub code: String,
+    /// The family label rows are grouped by in the report.
+    pub family: String,
+}
+
+/// Evaluates the authors' rows of one model: which rows were fitted is decided by
+/// `select` over all rows (`samples` of them), or the fit uses `profiles` when given.
 pub fn evaluate_model(
     name: &str,
     model: &ModelSpec,
@@ -175,33 +198,109 @@ pub fn evaluate_model(
     if usable.len() < measured.len() {
         tracing::warn!("{name}: {} rows have no plan that fits; left out", measured.len() - usable.len());
     }
-    let (chosen, observations): (Vec<usize>, Vec<Observation>) = match profiles {
-        None => profiled_rows(&usable, samples, links),
-        Some(runs) => (Vec::new(), runs.iter().filter_map(|r| profile_observation(r, model, links)).collect()),
+    let configs: Vec<MeasuredConfig> = usable
+        .iter()
+        .map(|(row, plan)| MeasuredConfig {
+            plan: *plan,
+            placement: row.placement.clone(),
+            iter_time_s: row.iter_time_s,
+            code: row.code.to_string(),
+            family: family_label(&row.code),
+        })
+        .collect();
+    let observations = profiles.map(|runs| runs.iter().filter_map(|r| profile_observation(r, model, links)).collect());
+    let source = if profiles.is_some() { "profiles" } else { "placements" };
+    evaluate_job(name, model, &configs, links, samples, observations, &format!("reference {source} of {name}"))
+}
+
+/// The family label of a plan outside the authors' codes.
+pub fn plan_family_label(plan: &rubick_core::Plan) -> String {
+    match PlanCode::of(plan) {
+        Some(code) => family_label(&code),
+        None => plan.family().as_str().to_owned(),
+    }
+}
+
+/// Measured configurations of another source (a profile table, external rows).
+pub fn configs_of(rows: impl IntoIterator<Item = (rubick_core::Plan, Placement, f64)>) -> Vec<MeasuredConfig> {
+    rows.into_iter()
+        .map(|(plan, placement, iter_time_s)| MeasuredConfig {
+            code: plan.to_string(),
+            family: plan_family_label(&plan),
+            plan,
+            placement,
+            iter_time_s,
+        })
+        .collect()
+}
+
+/// How many rows of a job of `n` are "profiled" at `samples`: at most `n - 1`, so that
+/// one row is held out. `None` when the job has too few rows to judge (a fit needs two
+/// configurations, and one must be left to predict).
+pub fn samples_for(n: usize, samples: usize) -> Option<usize> {
+    (n >= 3).then(|| samples.min(n - 1).max(2))
+}
+
+/// Evaluates one job: its `configs` are the truth; the fit sees `samples` of them
+/// chosen by the selection rule (at most all but one), or `observations` when given
+/// (then every config is held out); every config is predicted.
+pub fn evaluate_job(
+    name: &str,
+    model: &ModelSpec,
+    configs: &[MeasuredConfig],
+    links: Links,
+    samples: usize,
+    observations: Option<Vec<Observation>>,
+    source: &str,
+) -> anyhow::Result<Evaluation> {
+    let (chosen, observations): (Vec<usize>, Vec<Observation>) = match observations {
+        Some(obs) => (Vec::new(), obs),
+        None => {
+            let k = samples_for(configs.len(), samples).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{name}: {} measured row(s): at least 3 are needed to fit 2 and predict 1",
+                    configs.len()
+                )
+            })?;
+            let candidates: Vec<Candidate> =
+                configs.iter().map(|c| Candidate { plan: c.plan, placement: c.placement.clone() }).collect();
+            let chosen = select(&candidates, k);
+            let obs = chosen
+                .iter()
+                .map(|&i| Observation {
+                    plan: configs[i].plan,
+                    placement: configs[i].placement.clone(),
+                    links,
+                    iter_time_s: configs[i].iter_time_s,
+                })
+                .collect();
+            (chosen, obs)
+        }
     };
     let start = Instant::now();
     let fitted = fit(model, &observations, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     // Wall time goes to the log, not the summary, which stays byte-identical.
     tracing::info!("{name}: fitted {} rows in {:.1} ms", observations.len(), start.elapsed().as_secs_f64() * 1e3);
-    let rows: Vec<EvaluatedRow> = usable
+    let rows: Vec<EvaluatedRow> = configs
         .iter()
         .enumerate()
-        .map(|(i, (row, plan))| {
-            let predicted = predict(model, plan, &row.placement, &links, &fitted.params).total;
-            let (lower, _, upper) = fitted.predict_interval(model, plan, &row.placement, &links);
+        .map(|(i, c)| {
+            let predicted = predict(model, &c.plan, &c.placement, &links, &fitted.params).total;
+            let (lower, _, upper) = fitted.predict_interval(model, &c.plan, &c.placement, &links);
             let is_fitted = chosen.contains(&i);
             EvaluatedRow {
                 model: name.to_owned(),
-                code: row.code.to_string(),
-                family: family_label(&row.code),
-                plan: plan.to_string(),
-                placement: row.placement.to_string(),
-                measured_s: row.iter_time_s,
+                code: c.code.clone(),
+                family: c.family.clone(),
+                plan: c.plan.to_string(),
+                placement: c.placement.to_string(),
+                gpus: c.placement.gpus(),
+                measured_s: c.iter_time_s,
                 predicted_s: predicted,
                 lower_s: lower,
                 upper_s: upper,
                 fitted: is_fitted,
-                flagged: !is_fitted && is_inconsistent(row.iter_time_s, predicted),
+                flagged: !is_fitted && is_inconsistent(c.iter_time_s, predicted),
             }
         })
         .collect();
@@ -211,7 +310,7 @@ pub fn evaluate_model(
         metrics: metrics(&all),
         unflagged: metrics(&unflagged),
         families: family_metrics(&all),
-        fitted: chosen.iter().map(|&i| format!("{}@{}", usable[i].0.code, usable[i].0.placement)).collect(),
+        fitted: chosen.iter().map(|&i| format!("{}@{}", configs[i].code, configs[i].placement)).collect(),
         flagged_rows: rows
             .iter()
             .filter(|r| r.flagged)
@@ -225,9 +324,7 @@ pub fn evaluate_model(
             .map(|(p, v)| (p.name.to_owned(), (v * 1e6).round() / 1e6))
             .collect(),
     };
-    let source = if profiles.is_some() { "profiles" } else { "placements" };
-    let perf_model =
-        crate::perf_model_artifact(model, &observations, &fitted, &format!("reference {source} of {name}"));
+    let perf_model = crate::perf_model_artifact(model, &observations, &fitted, source);
     Ok(Evaluation { report, rows, perf_model })
 }
 

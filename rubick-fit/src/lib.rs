@@ -1,10 +1,11 @@
 //! # rubick-fit: a job's performance model, fitted from a few profiling runs
 //!
-//! * `fit` — fit the model form `rubick-whitebox/1` (in `rubick_core::perfmodel`) to a
+//! * `fit` — fit the model form `rubick-whitebox/2` (in `rubick_core::perfmodel`) to a
 //!   profile table and write a `PerfModel`;
 //! * `predict` — iteration time (with a ~95 % interval) of configurations;
-//! * `evaluate` — against the authors' measured tables: profile K rows chosen by the
-//!   selection rule (or use their own profiling runs), predict the rest, report;
+//! * `evaluate` — against measured tables (the authors', a job's own, or others'
+//!   published ones): profile K rows chosen by the selection rule (or use the authors'
+//!   own profiling runs), predict the rest, report error and plan-choice regret;
 //! * `check` — validate `PerfModel` files.
 
 use std::collections::BTreeMap;
@@ -35,6 +36,14 @@ Examples:
 
   # Predict a configuration
   rubick-fit predict model.yaml --cluster data/cluster-a800-8x8.yaml --plan dp8-mb1-ga1-z2 --placement 44
+
+  # Which 8 configurations should the profile run? (the rule `rubick-profile run --budget` uses)
+  rubick-fit select --job job.yaml --cluster local.yaml --budget 8 -o chosen.csv
+  rubick-fit select --job job.yaml --cluster local.yaml --budget 4 --from candidates.csv
+
+  # Judge the model on a job's own measured table, or on others' published measurements
+  rubick-fit evaluate --table measured.csv --job job.yaml --cluster local.yaml --samples 4
+  rubick-fit evaluate --external ../shared/reference/external/vtrain_single.csv --samples 8
 
   # Validate a fitted model
   rubick-fit check model.yaml";
@@ -79,9 +88,18 @@ pub enum Command {
         /// A table of configurations (columns `plan`, `placement`), instead of one
         #[arg(long, conflicts_with = "plan")]
         table: Option<PathBuf>,
+        /// Predictions as CSV (plan, placement, iter_time_s with its ~95 % interval
+        /// low_s / high_s, samples_per_s), `-` for stdout
+        #[arg(short, long, default_value = "-")]
+        output: PathBuf,
     },
-    /// Evaluate the model against the authors' measured tables
+    /// Evaluate the model against measured tables: the authors', a job's, or others'
+    /// published measurements
     Evaluate(EvaluateArgs),
+    /// Choose which configurations to profile: K that identify the model's terms,
+    /// covering every dimension the planner varies (families, GPU counts, TP / PP / DP,
+    /// micro-batch and accumulation); the rule `rubick-profile run --budget` uses
+    Select(SelectArgs),
     /// Validate PerfModel files (YAML); exit 2 naming the first bad file and field
     Check {
         /// PerfModel files, `-` for stdin
@@ -90,21 +108,42 @@ pub enum Command {
     },
 }
 
+/// Which measured rows `evaluate` judges the model on: exactly one source.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct EvaluateSource {
+    /// The authors' reference directory (rubick-artifact); with --cluster
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+    /// A measured table of one job (the `profile` table's columns: plan, placement,
+    /// iter_time_s, status); with --job and --cluster
+    #[arg(long, requires_all = ["job", "cluster"])]
+    pub table: Option<PathBuf>,
+    /// Others' published measurements (vTrain, Sailor or Calculon CSV tables of
+    /// shared/reference/external/): each row's job and cluster come from the table;
+    /// repeat for several tables
+    #[arg(long, num_args = 1..)]
+    pub external: Vec<PathBuf>,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct EvaluateArgs {
-    /// The reference directory (rubick-artifact)
-    #[arg(long)]
-    pub reference: PathBuf,
-    /// A model of models.yaml, or `all`
+    #[command(flatten)]
+    pub source: EvaluateSource,
+    /// With --reference: a model of models.yaml, or `all`
     #[arg(long, default_value = "all")]
     pub model: String,
+    /// The Job the --table measured (YAML)
     #[arg(long)]
-    pub cluster: PathBuf,
-    /// Rows to "profile" per model, chosen by the selection rule
+    pub job: Option<PathBuf>,
+    /// The cluster the rows were measured on (--reference, --table)
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// Rows to "profile" per job, chosen by the selection rule (at most all but one)
     #[arg(long, default_value_t = 8)]
     pub samples: usize,
     /// Fit from the authors' own profiling runs (profiles/<model>/) instead
-    #[arg(long)]
+    #[arg(long, requires = "reference")]
     pub from_profiles: bool,
     /// SUMMARY.yaml to write, `-` for stdout
     #[arg(long, default_value = "-")]
@@ -115,18 +154,41 @@ pub struct EvaluateArgs {
     /// Predicted vs measured, log-log, one colour per plan family (PNG or SVG)
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Write the fitted PerfModel of the (single) --model here, `-` for stdout
+    /// Write the fitted PerfModel of the (single) job here, `-` for stdout
     #[arg(long)]
     pub model_out: Option<PathBuf>,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct SelectArgs {
+    /// The Job to profile (YAML)
+    #[arg(long)]
+    pub job: PathBuf,
+    /// The cluster it will be profiled on (one node of its largest group)
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// How many configurations to choose
+    #[arg(long)]
+    pub budget: usize,
+    /// Choose among these configurations (CSV or Parquet with columns `plan` and
+    /// `placement`; other columns, measured times included, are never read) instead of
+    /// the job's plan space on one node
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// The chosen configurations (`plan,placement` CSV, as `rubick-profile run
+    /// --configs` reads), in the order chosen; `-` for stdout
+    #[arg(short, long, default_value = "-")]
+    pub output: PathBuf,
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
+        Command::Select(args) => run_select(&args),
         Command::Check { files } => rubick_io::cli::check_command::<PerfModel>(&files),
         Command::Evaluate(args) => run_evaluate(&args),
         Command::Fit { profile, job, cluster, output } => run_fit(&profile, &job, &cluster, &output),
-        Command::Predict { model, cluster, plan, placement, table } => {
-            run_predict(&model, &cluster, plan.zip(placement), table.as_deref())
+        Command::Predict { model, cluster, plan, placement, table, output } => {
+            run_predict(&model, &cluster, plan.zip(placement), table.as_deref(), &output)
         }
     }
 }
@@ -136,10 +198,55 @@ fn links_of(cluster: &Cluster) -> Links {
 }
 
 fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
-    anyhow::ensure!(args.samples >= 1, "--samples: expected at least 1 row, got 0");
-    let cluster: Cluster = load_artifact(&args.cluster)?;
+    anyhow::ensure!(args.samples >= 2, "--samples: expected at least 2 rows (a fit needs two), got {}", args.samples);
+    anyhow::ensure!(
+        !(args.model_out.as_deref().is_some_and(rubick_io::files::is_std) && rubick_io::files::is_std(&args.summary)),
+        "--model-out and --summary cannot both be stdout"
+    );
+    let (source, evaluations) = if let Some(reference) = &args.source.reference {
+        evaluate_reference(args, reference)?
+    } else if let Some(table) = &args.source.table {
+        ("table", vec![evaluate_table(args, table)?])
+    } else {
+        ("external", evaluate_external(&args.source.external, args.samples)?)
+    };
+    anyhow::ensure!(
+        args.model_out.is_none() || evaluations.len() == 1,
+        "--model-out: needs a single job, and {} were evaluated",
+        evaluations.len()
+    );
+    let mut reports = Vec::new();
+    let mut perf_models = Vec::new();
+    for (name, evaluate::Evaluation { report, rows, perf_model }) in evaluations {
+        tracing::info!(
+            "{name}: mean error {:.1} % over {} held-out rows",
+            100.0 * report.metrics.mean_rel_error.unwrap_or(f64::NAN),
+            report.metrics.rows - report.metrics.fitted_rows
+        );
+        perf_models.push(perf_model);
+        reports.push((name, report, rows));
+    }
+    let (summary, rows) = evaluate::summarize(source, args.samples, reports);
+    if let Some(path) = &args.rows {
+        write_rows(path, &rows)?;
+    }
+    if let Some(path) = &args.plot {
+        plot::predicted_vs_measured(path, &rows)?;
+    }
+    rubick_io::write_output(&args.summary, serde_yaml_ng::to_string(&summary)?.as_bytes())?;
+    if let (Some(path), Some(model)) = (&args.model_out, perf_models.first()) {
+        rubick_io::write_output(path, to_yaml(model).as_bytes())?;
+    }
+    Ok(Outcome::Done)
+}
+
+type Evaluated = Vec<(String, evaluate::Evaluation)>;
+
+fn evaluate_reference(args: &EvaluateArgs, reference: &Path) -> anyhow::Result<(&'static str, Evaluated)> {
+    let cluster_path = args.cluster.as_deref().context("--reference needs --cluster (the testbed)")?;
+    let cluster: Cluster = load_artifact(cluster_path)?;
     let links = links_of(&cluster);
-    let data = rubick_io::reference::ReferenceData::open(&args.reference)?;
+    let data = rubick_io::reference::ReferenceData::open(reference)?;
     let names: Vec<String> = if args.model == "all" {
         data.model_names().into_iter().map(str::to_owned).collect()
     } else {
@@ -152,39 +259,101 @@ fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
         }
         vec![args.model.clone()]
     };
-    anyhow::ensure!(args.model_out.is_none() || names.len() == 1, "--model-out: needs a single --model, not `all`");
-    anyhow::ensure!(
-        !(args.model_out.as_deref().is_some_and(rubick_io::files::is_std) && rubick_io::files::is_std(&args.summary)),
-        "--model-out and --summary cannot both be stdout"
-    );
-    let mut reports = Vec::new();
-    let mut perf_models = Vec::new();
+    let mut out = Vec::new();
     for name in &names {
         let model = data.model_spec(name)?.context("listed model")?;
         let measured = data.measured_rows(name)?;
         let profiles = if args.from_profiles { Some(data.profiles(name)?) } else { None };
-        let evaluate::Evaluation { report, rows, perf_model } =
-            evaluate::evaluate_model(name, &model, &measured, links, args.samples, profiles.as_deref())?;
-        perf_models.push(perf_model);
-        tracing::info!(
-            "{name}: mean error {:.1} % over {} held-out rows",
-            100.0 * report.metrics.mean_rel_error.unwrap_or(f64::NAN),
-            report.metrics.rows - report.metrics.fitted_rows
-        );
-        reports.push((name.clone(), report, rows));
+        let evaluation = evaluate::evaluate_model(name, &model, &measured, links, args.samples, profiles.as_deref())?;
+        out.push((name.clone(), evaluation));
     }
-    let source = if args.from_profiles { "profiles" } else { "placements" };
-    let (summary, rows) = evaluate::summarize(source, args.samples, reports);
-    if let Some(path) = &args.rows {
-        write_rows(path, &rows)?;
+    Ok((if args.from_profiles { "profiles" } else { "placements" }, out))
+}
+
+fn evaluate_table(args: &EvaluateArgs, table: &Path) -> anyhow::Result<(String, evaluate::Evaluation)> {
+    let job_path = args.job.as_deref().context("--table needs --job")?;
+    let cluster_path = args.cluster.as_deref().context("--table needs --cluster")?;
+    ensure_one_stdin(&[table, job_path, cluster_path])?;
+    let job: Job = load_artifact(job_path)?;
+    let cluster: Cluster = load_artifact(cluster_path)?;
+    let rows = profile_observations(table, &job, &cluster)?;
+    let configs = evaluate::configs_of(rows.into_iter().map(|o| (o.plan, o.placement, o.iter_time_s)));
+    let evaluation = evaluate::evaluate_job(
+        &job.name,
+        &job.model,
+        &configs,
+        links_of(&cluster),
+        args.samples,
+        None,
+        &table.display().to_string(),
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", table.display()))?;
+    Ok((job.name.clone(), evaluation))
+}
+
+/// Every job of external tables with at least 3 rows, named `set/job`; jobs with fewer
+/// rows, and rows rubick cannot write, are logged as left out.
+pub fn evaluate_external(paths: &[PathBuf], samples: usize) -> anyhow::Result<Evaluated> {
+    let mut out = Vec::new();
+    for path in paths {
+        let (set, data) = rubick_io::external::read(path)?;
+        for aside in &data.set_aside {
+            tracing::info!("{}: line {}: left out: {}", path.display(), aside.line, aside.reason);
+        }
+        for job in &data.jobs {
+            let name = format!("{set}/{}", job.name);
+            if evaluate::samples_for(job.rows.len(), samples).is_none() {
+                tracing::info!("{name}: {} row(s), too few to fit two and predict one; left out", job.rows.len());
+                continue;
+            }
+            let configs = evaluate::configs_of(job.rows.iter().map(|r| (r.plan, r.placement.clone(), r.iter_time_s)));
+            let links = links_of(&job.cluster);
+            let source = format!("{} ({})", path.display(), job.name);
+            let evaluation = evaluate::evaluate_job(&name, &job.model, &configs, links, samples, None, &source)?;
+            out.push((name, evaluation));
+        }
     }
-    if let Some(path) = &args.plot {
-        plot::predicted_vs_measured(path, &rows)?;
+    Ok(out)
+}
+
+fn run_select(args: &SelectArgs) -> anyhow::Result<Outcome> {
+    use rubick_core::select::{Candidate, one_node_candidates, select};
+    anyhow::ensure!(args.budget >= 1, "--budget: expected at least 1 configuration, got 0");
+    let inputs: Vec<&Path> =
+        [Some(args.job.as_path()), Some(args.cluster.as_path()), args.from.as_deref()].into_iter().flatten().collect();
+    ensure_one_stdin(&inputs)?;
+    rubick_io::cli::ensure_not_an_input(&args.output, &inputs)?;
+    let job: Job = load_artifact(&args.job)?;
+    let cluster: Cluster = load_artifact(&args.cluster)?;
+    let candidates: Vec<Candidate> = match &args.from {
+        Some(path) => {
+            let configs = rubick_io::table::read_configurations(path)?;
+            for (i, (plan, placement)) in configs.iter().enumerate() {
+                plan.check(&job.model, placement.gpus()).map_err(|v| {
+                    anyhow::anyhow!("{}: line {}: plan `{plan}` on placement {placement}: {v}", path.display(), i + 2)
+                })?;
+            }
+            configs.into_iter().map(|(plan, placement)| Candidate { plan, placement }).collect()
+        }
+        None => {
+            let group = cluster
+                .node_groups
+                .iter()
+                .max_by_key(|g| g.gpus_per_node)
+                .with_context(|| format!("{}: no node group", args.cluster.display()))?;
+            one_node_candidates(&job.model, group, &rubick_core::MemoryEstimator::default())
+        }
+    };
+    anyhow::ensure!(!candidates.is_empty(), "job `{}`: no configuration to choose from", job.name);
+    let chosen = select(&candidates, args.budget);
+    if chosen.len() < args.budget {
+        tracing::warn!("--budget {}: only {} configurations to choose from; all chosen", args.budget, chosen.len());
     }
-    rubick_io::write_output(&args.summary, serde_yaml_ng::to_string(&summary)?.as_bytes())?;
-    if let (Some(path), Some(model)) = (&args.model_out, perf_models.first()) {
-        rubick_io::write_output(path, to_yaml(model).as_bytes())?;
+    let mut out = String::from("plan,placement\n");
+    for i in chosen {
+        out.push_str(&format!("{},{}\n", candidates[i].plan, candidates[i].placement));
     }
+    rubick_io::write_output(&args.output, out.as_bytes())?;
     Ok(Outcome::Done)
 }
 
@@ -223,6 +392,24 @@ pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
     for (i, row) in table.iter().enumerate() {
         let at = |what: &str| format!("{}: line {}: {what}", path.display(), i + 2);
+        if row.model != job.model.name {
+            bail!(
+                "{}: the profile measured model `{}` (job `{}`), but --job `{}` is model `{}`",
+                at("model"),
+                row.model,
+                row.job,
+                job.name,
+                job.model.name
+            );
+        }
+        if let Some(gpu) = row.gpu_type.as_deref().filter(|g| !cluster.gpu_types().contains(g)) {
+            bail!(
+                "{}: the profile ran on GPU type `{gpu}`, but --cluster `{}` has {}",
+                at("gpu_type"),
+                cluster.name,
+                cluster.gpu_types().iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", ")
+            );
+        }
         let plan: Plan = row.plan.parse().with_context(|| at("plan"))?;
         let placement: Placement = row.placement.parse().with_context(|| at("placement"))?;
         if let Some(status) = row.status.as_deref().filter(|s| *s != "ok") {
@@ -250,12 +437,28 @@ pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow
 
 fn run_fit(profile: &Path, job: &Path, cluster: &Path, output: &Path) -> anyhow::Result<Outcome> {
     ensure_one_stdin(&[profile, job, cluster])?;
+    rubick_io::cli::ensure_not_an_input(output, &[profile, job, cluster])?;
     let job: Job = load_artifact(job)?;
     let cluster: Cluster = load_artifact(cluster)?;
     let rows = profile_observations(profile, &job, &cluster)?;
     let fitted =
         fit(&job.model, &rows, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{}: {e}", profile.display()))?;
     let model = perf_model_artifact(&job.model, &rows, &fitted, &profile.display().to_string());
+    if let Some(d) = &model.diagnostics {
+        for r in &d.inconsistent_rows {
+            tracing::warn!(
+                "{}: {} on {} measured {:.4} s, the fit predicts {:.4} s: more than {}x off, listed in \
+                 diagnostics.inconsistentRows (a noisy or broken run, or a term the model lacks)",
+                profile.display(),
+                r.plan,
+                r.placement,
+                r.measured_s,
+                r.predicted_s,
+                rubick_core::perf::FLAG_FACTOR
+            );
+        }
+        tracing::info!("fit: {} rows, mean in-sample error {:.1} %", rows.len(), d.mean_rel_error * 100.0);
+    }
     rubick_io::write_output(output, to_yaml(&model).as_bytes())?;
     Ok(Outcome::Done)
 }
@@ -272,29 +475,82 @@ pub fn params_of(model: &PerfModel, path: &Path) -> anyhow::Result<Params> {
 
 fn run_predict(
     model_path: &Path,
-    cluster: &Path,
+    cluster_path: &Path,
     one: Option<(Plan, Placement)>,
     table: Option<&Path>,
+    output: &Path,
 ) -> anyhow::Result<Outcome> {
+    let inputs: Vec<&Path> = [Some(model_path), Some(cluster_path), table].into_iter().flatten().collect();
+    ensure_one_stdin(&inputs)?;
+    rubick_io::cli::ensure_not_an_input(output, &inputs)?;
     let model: PerfModel = load_artifact(model_path)?;
-    let cluster: Cluster = load_artifact(cluster)?;
+    let cluster: Cluster = load_artifact(cluster_path)?;
     let spec: ModelSpec = model
         .model_spec
         .clone()
         .with_context(|| format!("{}: modelSpec: missing (needed to predict)", model_path.display()))?;
     let params = params_of(&model, model_path)?;
     let links = links_of(&cluster);
-    let configs: Vec<(Plan, Placement)> = match (one, table) {
-        (Some(c), _) => vec![c],
-        (None, Some(path)) => rubick_io::table::read_configurations(path)?,
+    if model.log_covariance().is_none() {
+        tracing::warn!(
+            "{}: no diagnostics.logCovariance (fitted by an older rubick-fit): no intervals, low_s = high_s",
+            model_path.display()
+        );
+    }
+    // Where each configuration comes from, for messages: the table's line or the flags.
+    let configs: Vec<(String, Plan, Placement)> = match (one, table) {
+        (Some((plan, placement)), _) => vec![("--plan/--placement".to_owned(), plan, placement)],
+        (None, Some(path)) => rubick_io::table::read_configurations(path)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, (plan, placement))| (format!("{}: line {}", path.display(), i + 2), plan, placement))
+            .collect(),
         (None, None) => bail!("give --plan and --placement, or --table"),
     };
-    let mut out = String::from("plan,placement,iter_time_s,samples_per_s\n");
-    for (plan, placement) in configs {
-        plan.check(&spec, placement.gpus()).map_err(|v| anyhow::anyhow!("plan `{plan}` on {placement}: {v}"))?;
-        let t = predict(&spec, &plan, &placement, &links, &params).total;
-        out.push_str(&format!("{plan},{placement},{t:.6},{:.4}\n", spec.global_batch as f64 / t));
+    let mut out = String::from("plan,placement,iter_time_s,low_s,high_s,samples_per_s\n");
+    let mut bad = Vec::new();
+    for (at, plan, placement) in &configs {
+        let problem = plan
+            .check(&spec, placement.gpus())
+            .err()
+            .map(|v| v.to_string())
+            .or_else(|| cluster_cannot_hold(&cluster, placement));
+        if let Some(why) = problem {
+            bad.push(format!("{at}: plan `{plan}` on placement {placement}: {why}"));
+            continue;
+        }
+        let (low, t, high) = model.predict_interval(&params, plan, placement, &links).unwrap_or_else(|| {
+            let t = predict(&spec, plan, placement, &links, &params).total;
+            (t, t, t)
+        });
+        out.push_str(&format!("{plan},{placement},{t:.6},{low:.6},{high:.6},{:.4}\n", spec.global_batch as f64 / t));
     }
-    rubick_io::write_output(Path::new("-"), out.as_bytes())?;
-    Ok(Outcome::Done)
+    if configs.len() == bad.len() {
+        bail!("{}", bad.join("\n"));
+    }
+    for b in &bad {
+        tracing::error!("{b}; not predicted");
+    }
+    rubick_io::write_output(output, out.as_bytes())?;
+    // Some rows were predicted, some refused: the output is written, the exit says so.
+    if bad.is_empty() {
+        Ok(Outcome::Done)
+    } else {
+        bail!("{} of {} configurations refused (above)", bad.len(), configs.len())
+    }
+}
+
+/// Why `cluster` cannot hold `placement` (no node group with enough nodes of enough
+/// GPUs), or `None` when one can.
+fn cluster_cannot_hold(cluster: &Cluster, placement: &Placement) -> Option<String> {
+    let fits =
+        cluster.node_groups.iter().any(|g| placement.max_per_node() <= g.gpus_per_node && placement.nodes() <= g.count);
+    (!fits).then(|| {
+        format!(
+            "the cluster `{}` has no group of {} node(s) with {} GPUs each",
+            cluster.name,
+            placement.nodes(),
+            placement.max_per_node()
+        )
+    })
 }

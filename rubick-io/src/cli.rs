@@ -93,6 +93,25 @@ pub fn ensure_one_stdin(inputs: &[&Path]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fails when the output `-o` names one of the inputs (the same file, through any path):
+/// writing it would replace what is being read.
+pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> anyhow::Result<()> {
+    if crate::files::is_std(output) {
+        return Ok(());
+    }
+    let Ok(out) = std::fs::canonicalize(output) else { return Ok(()) };
+    for input in inputs.iter().filter(|p| !crate::files::is_std(p)) {
+        if std::fs::canonicalize(input).is_ok_and(|i| i == out) {
+            anyhow::bail!(
+                "the output {} is also an input ({}); write it elsewhere, inputs are never overwritten",
+                output.display(),
+                input.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The body of every tool's `check FILES...` command for one artifact kind: one
 /// stdin at most, each file parsed and validated, the first bad one is the error.
 pub fn check_command<T: rubick_core::Artifact>(files: &[std::path::PathBuf]) -> anyhow::Result<Outcome> {

@@ -8,6 +8,7 @@
 //! * [`cli`]: conventions every rubick binary shares (logging, exit codes, formats).
 
 pub mod cli;
+pub mod external;
 pub mod files;
 pub mod plot;
 pub mod reference;

@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use rubick_core::launch::{Launch, LaunchContext, MetricLine, iteration_times, mean_sd, measured_iterations};
 use rubick_core::select::{Candidate, select};
 use rubick_core::tables::{PROFILE, ProfileRow};
-use rubick_core::{Cluster, Job, MemoryEstimator, NodeGroup, Placement, Plan, PlanSpace};
+use rubick_core::{Cluster, Job, MemoryEstimator, NodeGroup, Placement, Plan};
 use rubick_io::cli::Outcome;
 use rubick_io::files::{is_std, load_artifact};
 use rubick_launch::{RunOutcome, RunRequest, RunStatus};
@@ -126,15 +126,7 @@ fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Resul
     }
     anyhow::ensure!(args.budget >= 1, "--budget: must be at least 1");
     let estimator = MemoryEstimator::default();
-    let candidates: Vec<Candidate> = (1..=group.gpus_per_node)
-        .flat_map(|gpus| {
-            let placement = Placement::packed(gpus, group.gpus_per_node);
-            PlanSpace::enumerate(&job.model, gpus, group, &estimator)
-                .plans
-                .into_iter()
-                .filter_map(move |e| placement.clone().map(|placement| Candidate { plan: e.plan, placement }))
-        })
-        .collect();
+    let candidates: Vec<Candidate> = rubick_core::select::one_node_candidates(&job.model, group, &estimator);
     anyhow::ensure!(
         !candidates.is_empty(),
         "job `{}`: no plan of its model fits one node of group `{}` ({} x {} GiB)",

@@ -1,0 +1,91 @@
+//! `make bench`, the performance model's part: held-out error and plan-choice regret on
+//! others' published measurements (each external table) and on the authors' rows, at K =
+//! 4 and 8 profiled rows chosen by the project's selection rule; the time of one fit.
+//! Every figure as one line `bench: NAME VALUE UNIT`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rubick_fit::evaluate::{self, EvaluatedRow, Metrics};
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or_else(|| "nan".to_owned(), |v| format!("{:.1}", v * 100.0))
+}
+
+fn print(name: &str, m: &Metrics) {
+    println!("bench: {name}_err_pct {} %", pct(m.mean_rel_error));
+    println!("bench: {name}_median_err_pct {} %", pct(m.median_rel_error));
+    println!("bench: {name}_regret_pct {} %", pct(m.plan_regret_mean));
+}
+
+fn main() -> anyhow::Result<()> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    match rubick_io::external::locate(&root) {
+        None => eprintln!("bench: skipping the external sets: ../shared/reference/external is absent"),
+        Some(dir) => {
+            for k in [4, 8] {
+                let mut pooled: Vec<EvaluatedRow> = Vec::new();
+                for set in rubick_io::external::SETS {
+                    let evaluations = rubick_fit::evaluate_external(&[dir.join(format!("{set}.csv"))], k)?;
+                    let rows: Vec<EvaluatedRow> = evaluations.into_iter().flat_map(|(_, e)| e.rows).collect();
+                    let refs: Vec<&EvaluatedRow> = rows.iter().collect();
+                    let m = evaluate::metrics(&refs);
+                    print(&format!("fit_external_{set}_k{k}"), &m);
+                    println!("bench: fit_external_{set}_k{k}_heldout_rows {} rows", m.rows - m.fitted_rows);
+                    pooled.extend(rows);
+                }
+                let refs: Vec<&EvaluatedRow> = pooled.iter().collect();
+                print(&format!("fit_external_pooled_k{k}"), &evaluate::metrics(&refs));
+            }
+            // One fit's wall time: every vTrain single-node job at K = 8, median and max.
+            let (_, data) = rubick_io::external::read(&dir.join("vtrain_single.csv"))?;
+            let mut times = Vec::new();
+            for job in &data.jobs {
+                let links = rubick_core::perfmodel::Links::of_cluster(&job.cluster);
+                let obs: Vec<rubick_core::fit::Observation> = job
+                    .rows
+                    .iter()
+                    .take(8)
+                    .map(|r| rubick_core::fit::Observation {
+                        plan: r.plan,
+                        placement: r.placement.clone(),
+                        links,
+                        iter_time_s: r.iter_time_s,
+                    })
+                    .collect();
+                if obs.len() < 2 {
+                    continue;
+                }
+                let start = Instant::now();
+                rubick_core::fit::fit(&job.model, &obs, &rubick_core::fit::FitOptions::default())?;
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            times.sort_by(f64::total_cmp);
+            println!("bench: fit_one_job_ms {:.2} ms", times[times.len() / 2]);
+            println!("bench: fit_one_job_max_ms {:.2} ms", times.last().copied().unwrap_or(f64::NAN));
+        }
+    }
+    match rubick_io::reference::locate(&root) {
+        None => eprintln!("bench: skipping the authors' rows: ../shared/reference/rubick-artifact is absent"),
+        Some(dir) => {
+            let data = rubick_io::reference::ReferenceData::open(&dir)?;
+            let cluster: rubick_core::Cluster = rubick_io::load_artifact(&root.join("data/cluster-a800-8x8.yaml"))?;
+            let links = rubick_core::perfmodel::Links::of_cluster(&cluster);
+            for k in [4, 8] {
+                let mut pooled = Vec::new();
+                for name in data.model_names() {
+                    let model = data.model_spec(name)?.ok_or_else(|| anyhow::anyhow!("{name}: no spec"))?;
+                    let measured = data.measured_rows(name)?;
+                    let e = evaluate::evaluate_model(name, &model, &measured, links, k, None)?;
+                    if k == 8 {
+                        print(&format!("fit_reference_{name}_k{k}"), &e.report.metrics);
+                    }
+                    pooled.extend(e.rows);
+                }
+                let refs: Vec<&EvaluatedRow> = pooled.iter().collect();
+                print(&format!("fit_reference_pooled_k{k}"), &evaluate::metrics(&refs));
+            }
+        }
+    }
+    Ok(())
+}
