@@ -144,8 +144,8 @@ impl Table {
 
     fn get<'a>(&self, row: &'a [String], line: usize, column: &str) -> Result<&'a str, ExternalError> {
         let i = self.header.iter().position(|h| h == column).ok_or_else(|| err(1, format!("no column `{column}`")))?;
-        Ok(row[i].trim())
-            .and_then(|v| if v.is_empty() { Err(err(line, format!("`{column}` is empty"))) } else { Ok(v) })
+        let v = row[i].trim();
+        if v.is_empty() { Err(err(line, format!("`{column}` is empty"))) } else { Ok(v) }
     }
 
     fn num<T: std::str::FromStr>(&self, row: &[String], line: usize, column: &str) -> Result<T, ExternalError> {
@@ -265,12 +265,9 @@ pub fn parse(set: &str, text: &str) -> Result<ExternalSet, ExternalError> {
         if !(iter_time_s.is_finite() && iter_time_s > 0.0) {
             return Err(err(line, format!("iter_time_s must be a positive number of seconds, got {iter_time_s}")));
         }
-        let checkpointing = match source {
-            Source::VTrain => true,
-            Source::Calculon => true,
-            Source::Sailor => false,
-        };
-        let plan = Plan { ga, checkpointing, ..Plan { tp, pp, ..Plan::data_parallel(dp, micro_batch) } };
+        // vTrain's and Calculon's `full` rows recompute every layer; Sailor's say nothing.
+        let checkpointing = source != Source::Sailor;
+        let plan = Plan { tp, pp, ga, checkpointing, ..Plan::data_parallel(dp, micro_batch) };
         let per_node = t.int(row, line, "gpus_per_node")?;
         let placement = Placement::packed(gpus, per_node).ok_or_else(|| err(line, "no placement"))?;
         let (hidden, heads, layers) =

@@ -37,25 +37,16 @@ fn main() -> anyhow::Result<()> {
                 let refs: Vec<&EvaluatedRow> = pooled.iter().collect();
                 print(&format!("fit_external_pooled_k{k}"), &evaluate::metrics(&refs));
             }
-            // One fit's wall time: every vTrain single-node job at K = 8, median and max.
+            // One fit's wall time: every vTrain single-node job, on the K = 8 rows the
+            // selection chooses (as the evaluation above), median and max.
             let (_, data) = rubick_io::external::read(&dir.join("vtrain_single.csv"))?;
             let mut times = Vec::new();
             for job in &data.jobs {
                 let links = rubick_core::perfmodel::Links::of_cluster(&job.cluster);
-                let obs: Vec<rubick_core::fit::Observation> = job
-                    .rows
-                    .iter()
-                    .take(8)
-                    .map(|r| rubick_core::fit::Observation {
-                        plan: r.plan,
-                        placement: r.placement.clone(),
-                        links,
-                        iter_time_s: r.iter_time_s,
-                    })
-                    .collect();
-                if obs.len() < 2 {
-                    continue;
-                }
+                let Some(k) = evaluate::samples_for(job.rows.len(), 8) else { continue };
+                let configs =
+                    evaluate::configs_of(job.rows.iter().map(|r| (r.plan, r.placement.clone(), r.iter_time_s)));
+                let (_, obs) = evaluate::profiled(&configs, k, links);
                 let start = Instant::now();
                 rubick_core::fit::fit(&job.model, &obs, &rubick_core::fit::FitOptions::default())?;
                 times.push(start.elapsed().as_secs_f64() * 1e3);

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use rubick_core::fit::{FitOptions, Observation, fit};
-use rubick_core::perfmodel::{Links, predict};
+use rubick_core::perfmodel::Links;
 use rubick_core::plan::PlanCode;
 use rubick_core::reference::{MeasuredRow, ProfileRun, TESTBED_GPU_MEMORY_GIB, resolve_rows};
 use rubick_core::select::{Candidate, select};
@@ -241,6 +241,24 @@ pub fn samples_for(n: usize, samples: usize) -> Option<usize> {
     (n >= 3).then(|| samples.min(n - 1).max(2))
 }
 
+/// The `k` configurations the selection rule would profile, by index, and their
+/// measurements as fit observations (only plans and placements decide which).
+pub fn profiled(configs: &[MeasuredConfig], k: usize, links: Links) -> (Vec<usize>, Vec<Observation>) {
+    let candidates: Vec<Candidate> =
+        configs.iter().map(|c| Candidate { plan: c.plan, placement: c.placement.clone() }).collect();
+    let chosen = select(&candidates, k);
+    let observations = chosen
+        .iter()
+        .map(|&i| Observation {
+            plan: configs[i].plan,
+            placement: configs[i].placement.clone(),
+            links,
+            iter_time_s: configs[i].iter_time_s,
+        })
+        .collect();
+    (chosen, observations)
+}
+
 /// Evaluates one job: its `configs` are the truth; the fit sees `samples` of them
 /// chosen by the selection rule (at most all but one), or `observations` when given
 /// (then every config is held out); every config is predicted.
@@ -262,31 +280,20 @@ pub fn evaluate_job(
                     configs.len()
                 )
             })?;
-            let candidates: Vec<Candidate> =
-                configs.iter().map(|c| Candidate { plan: c.plan, placement: c.placement.clone() }).collect();
-            let chosen = select(&candidates, k);
-            let obs = chosen
-                .iter()
-                .map(|&i| Observation {
-                    plan: configs[i].plan,
-                    placement: configs[i].placement.clone(),
-                    links,
-                    iter_time_s: configs[i].iter_time_s,
-                })
-                .collect();
-            (chosen, obs)
+            profiled(configs, k, links)
         }
     };
     let start = Instant::now();
     let fitted = fit(model, &observations, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     // Wall time goes to the log, not the summary, which stays byte-identical.
     tracing::info!("{name}: fitted {} rows in {:.1} ms", observations.len(), start.elapsed().as_secs_f64() * 1e3);
+    let log_cov = fitted.log_covariance();
     let rows: Vec<EvaluatedRow> = configs
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let predicted = predict(model, &c.plan, &c.placement, &links, &fitted.params).total;
-            let (lower, _, upper) = fitted.predict_interval(model, &c.plan, &c.placement, &links);
+            let (lower, predicted, upper) =
+                rubick_core::fit::interval(model, &c.plan, &c.placement, &links, &fitted.params, &log_cov);
             let is_fitted = chosen.contains(&i);
             EvaluatedRow {
                 model: name.to_owned(),

@@ -32,6 +32,22 @@ fn fit_tool(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// Runs `evaluate` twice (the first time with `extra` outputs too) and returns the
+/// summary, checked byte-identical across the two runs.
+fn evaluate_twice(dir: &Path, args: &[&str], extra: &[&str]) -> String {
+    let mut a = args.to_vec();
+    a.extend(["--summary", "a.yaml"]);
+    a.extend(extra);
+    let (code, _, err) = fit_tool(dir, &a);
+    assert_eq!(code, Some(0), "{err}");
+    let mut b = args.to_vec();
+    b.extend(["--summary", "b.yaml"]);
+    assert_eq!(fit_tool(dir, &b).0, Some(0));
+    let text = std::fs::read_to_string(dir.join("a.yaml")).unwrap();
+    assert_eq!(text, std::fs::read_to_string(dir.join("b.yaml")).unwrap(), "byte-identical summaries");
+    text
+}
+
 fn cluster() -> String {
     repo().join("data/cluster-a800-8x8.yaml").display().to_string()
 }
@@ -49,15 +65,7 @@ fn evaluate_all_models_with_eight_rows_each() {
     let dir = tempfile::tempdir().unwrap();
     let reference = reference.display().to_string();
     let args = ["evaluate", "--reference", &reference, "--model", "all", "--cluster", &cluster(), "--samples", "8"];
-    let mut a = args.to_vec();
-    a.extend(["--summary", "a.yaml", "--rows", "rows.csv", "--plot", "fit.svg"]);
-    let (code, _, err) = fit_tool(dir.path(), &a);
-    assert_eq!(code, Some(0), "{err}");
-    let mut b = args.to_vec();
-    b.extend(["--summary", "b.yaml"]);
-    assert_eq!(fit_tool(dir.path(), &b).0, Some(0));
-    let text = std::fs::read_to_string(dir.path().join("a.yaml")).unwrap();
-    assert_eq!(text, std::fs::read_to_string(dir.path().join("b.yaml")).unwrap(), "byte-identical summaries");
+    let text = evaluate_twice(dir.path(), &args, &["--rows", "rows.csv", "--plot", "fit.svg"]);
     assert!(std::fs::read_to_string(dir.path().join("fit.svg")).unwrap().contains("<svg"));
     assert!(std::fs::read_to_string(dir.path().join("rows.csv")).unwrap().lines().count() == 513);
 
@@ -238,15 +246,7 @@ fn evaluate_external_sets_with_eight_rows_each() {
         rubick_io::external::SETS.iter().map(|s| dir.join(format!("{s}.csv")).display().to_string()).collect();
     let mut args = vec!["evaluate", "--samples", "8", "--external"];
     args.extend(files.iter().map(String::as_str));
-    let mut a = args.clone();
-    a.extend(["--summary", "a.yaml"]);
-    let (code, _, err) = fit_tool(tmp.path(), &a);
-    assert_eq!(code, Some(0), "{err}");
-    let mut b = args.clone();
-    b.extend(["--summary", "b.yaml"]);
-    assert_eq!(fit_tool(tmp.path(), &b).0, Some(0));
-    let text = std::fs::read_to_string(tmp.path().join("a.yaml")).unwrap();
-    assert_eq!(text, std::fs::read_to_string(tmp.path().join("b.yaml")).unwrap(), "byte-identical summaries");
+    let text = evaluate_twice(tmp.path(), &args, &[]);
     let summary: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
     let overall = &summary["overall"];
     assert!(num(overall, "mean_rel_error") <= 0.12, "pooled {overall:?}");

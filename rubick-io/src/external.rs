@@ -12,7 +12,7 @@ pub const SETS: [&str; 4] = ["vtrain_single", "vtrain_multi", "sailor", "calculo
 pub fn locate(start: &Path) -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("RUBICK_EXTERNAL") {
         let dir = PathBuf::from(dir);
-        return dir.join("README.md").is_file().then_some(dir);
+        return dir.join("vtrain_single.csv").is_file().then_some(dir);
     }
     start.ancestors().map(|a| a.join("shared/reference/external")).find(|d| d.join("vtrain_single.csv").is_file())
 }
