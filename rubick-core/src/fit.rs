@@ -17,6 +17,9 @@ use crate::placement::Placement;
 use crate::plan::Plan;
 
 const N: usize = PARAMS.len();
+/// Patience of each start's short search, and of the winner's run to convergence.
+const SCOUT_PATIENCE: usize = 12;
+const POLISH_PATIENCE: usize = 60;
 
 /// One measured configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -210,15 +213,26 @@ pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Res
         }
         starts.push(phi_of(&theta));
     }
+    // Every start runs a short search (patience 12: at most 12·(N+1) evaluations), and
+    // only the best is then run to convergence. The starts agree on most jobs, and a
+    // start crawling along a flat valley no longer costs its full patience.
     let mut best: Option<(f64, usize, DVector<f64>)> = None;
     for (start, phi) in starts.into_iter().enumerate() {
         let problem = Problem { model, rows, prior: prior.clone(), sigma: options.sigma, phi };
-        let (solved, _report) = LevenbergMarquardt::new().with_patience(60).minimize(problem);
+        let (solved, _) = LevenbergMarquardt::new().with_patience(SCOUT_PATIENCE).minimize(problem);
         let Some(r) = solved.residuals() else { continue };
         let cost = 0.5 * r.norm_squared();
         if cost.is_finite() && best.as_ref().is_none_or(|(c, _, _)| cost < *c - 1e-12) {
             best = Some((cost, start, solved.phi));
         }
+    }
+    if let Some((cost, start, phi)) = best.take() {
+        let problem = Problem { model, rows, prior: prior.clone(), sigma: options.sigma, phi: phi.clone() };
+        let (solved, _) = LevenbergMarquardt::new().with_patience(POLISH_PATIENCE).minimize(problem);
+        best = match solved.residuals().map(|r| 0.5 * r.norm_squared()) {
+            Some(c) if c.is_finite() && c <= cost => Some((c, start, solved.phi)),
+            _ => Some((cost, start, phi)),
+        };
     }
     let (cost, start, phi) = best.ok_or(FitError::NoSolution)?;
     let problem = Problem { model, rows, prior, sigma: options.sigma, phi: phi.clone() };
