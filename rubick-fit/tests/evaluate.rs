@@ -84,9 +84,10 @@ fn evaluate_all_models_with_eight_rows_each() {
     }
     assert_eq!(num(overall, "rows"), 512.0);
     assert_eq!(num(overall, "fitted_rows"), 56.0);
-    // 15.2 % when the form landed, 14.7-14.8 % before the micro-batch term; 15.6 % since
-    // the selection covers the micro-batch (which the external sets need): see issue 17.
-    assert!(num(overall, "mean_rel_error") <= 0.16, "{overall:?}");
+    // 15.2 % when the form landed, 14.7-14.8 % before the micro-batch term, 15.6 % with
+    // the micro-batch as a selection coordinate, 14.8 % with accumulation as the only new
+    // one (see rubick_core::select and issue 17).
+    assert!(num(overall, "mean_rel_error") <= 0.15, "{overall:?}");
     assert!(num(overall, "median_rel_error") <= 0.10, "{overall:?}");
     let models = summary["models"].as_mapping().unwrap();
     assert_eq!(models.len(), 7);
