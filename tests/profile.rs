@@ -19,12 +19,18 @@ if [ "$RUBICK_GC" = 1 ] && [ -n "${HANG_ON_GC:-}" ]; then
   echo $! > "$dir/hang.pid"
   wait
 fi
+if [ "$RUBICK_ZERO" = 3 ]; then
+  echo 'ZeRO-3 is not implemented by this script' >&2
+  exit 2
+fi
+n=$RUBICK_ITERATIONS
+[ -f "$dir/ignore-iterations" ] && n=1000000
 if [ "$mb" -ge 8 ]; then
   echo 'torch.OutOfMemoryError: CUDA out of memory (stand-in)' >&2
   exit 3
 fi
 i=1
-while [ "$i" -le "$RUBICK_ITERATIONS" ]; do
+while [ "$i" -le "$n" ]; do
   t=$(awk -v mb="$mb" -v ga="$RUBICK_GA" -v s="${SLOW:-1}" -v i="$i" 'BEGIN { printf "%.6f", 0.002 * mb * ga * s * (1 + 0.01 * (i % 3 - 1)) }')
   echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":$t,\"samples\":16}" >> "$RUBICK_METRICS"
   i=$((i + 1))
@@ -64,7 +70,7 @@ launch:
     std::fs::write(dir.join("job.yaml"), job).unwrap();
     std::fs::write(
         dir.join("configs.csv"),
-        "plan,placement\ndp1-tp1-pp1-mb4-ga4,1\ndp1-tp1-pp1-mb2-ga8,1\ndp1-tp1-pp1-mb16-ga1,1\ndp2-tp1-pp1-mb2-ga4-z1,2\n",
+        "plan,placement\ndp1-tp1-pp1-mb4-ga4,1\ndp1-tp1-pp1-mb2-ga8,1\ndp1-tp1-pp1-mb16-ga1,1\ndp2-tp1-pp1-mb2-ga4-z1,2\ndp2-tp1-pp1-mb2-ga4-z3,2\n",
     )
     .unwrap();
 }
@@ -101,15 +107,38 @@ fn a_profile_records_every_run_with_its_status_and_times() {
     {
         column(&csv, col);
     }
-    assert_eq!(column(&csv, "status"), ["oom", "ok", "ok", "ok"], "sorted by plan: dp1 mb16 is out of memory: {csv}");
-    assert_eq!(column(&csv, "iterations"), ["", "5", "5", "5"]);
+    assert_eq!(
+        column(&csv, "status"),
+        ["oom", "ok", "ok", "ok", "unsupported"],
+        "sorted by plan: dp1 mb16 is out of memory, ZeRO-3 exits 2: {csv}"
+    );
+    assert_eq!(column(&csv, "iterations"), ["", "5", "5", "5", ""]);
     // mb2 x ga8 = mb4 x ga4: 0.032 s (dp2: half); the measured 5 after the 2 warm-up ones.
     let t: Vec<f64> = column(&csv, "iter_time_s").iter().filter_map(|x| x.parse().ok()).collect();
     assert_eq!(t.len(), 3);
     assert!(t.iter().zip([0.032, 0.032, 0.016]).all(|(t, e)| (t - e).abs() < 0.0005), "{t:?}");
     assert!(run.stderr.contains("status") && run.stderr.contains("oom"), "summary on stderr: {}", run.stderr);
     // Each run's files stay for inspection.
-    assert!(dir.path().join("profile.csv.runs").read_dir().unwrap().count() == 4);
+    assert!(dir.path().join("profile.csv.runs").read_dir().unwrap().count() == 5);
+}
+
+/// A script that ignores `RUBICK_ITERATIONS` is stopped once it has its warm-up and
+/// measured iterations (the stop signal), and its row is kept as measured.
+#[test]
+fn a_run_that_ignores_its_iteration_count_is_stopped_once_measured() {
+    let dir = temp();
+    setup(dir.path(), 120.0);
+    std::fs::write(dir.path().join("ignore-iterations"), "").unwrap();
+    let job = read(dir.path(), "job.yaml").replace("  version: 1\n", "  version: 1\n  env: { STEP_SLEEP: \"0.05\" }\n");
+    std::fs::write(dir.path().join("job.yaml"), job).unwrap();
+    std::fs::write(dir.path().join("one.csv"), "plan,placement\ndp1-tp1-pp1-mb4-ga4,1\n").unwrap();
+    let started = Instant::now();
+    let run = run_in(dir.path(), "rubick-profile", &profile_args("p.csv", "one.csv"));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(started.elapsed() < Duration::from_secs(60), "stopped long before its timeout: {:?}", started.elapsed());
+    let csv = read(dir.path(), "p.csv");
+    assert_eq!(column(&csv, "status"), ["ok"], "{csv}");
+    assert_eq!(column(&csv, "iterations"), ["5"], "{csv}");
 }
 
 #[test]

@@ -419,7 +419,7 @@ fn the_cron_loop_runs_rounds_unattended_until_every_job_finished() {
 }
 
 #[test]
-fn a_crashed_job_is_retried_within_its_budget_and_bad_arguments_are_permanent() {
+fn a_crashed_job_is_retried_within_its_budget_and_a_refused_plan_is_never_offered_again() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -441,7 +441,11 @@ fn a_crashed_job_is_retried_within_its_budget_and_bad_arguments_are_permanent() 
     });
     ok(d, &["apply", "r.yaml"]);
     let s = state(d);
-    assert_eq!(s["jobs"]["bad"]["status"].as_str(), Some("failed"), "exit 2 is permanent");
+    assert_eq!(s["jobs"]["bad"]["status"].as_str(), Some("queued"), "exit 2 refuses the plan, not the job: {s:?}");
+    assert_eq!(s["jobs"]["bad"]["attempts"].as_u64(), Some(1), "the refused plan is not started again: {s:?}");
+    assert_eq!(s["jobs"]["bad"]["job"]["unsupportedPlans"][0].as_str(), Some("dp1-tp1-pp1-mb4-ga4"), "{s:?}");
+    let batch = ok(d, &["jobs"]);
+    assert!(batch.contains("unsupportedPlans:") && batch.contains("dp1-tp1-pp1-mb4-ga4"), "{batch}");
     assert_eq!(s["jobs"]["crash"]["status"].as_str(), Some("running"), "retried once: {s:?}");
     assert_eq!(s["jobs"]["crash"]["attempts"].as_u64(), Some(2));
     wait_for("the retry exited", || d.join("state/jobs/crash/attempt-2/exit-code").exists());
@@ -449,6 +453,16 @@ fn a_crashed_job_is_retried_within_its_budget_and_bad_arguments_are_permanent() 
     let s = state(d);
     assert_eq!(s["jobs"]["crash"]["status"].as_str(), Some("failed"), "budget spent: {s:?}");
     assert_eq!(s["jobs"]["crash"]["exitCode"].as_i64(), Some(9));
+    // Two more plans refused: three in all is a bad argument, not a bad plan.
+    for (attempt, plan) in [(2, "dp1-tp1-pp1-mb8-ga2"), (3, "dp1-tp1-pp1-mb16-ga1")] {
+        schedule(d, "r.yaml", 2 + attempt, &[("bad", plan, &[1])]);
+        ok(d, &["apply", "r.yaml"]);
+        wait_for("the plan refused", || d.join(format!("state/jobs/bad/attempt-{attempt}/exit-code")).exists());
+    }
+    ok(d, &["apply", "r.yaml"]);
+    let s = state(d);
+    assert_eq!(s["jobs"]["bad"]["status"].as_str(), Some("failed"), "three plans refused: {s:?}");
+    assert_eq!(s["jobs"]["bad"]["job"]["unsupportedPlans"].as_sequence().map(Vec::len), Some(3), "{s:?}");
 }
 
 #[test]

@@ -180,6 +180,73 @@ fn jobs_land_on_the_gpu_type_they_ask_for() {
     }
 }
 
+/// A job whose script implements only data parallelism (no TP, PP, ZeRO-2/3 or
+/// offload) is planned inside that, by every policy; a plan its runs refused (exit 2,
+/// `unsupportedPlans`) is never chosen; `select` offers only what the script runs.
+#[test]
+fn plans_stay_inside_what_the_script_supports() {
+    let dir = temp();
+    let jobs = r"apiVersion: rubick/v1
+kind: JobBatch
+jobs:
+  - name: ddp
+    model: { name: t5, parameters: 1240809472, layers: 16, hidden: 1280, heads: 16, seqLen: 768, globalBatch: 16 }
+    iterations: 100
+    request: { gpus: 8 }
+    launch: { version: 1, command: [python, train.py], supports: { maxTp: 1, maxPp: 1, zero: [0, 1], offload: [none] } }
+    unsupportedPlans: [dp8-tp1-pp1-mb2-ga1-z1]
+";
+    std::fs::write(dir.path().join("jobs.yaml"), jobs).unwrap();
+    let cluster = data("cluster-a800-8x8.yaml");
+    for policy in ["rubick", "rubick-milp", "static"] {
+        let run = run_in(
+            dir.path(),
+            "rubick-plan",
+            &["schedule", "--cluster", cluster.as_str(), "--jobs", "jobs.yaml", "--policy", policy, "-o", "s.yaml"],
+        );
+        assert_eq!(run.code, Some(0), "{policy}: {}", run.stderr);
+        let s = schedule_of(&dir.path().join("s.yaml"));
+        let plan = s.assignments[0].plan.unwrap_or_else(|| panic!("{policy}: the job runs: {s:?}"));
+        assert!(plan.tp == 1 && plan.pp == 1, "{policy}: {plan}");
+        assert!(plan.zero.level() <= 1 && plan.offload == rubick_core::plan::Offload::None, "{policy}: {plan}");
+        assert_ne!(plan.to_string(), "dp8-tp1-pp1-mb2-ga1-z1", "{policy}: a refused plan");
+    }
+    let job = r"apiVersion: rubick/v1
+kind: Job
+name: ddp
+model: { name: t5, parameters: 1240809472, layers: 16, hidden: 1280, heads: 16, seqLen: 768, globalBatch: 16 }
+iterations: 100
+request: { gpus: 8 }
+launch: { version: 1, command: [python, train.py], supports: { maxTp: 1, maxPp: 1, zero: [0, 1], offload: [none] } }
+";
+    std::fs::write(dir.path().join("job.yaml"), job).unwrap();
+    let run = run_in(
+        dir.path(),
+        "rubick-fit",
+        &["select", "--job", "job.yaml", "--cluster", cluster.as_str(), "--budget", "8", "-o", "chosen.csv"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let chosen = std::fs::read_to_string(dir.path().join("chosen.csv")).unwrap();
+    assert_eq!(chosen.lines().count(), 9, "{chosen}");
+    for line in chosen.lines().skip(1) {
+        let plan: rubick_core::Plan = line.split(',').next().unwrap().parse().unwrap();
+        assert!(
+            plan.tp == 1 && plan.pp == 1 && plan.zero.level() <= 1 && plan.offload == rubick_core::plan::Offload::None,
+            "{line}"
+        );
+    }
+    // A request outside what the script supports is refused, naming the field.
+    let bad = job.replace("request: { gpus: 8 }", "request: { gpus: 8, plan: dp8-tp1-pp1-mb2-ga1-z2 }");
+    std::fs::write(dir.path().join("bad.yaml"), bad).unwrap();
+    let run = run_in(
+        dir.path(),
+        "rubick-fit",
+        &["select", "--job", "bad.yaml", "--cluster", cluster.as_str(), "--budget", "8", "-o", "x.csv"],
+    );
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("request.plan") && run.stderr.contains("ZeRO stage 2"), "{}", run.stderr);
+}
+
 /// `schedule` runs every policy of the registry the simulator uses, not only Rubick's.
 #[test]
 fn every_policy_of_the_registry_schedules_a_round() {

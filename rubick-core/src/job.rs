@@ -46,6 +46,10 @@ pub struct Job {
     /// How to launch it (the job contract, [`crate::launch`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<crate::launch::Launch>,
+    /// Plans whose runs exited 2 (the contract's "bad plan"): never offered again.
+    /// `rubick-run jobs` fills it from the job's runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsupported_plans: Vec<Plan>,
 }
 
 /// The user's request.
@@ -97,6 +101,25 @@ pub struct CurrentAllocation {
 }
 
 impl Job {
+    /// The plan features the job's script implements (`launch.supports`), if it says.
+    pub fn supports(&self) -> Option<&crate::launch::PlanSupport> {
+        self.launch.as_ref().and_then(|l| l.supports.as_ref())
+    }
+
+    /// Why the job's script cannot run `plan`: a feature outside `launch.supports`, or
+    /// a plan one of its runs exited 2 under (`unsupportedPlans`).
+    pub fn refusal(&self, plan: &Plan) -> Option<String> {
+        if self.unsupported_plans.contains(plan) {
+            return Some("a plan a run of the job refused (exit 2; unsupportedPlans)".into());
+        }
+        self.supports().and_then(|s| s.refusal(plan))
+    }
+
+    /// Whether the job's script can run `plan`.
+    pub fn can_run(&self, plan: &Plan) -> bool {
+        self.refusal(plan).is_none()
+    }
+
     /// The job's rules; errors name the field relative to the job.
     pub fn check(&self) -> Result<(), ValidationError> {
         ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
@@ -121,9 +144,16 @@ impl Job {
             ensure(mem.is_finite() && mem > 0.0, "request.hostMemoryGib", || format!("must be positive, got {mem}"))?;
         }
         match request.plan {
-            Some(PlanRequest::Exact(plan)) => plan
-                .check(&self.model, gpus)
-                .map_err(|v| ValidationError::new("request.plan", format!("`{plan}`: {v}")))?,
+            Some(PlanRequest::Exact(plan)) => {
+                plan.check(&self.model, gpus)
+                    .map_err(|v| ValidationError::new("request.plan", format!("`{plan}`: {v}")))?;
+                if let Some(why) = self.supports().and_then(|s| s.refusal(&plan)) {
+                    return Err(ValidationError::new(
+                        "request.plan",
+                        format!("`{plan}` uses {why}: outside what launch.supports says the script implements"),
+                    ));
+                }
+            }
             Some(PlanRequest::Code(code)) => {
                 if let Some(code_gpus) = code.gpus() {
                     ensure(code_gpus == gpus, "request.plan", || {

@@ -99,6 +99,107 @@ pub struct Launch {
     /// A run is killed (with its whole process group) after this many seconds.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
+    /// The plan features the script implements; absent: every feature. Profiles, the
+    /// selection, fits and the planner stay inside them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supports: Option<PlanSupport>,
+}
+
+/// Plan features a job's script implements. Every field left out allows all of its
+/// values; `launch.supports: {}` is the same as no `supports`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlanSupport {
+    /// Largest tensor-parallel degree (1: no tensor parallelism).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_tp: Option<u32>,
+    /// Largest pipeline-parallel degree (1: no pipeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_pp: Option<u32>,
+    /// ZeRO stages, 0 (plain data parallelism) to 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero: Option<Vec<u8>>,
+    /// Offload modes, as the `{offload}` placeholder names them: `none`, `optimizer`,
+    /// `all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<Vec<String>>,
+    /// Activation checkpointing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointing: Option<bool>,
+    /// Gradient accumulation (more than one micro-batch step per iteration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulation: Option<bool>,
+}
+
+fn offload_name(offload: Offload) -> &'static str {
+    match offload {
+        Offload::None => "none",
+        Offload::Optimizer => "optimizer",
+        Offload::OptimizerAndParams => "all",
+    }
+}
+
+impl PlanSupport {
+    /// Why `plan` uses a feature the script does not implement; `None` when it does not.
+    pub fn refusal(&self, plan: &Plan) -> Option<String> {
+        if let Some(max) = self.max_tp.filter(|&m| plan.tp > m) {
+            return Some(format!("tensor parallelism {} (supports.maxTp is {max})", plan.tp));
+        }
+        if let Some(max) = self.max_pp.filter(|&m| plan.pp > m) {
+            return Some(format!("{} pipeline stages (supports.maxPp is {max})", plan.pp));
+        }
+        let zero = plan.zero.level();
+        if self.zero.as_ref().is_some_and(|z| !z.contains(&zero)) {
+            return Some(format!("ZeRO stage {zero} (supports.zero: {:?})", self.zero.as_deref().unwrap_or_default()));
+        }
+        let offload = offload_name(plan.offload);
+        if self.offload.as_ref().is_some_and(|o| !o.iter().any(|x| x == offload)) {
+            return Some(format!(
+                "offload `{offload}` (supports.offload: {:?})",
+                self.offload.as_deref().unwrap_or_default()
+            ));
+        }
+        if plan.checkpointing && self.checkpointing == Some(false) {
+            return Some("activation checkpointing (supports.checkpointing is false)".into());
+        }
+        if plan.ga > 1 && self.accumulation == Some(false) {
+            return Some(format!(
+                "gradient accumulation over {} micro-batches (supports.accumulation is false)",
+                plan.ga
+            ));
+        }
+        None
+    }
+
+    pub fn allows(&self, plan: &Plan) -> bool {
+        self.refusal(plan).is_none()
+    }
+
+    fn check(&self) -> Result<(), ValidationError> {
+        for (field, v) in [("maxTp", self.max_tp), ("maxPp", self.max_pp)] {
+            if let Some(v) = v {
+                ensure(v >= 1, field, || format!("must be at least 1, got {v}"))?;
+            }
+        }
+        if let Some(z) = &self.zero {
+            ensure(!z.is_empty(), "zero", || "must list at least one stage".into())?;
+            if let Some(bad) = z.iter().find(|&&s| s > 3) {
+                return Err(ValidationError::new("zero", format!("ZeRO stages are 0 to 3, got {bad}")));
+            }
+        }
+        if let Some(o) = &self.offload {
+            ensure(!o.is_empty(), "offload", || "must list at least one mode (`none` for no offload)".into())?;
+            if let Some(bad) = o.iter().find(|x| !Offload::ALL.iter().any(|m| offload_name(*m) == x.as_str())) {
+                return Err(ValidationError::new(
+                    "offload",
+                    format!("`{bad}` is not an offload mode (expected none, optimizer or all)"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn default_stop_timeout() -> f64 {
@@ -164,6 +265,9 @@ impl Launch {
             ensure(v.is_finite() && v > 0.0, field, || format!("must be a positive number of seconds, got {v}"))?;
         }
         ensure(self.measured_iterations >= 1, "measuredIterations", || "must be at least 1".into())?;
+        if let Some(supports) = &self.supports {
+            supports.check().map_err(|e| e.within("supports"))?;
+        }
         Ok(())
     }
 }
@@ -195,12 +299,7 @@ impl LaunchContext {
             "tp" => p.tp.to_string(),
             "pp" => p.pp.to_string(),
             "zero" => p.zero.level().to_string(),
-            "offload" => match p.offload {
-                Offload::None => "none",
-                Offload::Optimizer => "optimizer",
-                Offload::OptimizerAndParams => "all",
-            }
-            .to_owned(),
+            "offload" => offload_name(p.offload).to_owned(),
             "ga" => p.ga.to_string(),
             "gc" => u8::from(p.checkpointing).to_string(),
             "micro_batch" => p.micro_batch.to_string(),
@@ -453,5 +552,38 @@ mod tests {
         {
             assert!(MetricLine::parse(other).is_none(), "{other}");
         }
+    }
+
+    #[test]
+    fn supports_keeps_plans_inside_the_scripts_features() {
+        let mut l = launch(&["python", "train.py"]);
+        l.supports = Some(
+            serde_yaml_ng::from_str("{ maxTp: 1, maxPp: 1, zero: [0, 1], offload: [none], accumulation: true }")
+                .unwrap(),
+        );
+        l.check().unwrap();
+        let s = l.supports.as_ref().unwrap();
+        assert!(s.allows(&"dp2-mb4-ga2-z1".parse().unwrap()));
+        assert!(s.allows(&"dp2-mb4-ga2-gc".parse().unwrap()), "checkpointing left out: allowed");
+        for (plan, says) in [
+            ("dp1-tp2-mb4", "tensor parallelism 2"),
+            ("dp1-pp2-mb4", "2 pipeline stages"),
+            ("dp2-mb4-z2", "ZeRO stage 2"),
+            ("dp2-mb4-z1-offopt", "offload `optimizer`"),
+        ] {
+            let why = s.refusal(&plan.parse().unwrap()).unwrap_or_default();
+            assert!(why.contains(says), "{plan}: {why}");
+        }
+        for (bad, field) in [
+            ("{ maxTp: 0 }", "supports.maxTp"),
+            ("{ zero: [4] }", "supports.zero"),
+            ("{ zero: [] }", "supports.zero"),
+            ("{ offload: [cpu] }", "supports.offload"),
+        ] {
+            l.supports = Some(serde_yaml_ng::from_str(bad).unwrap());
+            let e = l.check().unwrap_err();
+            assert!(e.to_string().contains(field), "{bad}: {e}");
+        }
+        assert!(serde_yaml_ng::from_str::<PlanSupport>("{ tp: 2 }").is_err(), "unknown fields are refused");
     }
 }

@@ -20,8 +20,8 @@
 //! candidate order.
 
 use crate::cluster::NodeGroup;
+use crate::job::Job;
 use crate::memory::MemoryEstimator;
-use crate::model::ModelSpec;
 use crate::placement::Placement;
 use crate::plan::{Plan, PlanFamily};
 use crate::space::PlanSpace;
@@ -59,14 +59,16 @@ fn distance(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// What a profile can run: every valid, memory-feasible plan of the job's plan space on
-/// 1 to `gpusPerNode` GPUs of one node of `group` (packed), in the plan space's order.
-pub fn one_node_candidates(model: &ModelSpec, group: &NodeGroup, estimator: &MemoryEstimator) -> Vec<Candidate> {
+/// 1 to `gpusPerNode` GPUs of one node of `group` (packed) that its script supports
+/// (`launch.supports`), in the plan space's order.
+pub fn one_node_candidates(job: &Job, group: &NodeGroup, estimator: &MemoryEstimator) -> Vec<Candidate> {
     (1..=group.gpus_per_node)
         .flat_map(|gpus| {
             let placement = Placement::packed(gpus, group.gpus_per_node);
-            PlanSpace::enumerate(model, gpus, group, estimator)
+            PlanSpace::enumerate(&job.model, gpus, group, estimator)
                 .plans
                 .into_iter()
+                .filter(|e| job.can_run(&e.plan))
                 .filter_map(move |e| placement.clone().map(|placement| Candidate { plan: e.plan, placement }))
         })
         .collect()

@@ -62,7 +62,7 @@ impl TableSchema {
 }
 
 /// One measured run of a job under a plan and placement (`rubick-profile` output).
-/// A run that did not measure (`status` oom / failed / timeout) has no times: an
+/// A run that did not measure (`status` oom / unsupported / failed / timeout) has no times: an
 /// out-of-memory run marks its configuration infeasible. Tables without `status`
 /// (hand-made, older) are all measured runs.
 pub const PROFILE: TableSchema = TableSchema {
@@ -75,7 +75,12 @@ pub const PROFILE: TableSchema = TableSchema {
         col("gpu_type", Str, false, "GPU model"),
         col("cpus", Int, false, "CPU cores given to the job"),
         col("host_memory_gib", Float, false, "host memory given to the job"),
-        col("status", Str, false, "ok, oom (infeasible), failed or timeout; absent: ok"),
+        col(
+            "status",
+            Str,
+            false,
+            "ok, oom (infeasible), unsupported (exit 2: the script refuses the plan), failed or timeout; absent: ok",
+        ),
         col("repeat", Int, false, "which repetition of the configuration (0, 1, ...)"),
         col("iterations", Int, false, "iterations measured (after the warm-up)"),
         col("iter_time_s", Float, false, "seconds per iteration (one global batch), mean of the measured ones"),

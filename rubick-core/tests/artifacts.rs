@@ -135,7 +135,14 @@ fn job() -> impl Strategy<Value = Job> {
                     warmup_iterations: 2,
                     measured_iterations: 5,
                     timeout_s: 600.0,
+                    supports: Some(rubick_core::launch::PlanSupport {
+                        max_tp: Some(8),
+                        zero: Some(vec![0, 1, 2, 3]),
+                        offload: Some(vec!["none".into(), "optimizer".into()]),
+                        ..Default::default()
+                    }),
                 }),
+                unsupported_plans: if plan_kind == 1 { vec![exact] } else { Vec::new() },
             }
         })
 }

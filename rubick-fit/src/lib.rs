@@ -328,12 +328,21 @@ fn run_select(args: &SelectArgs) -> anyhow::Result<Outcome> {
     let candidates: Vec<Candidate> = match &args.from {
         Some(path) => {
             let configs = rubick_io::table::read_configurations(path)?;
-            for (i, (plan, placement)) in configs.iter().enumerate() {
+            let mut kept = Vec::with_capacity(configs.len());
+            for (i, (plan, placement)) in configs.into_iter().enumerate() {
                 plan.check(&job.model, placement.gpus()).map_err(|v| {
                     anyhow::anyhow!("{}: line {}: plan `{plan}` on placement {placement}: {v}", path.display(), i + 2)
                 })?;
+                match job.refusal(&plan) {
+                    Some(why) => tracing::warn!(
+                        "{}: line {}: `{plan}` left out: it uses {why}, which the job's script does not implement",
+                        path.display(),
+                        i + 2
+                    ),
+                    None => kept.push(Candidate { plan, placement }),
+                }
             }
-            configs.into_iter().map(|(plan, placement)| Candidate { plan, placement }).collect()
+            kept
         }
         None => {
             let group = cluster
@@ -341,7 +350,7 @@ fn run_select(args: &SelectArgs) -> anyhow::Result<Outcome> {
                 .iter()
                 .max_by_key(|g| g.gpus_per_node)
                 .with_context(|| format!("{}: no node group", args.cluster.display()))?;
-            one_node_candidates(&job.model, group, &rubick_core::MemoryEstimator::default())
+            one_node_candidates(&job, group, &rubick_core::MemoryEstimator::default())
         }
     };
     anyhow::ensure!(!candidates.is_empty(), "job `{}`: no configuration to choose from", job.name);
@@ -421,6 +430,13 @@ pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow
         })?;
         plan.check(&job.model, placement.gpus())
             .map_err(|v| anyhow::anyhow!("{}", at(&format!("plan `{plan}`: {v}"))))?;
+        if let Some(why) = job.refusal(&plan) {
+            tracing::warn!(
+                "{}",
+                at(&format!("`{plan}` left out: it uses {why}, which the job's script does not implement"))
+            );
+            continue;
+        }
         rows.push(Observation { plan, placement, links, iter_time_s });
     }
     if !skipped.is_empty() {

@@ -40,6 +40,10 @@ pub struct RunRequest<'a> {
     /// Start from an empty environment (keeping only `PATH`, `HOME`, `LANG`, `TMPDIR`
     /// and `USER`) rather than the launcher's, before the contract's variables.
     pub clear_env: bool,
+    /// Stop the run (the contract's stop signal, then a kill after `stopTimeoutS`) once
+    /// its metrics hold this many iterations, whether or not the script honours
+    /// `RUBICK_ITERATIONS`: a profile needs no more. Only [`run`] (local) does this.
+    pub stop_after_iterations: Option<u32>,
 }
 
 /// How a run ended.
@@ -49,6 +53,8 @@ pub enum RunStatus {
     Ok,
     /// Out of GPU (or host) memory: the configuration is infeasible, not a crash.
     Oom,
+    /// Exited 2, the contract's "bad plan": the script cannot run this configuration.
+    Unsupported,
     /// Exited otherwise.
     Failed,
     /// Overran `timeoutS`: its process group was killed.
@@ -60,6 +66,7 @@ impl RunStatus {
         match self {
             RunStatus::Ok => "ok",
             RunStatus::Oom => "oom",
+            RunStatus::Unsupported => "unsupported",
             RunStatus::Failed => "failed",
             RunStatus::Timeout => "timeout",
         }
@@ -190,9 +197,29 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     let guard = guard_group(pgid).map_err(io(&request.log))?;
     let deadline = Duration::from_secs_f64(request.launch.timeout_s);
     let mut timed_out = false;
+    // When the run was asked to stop (it had its iterations), and when it must be gone.
+    let mut stopping: Option<Instant> = None;
+    let mut last_check = start;
     let exit = loop {
         if let Some(status) = child.try_wait().map_err(io(&request.log))? {
             break Some(status);
+        }
+        if let (Some(want), None) = (request.stop_after_iterations, stopping)
+            && last_check.elapsed() >= Duration::from_millis(200)
+        {
+            last_check = Instant::now();
+            if iterations_reported(Path::new(&ctx.metrics)) >= u64::from(want) {
+                tracing::info!("{want} iterations measured: stopping the run ({})", request.launch.stop_signal.name());
+                signal_group(pgid, request.launch.stop_signal.name().trim_start_matches("SIG"));
+                stopping = Some(Instant::now());
+            }
+        }
+        if let Some(since) = stopping
+            && since.elapsed() >= Duration::from_secs_f64(request.launch.stop_timeout_s)
+        {
+            tracing::warn!("the run ignored its stop signal for {} s: killed", request.launch.stop_timeout_s);
+            signal_group(pgid, "KILL");
+            break child.wait().ok();
         }
         if start.elapsed() >= deadline {
             timed_out = true;
@@ -207,7 +234,23 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     // Whatever the launcher left behind goes with it.
     signal_group(pgid, "KILL");
     guard.disarm();
-    Ok(collect(Path::new(&ctx.metrics), &request.log, timed_out, exit.and_then(|s| s.code()), start.elapsed()))
+    let mut outcome =
+        collect(Path::new(&ctx.metrics), &request.log, timed_out, exit.and_then(|s| s.code()), start.elapsed());
+    // Stopped by us with its iterations measured: a complete run, whatever its exit.
+    if stopping.is_some() && outcome.status == RunStatus::Failed {
+        outcome.status = RunStatus::Ok;
+    }
+    Ok(outcome)
+}
+
+/// Iteration lines a metrics file holds so far.
+fn iterations_reported(metrics: &Path) -> u64 {
+    let Ok(file) = std::fs::File::open(metrics) else { return 0 };
+    BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .filter(|l| matches!(MetricLine::parse(l), Some(MetricLine::Iteration { .. })))
+        .count() as u64
 }
 
 /// What a finished run did, from its metrics file and its log: the metric lines (the
@@ -232,6 +275,7 @@ pub fn collect(metrics: &Path, log: &Path, timed_out: bool, exit_code: Option<i3
         (true, _, _) => RunStatus::Timeout,
         (_, true, _) => RunStatus::Oom,
         (_, _, Some(0)) => RunStatus::Ok,
+        (_, _, Some(2)) => RunStatus::Unsupported,
         _ => RunStatus::Failed,
     };
     RunOutcome { status, exit_code, metrics: lines, ignored_lines: ignored, wall }
@@ -255,6 +299,7 @@ pub(crate) mod tests {
             warmup_iterations: 1,
             measured_iterations: 3,
             timeout_s,
+            supports: None,
         }
     }
 
@@ -279,6 +324,7 @@ pub(crate) mod tests {
             },
             log: dir.join("log.txt"),
             clear_env: true,
+            stop_after_iterations: None,
         }
     }
 
@@ -333,5 +379,8 @@ echo "not a metric" >> "$RUBICK_METRICS"; echo "job $RUBICK_JOB plan $RUBICK_PLA
         let l = launch("exit 7", 30.0);
         let out = run(&request(dir.path(), &l)).unwrap();
         assert_eq!((out.status, out.exit_code), (RunStatus::Failed, Some(7)));
+        let l = launch("echo 'zero 2 is not implemented' >&2; exit 2", 30.0);
+        let out = run(&request(dir.path(), &l)).unwrap();
+        assert_eq!((out.status, out.exit_code), (RunStatus::Unsupported, Some(2)), "exit 2: the plan is refused");
     }
 }

@@ -89,7 +89,7 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
         let mut gpus = ((f64::from(t.request.gpus) * scale).max(1.0) as u32).next_power_of_two().min(cap);
         let fits = |g: u32, ev: &mut Evaluator<'_>| {
             Placement::packed(g, group.gpus_per_node)
-                .and_then(|p| ev.best_plan(&job.model, &params, 0, &p, g * fair, Restriction::Any))
+                .and_then(|p| ev.best_plan(&job, &params, 0, &p, g * fair, Restriction::Any))
         };
         while fits(gpus, &mut evaluator).is_none() && gpus < cap {
             gpus *= 2;

@@ -114,6 +114,9 @@ fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Resul
             let at = || format!("{}: line {}", path.display(), i + 2);
             plan.check(&job.model, placement.gpus())
                 .map_err(|v| anyhow::anyhow!("{}: plan `{plan}` on placement {placement}: {v}", at()))?;
+            if let Some(why) = job.refusal(plan) {
+                bail!("{}: plan `{plan}` uses {why}, which the job's script does not implement", at());
+            }
             anyhow::ensure!(
                 !placement.is_multi_node() && placement.gpus() <= group.gpus_per_node,
                 "{}: placement {placement}: a profile runs on one node of {} GPUs (group `{}`)",
@@ -126,7 +129,7 @@ fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Resul
     }
     anyhow::ensure!(args.budget >= 1, "--budget: must be at least 1");
     let estimator = MemoryEstimator::default();
-    let candidates: Vec<Candidate> = rubick_core::select::one_node_candidates(&job.model, group, &estimator);
+    let candidates: Vec<Candidate> = rubick_core::select::one_node_candidates(job, group, &estimator);
     anyhow::ensure!(
         !candidates.is_empty(),
         "job `{}`: no plan of its model fits one node of group `{}` ({} x {} GiB)",
@@ -298,7 +301,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
             measured_wall += outcome.wall;
         }
         let status = row.status.clone().unwrap_or_default();
-        if status != "ok" && status != "oom" {
+        // Out of memory and unsupported (exit 2) are answers about the configuration.
+        if !matches!(status.as_str(), "ok" | "oom" | "unsupported") {
             failures.push(format!("{} on {} ({status}; log {})", row.plan, row.placement, finished.log.display()));
         }
         match &finished.result {
@@ -376,6 +380,7 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                 },
                 log: log.clone(),
                 clear_env: false,
+                stop_after_iterations: Some(ctx.launch.warmup_iterations + ctx.launch.measured_iterations),
             };
             let sampler = ctx
                 .nvml

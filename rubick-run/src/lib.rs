@@ -88,8 +88,9 @@ pub enum Command {
         #[command(flatten)]
         state: StateArgs,
         /// Restarts a job gets after it fails on its own with a retryable exit (killed
-        /// by a signal, a crash); bad arguments (exit 2) and out of memory (exit 3, the
-        /// `oom` event) are permanent
+        /// by a signal, a crash). Exit 2 (the contract's bad plan) marks the plan
+        /// unsupported: never offered again, the job queued for another, failed after
+        /// 3 refused plans. Out of memory (exit 3, the `oom` event) is permanent
         #[arg(long, default_value_t = 3)]
         retries: u32,
     },
@@ -353,6 +354,28 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attem
             JobStatus::Queued
         }
         None => JobStatus::Finished,
+        // Exit 2 is about the plan: never offered again; another plan may run. A script
+        // that refuses plan after plan has a bad argument, not a bad plan.
+        Some(Failure::BadInput) if let Some(plan) = rec.run.as_ref().map(|r| r.plan) => {
+            if !rec.job.unsupported_plans.contains(&plan) {
+                rec.job.unsupported_plans.push(plan);
+            }
+            if rec.job.unsupported_plans.len() >= MAX_REFUSED_PLANS {
+                tracing::error!(
+                    "`{}` refused {} plans (exit 2 each: {}); failed: its arguments, not a plan, are likely wrong",
+                    rec.job.name,
+                    rec.job.unsupported_plans.len(),
+                    rec.job.unsupported_plans.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                );
+                JobStatus::Failed
+            } else {
+                tracing::warn!(
+                    "`{}` exited 2 under `{plan}` (the contract's bad plan): the plan is marked unsupported and never offered again; queued for another",
+                    rec.job.name
+                );
+                JobStatus::Queued
+            }
+        }
         Some(Failure::Retryable) if rec.retries_left > 0 => {
             rec.retries_left -= 1;
             tracing::warn!(
@@ -367,6 +390,9 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attem
     tracing::info!("`{}` ended: {:?} (exit {code:?}, {failure:?})", rec.job.name, rec.status);
     rec.run = None;
 }
+
+/// Distinct plans a job may refuse (exit 2) before it is failed rather than requeued.
+pub const MAX_REFUSED_PLANS: usize = 3;
 
 /// Why a run ended badly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,6 +468,10 @@ fn desired_of(
         let (Some(plan), false) = (a.plan, a.nodes.is_empty()) else { continue };
         if matches!(rec.status, JobStatus::Finished | JobStatus::Failed | JobStatus::Stopped) {
             tracing::warn!("`{}` is {:?}: its assignment is ignored", a.job, rec.status);
+            continue;
+        }
+        if rec.job.unsupported_plans.contains(&plan) {
+            tracing::warn!("`{}`: `{plan}` is a plan its runs refused (exit 2): the assignment is ignored", a.job);
             continue;
         }
         for (k, share) in a.nodes.iter().enumerate() {

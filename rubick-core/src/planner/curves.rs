@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use crate::cluster::{Cluster, NodeGroup};
+use crate::job::Job;
 use crate::memory::{GIB, MemoryEstimator};
 use crate::model::ModelSpec;
 use crate::perfmodel::{Links, Params, Prediction, idx, predict};
@@ -169,7 +170,9 @@ pub struct Evaluator<'a> {
     /// Also evaluate jobs of up to a node split over two nodes (for display: such
     /// points never survive pruning, as one node is faster for the same resources).
     pub cross_splits: bool,
-    models: Vec<(ModelSpec, Params)>,
+    /// Models with their parameters, the features their script supports and the plans
+    /// their runs refused: a job's plan space depends on all four.
+    models: Vec<(ModelSpec, Params, Option<crate::launch::PlanSupport>, Vec<Plan>)>,
     spaces: HashMap<(usize, usize, u32), Rc<Vec<Plan>>>,
     /// Per (model, group, restriction): the largest GPU count computed, the points
     /// and which survive Pareto pruning. Pruning only looks at points with fewer
@@ -226,11 +229,16 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    fn model_key(&mut self, model: &ModelSpec, params: &Params) -> usize {
-        if let Some(i) = self.models.iter().position(|(m, p)| m == model && p == params) {
+    /// The cache key of a job's model, parameters and the plan features its script
+    /// supports (`launch.supports`: plans outside it are never in its space).
+    fn model_key(&mut self, job: &Job, params: &Params) -> usize {
+        let supports = job.supports();
+        if let Some(i) = self.models.iter().position(|(m, p, s, u)| {
+            *m == job.model && p == params && s.as_ref() == supports && *u == job.unsupported_plans
+        }) {
             return i;
         }
-        self.models.push((model.clone(), params.clone()));
+        self.models.push((job.model.clone(), params.clone(), supports.cloned(), job.unsupported_plans.clone()));
         self.models.len() - 1
     }
 
@@ -240,10 +248,11 @@ impl<'a> Evaluator<'a> {
             return Rc::clone(s);
         }
         let g = &self.cluster.node_groups[group];
-        let model = &self.models[key].0;
+        let (model, _, supports, refused) = &self.models[key];
         let reference_only = self.config.reference_plans_only;
         let plans: Vec<Plan> = valid_plans(model, gpus, g.gpus_per_node)
             .into_iter()
+            .filter(|p| supports.as_ref().is_none_or(|s| s.allows(p)) && !refused.contains(p))
             .filter(|p| !reference_only || crate::plan::PlanCode::of(p).is_some())
             .filter(|p| self.estimator.fits(model, p, g.gpu_memory_gib).0)
             .collect();
@@ -310,14 +319,15 @@ impl<'a> Evaluator<'a> {
     /// The best allowed plan of a model on a concrete placement with `cpus` cores.
     pub fn best_plan(
         &mut self,
-        model: &ModelSpec,
+        job: &Job,
         params: &Params,
         group: usize,
         placement: &Placement,
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        let key = self.model_key(model, params);
+        let model = &job.model;
+        let key = self.model_key(job, params);
         let space = self.space(key, group, placement.gpus());
         let g = &self.cluster.node_groups[group];
         let cpu_ref = self.config.cpu_reference(g);
@@ -369,7 +379,7 @@ impl<'a> Evaluator<'a> {
                 continue;
             }
             let space = self.space(key, group, n);
-            let (model, params) = &self.models[key];
+            let (model, params, _, _) = &self.models[key];
             let gpn = g.gpus_per_node;
             let mut shapes = Vec::new();
             if n <= gpn {
@@ -456,7 +466,7 @@ impl<'a> Evaluator<'a> {
                 Some(RequestConfig { group, plan: Some(plan), placement, cpus, throughput })
             }
             None => self
-                .best_plan(&job.model, &input.params, group, &placement, cpus, Restriction::Any)
+                .best_plan(job, &input.params, group, &placement, cpus, Restriction::Any)
                 .map(|(_, throughput)| RequestConfig { group, plan: None, placement, cpus, throughput }),
         }
     }
@@ -465,7 +475,7 @@ impl<'a> Evaluator<'a> {
     pub fn job_curves(&mut self, input: &JobInput, mut points: Option<&mut Vec<CurvePoint>>) -> JobCurves {
         let job = &input.job;
         let config = self.config.clone();
-        let key = self.model_key(&job.model, &input.params);
+        let key = self.model_key(job, &input.params);
         let restriction = input.restriction();
         let locked = input.in_cooldown(&config) && input.current.is_some();
         let weight = input.weight(&config);
@@ -551,7 +561,11 @@ impl<'a> Evaluator<'a> {
             let mem = host_memory_gib(&config, g, &job.model, plan);
             let share = f64::from(placement.max_per_node()) / f64::from(placement.gpus().max(1));
             let fits_node = f64::from(*cpus) * share <= f64::from(g.cpu_cores) && mem * share <= g.host_memory_gib;
-            if restriction.allows(plan) && fits_node && self.estimator.fits(&job.model, plan, g.gpu_memory_gib).0 {
+            if restriction.allows(plan)
+                && job.can_run(plan)
+                && fits_node
+                && self.estimator.fits(&job.model, plan, g.gpu_memory_gib).0
+            {
                 let same = |c: &Candidate| {
                     c.group == *group && c.plan == *plan && c.placement == *placement && c.cpus == *cpus
                 };

@@ -278,14 +278,9 @@ pub fn place(
             if let Some(parts) = spread(&nodes, cand.group, cand.gpus, cand.cpus, cand.host_memory_gib, &prefer) {
                 let Some(placement) = Placement::new(parts.iter().map(|p| p.1).collect()) else { continue };
                 let restriction: Restriction = input.restriction();
-                let Some((plan, thr)) = evaluator.best_plan(
-                    &input.job.model,
-                    &input.params,
-                    cand.group,
-                    &placement,
-                    cand.cpus,
-                    restriction,
-                ) else {
+                let Some((plan, thr)) =
+                    evaluator.best_plan(&input.job, &input.params, cand.group, &placement, cand.cpus, restriction)
+                else {
                     continue;
                 };
                 let margin = evaluator.config.guarantee_margin;

@@ -229,7 +229,7 @@ pub fn users_plan(
     let cluster = evaluator.cluster;
     request_plan(job, cluster)
         .or_else(|| traced_plan(job, trace_code, cluster))
-        .or_else(|| evaluator.best_plan(&job.model, params, 0, placement, cpus, Restriction::Any).map(|(plan, _)| plan))
+        .or_else(|| evaluator.best_plan(job, params, 0, placement, cpus, Restriction::Any).map(|(plan, _)| plan))
 }
 
 /// Where the user's request runs: the requested GPUs packed onto nodes, unless the

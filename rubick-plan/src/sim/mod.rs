@@ -513,6 +513,7 @@ mod tests {
             restart_cost_s: None,
             current: None,
             launch: None,
+            unsupported_plans: Vec::new(),
         };
         SimJob { job, params, trace_code: None }
     }

@@ -66,6 +66,7 @@ pub fn load_trace(
                 restart_cost_s: None,
                 current: None,
                 launch: None,
+                unsupported_plans: Vec::new(),
             };
             trace_codes.push(None);
             if let Err(e) = job.check() {
