@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use rubick_core::artifact::{ApiVersion, Kind, to_yaml};
 use rubick_core::job::CurrentAllocation;
 use rubick_core::schedule::Schedule;
-use rubick_core::{Cluster, Job, JobBatch, Placement};
+use rubick_core::{Cluster, Job, JobBatch, Placement, Plan};
 use rubick_io::cli::{LogArgs, Outcome};
 use rubick_io::files::load_artifact;
 
@@ -101,10 +101,12 @@ pub enum Command {
         /// Where to write it (`-`: stdout)
         #[arg(short, long, default_value = "-")]
         output: PathBuf,
-        /// Refit each job's performance model online from what its runs measured
-        /// (`jobs/NAME/profile.csv` -> `jobs/NAME/model.yaml`, which `perfModel` then
-        /// names; a job measured under fewer than 2 configurations keeps its own model):
-        /// the cluster gives the links
+        /// Refit each job's performance model online, from its first measured run, on
+        /// what its runs measured (`jobs/NAME/profile.csv`) and the profiled rows its
+        /// submitted `perfModel` was fitted on, into `jobs/NAME/model.yaml`, which
+        /// `perfModel` then names (a job with fewer than 2 configurations among them
+        /// keeps its own model): a plan the model got wrong is corrected by the next
+        /// round. The cluster gives the links
         #[arg(long)]
         cluster: Option<PathBuf>,
     },
@@ -751,8 +753,12 @@ fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Resu
 }
 
 /// The job's own measurements as a profile table (`jobs/NAME/profile.csv`: one row per
-/// run, its iterations after the warm-up) and, when they span 2 or more configurations,
-/// its model refitted on them (`jobs/NAME/model.yaml`, whose path is returned).
+/// run, its iterations after the warm-up) and, from its first measured run, its model
+/// refitted on those runs *and* the rows its submitted model was fitted on (its
+/// profile: `diagnostics.rows` and `inconsistentRows` of `perfModel`), when together
+/// they span 2 or more configurations (`jobs/NAME/model.yaml`, whose path is returned).
+/// A plan the model got wrong is measured by its run, and the next round's plan is
+/// chosen by a model that knows it.
 fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyhow::Result<Option<PathBuf>> {
     use rubick_core::fit::{FitOptions, Observation, fit};
     use rubick_core::launch::MetricLine;
@@ -793,18 +799,39 @@ fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyh
     let mut df = rubick_io::table::frame_of(&rows, &PROFILE)?;
     let table = dir.job_dir(name).join("profile.csv");
     rubick_io::table::write_table(&mut df, &table, None, &PROFILE)?;
-    let mut configs: Vec<(String, String)> = rows.iter().map(|r| (r.plan.clone(), r.placement.clone())).collect();
+    let runs = observations.len();
+    let mut source = table.display().to_string();
+    if let Some(path) = &rec.job.perf_model {
+        let submitted: rubick_core::perf::PerfModel = load_artifact(Path::new(path))?;
+        if let Some(d) = &submitted.diagnostics {
+            let profiled: Vec<Observation> = d
+                .rows
+                .iter()
+                .chain(&d.inconsistent_rows)
+                .filter(|r| r.measured_s.is_finite() && r.measured_s > 0.0 && r.plan.gpus() == r.placement.gpus())
+                .map(|r| Observation { plan: r.plan, placement: r.placement.clone(), links, iter_time_s: r.measured_s })
+                .collect();
+            if !profiled.is_empty() {
+                source = format!("{} + {} row(s) of {path}", source, profiled.len());
+            }
+            observations.extend(profiled);
+        }
+    }
+    let mut configs: Vec<(Plan, Placement)> = observations.iter().map(|o| (o.plan, o.placement.clone())).collect();
     configs.sort();
     configs.dedup();
     if configs.len() < 2 {
         return Ok(None);
     }
     let fitted = fit(&rec.job.model, &observations, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let model =
-        rubick_core::perf::PerfModel::of_fit(&rec.job.model, &observations, &fitted, &table.display().to_string());
+    let model = rubick_core::perf::PerfModel::of_fit(&rec.job.model, &observations, &fitted, &source);
     let path = std::path::absolute(dir.job_dir(name).join("model.yaml"))?;
     state::write_durably(&path, to_yaml(&model).as_bytes())?;
-    tracing::info!("`{name}`: model refitted on {} run(s) of {} configurations", rows.len(), configs.len());
+    tracing::info!(
+        "`{name}`: model refitted on {runs} run(s) and {} profiled row(s): {} configurations",
+        observations.len() - runs,
+        configs.len()
+    );
     Ok(Some(path))
 }
 
