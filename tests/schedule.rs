@@ -247,6 +247,56 @@ launch: { version: 1, command: [python, train.py], supports: { maxTp: 1, maxPp: 
     assert!(run.stderr.contains("request.plan") && run.stderr.contains("ZeRO stage 2"), "{}", run.stderr);
 }
 
+/// With a fitted model, `--explain` says whether each choice is measured, near measured
+/// or extrapolated, and shows its ~95 % interval.
+#[test]
+fn explain_shows_what_a_choice_rests_on_and_its_interval() {
+    let dir = temp();
+    let profile = "job,model,plan,placement,iter_time_s
+bert-0,bert,dp1-tp1-pp1-mb16-ga2,1,2.10
+bert-0,bert,dp2-tp1-pp1-mb16-ga1-z2,2,1.12
+bert-0,bert,dp4-tp1-pp1-mb8-ga1-z2,4,0.61
+bert-0,bert,dp8-tp1-pp1-mb4-ga1-z2,8,0.35
+bert-0,bert,dp8-tp1-pp1-mb4-ga1-z2-gc,8,0.44
+";
+    let jobs = r"apiVersion: rubick/v1
+kind: JobBatch
+jobs:
+  - name: bert-0
+    model: { name: bert, parameters: 336297858, layers: 24, hidden: 1536, heads: 16, seqLen: 1024, globalBatch: 32 }
+    iterations: 20000
+    request: { gpus: 4, cpus: 32, plan: dp4-tp1-pp1-mb8-ga1-z2 }
+    perfModel: model.yaml
+";
+    std::fs::write(dir.path().join("profile.csv"), profile).unwrap();
+    std::fs::write(dir.path().join("jobs.yaml"), jobs).unwrap();
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        jobs.replace("kind: JobBatch\njobs:\n  - ", "kind: Job\n").replace("\n    ", "\n"),
+    )
+    .unwrap();
+    let cluster = data("cluster-a800-8x8.yaml");
+    let fit = run_in(
+        dir.path(),
+        "rubick-fit",
+        &["fit", "profile.csv", "--job", "job.yaml", "--cluster", cluster.as_str(), "-o", "model.yaml"],
+    );
+    assert_eq!(fit.code, Some(0), "{}", fit.stderr);
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["schedule", "--cluster", cluster.as_str(), "--jobs", "jobs.yaml", "--explain", "-o", "s.yaml"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let line =
+        run.stderr.lines().find(|l| l.starts_with("bert-0: Started")).unwrap_or_else(|| panic!("{}", run.stderr));
+    assert!(
+        ["; measured", "; near measured", "; extrapolated"].iter().any(|w| line.ends_with(w)),
+        "what the choice rests on: {line}"
+    );
+    assert!(line.contains("measured") || line.contains("(95 %: "), "an interval unless measured: {line}");
+}
+
 /// `schedule` runs every policy of the registry the simulator uses, not only Rubick's.
 #[test]
 fn every_policy_of_the_registry_schedules_a_round() {

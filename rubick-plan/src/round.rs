@@ -275,6 +275,23 @@ pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> 
     Ok(out)
 }
 
+/// What each job's `perfModel` rests on (its measured rows and parameter covariance);
+/// `None` for a job without one, or whose model lists no measured row.
+pub fn job_evidence(
+    jobs: &[Job],
+    source: &ModelSource<'_>,
+) -> anyhow::Result<Vec<Option<std::sync::Arc<rubick_core::planner::Evidence>>>> {
+    let base = source.jobs_path.filter(|p| !rubick_io::files::is_std(p)).and_then(Path::parent);
+    jobs.iter()
+        .map(|job| {
+            let Some(path) = &job.perf_model else { return Ok(None) };
+            let path = base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path));
+            let model: PerfModel = load_artifact(&path)?;
+            Ok(rubick_core::planner::Evidence::of_model(&model).map(std::sync::Arc::new))
+        })
+        .collect()
+}
+
 fn fit_reference(data: &ReferenceData, model: &str, links: Links) -> anyhow::Result<Params> {
     let spec = data.model_spec(model)?.context("listed model")?;
     let measured = data.measured_rows(model)?;
@@ -309,7 +326,14 @@ pub fn job_inputs(
             None => current_of_job(&job, cluster, config)
                 .map_err(|e| anyhow::anyhow!("{}: {}", jobs_path.display(), e.within(&format!("jobs[{i}]"))))?,
         };
-        inputs.push(JobInput { job, params, current, allowed: rubick_core::planner::Restriction::Any, priority: 1.0 });
+        inputs.push(JobInput {
+            job,
+            params,
+            evidence: None,
+            current,
+            allowed: rubick_core::planner::Restriction::Any,
+            priority: 1.0,
+        });
     }
     Ok(inputs)
 }

@@ -132,7 +132,11 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
     let params = job_params(&jobs, &cluster, &source)?;
     let prev = args.current.as_deref().zip(previous.as_ref());
-    let inputs = job_inputs((&args.jobs, jobs), params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
+    let evidence = crate::round::job_evidence(&jobs, &source)?;
+    let mut inputs = job_inputs((&args.jobs, jobs), params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
+    for (input, evidence) in inputs.iter_mut().zip(evidence) {
+        input.evidence = evidence;
+    }
     let round = previous.as_ref().map_or(0, |s| s.round + 1);
     let options = PolicyOptions {
         queue: args.queue,
@@ -154,6 +158,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         .map(|(i, w)| PolicyJob {
             job: &i.job,
             params: &i.params,
+            evidence: i.evidence.clone(),
             trace_code: None,
             current: i.current.as_ref(),
             remaining: i.job.iterations as f64,

@@ -303,3 +303,61 @@ fn a_change_of_cores_alone_is_a_change() {
     assert_eq!(cur.change_to(cur.group, &cur.plan, &cur.placement, &cur.nodes, cur.cpus), Change::Kept);
     assert_eq!(cur.change_to(cur.group, &cur.plan, &cur.placement, &cur.nodes, cur.cpus + 4), Change::Recored);
 }
+
+/// Choices that respect uncertainty (issue 17). A job running on a measured
+/// configuration leaves it for an unmeasured one only when the gain holds at the low end
+/// of the other's ~95 % interval: with wide intervals no running job is replanned,
+/// resized or moved; with intervals of nothing, the rounds are those without evidence.
+#[test]
+fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
+    use rubick_core::planner::Evidence;
+    use std::sync::Arc;
+    let n = rubick_core::perfmodel::PARAMS.len();
+    let mut moved_without = 0;
+    for seed in 0..30 {
+        let (cluster, inputs, config) = instance(seed, 2, 8, 96, 1600.0, 8);
+        let with = |variance: f64| -> Vec<JobInput> {
+            inputs
+                .iter()
+                .cloned()
+                .map(|mut i| {
+                    if let Some(cur) = &i.current {
+                        i.evidence = Some(Arc::new(Evidence {
+                            measured: vec![(cur.plan, cur.placement.clone())],
+                            log_covariance: Some(nalgebra::DMatrix::from_diagonal_element(n, n, variance)),
+                        }));
+                    }
+                    i
+                })
+                .collect()
+        };
+        let round = |inputs: &[JobInput]| {
+            plan_round(&cluster, &config, inputs, Solver::Heuristic, Duration::from_secs(5), 0)
+                .map(|r| r.outcome.schedule)
+        };
+        let (Ok(plain), Ok(sure), Ok(unsure)) = (round(&inputs), round(&with(0.0)), round(&with(1.0))) else {
+            continue;
+        };
+        let decisions = |s: &Schedule| {
+            let mut s = s.clone();
+            s.assignments.iter_mut().for_each(|a| a.reason.clear());
+            to_yaml(&s)
+        };
+        assert_eq!(decisions(&plain), decisions(&sure), "seed {seed}: no uncertainty, no difference");
+        let changes = |s: &Schedule| {
+            s.assignments
+                .iter()
+                .filter(|a| matches!(a.change, Change::Replanned | Change::Resized | Change::Moved))
+                .map(|a| a.job.clone())
+                .collect::<Vec<_>>()
+        };
+        moved_without += changes(&plain).len();
+        assert!(changes(&unsure).is_empty(), "seed {seed}: moved off a measured configuration: {:?}", changes(&unsure));
+        for a in &unsure.assignments {
+            if a.change == Change::Kept {
+                assert!(a.reason.ends_with("; measured"), "{}: {}", a.job, a.reason);
+            }
+        }
+    }
+    assert!(moved_without > 0, "without evidence some running jobs move: the test tests something");
+}

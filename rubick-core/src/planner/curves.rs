@@ -14,7 +14,7 @@ use crate::placement::Placement;
 use crate::plan::{Offload, Plan, PlanRequest};
 use crate::space::{resolve_code, valid_plans};
 
-use super::{Capacity, JobInput, PlannerConfig, Restriction, eligible_groups};
+use super::{Capacity, JobInput, PlannerConfig, Restriction, Support, eligible_groups};
 
 /// Whether a configuration's collectives stay inside one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -316,6 +316,31 @@ impl<'a> Evaluator<'a> {
         }
     }
 
+    /// How the prediction of `plan` on `placement` rests on the job's measurements, and
+    /// the half-width of its ~95 % interval in log throughput (0 for a measured
+    /// configuration, or without a covariance); `None` when the job's model says
+    /// nothing of its evidence.
+    pub fn uncertainty(
+        &self,
+        input: &JobInput,
+        group: usize,
+        plan: &Plan,
+        placement: &Placement,
+    ) -> Option<(Support, f64)> {
+        let evidence = input.evidence.as_ref()?;
+        let support = evidence.support(plan, placement);
+        let spread = match (&evidence.log_covariance, support) {
+            (_, Support::Measured) | (None, _) => 0.0,
+            (Some(cov), _) => {
+                let links = Links::from(&self.cluster.node_groups[group]);
+                let (_, mid, high) =
+                    crate::fit::interval(&input.job.model, plan, placement, &links, &input.params, cov);
+                (high / mid).ln().max(0.0)
+            }
+        };
+        Some((support, if spread.is_finite() { spread } else { 0.0 }))
+    }
+
     /// The best allowed plan of a model on a concrete placement with `cpus` cores.
     pub fn best_plan(
         &mut self,
@@ -601,18 +626,34 @@ impl<'a> Evaluator<'a> {
             let horizon = config.horizon_s.min(remaining).max(1e-9);
             (1.0 - input.restart_s(&config) / horizon).max(0.0)
         });
-        for c in &mut candidates {
+        // With the model's evidence: each candidate's throughput at the low end of its
+        // ~95 % interval (measured ones: as predicted).
+        let low: Vec<f64> = candidates
+            .iter()
+            .map(|c| {
+                let spread = self.uncertainty(input, c.group, &c.plan, &c.placement).map_or(0.0, |(_, h)| h);
+                c.throughput * (-spread).exp()
+            })
+            .collect();
+        let current_measured = input.current.as_ref().is_some_and(|cur| {
+            self.uncertainty(input, cur.group, &cur.plan, &cur.placement).is_some_and(|(s, _)| s == Support::Measured)
+        });
+        for (c, &low) in candidates.iter_mut().zip(&low) {
             c.normalized = c.throughput / request_throughput;
             // Other configurations must beat the request by the margin the model's
-            // error calls for.
+            // error calls for, at the low end of their interval: a measured request is
+            // a floor that only evidence lifts.
             let layout_ok = !config.guarantee_keeps_layout
                 || request_layout.is_none_or(|r: Restriction| r.allows(&c.plan) || c.is_current);
             c.meets_guarantee = c.is_request
-                || (layout_ok && c.throughput >= request_throughput * (1.0 + config.guarantee_margin) * (1.0 - 1e-9));
+                || (layout_ok && low >= request_throughput * (1.0 + config.guarantee_margin) * (1.0 - 1e-9));
+            // A measured configuration is left for another only for a gain that holds
+            // at the other's low end.
+            let valued = if current_measured && !c.is_current { low / request_throughput } else { c.normalized };
             c.value = match keep_share {
-                Some(share) if !c.is_current => weight * c.normalized * share - config.change_min_gain,
+                Some(share) if !c.is_current => weight * valued * share - config.change_min_gain,
                 _ if c.is_current && locked => weight * c.normalized + LOCK_BONUS,
-                _ => weight * c.normalized,
+                _ => weight * valued,
             };
         }
         // A guaranteed job keeps only configurations that meet its guarantee. When

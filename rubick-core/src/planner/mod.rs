@@ -201,12 +201,88 @@ impl Current {
     }
 }
 
+/// How much a prediction of one configuration rests on measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Support {
+    /// This plan on this placement shape was measured.
+    Measured,
+    /// A measured configuration has the same layout (TP, PP, ZeRO stage, offload,
+    /// checkpointing), single- or multi-node alike, within a factor 2 of its GPU count
+    /// and micro-batch.
+    Near,
+    /// Nothing measured is near: the model's form carries the prediction.
+    Extrapolated,
+}
+
+impl Support {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Support::Measured => "measured",
+            Support::Near => "near measured",
+            Support::Extrapolated => "extrapolated",
+        }
+    }
+}
+
+/// The evidence behind a job's fitted model: what was measured, and the covariance of
+/// its parameters' logarithms (for ~95 % prediction intervals).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evidence {
+    /// Measured `(plan, placement)` pairs (the model's `diagnostics.rows` and
+    /// `inconsistentRows`).
+    pub measured: Vec<(Plan, Placement)>,
+    /// Covariance of `ln θ` in the form's order (`diagnostics.logCovariance`).
+    pub log_covariance: Option<nalgebra::DMatrix<f64>>,
+}
+
+impl Evidence {
+    /// Reads a `PerfModel`'s evidence; `None` when it lists no measured row.
+    pub fn of_model(model: &crate::perf::PerfModel) -> Option<Evidence> {
+        let d = model.diagnostics.as_ref()?;
+        let measured: Vec<(Plan, Placement)> =
+            d.rows.iter().chain(&d.inconsistent_rows).map(|r| (r.plan, r.placement.clone())).collect();
+        if measured.is_empty() {
+            return None;
+        }
+        Some(Evidence { measured, log_covariance: model.log_covariance() })
+    }
+
+    /// How much the prediction of `plan` on `placement` rests on measurements.
+    pub fn support(&self, plan: &Plan, placement: &Placement) -> Support {
+        let near = |a: u32, b: u32| {
+            let (a, b) = (f64::from(a.max(1)), f64::from(b.max(1)));
+            (a / b).log2().abs() <= 1.0 + 1e-9
+        };
+        let mut best = Support::Extrapolated;
+        for (p, pl) in &self.measured {
+            if p == plan && pl.per_node() == placement.per_node() {
+                return Support::Measured;
+            }
+            let same_layout = (p.tp, p.pp, p.zero, p.offload, p.checkpointing)
+                == (plan.tp, plan.pp, plan.zero, plan.offload, plan.checkpointing);
+            if same_layout
+                && pl.is_multi_node() == placement.is_multi_node()
+                && near(pl.gpus(), placement.gpus())
+                && near(p.micro_batch, plan.micro_batch)
+            {
+                best = Support::Near;
+            }
+        }
+        best
+    }
+}
+
 /// What the planner knows of one job: the job, its performance-model parameters and
 /// where it runs now.
 #[derive(Debug, Clone)]
 pub struct JobInput {
     pub job: Job,
     pub params: crate::perfmodel::Params,
+    /// What the model's parameters rest on, when the job's `PerfModel` says: then a
+    /// measured configuration is traded for an unmeasured one only when the gain holds
+    /// at the low end of its ~95 % interval, and a guarantee is met by an unmeasured
+    /// configuration only when its low end meets it.
+    pub evidence: Option<std::sync::Arc<Evidence>>,
     pub current: Option<Current>,
     /// Plans the policy allows whatever the checkpoints (e.g. the user's plan family
     /// for a policy that only resizes).

@@ -56,18 +56,33 @@ pub fn assemble(
             holds: throughput >= jc.request_throughput * (1.0 - 1e-9),
         });
         let normalized = throughput / jc.request_throughput;
+        // With the model's evidence: how the prediction rests on measurements, and its
+        // ~95 % interval; a gain is claimed only as far as the interval's low end goes.
+        let evidence = p.and_then(|p| evaluator.uncertainty(input, p.group, &p.plan, &p.placement));
+        let (low, high) =
+            evidence.map_or((normalized, normalized), |(_, h)| (normalized * (-h).exp(), normalized * h.exp()));
+        let gain = |x: f64| match evidence {
+            Some((_, h)) if h > 0.0 => format!("{x:.2}x (95 %: {low:.2}-{high:.2}x)"),
+            _ => format!("{x:.2}x"),
+        };
         let mut reason = match change {
             Change::Pending if jc.candidates.is_empty() => "no feasible plan on this cluster".to_string(),
             Change::Pending => "waits: the resources are worth more to other jobs this round".to_string(),
-            Change::Started => format!("starts at {normalized:.2}x its request's throughput"),
+            Change::Started if evidence.is_some() && low < 1.0 && normalized > 1.0 => {
+                format!("starts at {}: no faster than its request as far as the data show", gain(normalized))
+            }
+            Change::Started => format!("starts at {} its request's throughput", gain(normalized)),
             Change::Kept if jc.locked => "kept: in its cooldown after a change".to_string(),
             Change::Kept => "kept: no change pays for its restart".to_string(),
             Change::Preempted => "paused: its resources are worth more to other jobs".to_string(),
             Change::Resized | Change::Replanned | Change::Moved | Change::Recored => {
                 let old = cur.and_then(|_| jc.current.map(|c| jc.candidates[c].normalized)).unwrap_or(0.0);
-                format!("{old:.2}x -> {normalized:.2}x its request's throughput, worth a restart")
+                format!("{old:.2}x -> {} its request's throughput, worth a restart", gain(normalized))
             }
         };
+        if let Some((support, _)) = evidence {
+            reason = format!("{reason}; {}", support.as_str());
+        }
         if let Some(note) = p.and_then(|p| p.note.as_ref()) {
             reason = format!("{reason}; {note}");
         }

@@ -85,6 +85,9 @@ pub struct PolicyJob<'a> {
     pub job: &'a Job,
     /// Its fitted performance model (belief).
     pub params: &'a Params,
+    /// What that model rests on (its measured rows and parameter covariance), when its
+    /// `PerfModel` says.
+    pub evidence: Option<std::sync::Arc<rubick_core::planner::Evidence>>,
     /// The plan code of a trace whose model's shape rejects it (the request then has no
     /// plan): the user's plan taken literally (see [`traced_plan`]).
     pub trace_code: Option<PlanCode>,

@@ -106,7 +106,14 @@ impl super::Policy for PlannerFamily<'_> {
                     Queue::Srpt => (median_work / pj.remaining_work.max(1.0)).clamp(1.0 / 16.0, 16.0),
                     _ => rank.get(&j).map_or(1.0, |&r| 1.0 + (waiting.len() - r) as f64 / waiting.len().max(1) as f64),
                 };
-                JobInput { job, params: pj.params.clone(), current: pj.current.cloned(), allowed, priority }
+                JobInput {
+                    job,
+                    params: pj.params.clone(),
+                    evidence: pj.evidence.clone(),
+                    current: pj.current.cloned(),
+                    allowed,
+                    priority,
+                }
             })
             .collect();
         match plan_round_with(&mut self.evaluator, &inputs, self.solver, self.milp_time_limit, round) {

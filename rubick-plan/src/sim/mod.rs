@@ -291,6 +291,7 @@ fn simulate_with(
             let seen: Vec<PolicyJob<'_>> = active
                 .iter()
                 .map(|&j| PolicyJob {
+                    evidence: None,
                     job: &jobs[j].job,
                     params: &jobs[j].params,
                     trace_code: jobs[j].trace_code,
@@ -600,6 +601,7 @@ mod tests {
         // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
         let sj = job("s", PlanCode::ZeroOffload, 4, 32, false);
         let jobs = [PolicyJob {
+            evidence: None,
             job: &sj.job,
             params: &sj.params,
             trace_code: None,
