@@ -253,6 +253,13 @@ fn compare_passes_the_same_code_and_fails_a_slower_configuration() {
     );
     assert_eq!(md.code, Some(0), "30% slower is within a 40% threshold: {}", md.stdout);
     assert!(md.stdout.starts_with("| plan |"), "{}", md.stdout);
+    // Another job's profile: no comparison, an error naming both.
+    let other = read(dir.path(), "same.csv").replace("stand-in,", "other-job,");
+    std::fs::write(dir.path().join("other.csv"), other).unwrap();
+    let mixed = run_in(dir.path(), "rubick-profile", &["compare", "base.csv", "other.csv"]);
+    assert_eq!(mixed.code, Some(2), "{}{}", mixed.stdout, mixed.stderr);
+    assert!(mixed.stderr.contains("other-job") && mixed.stderr.contains("stand-in"), "{}", mixed.stderr);
+    assert!(mixed.stdout.is_empty(), "{}", mixed.stdout);
 }
 
 #[test]

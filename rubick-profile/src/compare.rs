@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rubick_core::tables::{PROFILE, ProfileRow};
 use rubick_io::cli::Outcome;
@@ -409,12 +409,34 @@ pub fn render(comparisons: &[Comparison], format: Format, suite: &str) -> String
     out
 }
 
+/// Both tables (and every row of each) measure one job of one model: a comparison of
+/// two jobs' times says nothing about either. The error names both.
+fn same_job(a_path: &Path, a: &[ProfileRow], b_path: &Path, b: &[ProfileRow]) -> anyhow::Result<()> {
+    let Some(first) = a.first().or(b.first()) else { return Ok(()) };
+    for (path, rows) in [(a_path, a), (b_path, b)] {
+        if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.job != first.job || r.model != first.model) {
+            anyhow::bail!(
+                "{}: line {}: job `{}` (model `{}`), but {} measured job `{}` (model `{}`): compare compares two profiles of one job",
+                path.display(),
+                i + 2,
+                r.job,
+                r.model,
+                if a.first().is_some() { a_path.display() } else { b_path.display() },
+                first.job,
+                first.model
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Runs `compare`: the report on stdout; exit 1 when a configuration regressed.
 pub fn run(args: &CompareArgs) -> anyhow::Result<Outcome> {
     rubick_io::cli::ensure_one_stdin(&[&args.baseline, &args.new])?;
     anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha: must be between 0 and 1, got {}", args.alpha);
     let baseline: Vec<ProfileRow> = rubick_io::table::read_rows(&args.baseline, &PROFILE)?;
     let new: Vec<ProfileRow> = rubick_io::table::read_rows(&args.new, &PROFILE)?;
+    same_job(&args.baseline, &baseline, &args.new, &new)?;
     let comparisons = compare(&baseline, &new, args.max_regression, args.alpha);
     anyhow::ensure!(
         comparisons.iter().any(|c| c.change.is_some() || c.verdict == Verdict::Regressed),
