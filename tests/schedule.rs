@@ -297,6 +297,23 @@ jobs:
     assert!(line.contains("measured") || line.contains("(95 %: "), "an interval unless measured: {line}");
 }
 
+/// Issue 18, "the README's cron line fails on its first round": `--current` names the
+/// state's `current.yaml`, which the first apply writes; before it, nothing runs.
+#[test]
+fn the_readme_cron_line_fails_on_its_first_round() {
+    let dir = temp();
+    let (cluster, jobs) = (data("cluster-a800-8x8.yaml"), data("jobs-paper.yaml"));
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["schedule", "--cluster", &cluster, "--jobs", &jobs, "--current", "state/current.yaml", "-o", "s.yaml"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let s = schedule_of(&dir.path().join("s.yaml"));
+    assert_eq!(s.round, 0);
+    assert!(s.assignments.iter().all(|a| matches!(a.change, Change::Started | Change::Pending)), "{s:?}");
+}
+
 /// `schedule` runs every policy of the registry the simulator uses, not only Rubick's.
 #[test]
 fn every_policy_of_the_registry_schedules_a_round() {

@@ -92,7 +92,8 @@ pub struct ScheduleArgs {
     /// A JobBatch or a Job (YAML), `-` for stdin
     #[arg(long)]
     pub jobs: PathBuf,
-    /// The previous round's Schedule: where jobs run now (overrides jobs' `current`)
+    /// The previous round's Schedule: where jobs run now (overrides jobs' `current`).
+    /// A file that does not exist yet is the first round: nothing runs
     #[arg(long)]
     pub current: Option<PathBuf>,
     /// The scheduling policy (every policy the simulator has)
@@ -126,12 +127,20 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     rubick_io::cli::ensure_one_stdin(&[args.jobs.as_path(), args.cluster.as_path()])?;
     let cluster = crate::load_cluster(&args.cluster)?;
     let jobs = crate::load_jobs(&args.jobs)?;
-    let previous: Option<Schedule> = args.current.as_deref().map(load_artifact).transpose()?;
+    // The cron loop's first round has no applied schedule yet: nothing runs.
+    let current = args.current.as_deref().filter(|p| {
+        let first = !rubick_io::files::is_std(p) && !p.exists();
+        if first {
+            tracing::info!("--current {}: no such file yet; the first round (nothing runs)", p.display());
+        }
+        !first
+    });
+    let previous: Option<Schedule> = current.map(load_artifact).transpose()?;
     let config = args.planner.config(&jobs)?;
     let reference = args.planner.reference()?;
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
     let params = job_params(&jobs, &cluster, &source)?;
-    let prev = args.current.as_deref().zip(previous.as_ref());
+    let prev = current.zip(previous.as_ref());
     let evidence = crate::round::job_evidence(&jobs, &source)?;
     let mut inputs = job_inputs((&args.jobs, jobs), params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
     for (input, evidence) in inputs.iter_mut().zip(evidence) {
