@@ -523,3 +523,78 @@ fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
     k8s(&["stop", "a"]);
     assert!(listed().is_empty(), "{:?}", listed());
 }
+
+/// Issue 18, "re-submitting a job name runs it twice": an existing name is refused; a
+/// `--replace` of a stopped job is a new incarnation whose first run never reads the
+/// old one's files; `delete` removes a stopped job; a state that lost a run's record
+/// never starts a second copy beside the live one.
+#[test]
+fn re_submitting_a_job_name_runs_it_twice() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml"]);
+    let (code, _, err) = rr(d, &["submit", "a.yaml"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("already exists") && err.contains("queued") && err.contains("stop it first"), "{err}");
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("a training", || last_iter(d, "a", 1) >= 3);
+    ok(d, &["stop", "a"]);
+    // The old attempt leaves an exit code behind.
+    assert!(d.join("state/jobs/a/attempt-1/exit-code").exists());
+    let (code, _, err) = rr(d, &["submit", "a.yaml"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--replace") && err.contains("delete"), "{err}");
+    let (code, _, err) = rr(d, &["submit", "a.yaml", "--replace"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("a: queued"), "submit says what it queued: {err}");
+    assert!(d.join("state/jobs/a.replaced-1/attempt-1/exit-code").exists(), "the old files are kept aside");
+    schedule(d, "r2.yaml", 2, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r2.yaml"]);
+    wait_for("the new incarnation training", || last_iter(d, "a", 1) >= 3);
+    ok(d, &["apply", "r2.yaml"]);
+    let s = state(d);
+    assert_eq!(s["jobs"]["a"]["status"].as_str(), Some("running"), "no old exit code read as the new run's: {s:?}");
+    assert_eq!(workers(d).len(), 1, "{:?}", workers(d));
+    // A state that lost the run's record: the next apply finds the live run in its
+    // directory and starts no second copy.
+    let text = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
+    let mut lost: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    lost["jobs"]["a"]["run"] = serde_yaml_ng::Value::Null;
+    lost["jobs"]["a"]["status"] = "queued".into();
+    std::fs::write(d.join("state/state.yaml"), serde_yaml_ng::to_string(&lost).unwrap()).unwrap();
+    let (code, _, err) = rr(d, &["apply", "r2.yaml"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("still running") && err.contains("not starting a second copy"), "{err}");
+    assert_eq!(workers(d).len(), 1, "one copy: {:?}", workers(d));
+    assert!(!d.join("state/jobs/a/attempt-2").exists(), "no second attempt beside the live one");
+    // Stop the live copy by hand (the state lost it), then delete the job.
+    let pid = std::fs::read_to_string(d.join("state/jobs/a/attempt-1/pgid")).unwrap_or_default();
+    if let Ok(pgid) = pid.trim().parse::<i32>() {
+        let _ = Command::new("kill").args(["-s", "KILL", "--", &format!("-{pgid}")]).status();
+    }
+    wait_for("the copy gone", || workers(d).is_empty());
+    ok(d, &["stop", "a"]);
+    let (code, _, err) = rr(d, &["delete", "a"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(state(d)["jobs"]["a"].is_null() && !d.join("state/jobs/a").exists());
+}
+
+/// Issue 18, "a job name escapes the state directory": a name that is not a plain
+/// file name is refused at submit, naming the field, and nothing is written outside.
+#[test]
+fn a_job_name_escapes_the_state_directory() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 10);
+    for bad in ["../../escaped", "a/b", "..", "x\\ny", &"n".repeat(300)] {
+        let job = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("name: a", &format!("name: \"{bad}\""));
+        std::fs::write(d.join("bad.yaml"), job).unwrap();
+        let (code, _, err) = rr(d, &["submit", "bad.yaml"], None);
+        assert_eq!(code, Some(2), "{bad}: {err}");
+        assert!(err.contains("name"), "{bad}: {err}");
+    }
+    assert!(!d.join("escaped").exists() && !d.parent().unwrap().join("escaped").exists());
+}

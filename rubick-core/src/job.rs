@@ -17,7 +17,9 @@ pub struct Job {
     pub api_version: Option<ApiVersion>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<Kind>,
-    /// Unique within a batch.
+    /// Unique within a batch; 1 to 63 letters, digits, `.`, `_`, `-`, starting with a
+    /// letter or digit (it becomes a directory and a Slurm / Kubernetes name).
+    #[schemars(regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"))]
     pub name: String,
     pub model: ModelSpec,
     /// Path of the job's fitted `PerfModel`, relative to the job file.
@@ -122,7 +124,7 @@ impl Job {
 
     /// The job's rules; errors name the field relative to the job.
     pub fn check(&self) -> Result<(), ValidationError> {
-        ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
+        check_name(&self.name).map_err(|why| ValidationError::new("name", why))?;
         self.model.check().map_err(|e| e.within("model"))?;
         if let Some(launch) = &self.launch {
             launch.check().map_err(|e| e.within("launch"))?;
@@ -189,6 +191,32 @@ impl Job {
         }
         Ok(())
     }
+}
+
+/// Longest job name: a directory name, a Slurm job name and a Kubernetes label value
+/// all hold it.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// A job's name becomes a directory, a Slurm job name, a Kubernetes name and a metric
+/// label: 1 to 63 letters, digits, `.`, `_` and `-`, starting with a letter or digit,
+/// without `..`. The one check of it.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!("{} characters; at most {MAX_NAME_LEN}", name.len()));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(format!(
+            "`{}`: {c:?} is not allowed (letters, digits, `.`, `_` and `-` only)",
+            name.escape_debug()
+        ));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) || name.contains("..") {
+        return Err(format!("`{name}`: must start with a letter or digit and not contain `..`"));
+    }
+    Ok(())
 }
 
 impl Artifact for Job {

@@ -93,6 +93,11 @@ pub enum Command {
         /// 3 refused plans. Out of memory (exit 3, the `oom` event) is permanent
         #[arg(long, default_value_t = 3)]
         retries: u32,
+        /// Replace a job of the same name that is stopped, failed or finished: a new
+        /// incarnation, with fresh attempt and checkpoint directories (the old ones are
+        /// kept as `jobs/NAME.replaced-N/`). Without it, an existing name is refused
+        #[arg(long)]
+        replace: bool,
     },
     /// The state's queued and running jobs as a JobBatch (stdout), for rubick-plan
     Jobs {
@@ -144,6 +149,15 @@ pub enum Command {
     },
     /// Stop a job for good (checkpoint and exit); no round starts it again
     Stop {
+        /// The job's name
+        job: String,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// Remove a stopped, failed or finished job: its record and its directory (runs,
+    /// logs, checkpoints)
+    Delete {
+        /// The job's name
         job: String,
         #[command(flatten)]
         state: StateArgs,
@@ -188,16 +202,17 @@ macro_rules! locked {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Submit { jobs, state, retries } => submit(&jobs, &state, retries),
+        Command::Submit { jobs, state, retries, replace } => submit(&jobs, &state, retries, replace),
         Command::Jobs { state, output, cluster } => jobs(&state, &output, cluster.as_deref()),
         Command::Apply { schedule, state, backend, cluster } => apply(&schedule, &state, &backend, cluster.as_deref()),
         Command::Status { state, format, output } => status(&state, format, &output),
         Command::Stop { job, state } => stop_job(&job, &state),
+        Command::Delete { job, state } => delete_job(&job, &state),
         Command::Check { files } => rubick_io::cli::check_command::<Schedule>(&files),
     }
 }
 
-fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32) -> anyhow::Result<Outcome> {
+fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace: bool) -> anyhow::Result<Outcome> {
     rubick_io::cli::ensure_one_stdin(&paths.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
     let mut jobs = Vec::new();
     for path in paths {
@@ -218,13 +233,49 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32) -> anyhow::Result<O
     }
     let dir = locked!(args);
     let mut state = dir.load()?;
-    for job in jobs {
-        if let Some(old) =
-            state.jobs.get(&job.name).filter(|r| matches!(r.status, JobStatus::Queued | JobStatus::Running))
-        {
-            bail!("job `{}` is already {:?} in {}; stop it first", job.name, old.status, dir.root.display());
+    for (i, job) in jobs.iter().enumerate() {
+        if jobs[..i].iter().any(|j| j.name == job.name) {
+            bail!("{}: job `{}` is submitted twice", paths[i].display(), job.name);
         }
-        tracing::info!("submitted `{}`", job.name);
+        if let Some(old) = state.jobs.get(&job.name) {
+            let status = format!("{:?}", old.status).to_lowercase();
+            if matches!(old.status, JobStatus::Queued | JobStatus::Running) {
+                bail!(
+                    "{}: job `{}` already exists in {} and is {status}; stop it first (`rubick-run stop {}`)",
+                    paths[i].display(),
+                    job.name,
+                    dir.root.display(),
+                    job.name
+                );
+            }
+            if !replace {
+                bail!(
+                    "{}: job `{}` already exists in {} ({status}); `submit --replace` starts a new incarnation, `rubick-run delete {}` removes it",
+                    paths[i].display(),
+                    job.name,
+                    dir.root.display(),
+                    job.name
+                );
+            }
+        }
+    }
+    for job in jobs {
+        if state.jobs.contains_key(&job.name) {
+            // The old incarnation's files move aside first: nothing of it is ever read
+            // as the new one's (a crash after the move leaves a record without files,
+            // which is not running).
+            let old = dir.job_dir(&job.name);
+            if old.exists() {
+                let aside = (1..)
+                    .map(|n| dir.root.join("jobs").join(format!("{}.replaced-{n}", job.name)))
+                    .find(|p| !p.exists())
+                    .context("a free name")?;
+                std::fs::rename(&old, &aside)
+                    .with_context(|| format!("{}: cannot move it to {}", old.display(), aside.display()))?;
+                eprintln!("{}: the replaced incarnation's files are in {}", job.name, aside.display());
+            }
+        }
+        eprintln!("{}: queued ({} iterations, request {} GPUs)", job.name, job.iterations, job.request.gpus);
         state.jobs.insert(
             job.name.clone(),
             JobRecord {
@@ -577,8 +628,24 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                 }
             }
             Action::Start { job, allocation } => {
+                // A run of this job the records do not know (a state that lost them) is
+                // found from its directory: never a second copy beside it.
+                if let Some((attempt, handle)) = live_unrecorded_run(&dir, &state, job, backend.as_ref()) {
+                    tracing::error!(
+                        "`{job}`: attempt {attempt} is still running (handle {handle}) but the state does not record it; not starting a second copy (stop it, or `rubick-run stop {job}`)"
+                    );
+                    continue;
+                }
                 let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
                 rec.attempts += 1;
+                // Never an attempt directory that exists: its files are another run's.
+                while dir.attempt_dir(job, rec.attempts).exists() {
+                    tracing::warn!(
+                        "`{job}`: {} exists already; skipping that attempt number",
+                        dir.attempt_dir(job, rec.attempts).display()
+                    );
+                    rec.attempts += 1;
+                }
                 let attempt = rec.attempts;
                 let cores = if backend.name() == "local" {
                     let held: Vec<u32> = state_cores(&state, job);
@@ -652,6 +719,18 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
         tracing::info!("nothing to change");
     }
     Ok(Outcome::Done)
+}
+
+/// A live run in one of `job`'s attempt directories that its record does not hold.
+fn live_unrecorded_run(dir: &StateDir, state: &State, job: &str, backend: &dyn Backend) -> Option<(u32, String)> {
+    let recorded = state.jobs.get(job).and_then(|r| r.run.as_ref()).map(|r| r.attempt);
+    let entries = std::fs::read_dir(dir.job_dir(job)).ok()?;
+    let mut attempts: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("attempt-")?.parse().ok())
+        .filter(|a| Some(*a) != recorded)
+        .collect();
+    attempts.sort_unstable();
+    attempts.into_iter().find_map(|a| backend.recover(&dir.attempt_dir(job, a)).map(|h| (a, h)))
 }
 
 /// Cores the runs of jobs other than `job` are pinned to.
@@ -833,6 +912,27 @@ fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyh
         configs.len()
     );
     Ok(Some(path))
+}
+
+fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
+    let dir = locked!(args);
+    let mut state = dir.load()?;
+    let backend = state_backend(&state)?;
+    refresh(&dir, &mut state, backend.as_ref())?;
+    let rec = state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
+    if matches!(rec.status, JobStatus::Queued | JobStatus::Running) {
+        bail!("`{job}` is {:?}; stop it first (`rubick-run stop {job}`)", rec.status);
+    }
+    // The record goes first: a crash then leaves files of no job, never a job without
+    // its files.
+    state.jobs.remove(job);
+    dir.save(&state)?;
+    let files = dir.job_dir(job);
+    if files.exists() {
+        std::fs::remove_dir_all(&files).with_context(|| format!("{}: cannot remove it", files.display()))?;
+    }
+    eprintln!("{job}: deleted");
+    Ok(Outcome::Done)
 }
 
 fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
