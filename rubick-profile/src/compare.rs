@@ -421,7 +421,7 @@ fn same_job(a_path: &Path, a: &[ProfileRow], b_path: &Path, b: &[ProfileRow]) ->
                 i + 2,
                 r.job,
                 r.model,
-                if a.first().is_some() { a_path.display() } else { b_path.display() },
+                if !a.is_empty() { a_path.display() } else { b_path.display() },
                 first.job,
                 first.model
             );
