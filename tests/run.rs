@@ -219,12 +219,20 @@ fn rounds(backend: &str) {
     // Status in every format.
     let table = ok(d, &["status"]);
     assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("running")), "{table}");
+    assert!(table.lines().all(|l| l.chars().count() <= 100), "the table fits 100 columns: {table}");
     let prom = ok(d, &["status", "--format", "prometheus"]);
-    assert!(prom.contains("rubick_job_running{job=\"a\",plan=\"dp2-tp1-pp1-mb4-ga2\"} 1"), "{prom}");
+    // Issue 18, "Prometheus: every series carries a plan label": the plan is an info
+    // metric; every other series is keyed by the job only; no `-0`.
+    assert!(prom.contains("rubick_job_info{job=\"a\",plan=\"dp2-tp1-pp1-mb4-ga2\"} 1"), "{prom}");
+    assert!(prom.contains("rubick_job_running{job=\"a\"} 1"), "{prom}");
+    assert!(prom.contains("rubick_job_predicted_samples_per_second{job=\"a\"} 1"), "{prom}");
+    assert!(prom.contains("rubick_job_status{job=\"b\",status=\"queued\"} 1"), "{prom}");
+    assert!(prom.contains("# TYPE rubick_job_retries_left gauge"), "{prom}");
     assert!(
-        prom.contains("rubick_job_predicted_samples_per_second{job=\"a\",plan=\"dp2-tp1-pp1-mb4-ga2\"} 1"),
+        prom.lines().filter(|l| !l.starts_with('#') && !l.starts_with("rubick_job_info")).all(|l| !l.contains("plan=")),
         "{prom}"
     );
+    assert!(!prom.contains(" -0\n"), "{prom}");
     assert!(prom.contains("# TYPE rubick_job_queue_seconds gauge"), "{prom}");
     // Round 3: nothing scheduled; both stopped; no process left.
     schedule(d, "r3.yaml", 3, &[]);
@@ -597,4 +605,39 @@ fn a_job_name_escapes_the_state_directory() {
         assert!(err.contains("name"), "{bad}: {err}");
     }
     assert!(!d.join("escaped").exists() && !d.parent().unwrap().join("escaped").exists());
+}
+
+/// Issue 18, "one bad job blocks every job": a job whose `perfModel` is missing is
+/// refused at submit; one whose start fails (an environment value with a NUL) is failed
+/// with its reason while the other job of the round starts; `status` says why.
+#[test]
+fn one_bad_job_blocks_every_job() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    let missing = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("name: a", "name: nomodel")
+        + "perfModel: no-such-model.yaml\n";
+    std::fs::write(d.join("nomodel.yaml"), missing).unwrap();
+    let (code, _, err) = rr(d, &["submit", "nomodel.yaml"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("perfModel") && err.contains("no-such-model.yaml"), "{err}");
+    let nul = std::fs::read_to_string(d.join("b.yaml"))
+        .unwrap()
+        .replace("  stopTimeoutS: 10\n", "  stopTimeoutS: 10\n  env: { BAD: \"x\\0y\" }\n");
+    std::fs::write(d.join("b.yaml"), nul).unwrap();
+    ok(d, &["submit", "a.yaml", "b.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]);
+    let (code, _, err) = rr(d, &["apply", "r1.yaml"], None);
+    assert_eq!(code, Some(1), "a negative answer naming the job that could not start: {err}");
+    assert!(err.contains("b: failed: could not start"), "{err}");
+    let s = state(d);
+    assert_eq!(s["jobs"]["a"]["status"].as_str(), Some("running"), "the other job started: {s:?}");
+    assert_eq!(s["jobs"]["b"]["status"].as_str(), Some("failed"), "{s:?}");
+    let table = ok(d, &["status"]);
+    assert!(table.contains("why: could not start"), "{table}");
+    // The next round is not blocked by it.
+    let (code, _, err) = rr(d, &["apply", "r1.yaml"], None);
+    assert_eq!(code, Some(0), "{err}");
+    ok(d, &["stop", "a"]);
 }

@@ -314,6 +314,35 @@ fn the_readme_cron_line_fails_on_its_first_round() {
     assert!(s.assignments.iter().all(|a| matches!(a.change, Change::Started | Change::Pending)), "{s:?}");
 }
 
+/// Issue 18, "one bad job blocks every job": a job whose `perfModel` cannot be read is
+/// left out of the round with the reason; the others are planned.
+#[test]
+fn one_bad_job_blocks_every_job_in_a_round() {
+    let dir = temp();
+    let jobs = std::fs::read_to_string(data("jobs-paper.yaml")).unwrap().replacen(
+        "    request: { gpus: 2, cpus: 16, plan: zero-dp }\n",
+        "    request: { gpus: 2, cpus: 16, plan: zero-dp }\n    perfModel: missing-model.yaml\n",
+        1,
+    );
+    assert!(jobs.contains("missing-model.yaml"));
+    std::fs::write(dir.path().join("jobs.yaml"), jobs).unwrap();
+    let cluster = data("cluster-a800-8x8.yaml");
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["schedule", "--cluster", &cluster, "--jobs", "jobs.yaml", "--explain", "-o", "s.yaml"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let s = schedule_of(&dir.path().join("s.yaml"));
+    let vit = s.assignments.iter().find(|a| a.job == "vit-0").unwrap();
+    assert!(
+        vit.plan.is_none() && vit.reason.contains("left out") && vit.reason.contains("missing-model.yaml"),
+        "{vit:?}"
+    );
+    assert!(s.assignments.iter().filter(|a| a.plan.is_some()).count() >= 5, "the others run: {s:?}");
+    assert!(run.stderr.contains("vit-0: Pending: left out"), "{}", run.stderr);
+}
+
 /// `schedule` runs every policy of the registry the simulator uses, not only Rubick's.
 #[test]
 fn every_policy_of_the_registry_schedules_a_round() {

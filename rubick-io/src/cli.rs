@@ -67,13 +67,23 @@ pub fn report(result: anyhow::Result<Outcome>) -> ExitCode {
         }
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error}");
-            for cause in error.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
-            }
+            eprint!("{}", error_text(&error));
             ExitCode::from(EXIT_ERROR)
         }
     }
+}
+
+/// An error with its cause chain, each message once: a cause whose text the lines above
+/// already hold (an error that displays its source) is not repeated.
+pub fn error_text(error: &anyhow::Error) -> String {
+    let mut out = format!("error: {error}\n");
+    for cause in error.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(&format!("  caused by: {text}\n"));
+        }
+    }
+    out
 }
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
@@ -150,4 +160,20 @@ pub fn progress_bar(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
         bar.set_style(style);
     }
     Some(bar)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 18, "every error is printed twice": a cause already in the message is not
+    /// printed again; a cause that adds something is.
+    #[test]
+    fn every_error_is_printed_twice() {
+        let inner = std::io::Error::other("mapping values are not allowed at line 5");
+        let e = anyhow::Error::new(inner).context("jobs.yaml: mapping values are not allowed at line 5");
+        assert_eq!(error_text(&e), "error: jobs.yaml: mapping values are not allowed at line 5\n");
+        let e = anyhow::Error::new(std::io::Error::other("permission denied")).context("state.yaml: cannot write");
+        assert_eq!(error_text(&e), "error: state.yaml: cannot write\n  caused by: permission denied\n");
+    }
 }

@@ -243,10 +243,8 @@ pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> 
     let mut fitted: HashMap<String, Params> = HashMap::new();
     let links = cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from);
     let mut out = Vec::with_capacity(jobs.len());
-    let base = source.jobs_path.filter(|p| !rubick_io::files::is_std(p)).and_then(Path::parent);
     for (i, job) in jobs.iter().enumerate() {
-        if let Some(path) = &job.perf_model {
-            let path = base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path));
+        if let Some(path) = perf_model_path(job, source) {
             let context = || {
                 let jobs = source.jobs_path.map_or_else(|| "jobs".into(), rubick_io::files::display);
                 format!("{jobs}: jobs[{i}].perfModel")
@@ -275,17 +273,32 @@ pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> 
     Ok(out)
 }
 
+/// Where a job's `perfModel` is: relative to the jobs file.
+pub fn perf_model_path(job: &Job, source: &ModelSource<'_>) -> Option<std::path::PathBuf> {
+    let base = source.jobs_path.filter(|p| !rubick_io::files::is_std(p)).and_then(Path::parent);
+    let path = job.perf_model.as_deref()?;
+    Some(base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path)))
+}
+
+/// Why a job's `perfModel` cannot be used (missing, unreadable, another form); `None`
+/// when it can, or the job names none.
+pub fn perf_model_problem(job: &Job, source: &ModelSource<'_>) -> Option<String> {
+    let path = perf_model_path(job, source)?;
+    match load_artifact::<PerfModel>(&path) {
+        Err(e) => Some(format!("perfModel: {e}")),
+        Ok(model) => model.params().err().map(|e| format!("perfModel: {}: {e}", path.display())),
+    }
+}
+
 /// What each job's `perfModel` rests on (its measured rows and parameter covariance);
 /// `None` for a job without one, or whose model lists no measured row.
 pub fn job_evidence(
     jobs: &[Job],
     source: &ModelSource<'_>,
 ) -> anyhow::Result<Vec<Option<std::sync::Arc<rubick_core::planner::Evidence>>>> {
-    let base = source.jobs_path.filter(|p| !rubick_io::files::is_std(p)).and_then(Path::parent);
     jobs.iter()
         .map(|job| {
-            let Some(path) = &job.perf_model else { return Ok(None) };
-            let path = base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path));
+            let Some(path) = perf_model_path(job, source) else { return Ok(None) };
             let model: PerfModel = load_artifact(&path)?;
             Ok(rubick_core::planner::Evidence::of_model(&model).map(std::sync::Arc::new))
         })

@@ -139,6 +139,20 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let config = args.planner.config(&jobs)?;
     let reference = args.planner.reference()?;
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
+    // A job whose model cannot be read is left out of the round with why; the others
+    // are planned (one bad job never blocks the rest).
+    let mut left_out = Vec::new();
+    let jobs: Vec<rubick_core::Job> = jobs
+        .into_iter()
+        .filter_map(|job| match crate::round::perf_model_problem(&job, &source) {
+            Some(why) => {
+                tracing::error!("`{}` is left out of this round: {why}", job.name);
+                left_out.push((job.name, why));
+                None
+            }
+            None => Some(job),
+        })
+        .collect();
     let params = job_params(&jobs, &cluster, &source)?;
     let prev = current.zip(previous.as_ref());
     let evidence = crate::round::job_evidence(&jobs, &source)?;
@@ -179,11 +193,24 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let mut policy = args.policy.build(&cluster, &options);
     let view = View { cluster: &cluster, jobs: &jobs, now_s: config.now_s, measured: None };
     let allocations = policy.decide(&view, round);
-    let (mut schedule, explain) = match policy.last_round() {
+    let (mut schedule, mut explain) = match policy.last_round() {
         Some(RoundReport::Planned(schedule, explain)) => (*schedule, explain),
         Some(RoundReport::Infeasible(reason)) => return Ok(Outcome::Negative(reason)),
         None => schedule_of(&evaluator, args.policy.name, round, &jobs, &allocations),
     };
+    for (job, why) in left_out {
+        explain.push(format!("{job}: Pending: left out: {why}"));
+        schedule.assignments.push(rubick_core::schedule::Assignment {
+            job,
+            plan: None,
+            nodes: Vec::new(),
+            predicted_throughput: 0.0,
+            guarantee: None,
+            change: rubick_core::schedule::Change::Pending,
+            rounds_since_change: 0,
+            reason: format!("left out: {why}"),
+        });
+    }
     let wall = start.elapsed();
     tracing::info!(
         "round {round}: {} jobs, {}/{} GPUs used, objective {:.4} ({}, {}) in {:.1} ms",

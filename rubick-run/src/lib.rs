@@ -228,6 +228,9 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace: bool) -> a
             let abs =
                 std::path::absolute(base.join(model)).with_context(|| format!("{}: perfModel", path.display()))?;
             job.perf_model = Some(abs.display().to_string());
+            let model: rubick_core::perf::PerfModel =
+                load_artifact(&abs).with_context(|| format!("{}: perfModel", path.display()))?;
+            model.params().map_err(|e| anyhow::anyhow!("{}: perfModel: {}: {e}", path.display(), abs.display()))?;
         }
         jobs.push(job);
     }
@@ -285,6 +288,7 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace: bool) -> a
                 attempts: 0,
                 iterations_done: 0,
                 exit_code: None,
+                reason: None,
                 reconfigurations: Vec::new(),
                 retries_left: retries,
                 submitted_unix_s: unix_now(),
@@ -401,6 +405,18 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attem
     let code = backend.exit_code(handle, attempt_dir);
     rec.exit_code = code;
     let failure = classify(code, attempt_dir);
+    let plan = rec.run.as_ref().map_or_else(String::new, |r| r.plan.to_string());
+    let exit = code.map_or_else(|| "no exit code".to_owned(), |c| format!("exit {c}"));
+    rec.reason = Some(match failure {
+        _ if backend.preempted(handle) => "preempted by the backend's scheduler".to_owned(),
+        None => "finished".to_owned(),
+        Some(Failure::BadInput) => format!("{exit}: the script refused plan {plan} (bad plan)"),
+        Some(Failure::OutOfMemory) => format!("{exit}: out of memory under {plan}"),
+        Some(Failure::Retryable) if rec.retries_left > 0 => {
+            format!("{exit} under {plan}: retried ({} retries left)", rec.retries_left - 1)
+        }
+        Some(Failure::Retryable) => format!("{exit} under {plan}: no retries left"),
+    });
     rec.status = match failure {
         _ if backend.preempted(handle) => {
             tracing::warn!("`{}` was preempted by the backend's scheduler: queued again", rec.job.name);
@@ -616,6 +632,7 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
         }
     }
     tracing::info!("round {}: {} action(s)", schedule.round, actions.len());
+    let mut start_failures = Vec::new();
     for action in &actions {
         match action {
             Action::Stop { job, reason } => {
@@ -690,7 +707,21 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                     checkpoint_dir: &checkpoints,
                     cores: &cores,
                 };
-                let handle = backend.start(&spec)?;
+                let handle = match backend.start(&spec) {
+                    Ok(handle) => handle,
+                    Err(e) => {
+                        // One job that cannot start never blocks the others.
+                        let why = format!("could not start under {}: {e:#}", allocation.plan);
+                        eprintln!("{job}: failed: {why}");
+                        let rec = state.jobs.get_mut(job).context("record")?;
+                        rec.run = None;
+                        rec.status = JobStatus::Failed;
+                        rec.reason = Some(why.clone());
+                        dir.save(&state)?;
+                        start_failures.push(format!("{job}: {why}"));
+                        continue;
+                    }
+                };
                 failpoint("spawned");
                 let rec = state.jobs.get_mut(job).context("record")?;
                 if let Some(run) = rec.run.as_mut() {
@@ -717,6 +748,13 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
     failpoint("applied");
     if actions.is_empty() {
         tracing::info!("nothing to change");
+    }
+    if !start_failures.is_empty() {
+        return Ok(Outcome::Negative(format!(
+            "{} job(s) could not start and are failed (the others were applied): {}",
+            start_failures.len(),
+            start_failures.join("; ")
+        )));
     }
     Ok(Outcome::Done)
 }
@@ -967,23 +1005,40 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
     let text = match format {
         StatusFormat::Yaml => serde_yaml_ng::to_string(&state)?,
         StatusFormat::Table => {
+            // 100 columns; a job that is not running says why on a line of its own.
+            let fit = |text: String, width: usize| {
+                if text.chars().count() > width {
+                    format!("{}~", text.chars().take(width - 1).collect::<String>())
+                } else {
+                    text
+                }
+            };
             let mut out = format!(
-                "{:<16} {:<9} {:<32} {:<14} {:>4} {:>11} {:>9} {:>8} {:>10}\n",
-                "job", "status", "plan", "where", "run", "iterations", "iter_s", "stops", "stopping_s"
+                "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>7} {:>5}\n",
+                "job", "status", "plan", "where", "run", "iterations", "iter_s", "stops"
             );
             for (name, r, mean) in &rows {
                 out.push_str(&format!(
-                    "{:<16} {:<9} {:<32} {:<14} {:>4} {:>11} {:>9} {:>8} {:>10.1}\n",
-                    name,
+                    "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>7} {:>5}\n",
+                    fit((*name).clone(), 14),
                     format!("{:?}", r.status).to_lowercase(),
-                    r.run.as_ref().map_or("-".to_owned(), |run| run.plan.to_string()),
-                    r.run.as_ref().map_or("-".to_owned(), |run| where_(&run.nodes)),
+                    fit(r.run.as_ref().map_or("-".to_owned(), |run| run.plan.to_string()), 30),
+                    fit(r.run.as_ref().map_or("-".to_owned(), |run| where_(&run.nodes)), 14),
                     r.attempts,
-                    format!("{}/{}", r.iterations_done, r.job.iterations),
+                    fit(format!("{}/{}", r.iterations_done, r.job.iterations), 11),
                     mean.map_or("-".to_owned(), |m| format!("{m:.3}")),
                     r.reconfigurations.len(),
-                    r.reconfigurations.iter().map(|c| c.stop_s).sum::<f64>()
                 ));
+                if r.status != JobStatus::Running
+                    && let Some(reason) = &r.reason
+                {
+                    let log = (r.attempts > 0).then(|| dir.attempt_dir(name, r.attempts).join("log.txt"));
+                    out.push_str(&format!(
+                        "  why: {reason}; {} retries left{}\n",
+                        r.retries_left,
+                        log.map_or_else(String::new, |l| format!("; log {}", l.display()))
+                    ));
+                }
             }
             out
         }
@@ -995,19 +1050,45 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
                     out.push_str(&format!("{name}{{{labels}}} {v}\n"));
                 }
             };
-            let label = |name: &str, r: &JobRecord| {
-                let plan = r.run.as_ref().map_or("none".to_owned(), |run| run.plan.to_string());
-                format!("job=\"{}\",plan=\"{plan}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
-            };
+            // Label values escaped as the exposition format says (\\, \", \n); series keyed by
+            // the job only, so a reconfiguration never starts new ones (the plan is in
+            // rubick_job_info).
+            let escape = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+            let label = |name: &str, _: &JobRecord| format!("job=\"{}\"", escape(name));
             let of = |f: &dyn Fn(&JobRecord, Option<f64>) -> f64| -> Vec<(String, f64)> {
                 rows.iter().map(|(n, r, mean)| (label(n, r), f(r, *mean))).collect()
             };
+            let info: Vec<(String, f64)> = rows
+                .iter()
+                .map(|(n, r, _)| {
+                    let plan = r.run.as_ref().map_or("none".to_owned(), |run| run.plan.to_string());
+                    (format!("job=\"{}\",plan=\"{}\"", escape(n), escape(&plan)), 1.0)
+                })
+                .collect();
+            metric(&mut out, "rubick_job_info", "gauge", "the plan the job runs (none when it does not)", &info);
+            let statuses: Vec<(String, f64)> = rows
+                .iter()
+                .flat_map(|(n, r, _)| {
+                    ["queued", "running", "finished", "failed", "stopped"].map(|s| {
+                        let on = format!("{:?}", r.status).to_lowercase() == s;
+                        (format!("job=\"{}\",status=\"{s}\"", escape(n)), f64::from(u8::from(on)))
+                    })
+                })
+                .collect();
+            metric(&mut out, "rubick_job_status", "gauge", "1 for the job's status, 0 for the others", &statuses);
             metric(
                 &mut out,
                 "rubick_job_running",
                 "gauge",
                 "1 while the job runs",
                 &of(&|r, _| f64::from(u8::from(r.status == JobStatus::Running))),
+            );
+            metric(
+                &mut out,
+                "rubick_job_retries_left",
+                "gauge",
+                "restarts left after retryable failures",
+                &of(&|r, _| f64::from(r.retries_left)),
             );
             metric(
                 &mut out,
@@ -1028,7 +1109,8 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
                 "rubick_job_reconfigure_seconds_total",
                 "counter",
                 "seconds spent stopping for reconfigurations and preemptions",
-                &of(&|r, _| r.reconfigurations.iter().map(|c| c.stop_s).sum()),
+                // `+ 0.0`: an empty f64 sum is -0.0, which prints `-0`.
+                &of(&|r, _| r.reconfigurations.iter().map(|c| c.stop_s).sum::<f64>() + 0.0),
             );
             let measured: Vec<(String, f64)> = rows
                 .iter()

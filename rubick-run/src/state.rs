@@ -118,6 +118,10 @@ pub struct JobRecord {
     pub iterations_done: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// Why the job is where it is after its last run ended or failed to start (for
+    /// `status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reconfigurations: Vec<Reconfiguration>,
     /// Restarts left after retryable failures (`submit --retries`).
