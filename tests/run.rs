@@ -641,3 +641,68 @@ fn one_bad_job_blocks_every_job() {
     assert_eq!(code, Some(0), "{err}");
     ok(d, &["stop", "a"]);
 }
+
+/// Issue 18, "the job clock never moves in the README's pipeline": the README's cron
+/// loop (`jobs | schedule --current | apply`) run unattended with 3 jobs on 2 worker
+/// slots. `jobs` writes real submit times and the batch's time, so waiting time grows
+/// and starvation (here after 2 s) gets the waiting job its turn: every job progresses,
+/// none ever runs twice.
+#[test]
+fn the_job_clock_never_moves_in_the_readmes_pipeline() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    let c = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("name: a", "name: c");
+    std::fs::write(d.join("c.yaml"), c).unwrap();
+    std::fs::write(
+        d.join("cluster.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
+    )
+    .unwrap();
+    ok(d, &["submit", "a.yaml", "b.yaml", "c.yaml"]);
+    let round = || {
+        let out = Command::new("sh")
+            .args([
+                "-c",
+                "\"$RR\" jobs --state state | \"$RP\" schedule --cluster cluster.yaml --jobs - \
+                --current state/current.yaml --starvation 2 --cooldown 1 --max-scale 1 --explain \
+                | \"$RR\" apply - --state state",
+            ])
+            .current_dir(d)
+            .env("RR", binary("rubick-run"))
+            .env("RP", binary("rubick-plan"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    let mut table = String::from("round | a | b | c (status:iterations)\n");
+    let mut log = String::new();
+    for r in 1..=10 {
+        log.push_str(&round());
+        assert!(workers(d).len() <= 2, "round {r}: at most one copy per slot: {:?}", workers(d));
+        std::thread::sleep(Duration::from_millis(1500));
+        let s = state(d);
+        let cell = |j: &str| {
+            format!(
+                "{}:{}",
+                s["jobs"][j]["status"].as_str().unwrap_or("?"),
+                s["jobs"][j]["iterationsDone"].as_u64().unwrap_or(0)
+            )
+        };
+        table.push_str(&format!("{r} | {} | {} | {}\n", cell("a"), cell("b"), cell("c")));
+    }
+    let s = state(d);
+    for j in ["a", "b", "c"] {
+        assert!(s["jobs"][j]["iterationsDone"].as_u64().unwrap_or(0) > 0, "{j} never progressed:\n{table}\n{log}");
+    }
+    let batch = ok(d, &["jobs"]);
+    assert!(batch.contains("nowS:") && !batch.contains("submitTimeS: 0.0"), "{batch}");
+    eprintln!("{table}");
+    for j in ["a", "b", "c"] {
+        ok(d, &["stop", j]);
+    }
+    wait_for("no process left", || workers(d).is_empty());
+}

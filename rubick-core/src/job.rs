@@ -236,12 +236,20 @@ pub struct JobBatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<Kind>,
     pub jobs: Vec<Job>,
+    /// When the batch was taken, on its jobs' clock (`rubick-run jobs`: Unix seconds,
+    /// as its jobs' `submitTimeS`): a round's time unless `--now` says otherwise, so
+    /// that waiting time and starvation grow in the cron loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_s: Option<f64>,
 }
 
 impl Artifact for JobBatch {
     crate::artifact_header!(Kind::JobBatch);
 
     fn validate(&self) -> Result<(), ValidationError> {
+        if let Some(now) = self.now_s {
+            ensure(now.is_finite() && now >= 0.0, "nowS", || format!("must be a non-negative number, got {now}"))?;
+        }
         for (i, job) in self.jobs.iter().enumerate() {
             job.check().map_err(|e| e.within(&format!("jobs[{i}]")))?;
             if let Some(kind) = job.kind {

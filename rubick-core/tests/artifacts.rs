@@ -152,7 +152,7 @@ fn job_batch() -> impl Strategy<Value = JobBatch> {
         for (i, j) in jobs.iter_mut().enumerate() {
             j.name = format!("{}-{i}", j.name);
         }
-        JobBatch { api_version: None, kind: None, jobs }
+        JobBatch { api_version: None, kind: None, jobs, now_s: None }
     })
 }
 

@@ -141,12 +141,18 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
 
 /// Loads a Job or a JobBatch, whichever the file holds.
 pub fn load_jobs(path: &Path) -> anyhow::Result<Vec<Job>> {
+    Ok(load_batch(path)?.0)
+}
+
+/// A Job or a JobBatch, with the batch's `nowS` when it has one.
+pub fn load_batch(path: &Path) -> anyhow::Result<(Vec<Job>, Option<f64>)> {
     let text = read_text(path)?;
     let kind = artifact::declared_kind(&text);
     if kind == Some(Kind::Job) {
-        Ok(vec![parse_artifact::<Job>(path, &text)?])
+        Ok((vec![parse_artifact::<Job>(path, &text)?], None))
     } else {
-        Ok(parse_artifact::<JobBatch>(path, &text)?.jobs)
+        let batch = parse_artifact::<JobBatch>(path, &text)?;
+        Ok((batch.jobs, batch.now_s))
     }
 }
 

@@ -40,7 +40,8 @@ pub struct PlannerArgs {
     /// A job gets at most this many times its requested GPUs (at least a node)
     #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
     pub max_scale: u32,
-    /// Time of the round on the jobs' clock (s); default: the latest submission
+    /// Time of the round on the jobs' clock (s); default: the batch's `nowS` (`rubick-run
+    /// jobs` writes the time it was taken), else the latest submission
     #[arg(long)]
     pub now: Option<f64>,
     /// The authors' reference data: jobs of its models without a perfModel get one
@@ -51,6 +52,11 @@ pub struct PlannerArgs {
 
 impl PlannerArgs {
     pub fn config(&self, jobs: &[rubick_core::Job]) -> anyhow::Result<PlannerConfig> {
+        self.config_at(jobs, None)
+    }
+
+    /// [`PlannerArgs::config`] with the batch's own time as the default `--now`.
+    pub fn config_at(&self, jobs: &[rubick_core::Job], batch_now: Option<f64>) -> anyhow::Result<PlannerConfig> {
         for (name, v) in [
             ("--min-gain", self.min_gain),
             ("--change-min-gain", self.change_min_gain),
@@ -61,7 +67,8 @@ impl PlannerArgs {
             anyhow::ensure!(v.is_finite() && v >= 0.0, "{name}: must be a non-negative number, got {v}");
         }
         anyhow::ensure!(self.max_scale >= 1, "--max-scale: must be at least 1");
-        let now = self.now.unwrap_or_else(|| jobs.iter().map(|j| j.submit_time_s).fold(0.0, f64::max));
+        let latest = || jobs.iter().map(|j| j.submit_time_s).fold(0.0, f64::max);
+        let now = self.now.or(batch_now).unwrap_or_else(latest);
         Ok(PlannerConfig {
             min_gain: self.min_gain,
             change_min_gain: self.change_min_gain,
@@ -126,7 +133,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     );
     rubick_io::cli::ensure_one_stdin(&[args.jobs.as_path(), args.cluster.as_path()])?;
     let cluster = crate::load_cluster(&args.cluster)?;
-    let jobs = crate::load_jobs(&args.jobs)?;
+    let (jobs, batch_now) = crate::load_batch(&args.jobs)?;
     // The cron loop's first round has no applied schedule yet: nothing runs.
     let current = args.current.as_deref().filter(|p| {
         let first = !rubick_io::files::is_std(p) && !p.exists();
@@ -136,7 +143,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         !first
     });
     let previous: Option<Schedule> = current.map(load_artifact).transpose()?;
-    let config = args.planner.config(&jobs)?;
+    let config = args.planner.config_at(&jobs, batch_now)?;
     let reference = args.planner.reference()?;
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
     // A job whose model cannot be read is left out of the round with why; the others

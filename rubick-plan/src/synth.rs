@@ -161,7 +161,7 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
         out.push(job);
     }
     out.sort_by(|a, b| a.submit_time_s.total_cmp(&b.submit_time_s).then(a.name.cmp(&b.name)));
-    Ok(JobBatch { api_version: Some(ApiVersion::CURRENT), kind: Some(Kind::JobBatch), jobs: out })
+    Ok(JobBatch { api_version: Some(ApiVersion::CURRENT), kind: Some(Kind::JobBatch), jobs: out, now_s: None })
 }
 
 pub fn run(args: &SynthArgs) -> anyhow::Result<Outcome> {

@@ -840,6 +840,8 @@ fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Resu
             job.kind = None;
             job.api_version = None;
             job.iterations = job.iterations.saturating_sub(r.iterations_done).max(1);
+            // The job clock: when it was submitted (Unix seconds), against the batch's nowS.
+            job.submit_time_s = r.submitted_unix_s;
             let costs: Vec<f64> = r
                 .reconfigurations
                 .iter()
@@ -864,7 +866,8 @@ fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Resu
             job
         })
         .collect();
-    let batch = JobBatch { api_version: Some(ApiVersion::CURRENT), kind: Some(Kind::JobBatch), jobs };
+    let batch =
+        JobBatch { api_version: Some(ApiVersion::CURRENT), kind: Some(Kind::JobBatch), jobs, now_s: Some(unix_now()) };
     rubick_io::write_output(output, to_yaml(&batch).as_bytes())?;
     Ok(Outcome::Done)
 }
