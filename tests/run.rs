@@ -706,3 +706,58 @@ fn the_job_clock_never_moves_in_the_readmes_pipeline() {
     }
     wait_for("no process left", || workers(d).is_empty());
 }
+
+/// Issue 18, "a schedule for the A800 testbed applied to a fresh state ... `status
+/// --state TYPO` creates the directory": a directory that holds no state is an error
+/// for every command but `submit` and `apply`, and nothing is created; the cluster of
+/// the first `apply --cluster` is remembered, so a later schedule for more GPUs than it
+/// has is refused without the flag.
+#[test]
+fn status_of_a_typo_creates_the_directory() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    for args in [&["status"][..], &["jobs"], &["stop", "a"], &["delete", "a"]] {
+        let (code, _, err) = rr(d, args, None);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains("not a rubick-run state"), "{err}");
+    }
+    assert!(!d.join("state").exists(), "nothing created");
+    setup(d, 100_000);
+    std::fs::write(
+        d.join("cluster.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
+    )
+    .unwrap();
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml", "--cluster", "cluster.yaml"]);
+    schedule(d, "r2.yaml", 2, &[("a", "dp1-tp1-pp1-mb4-ga4", &[7])]);
+    let (code, _, err) = rr(d, &["apply", "r2.yaml"], None);
+    assert_eq!(code, Some(2), "GPU 7 of a 2-GPU node, known from the first apply: {err}");
+    // An output inside the state is refused; the state is intact.
+    let (code, _, err) = rr(d, &["status", "-o", "state/state.yaml"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(state(d)["jobs"]["a"]["status"].as_str(), Some("running"));
+    ok(d, &["stop", "a"]);
+}
+
+/// Issue 18, "a symlink planted at jobs/NAME is followed": the job is not started
+/// through it, and the file it points at is untouched.
+#[test]
+fn a_symlink_planted_at_jobs_name_is_followed() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml"]);
+    std::fs::create_dir_all(d.join("elsewhere")).unwrap();
+    std::fs::create_dir_all(d.join("state/jobs")).unwrap();
+    std::os::unix::fs::symlink(d.join("elsewhere"), d.join("state/jobs/a")).unwrap();
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    let (code, _, err) = rr(d, &["apply", "r1.yaml"], None);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("symlink"), "{err}");
+    assert_eq!(std::fs::read_dir(d.join("elsewhere")).unwrap().count(), 0, "nothing written through the link");
+    assert!(workers(d).is_empty());
+}

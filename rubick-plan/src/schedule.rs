@@ -148,16 +148,28 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
     // A job whose model cannot be read is left out of the round with why; the others
     // are planned (one bad job never blocks the rest).
+    // When no job can be planned, that is the answer: an error naming the first.
+    let total = jobs.len();
     let mut left_out = Vec::new();
     let jobs: Vec<rubick_core::Job> = jobs
         .into_iter()
-        .filter_map(|job| match crate::round::perf_model_problem(&job, &source) {
+        .enumerate()
+        .filter_map(|(i, job)| match crate::round::perf_model_problem(&job, &source) {
             Some(why) => {
-                tracing::error!("`{}` is left out of this round: {why}", job.name);
-                left_out.push((job.name, why));
+                left_out.push((i, job.name, why));
                 None
             }
             None => Some(job),
+        })
+        .collect();
+    if let Some((i, _, why)) = left_out.first().filter(|_| left_out.len() == total) {
+        anyhow::bail!("{}: jobs[{i}].{why}", rubick_io::files::display(&args.jobs));
+    }
+    let left_out: Vec<(String, String)> = left_out
+        .into_iter()
+        .map(|(i, name, why)| {
+            tracing::error!("`{name}` (jobs[{i}]) is left out of this round: {why}");
+            (name, why)
         })
         .collect();
     let params = job_params(&jobs, &cluster, &source)?;

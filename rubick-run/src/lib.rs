@@ -186,14 +186,16 @@ pub fn failpoint(point: &str) {
     }
 }
 
-fn open(args: &StateArgs) -> anyhow::Result<Result<StateDir, String>> {
+fn open(args: &StateArgs, create: bool) -> anyhow::Result<Result<StateDir, String>> {
     anyhow::ensure!(args.lock_wait.is_finite() && args.lock_wait >= 0.0, "--lock-wait: must be a number of seconds");
-    StateDir::open(&args.state, Duration::from_secs_f64(args.lock_wait))
+    StateDir::open(&args.state, Duration::from_secs_f64(args.lock_wait), create)
 }
 
+/// The locked state directory (`create`: `submit` and `apply` make one; the other
+/// commands refuse a directory that holds no state), or the command's negative answer.
 macro_rules! locked {
-    ($args:expr) => {
-        match open($args)? {
+    ($args:expr, $create:expr) => {
+        match open($args, $create)? {
             Ok(dir) => dir,
             Err(busy) => return Ok(Outcome::Negative(busy)),
         }
@@ -234,7 +236,7 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace: bool) -> a
         }
         jobs.push(job);
     }
-    let dir = locked!(args);
+    let dir = locked!(args, true);
     let mut state = dir.load()?;
     for (i, job) in jobs.iter().enumerate() {
         if jobs[..i].iter().any(|j| j.name == job.name) {
@@ -596,10 +598,18 @@ fn desired_of(
 fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
     let backend = backends::backend(backend_name).with_context(|| format!("--backend: unknown `{backend_name}`"))?;
     let schedule: Schedule = load_artifact(path)?;
-    let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
-    let dir = locked!(args);
+    let given: Option<Cluster> = cluster.map(load_artifact).transpose()?;
+    let dir = locked!(args, true);
     failpoint("locked");
     let mut state = dir.load()?;
+    // The state remembers the cluster its first apply with --cluster named: later
+    // schedules are checked against it (nodes, GPU indices, cores) without the flag.
+    let remembered = dir.root.join("cluster.yaml");
+    let cluster: Option<Cluster> = match &given {
+        Some(c) => Some(c.clone()),
+        None if remembered.exists() => Some(load_artifact(&remembered)?),
+        None => None,
+    };
     if let Some(known) =
         state.backend.as_deref().filter(|b| *b != backend_name && state.jobs.values().any(|r| r.run.is_some()))
     {
@@ -651,6 +661,11 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
                     tracing::error!(
                         "`{job}`: attempt {attempt} is still running (handle {handle}) but the state does not record it; not starting a second copy (stop it, or `rubick-run stop {job}`)"
                     );
+                    continue;
+                }
+                if let Err(e) = ensure_own_dirs(&dir, job) {
+                    eprintln!("{job}: not started: {e:#}");
+                    start_failures.push(format!("{job}: {e:#}"));
                     continue;
                 }
                 let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
@@ -740,6 +755,9 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
             }
         }
     }
+    if let Some(c) = &given {
+        state::write_durably(&remembered, to_yaml(c).as_bytes())?;
+    }
     state.round = Some(schedule.round);
     state.cluster = Some(schedule.cluster.clone());
     state.backend = Some(backend_name.to_owned());
@@ -757,6 +775,34 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
         )));
     }
     Ok(Outcome::Done)
+}
+
+/// Refuses an output inside the state directory: it would replace the state's own files.
+fn ensure_outside(dir: &StateDir, output: &Path) -> anyhow::Result<()> {
+    if rubick_io::files::is_std(output) {
+        return Ok(());
+    }
+    let out = std::path::absolute(output)?;
+    let parent = out.parent().and_then(|p| p.canonicalize().ok()).unwrap_or_else(|| out.clone());
+    let root = dir.root.canonicalize().unwrap_or_else(|_| dir.root.clone());
+    anyhow::ensure!(
+        !parent.starts_with(&root),
+        "{}: inside the state directory {}; write it elsewhere (the state's files are never overwritten)",
+        output.display(),
+        dir.root.display()
+    );
+    Ok(())
+}
+
+/// Refuses a job directory (or `jobs/`) that is a symlink: the state writes only into
+/// directories it made.
+fn ensure_own_dirs(dir: &StateDir, job: &str) -> anyhow::Result<()> {
+    for path in [dir.root.join("jobs"), dir.job_dir(job)] {
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            bail!("{}: a symlink the state did not make; refusing to write through it", path.display());
+        }
+    }
+    Ok(())
 }
 
 /// A live run in one of `job`'s attempt directories that its record does not hold.
@@ -813,7 +859,8 @@ fn where_(nodes: &[rubick_core::schedule::NodeShare]) -> String {
 
 fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
     let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
-    let dir = locked!(args);
+    let dir = locked!(args, false);
+    ensure_outside(&dir, output)?;
     let mut state = dir.load()?;
     let backend = state_backend(&state)?;
     refresh(&dir, &mut state, backend.as_ref())?;
@@ -956,7 +1003,7 @@ fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyh
 }
 
 fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
-    let dir = locked!(args);
+    let dir = locked!(args, false);
     let mut state = dir.load()?;
     let backend = state_backend(&state)?;
     refresh(&dir, &mut state, backend.as_ref())?;
@@ -977,7 +1024,7 @@ fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
 }
 
 fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
-    let dir = locked!(args);
+    let dir = locked!(args, false);
     let mut state = dir.load()?;
     let backend = state_backend(&state)?;
     refresh(&dir, &mut state, backend.as_ref())?;
@@ -994,7 +1041,8 @@ fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
 }
 
 fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Result<Outcome> {
-    let dir = locked!(args);
+    let dir = locked!(args, false);
+    ensure_outside(&dir, output)?;
     let mut state = dir.load()?;
     let backend = state_backend(&state)?;
     refresh(&dir, &mut state, backend.as_ref())?;

@@ -134,6 +134,9 @@ pub struct JobRecord {
     pub first_started_unix_s: Option<f64>,
 }
 
+/// The state's file in its directory.
+pub const STATE_FILE: &str = "state.yaml";
+
 /// `state.yaml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -168,7 +171,16 @@ pub struct StateDir {
 impl StateDir {
     /// Opens (creating) `root` and takes its lock, waiting up to `wait` for a round in
     /// progress; then fails with a message saying so (the caller exits 1).
-    pub fn open(root: &Path, wait: Duration) -> anyhow::Result<Result<StateDir, String>> {
+    /// Opens (with `create`: makes) the state directory at `root`, made absolute once, and
+    /// takes its lock. Without `create`, a directory that holds no state is an error.
+    pub fn open(root: &Path, wait: Duration, create: bool) -> anyhow::Result<Result<StateDir, String>> {
+        let root = &std::path::absolute(root).with_context(|| format!("{}: not a usable path", root.display()))?;
+        if !create && !root.join(STATE_FILE).exists() {
+            anyhow::bail!(
+                "{}: not a rubick-run state (no {STATE_FILE}); `rubick-run submit` makes one",
+                root.display()
+            );
+        }
         std::fs::create_dir_all(root)
             .with_context(|| format!("{}: cannot create the state directory", root.display()))?;
         let path = root.join("lock");
@@ -201,7 +213,7 @@ impl StateDir {
     }
 
     pub fn state_path(&self) -> PathBuf {
-        self.root.join("state.yaml")
+        self.root.join(STATE_FILE)
     }
 
     pub fn current_path(&self) -> PathBuf {
