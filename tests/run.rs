@@ -18,6 +18,7 @@ const WORKLOAD: &str = r#"#!/bin/sh
 ckpt="$RUBICK_CHECKPOINT_DIR/iter"
 i=0
 [ -f "$ckpt" ] && read -r i < "$ckpt"
+echo "stand-in: starting at iteration $i"
 stop=0
 trap 'stop=1' USR1
 grep Cpus_allowed_list /proc/$$/status | cut -f2 > "$RUBICK_CHECKPOINT_DIR/../cores.$$" && mv "$RUBICK_CHECKPOINT_DIR/../cores.$$" "$RUBICK_CHECKPOINT_DIR/../cores"
@@ -760,4 +761,36 @@ fn a_symlink_planted_at_jobs_name_is_followed() {
     assert!(err.contains("symlink"), "{err}");
     assert_eq!(std::fs::read_dir(d.join("elsewhere")).unwrap().count(), 0, "nothing written through the link");
     assert!(workers(d).is_empty());
+}
+
+/// Issue 18, item 8: `apply --dry-run` prints the actions and takes none; `logs` prints
+/// a run's log, `--follow` until the run ends.
+#[test]
+fn apply_dry_run_takes_no_action_and_logs_print_the_run() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    let out = ok(d, &["apply", "r1.yaml", "--dry-run"]);
+    assert_eq!(out.trim(), "start a dp1-tp1-pp1-mb4-ga4 on local-0:0", "{out}");
+    assert_eq!(state(d)["jobs"]["a"]["status"].as_str(), Some("queued"));
+    assert!(workers(d).is_empty() && !d.join("state/jobs/a/attempt-1").exists());
+    let (code, _, err) = rr(d, &["logs", "a"], None);
+    assert_eq!(code, Some(2), "no run yet: {err}");
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("a training", || last_iter(d, "a", 1) >= 2);
+    let log = ok(d, &["logs", "a"]);
+    assert!(log.contains("stand-in: starting at iteration 0"), "{log}");
+    let follower = Command::new(binary("rubick-run"))
+        .args(["logs", "a", "--follow", "--state"])
+        .arg(d.join("state"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    ok(d, &["stop", "a"]);
+    let out = follower.wait_with_output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("starting at iteration 0"));
 }

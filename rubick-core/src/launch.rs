@@ -96,7 +96,8 @@ pub struct Launch {
     /// Iterations measured after the warm-up.
     #[serde(default = "default_measured")]
     pub measured_iterations: u32,
-    /// A run is killed (with its whole process group) after this many seconds.
+    /// A profiling run (`rubick-profile`) is killed, with its whole process group, after
+    /// this many seconds. `rubick-run`'s runs train until done or stopped: no limit.
     #[serde(default = "default_timeout")]
     pub timeout_s: f64,
     /// The plan features the script implements; absent: every feature. Profiles, the

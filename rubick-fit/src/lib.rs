@@ -68,6 +68,8 @@ pub enum Command {
         /// The Job the profile measured (YAML)
         #[arg(long)]
         job: PathBuf,
+        /// The Cluster the profile ran on (YAML): its links (NVLink, network, PCIe) and
+        /// GPU type (a profile taken on another GPU type is refused)
         #[arg(long)]
         cluster: PathBuf,
         /// Output PerfModel, `-` for stdout
@@ -76,7 +78,10 @@ pub enum Command {
     },
     /// Predict iteration times of configurations with a fitted PerfModel
     Predict {
+        /// The fitted PerfModel (YAML), as `fit` writes it
         model: PathBuf,
+        /// The Cluster to predict on (YAML): its links decide the communication terms,
+        /// and a placement it cannot hold is refused
         #[arg(long)]
         cluster: PathBuf,
         /// A plan (dp4-tp2-pp1-mb2-ga1); with --placement

@@ -177,3 +177,29 @@ mod tests {
         assert_eq!(error_text(&e), "error: state.yaml: cannot write\n  caused by: permission denied\n");
     }
 }
+
+/// Every argument of `command` and its subcommands without help text, as
+/// `path --flag` / `path <VALUE>`: each argument says what it is (`--help` is the manual).
+pub fn undocumented_arguments(command: &clap::Command) -> Vec<String> {
+    fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                let name = match arg.get_long() {
+                    Some(long) => format!("--{long}"),
+                    None => format!("<{}>", id.to_uppercase()),
+                };
+                out.push(format!("{path} {name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(command, command.get_name(), &mut out);
+    out
+}

@@ -30,6 +30,7 @@ pub struct SynthArgs {
     /// Jobs in the batch
     #[arg(long)]
     pub jobs: u32,
+    /// Seed of the generator: the same seed gives the same cluster and batch
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Directory for cluster.yaml and jobs.yaml (created)

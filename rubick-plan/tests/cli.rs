@@ -16,3 +16,12 @@ fn help_has_examples() {
     assert!(help.contains("Examples:"), "{help}");
     assert!(help.contains("rubick-plan"), "{help}");
 }
+
+/// Issue 18, "`--help` has no text for ...": every argument of every subcommand says
+/// what it is.
+#[test]
+fn every_argument_has_help_text() {
+    use clap::CommandFactory;
+    let missing = rubick_io::cli::undocumented_arguments(&rubick_plan::Cli::command());
+    assert!(missing.is_empty(), "arguments without help: {missing:?}");
+}

@@ -38,6 +38,7 @@ pub struct CompareArgs {
     /// Significance level of the one-sided Welch t-test
     #[arg(long, default_value_t = 0.05)]
     pub alpha: f64,
+    /// The report's format (stdout)
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
 }

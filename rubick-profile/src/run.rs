@@ -53,6 +53,7 @@ pub struct RunArgs {
     /// Runs of every configuration (for `compare`'s noise)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
+    /// Where the runs execute
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     pub backend: Backend,
     /// Runs at a time [default: as many as the node's GPUs allow; 1 on a CPU cluster,

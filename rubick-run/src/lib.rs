@@ -83,6 +83,7 @@ pub enum StatusFormat {
 pub enum Command {
     /// Queue jobs (Job YAML with a launch section)
     Submit {
+        /// Job files (YAML, each with a launch section and a unique name)
         #[arg(required = true)]
         jobs: Vec<PathBuf>,
         #[command(flatten)]
@@ -130,17 +131,25 @@ pub enum Command {
         schedule: PathBuf,
         #[command(flatten)]
         state: StateArgs,
-        /// Where runs execute
+        /// Where runs execute: `local` (process groups on this machine, pinned to
+        /// cores), `slurm` (one sbatch job per run), `kubernetes` (Kubeflow manifests,
+        /// applied with kubectl or written for GitOps)
         #[arg(long, default_value = "local", value_parser = backend_name)]
         backend: String,
-        /// Check the schedule against this cluster (names, GPU indices)
+        /// Check the schedule against this cluster (names, GPU indices, cores); the
+        /// state remembers it, and checks later schedules against it without the flag
         #[arg(long)]
         cluster: Option<PathBuf>,
+        /// Print the actions (stops, starts) the schedule asks for and take none
+        #[arg(long)]
+        dry_run: bool,
     },
     /// What runs where, how far and how fast
     Status {
         #[command(flatten)]
         state: StateArgs,
+        /// The report's format: a table for people, YAML for tools, Prometheus text for
+        /// a node exporter's textfile collector
         #[arg(long, value_enum, default_value_t = StatusFormat::Table)]
         format: StatusFormat,
         /// Where to write it (`-`: stdout)
@@ -151,6 +160,19 @@ pub enum Command {
     Stop {
         /// The job's name
         job: String,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// Print a job's run log (stdout and stderr of its last run, or of --attempt N)
+    Logs {
+        /// The job's name
+        job: String,
+        /// Which run (1 is the first); default: the last
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Keep printing what the run writes until it ends
+        #[arg(short, long)]
+        follow: bool,
         #[command(flatten)]
         state: StateArgs,
     },
@@ -206,10 +228,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Submit { jobs, state, retries, replace } => submit(&jobs, &state, retries, replace),
         Command::Jobs { state, output, cluster } => jobs(&state, &output, cluster.as_deref()),
-        Command::Apply { schedule, state, backend, cluster } => apply(&schedule, &state, &backend, cluster.as_deref()),
+        Command::Apply { schedule, state, backend, cluster, dry_run } => {
+            apply(&schedule, &state, &backend, cluster.as_deref(), dry_run)
+        }
         Command::Status { state, format, output } => status(&state, format, &output),
         Command::Stop { job, state } => stop_job(&job, &state),
         Command::Delete { job, state } => delete_job(&job, &state),
+        Command::Logs { job, attempt, follow, state } => logs(&job, attempt, follow, &state),
         Command::Check { files } => rubick_io::cli::check_command::<Schedule>(&files),
     }
 }
@@ -595,7 +620,13 @@ fn desired_of(
     Ok(desired)
 }
 
-fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
+fn apply(
+    path: &Path,
+    args: &StateArgs,
+    backend_name: &str,
+    cluster: Option<&Path>,
+    dry_run: bool,
+) -> anyhow::Result<Outcome> {
     let backend = backends::backend(backend_name).with_context(|| format!("--backend: unknown `{backend_name}`"))?;
     let schedule: Schedule = load_artifact(path)?;
     let given: Option<Cluster> = cluster.map(load_artifact).transpose()?;
@@ -629,6 +660,25 @@ fn apply(path: &Path, args: &StateArgs, backend_name: &str, cluster: Option<&Pat
         })
         .collect();
     let actions = reconcile::reconcile(&desired, &actual);
+    if dry_run {
+        // What this apply would do, and nothing done (the refresh above only recorded
+        // runs that ended).
+        for action in &actions {
+            match action {
+                Action::Stop { job, reason } => println!(
+                    "stop {job} ({})",
+                    if *reason == StopReason::Reconfigure { "to reconfigure" } else { "preempted" }
+                ),
+                Action::Start { job, allocation } => {
+                    println!("start {job} {} on {}", allocation.plan, where_(&allocation.nodes));
+                }
+            }
+        }
+        if actions.is_empty() {
+            println!("nothing to change");
+        }
+        return Ok(Outcome::Done);
+    }
     let new_round = state.round != Some(schedule.round);
     if new_round {
         for rec in state.jobs.values_mut() {
@@ -1000,6 +1050,52 @@ fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyh
         configs.len()
     );
     Ok(Some(path))
+}
+
+fn logs(job: &str, attempt: Option<u32>, follow: bool, args: &StateArgs) -> anyhow::Result<Outcome> {
+    use std::io::{Read, Write};
+    // The lock only while the records are read: following a log must not hold rounds up.
+    let (path, exit_file, state_file, attempt) = {
+        let dir = locked!(args, false);
+        let state = dir.load()?;
+        let rec = state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
+        anyhow::ensure!(rec.attempts > 0, "`{job}` has not run yet");
+        let attempt = attempt.unwrap_or(rec.attempts);
+        anyhow::ensure!(
+            (1..=rec.attempts).contains(&attempt),
+            "--attempt {attempt}: `{job}` has runs 1 to {}",
+            rec.attempts
+        );
+        let adir = dir.attempt_dir(job, attempt);
+        (adir.join("log.txt"), adir.join("exit-code"), dir.state_path(), attempt)
+    };
+    // Whether the run still runs, as the state (rewritten atomically) or its exit code says.
+    let running = || {
+        !exit_file.exists()
+            && std::fs::read_to_string(&state_file)
+                .ok()
+                .and_then(|t| serde_yaml_ng::from_str::<State>(&t).ok())
+                .and_then(|s| s.jobs.get(job).and_then(|r| r.run.as_ref()).map(|r| r.attempt))
+                == Some(attempt)
+    };
+    let mut file = std::fs::File::open(&path).with_context(|| format!("{}: no log", path.display()))?;
+    let mut out = std::io::stdout().lock();
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        file.read_to_end(&mut buf).with_context(|| path.display().to_string())?;
+        out.write_all(&buf)?;
+        out.flush()?;
+        if !follow || !running() {
+            // One last read: what the run wrote before its exit code.
+            buf.clear();
+            file.read_to_end(&mut buf)?;
+            out.write_all(&buf)?;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    Ok(Outcome::Done)
 }
 
 fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
