@@ -162,22 +162,6 @@ pub fn progress_bar(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 18, "every error is printed twice": a cause already in the message is not
-    /// printed again; a cause that adds something is.
-    #[test]
-    fn every_error_is_printed_twice() {
-        let inner = std::io::Error::other("mapping values are not allowed at line 5");
-        let e = anyhow::Error::new(inner).context("jobs.yaml: mapping values are not allowed at line 5");
-        assert_eq!(error_text(&e), "error: jobs.yaml: mapping values are not allowed at line 5\n");
-        let e = anyhow::Error::new(std::io::Error::other("permission denied")).context("state.yaml: cannot write");
-        assert_eq!(error_text(&e), "error: state.yaml: cannot write\n  caused by: permission denied\n");
-    }
-}
-
 /// Every argument of `command` and its subcommands without help text, as
 /// `path --flag` / `path <VALUE>`: each argument says what it is (`--help` is the manual).
 pub fn undocumented_arguments(command: &clap::Command) -> Vec<String> {
@@ -202,4 +186,20 @@ pub fn undocumented_arguments(command: &clap::Command) -> Vec<String> {
     let mut out = Vec::new();
     walk(command, command.get_name(), &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 18, "every error is printed twice": a cause already in the message is not
+    /// printed again; a cause that adds something is.
+    #[test]
+    fn every_error_is_printed_twice() {
+        let inner = std::io::Error::other("mapping values are not allowed at line 5");
+        let e = anyhow::Error::new(inner).context("jobs.yaml: mapping values are not allowed at line 5");
+        assert_eq!(error_text(&e), "error: jobs.yaml: mapping values are not allowed at line 5\n");
+        let e = anyhow::Error::new(std::io::Error::other("permission denied")).context("state.yaml: cannot write");
+        assert_eq!(error_text(&e), "error: state.yaml: cannot write\n  caused by: permission denied\n");
+    }
 }
