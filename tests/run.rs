@@ -794,3 +794,43 @@ fn apply_dry_run_takes_no_action_and_logs_print_the_run() {
     let out = follower.wait_with_output().unwrap();
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("starting at iteration 0"));
 }
+
+/// Issue 18, "a relative argv[0] resolves against the cwd of whichever apply starts
+/// it": relative paths resolve against where the job was submitted; a command that
+/// cannot be run (exit 127) is failed, not retried.
+#[test]
+fn a_relative_argv0_resolves_against_the_cwd_of_whichever_apply_starts_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    let sub = d.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::copy(d.join("work.sh"), sub.join("work.sh")).unwrap();
+    std::fs::set_permissions(sub.join("work.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let a = std::fs::read_to_string(d.join("a.yaml"))
+        .unwrap()
+        .replace(&format!("command: [sh, {}]", d.join("work.sh").display()), "command: [./work.sh]");
+    assert!(a.contains("command: [./work.sh]"), "{a}");
+    std::fs::write(sub.join("a.yaml"), &a).unwrap();
+    std::fs::write(sub.join("gone.yaml"), a.replace("name: a", "name: gone").replace("./work.sh", "./missing.sh"))
+        .unwrap();
+    let submit = Command::new(binary("rubick-run"))
+        .args(["submit", "a.yaml", "gone.yaml", "--retries", "3", "--state"])
+        .arg(d.join("state"))
+        .current_dir(&sub)
+        .output()
+        .unwrap();
+    assert!(submit.status.success(), "{}", String::from_utf8_lossy(&submit.stderr));
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("gone", "dp1-tp1-pp1-mb4-ga4", &[1])]);
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("a training from its own directory", || last_iter(d, "a", 1) >= 2);
+    wait_for("gone exited", || d.join("state/jobs/gone/attempt-1/exit-code").exists());
+    ok(d, &["apply", "r1.yaml"]);
+    let s = state(d);
+    assert_eq!(s["jobs"]["gone"]["status"].as_str(), Some("failed"), "exit 127 is not retried: {s:?}");
+    assert_eq!(s["jobs"]["gone"]["attempts"].as_u64(), Some(1), "{s:?}");
+    assert!(s["jobs"]["gone"]["reason"].as_str().unwrap_or_default().contains("could not be run"), "{s:?}");
+    ok(d, &["stop", "a"]);
+}

@@ -319,6 +319,7 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace: bool) -> a
                 reconfigurations: Vec::new(),
                 retries_left: retries,
                 submitted_unix_s: unix_now(),
+                submitted_from: std::env::current_dir().ok(),
                 first_started_unix_s: None,
             },
         );
@@ -439,6 +440,9 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attem
         None => "finished".to_owned(),
         Some(Failure::BadInput) => format!("{exit}: the script refused plan {plan} (bad plan)"),
         Some(Failure::OutOfMemory) => format!("{exit}: out of memory under {plan}"),
+        Some(Failure::NotRunnable) => {
+            format!("{exit}: the command could not be run (not found or not executable; see the log)")
+        }
         Some(Failure::Retryable) if rec.retries_left > 0 => {
             format!("{exit} under {plan}: retried ({} retries left)", rec.retries_left - 1)
         }
@@ -499,6 +503,9 @@ pub enum Failure {
     BadInput,
     /// Out of memory (exit 3, the `oom` event, a framework's message): not under this plan.
     OutOfMemory,
+    /// The command could not be run (exit 126 or 127: not executable, not found): no
+    /// restart changes that.
+    NotRunnable,
 }
 
 /// The failure an exit code (and the run's files) says, `None` for success.
@@ -513,6 +520,7 @@ pub fn classify(code: Option<i32>, attempt_dir: &Path) -> Option<Failure> {
         _ if oom_event => Some(Failure::OutOfMemory),
         Some(2) => Some(Failure::BadInput),
         Some(3) => Some(Failure::OutOfMemory),
+        Some(126 | 127) => Some(Failure::NotRunnable),
         _ => Some(Failure::Retryable),
     }
 }
@@ -758,6 +766,17 @@ fn apply(
                 let rec = state.jobs.get(job).context("record")?;
                 let launch = rec.job.launch.clone().context("a submitted job has a launch section")?;
                 let mut launch = launch;
+                // Relative paths of the command resolve against where the job was
+                // submitted, not against wherever this apply runs (a container's working
+                // directory is the image's business).
+                if let Some(from) = rec.submitted_from.as_ref().filter(|_| backend.name() != "kubernetes") {
+                    let from = from.display().to_string().replace('{', "{{").replace('}', "}}");
+                    launch.workdir = Some(match launch.workdir.take() {
+                        Some(w) if w.starts_with('/') || w.starts_with('{') => w,
+                        Some(w) => format!("{from}/{w}"),
+                        None => from,
+                    });
+                }
                 let total = rec.job.iterations.to_string();
                 launch.env.entry("RUBICK_TOTAL_ITERATIONS".into()).or_insert_with(|| total.clone());
                 launch.env.entry("RUBICK_ITERATIONS".into()).or_insert(total);

@@ -132,6 +132,10 @@ pub struct JobRecord {
     pub submitted_unix_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_started_unix_s: Option<f64>,
+    /// The directory `submit` ran in: the local and Slurm backends run the command there
+    /// (its relative paths resolve against it, not against wherever an apply runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_from: Option<std::path::PathBuf>,
 }
 
 /// The state's file in its directory.
