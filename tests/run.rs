@@ -121,19 +121,28 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// Live processes running the stand-in for `dir` (by their command line).
+/// Live processes running the stand-in for `dir` (by their command line), without the
+/// stand-in's own short-lived subshells (forks that share its command line).
 fn workers(dir: &Path) -> Vec<String> {
     let needle = dir.join("work.sh").display().to_string();
-    std::fs::read_dir("/proc")
+    let found: Vec<(u32, u32, String)> = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| {
             let pid = e.ok()?.file_name().to_str()?.parse::<u32>().ok()?;
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+            let (_, rest) = stat.rsplit_once(')')?;
+            let mut fields = rest.split_whitespace();
+            let zombie = fields.next()? == "Z";
+            let ppid = fields.next()?.parse().ok()?;
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            (!zombie && cmd.contains(&needle) && !cmd.contains("rubick-run-job")).then(|| format!("{pid} {cmd}"))
+            (!zombie && cmd.contains(&needle) && !cmd.contains("rubick-run-job")).then(|| (pid, ppid, cmd))
         })
+        .collect();
+    found
+        .iter()
+        .filter(|(_, ppid, _)| !found.iter().any(|(p, _, _)| p == ppid))
+        .map(|(pid, _, cmd)| format!("{pid} {cmd}"))
         .collect()
 }
 
@@ -683,7 +692,29 @@ fn the_job_clock_never_moves_in_the_readmes_pipeline() {
     let mut log = String::new();
     for r in 1..=10 {
         log.push_str(&round());
-        assert!(workers(d).len() <= 2, "round {r}: at most one copy per slot: {:?}", workers(d));
+        // Live runs by their process groups (a worker's own subshells share its command
+        // line, so processes are not the measure).
+        let live: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .flat_map(|j| {
+                std::fs::read_dir(d.join("state/jobs").join(j))
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("pgid")).ok())
+                    .filter(|pgid| {
+                        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pgid.trim())).unwrap_or_default();
+                        stat.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+                    })
+                    .map(move |pgid| format!("{j}:{}", pgid.trim()))
+            })
+            .collect();
+        assert!(live.len() <= 2, "round {r}: at most one run per slot: {live:?}");
+        for j in ["a", "b", "c"] {
+            assert!(
+                live.iter().filter(|l| l.starts_with(&format!("{j}:"))).count() <= 1,
+                "round {r}: {j} twice: {live:?}"
+            );
+        }
         std::thread::sleep(Duration::from_millis(1500));
         let s = state(d);
         let cell = |j: &str| {
