@@ -632,11 +632,18 @@ fn one_bad_job_blocks_every_job() {
     let (code, _, err) = rr(d, &["submit", "nomodel.yaml"], None);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("perfModel") && err.contains("no-such-model.yaml"), "{err}");
+    // A NUL in an environment value cannot reach a process: refused at submit.
     let nul = std::fs::read_to_string(d.join("b.yaml"))
         .unwrap()
         .replace("  stopTimeoutS: 10\n", "  stopTimeoutS: 10\n  env: { BAD: \"x\\0y\" }\n");
-    std::fs::write(d.join("b.yaml"), nul).unwrap();
+    std::fs::write(d.join("nul.yaml"), nul).unwrap();
+    let (code, _, err) = rr(d, &["submit", "nul.yaml"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("env.BAD") && err.contains("control character"), "{err}");
     ok(d, &["submit", "a.yaml", "b.yaml"]);
+    // b cannot start: its job directory is taken by a file.
+    std::fs::create_dir_all(d.join("state/jobs")).unwrap();
+    std::fs::write(d.join("state/jobs/b"), "not a directory").unwrap();
     schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]);
     let (code, _, err) = rr(d, &["apply", "r1.yaml"], None);
     assert_eq!(code, Some(1), "a negative answer naming the job that could not start: {err}");
@@ -864,4 +871,25 @@ fn a_relative_argv0_resolves_against_the_cwd_of_whichever_apply_starts_it() {
     assert_eq!(s["jobs"]["gone"]["attempts"].as_u64(), Some(1), "{s:?}");
     assert!(s["jobs"]["gone"]["reason"].as_str().unwrap_or_default().contains("could not be run"), "{s:?}");
     ok(d, &["stop", "a"]);
+}
+
+/// Issue 18, "a schedule for the A800 testbed applied to a fresh state without
+/// `--cluster` started 8 workers on a 2-core machine": without a cluster to check
+/// against, the local backend refuses a schedule of more cores than this machine has.
+#[test]
+fn a_schedule_for_the_a800_testbed_applied_to_a_fresh_state() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml"]);
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) + 1;
+    let text = format!(
+        "apiVersion: rubick/v1\nkind: Schedule\ncluster: a800-8x8\nround: 0\npolicy: rubick\nassignments:\n  - {{ job: a, plan: dp8-tp1-pp1-mb2-ga1, nodes: [{{ node: a800-0, gpus: [0, 1, 2, 3, 4, 5, 6, 7], cpus: {cores}, hostMemoryGib: 64 }}], predictedThroughput: 1, change: started }}\ntotals: {{ gpusUsed: 8, gpusTotal: 64, cpusUsed: {cores}, hostMemoryGibUsed: 64, normalizedThroughput: 1 }}\nobjective: 1\nsolver: {{ method: test, status: optimal }}\n"
+    );
+    std::fs::write(d.join("a800.yaml"), text).unwrap();
+    let (code, _, err) = rr(d, &["apply", "a800.yaml"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cores in all") && err.contains("another cluster"), "{err}");
+    assert!(workers(d).is_empty() && state(d)["jobs"]["a"]["status"].as_str() == Some("queued"));
 }

@@ -254,6 +254,11 @@ impl Launch {
             .map(|(i, a)| (format!("command[{i}]"), a))
             .chain(self.env.iter().map(|(k, v)| (format!("env.{k}"), v)));
         for (field, text) in fields {
+            // A NUL cannot be passed to a process; other control characters (but tab and
+            // newline) are a paste accident.
+            if let Some(c) = text.chars().find(|c| *c == '\0' || (c.is_control() && !matches!(c, '\t' | '\n'))) {
+                return Err(ValidationError::new(&field, format!("{c:?}: a control character")));
+            }
             let known = |name: &str| match PLACEHOLDERS.contains(&name) {
                 true => Ok(String::new()),
                 false => {

@@ -479,7 +479,7 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attem
         Some(Failure::Retryable) if rec.retries_left > 0 => {
             rec.retries_left -= 1;
             tracing::warn!(
-                "`{}` failed (exit {code:?}): retryable, queued again ({} retries left)",
+                "`{}` failed ({exit}): retryable, queued again ({} retries left)",
                 rec.job.name,
                 rec.retries_left
             );
@@ -487,7 +487,12 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attem
         }
         Some(_) => JobStatus::Failed,
     };
-    tracing::info!("`{}` ended: {:?} (exit {code:?}, {failure:?})", rec.job.name, rec.status);
+    tracing::info!(
+        "`{}` ended: {} ({})",
+        rec.job.name,
+        format!("{:?}", rec.status).to_lowercase(),
+        rec.reason.as_deref().unwrap_or(&exit)
+    );
     rec.run = None;
 }
 
@@ -621,6 +626,17 @@ fn desired_of(
             bail!("{}: {} nodes; the local backend runs a job on this one machine", at(i, "nodes"), a.nodes.len());
         }
         desired.insert(a.job.clone(), Allocation { plan, nodes: a.nodes.clone() });
+    }
+    // Without a cluster to check against, the local backend still knows this machine:
+    // a schedule asking for more cores than it has was planned for another cluster.
+    if cluster.is_none() && backend.name() == "local" {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) as u32;
+        let asked: u32 = desired.values().flat_map(|a| a.nodes.iter().map(|n| n.cpus)).sum();
+        anyhow::ensure!(
+            asked <= cores,
+            "{}: the schedule asks for {asked} cores in all, and this machine has {cores}: a schedule for another cluster? (plan it with this machine's cluster, `rubick-profile devices --cluster-out`, and pass that as --cluster)",
+            rubick_io::files::display(path)
+        );
     }
     if let Some((a, b, node, gpu)) = reconcile::shared_gpu(&desired) {
         bail!("{}: GPU {gpu} of {node} is given to both `{a}` and `{b}`", rubick_io::files::display(path));
