@@ -230,6 +230,8 @@ fn rounds(backend: &str) {
     let table = ok(d, &["status"]);
     assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("running")), "{table}");
     assert!(table.lines().all(|l| l.chars().count() <= 100), "the table fits 100 columns: {table}");
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&ok(d, &["status", "--format", "yaml"])).unwrap();
+    assert!(yaml["jobs"]["a"]["predictedIterTimeS"].as_f64().is_some(), "predicted, from the applied round: {yaml:?}");
     let prom = ok(d, &["status", "--format", "prometheus"]);
     // Issue 18, "Prometheus: every series carries a plan label": the plan is an info
     // metric; every other series is keyed by the job only; no `-0`.
@@ -471,6 +473,18 @@ fn a_crashed_job_is_retried_within_its_budget_and_a_refused_plan_is_never_offere
     let s = state(d);
     assert_eq!(s["jobs"]["crash"]["status"].as_str(), Some("failed"), "budget spent: {s:?}");
     assert_eq!(s["jobs"]["crash"]["exitCode"].as_i64(), Some(9));
+    // Issue 18, "the status table shows `queued` for a failed or requeued job with no
+    // exit code, reason or log path": it says why, in the table and in YAML.
+    let table = ok(d, &["status"]);
+    let why = table.lines().skip_while(|l| !l.starts_with("crash ")).nth(1).unwrap_or_default();
+    assert!(
+        why.contains("why: exit 9") && why.contains("no retries left") && why.contains("attempt-2/log.txt"),
+        "{table}"
+    );
+    assert!(!table.contains("Some("), "{table}");
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&ok(d, &["status", "--format", "yaml"])).unwrap();
+    assert!(yaml["jobs"]["crash"]["reason"].as_str().is_some_and(|r| r.contains("exit 9")), "{yaml:?}");
+    assert!(yaml["jobs"]["crash"]["log"].as_str().is_some_and(|l| l.ends_with("log.txt")), "{yaml:?}");
     // Two more plans refused: three in all is a bad argument, not a bad plan.
     for (attempt, plan) in [(2, "dp1-tp1-pp1-mb8-ga2"), (3, "dp1-tp1-pp1-mb16-ga1")] {
         schedule(d, "r.yaml", 2 + attempt, &[("bad", plan, &[1])]);

@@ -1184,8 +1184,29 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
             r.run.as_ref().and_then(|run| backends::progress(&dir.attempt_dir(name, run.attempt)).recent_iter_time_s);
         rows.push((name, r, mean));
     }
+    // What the round that placed each running job predicted (seconds per iteration).
+    let applied: Option<Schedule> =
+        dir.current_path().exists().then(|| load_artifact(&dir.current_path())).transpose().unwrap_or(None);
+    let predicted_s = |name: &str, r: &JobRecord| -> Option<f64> {
+        let a = applied.as_ref()?.assignments.iter().find(|a| a.job == name)?;
+        (r.status == JobStatus::Running && a.predicted_throughput > 0.0)
+            .then(|| r.job.model.global_batch as f64 / a.predicted_throughput)
+    };
+    let log_of =
+        |name: &str, r: &JobRecord| (r.attempts > 0).then(|| dir.attempt_dir(name, r.attempts).join("log.txt"));
     let text = match format {
-        StatusFormat::Yaml => serde_yaml_ng::to_string(&state)?,
+        StatusFormat::Yaml => {
+            // The records, with what a person reads in the table: why, the measured and
+            // predicted seconds per iteration, the log.
+            let mut doc = serde_yaml_ng::to_value(&state)?;
+            for (name, r, mean) in &rows {
+                let entry = &mut doc["jobs"][name.as_str()];
+                entry["measuredIterTimeS"] = serde_yaml_ng::to_value(mean)?;
+                entry["predictedIterTimeS"] = serde_yaml_ng::to_value(predicted_s(name, r))?;
+                entry["log"] = serde_yaml_ng::to_value(log_of(name, r))?;
+            }
+            serde_yaml_ng::to_string(&doc)?
+        }
         StatusFormat::Table => {
             // 100 columns; a job that is not running says why on a line of its own.
             let fit = |text: String, width: usize| {
@@ -1196,25 +1217,30 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
                 }
             };
             let mut out = format!(
-                "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>7} {:>5}\n",
-                "job", "status", "plan", "where", "run", "iterations", "iter_s", "stops"
+                "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>13}\n",
+                "job", "status", "plan", "where", "run", "iterations", "iter_s (pred)"
             );
             for (name, r, mean) in &rows {
+                let times = match (mean, predicted_s(name, r)) {
+                    (Some(m), Some(p)) => format!("{m:.3} ({p:.3})"),
+                    (Some(m), None) => format!("{m:.3}"),
+                    (None, Some(p)) => format!("- ({p:.3})"),
+                    (None, None) => "-".to_owned(),
+                };
                 out.push_str(&format!(
-                    "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>7} {:>5}\n",
+                    "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>13}\n",
                     fit((*name).clone(), 14),
                     format!("{:?}", r.status).to_lowercase(),
                     fit(r.run.as_ref().map_or("-".to_owned(), |run| run.plan.to_string()), 30),
                     fit(r.run.as_ref().map_or("-".to_owned(), |run| where_(&run.nodes)), 14),
                     r.attempts,
                     fit(format!("{}/{}", r.iterations_done, r.job.iterations), 11),
-                    mean.map_or("-".to_owned(), |m| format!("{m:.3}")),
-                    r.reconfigurations.len(),
+                    fit(times, 13),
                 ));
                 if r.status != JobStatus::Running
                     && let Some(reason) = &r.reason
                 {
-                    let log = (r.attempts > 0).then(|| dir.attempt_dir(name, r.attempts).join("log.txt"));
+                    let log = log_of(name, r);
                     out.push_str(&format!(
                         "  why: {reason}; {} retries left{}\n",
                         r.retries_left,
@@ -1306,8 +1332,6 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
                 &measured,
             );
             // What the round that placed it predicted, and whether its guarantee held.
-            let applied: Option<Schedule> =
-                dir.current_path().exists().then(|| load_artifact(&dir.current_path())).transpose().unwrap_or(None);
             let assignment = |name: &str| applied.as_ref().and_then(|s| s.assignments.iter().find(|a| a.job == name));
             let predicted: Vec<(String, f64)> = rows
                 .iter()
