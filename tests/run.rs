@@ -907,3 +907,59 @@ fn a_schedule_for_the_a800_testbed_applied_to_a_fresh_state() {
     assert!(err.contains("cores in all") && err.contains("another cluster"), "{err}");
     assert!(workers(d).is_empty() && state(d)["jobs"]["a"]["status"].as_str() == Some("queued"));
 }
+
+/// Issue 18, "Kubernetes settings exist only as undocumented environment variables ...
+/// without a kubectl context the status says running": `apply --kubernetes FILE` takes
+/// the settings (kept in the state for every later command); in kubectl mode without a
+/// context, the start fails saying what to do, and the job is not reported running.
+#[test]
+fn kubernetes_settings_exist_only_as_undocumented_environment_variables() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100);
+    ok(d, &["submit", "a.yaml", "b.yaml"]);
+    let gitops = d.join("gitops");
+    std::fs::write(
+        d.join("k8s.yaml"),
+        format!("image: registry.example/train:1\nkubectl: false\nmanifestDir: {}\n", gitops.display()),
+    )
+    .unwrap();
+    let k8s = |args: &[&str], path: &str| {
+        let out = Command::new(binary("rubick-run"))
+            .args(args)
+            .arg("--state")
+            .arg(d.join("state"))
+            .current_dir(d)
+            .env("PATH", path)
+            .env_remove("RUBICK_KUBECTL")
+            .env_remove("RUBICK_K8S_MANIFEST_DIR")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let path = std::env::var("PATH").unwrap_or_default();
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    let (code, err) = k8s(&["apply", "r1.yaml", "--backend", "kubernetes", "--kubernetes", "k8s.yaml"], &path);
+    assert_eq!(code, Some(0), "{err}");
+    let manifest = std::fs::read_to_string(gitops.join("rubick-a-1.yaml")).unwrap();
+    assert!(manifest.contains("image: registry.example/train:1"), "{manifest}");
+    assert!(d.join("state/kubernetes.yaml").exists(), "kept for later commands");
+    // A bad settings file names its field.
+    std::fs::write(d.join("bad.yaml"), "kind: CronJob\n").unwrap();
+    let (code, err) = k8s(&["apply", "r1.yaml", "--backend", "kubernetes", "--kubernetes", "bad.yaml"], &path);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("kind") && err.contains("CronJob"), "{err}");
+    // kubectl mode with a kubectl that has no context: b's start fails with what to do.
+    let bin = d.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("kubectl"), "#!/bin/sh\necho 'error: current-context is not set' >&2\nexit 1\n").unwrap();
+    std::fs::set_permissions(bin.join("kubectl"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(d.join("k8s.yaml"), "kubectl: true\n").unwrap();
+    schedule(d, "r2.yaml", 2, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]);
+    let path = format!("{}:{path}", bin.display());
+    let (code, err) = k8s(&["apply", "r2.yaml", "--backend", "kubernetes", "--kubernetes", "k8s.yaml"], &path);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no current context") && err.contains("use-context"), "{err}");
+    assert_eq!(state(d)["jobs"]["b"]["status"].as_str(), Some("failed"), "not reported running");
+}

@@ -143,6 +143,13 @@ pub enum Command {
         /// Print the actions (stops, starts) the schedule asks for and take none
         #[arg(long)]
         dry_run: bool,
+        /// The Kubernetes backend's settings (YAML: image, context, namespace,
+        /// checkpointPvc, manifestDir, kubectl: true|false, kind: PyTorchJob|TrainJob);
+        /// kept in the state directory for every later command. Fields left out fall
+        /// back to RUBICK_K8S_IMAGE, RUBICK_K8S_CHECKPOINT_PVC, RUBICK_K8S_MANIFEST_DIR,
+        /// RUBICK_KUBECTL, RUBICK_K8S_KIND, then the defaults
+        #[arg(long)]
+        kubernetes: Option<PathBuf>,
     },
     /// What runs where, how far and how fast
     Status {
@@ -193,7 +200,7 @@ pub enum Command {
 }
 
 fn backend_name(name: &str) -> Result<String, String> {
-    backends::backend(name).map(|_| name.to_owned()).ok_or_else(|| {
+    backends::known(name).then(|| name.to_owned()).ok_or_else(|| {
         let known: Vec<&str> = backends::REGISTRY.iter().map(|(n, _)| *n).collect();
         format!("`{name}`: known backends: {}", known.join(", "))
     })
@@ -228,8 +235,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Submit { jobs, state, retries, replace } => submit(&jobs, &state, retries, replace),
         Command::Jobs { state, output, cluster } => jobs(&state, &output, cluster.as_deref()),
-        Command::Apply { schedule, state, backend, cluster, dry_run } => {
-            apply(&schedule, &state, &backend, cluster.as_deref(), dry_run)
+        Command::Apply { schedule, state, backend, cluster, dry_run, kubernetes } => {
+            apply(&schedule, &state, &backend, cluster.as_deref(), dry_run, kubernetes.as_deref())
         }
         Command::Status { state, format, output } => status(&state, format, &output),
         Command::Stop { job, state } => stop_job(&job, &state),
@@ -650,12 +657,21 @@ fn apply(
     backend_name: &str,
     cluster: Option<&Path>,
     dry_run: bool,
+    kubernetes: Option<&Path>,
 ) -> anyhow::Result<Outcome> {
-    let backend = backends::backend(backend_name).with_context(|| format!("--backend: unknown `{backend_name}`"))?;
     let schedule: Schedule = load_artifact(path)?;
     let given: Option<Cluster> = cluster.map(load_artifact).transpose()?;
+    let settings = kubernetes.map(|p| backends::kubernetes::Settings::load(p).map(|s| (p, s))).transpose()?;
     let dir = locked!(args, true);
     failpoint("locked");
+    // The backend's settings (Kubernetes) are the state's from now on.
+    if let Some((from, s)) = &settings {
+        let text = serde_yaml_ng::to_string(s)?;
+        state::write_durably(&dir.root.join(backends::kubernetes::SETTINGS_FILE), text.as_bytes())
+            .with_context(|| format!("--kubernetes {}", from.display()))?;
+    }
+    let backend = backends::backend(backend_name, Some(&dir.root))?
+        .with_context(|| format!("--backend: unknown `{backend_name}`"))?;
     let mut state = dir.load()?;
     // The state remembers the cluster its first apply with --cluster named: later
     // schedules are checked against it (nodes, GPU indices, cores) without the flag.
@@ -925,9 +941,10 @@ fn free_cores(held: &[u32], want: u32) -> Vec<u32> {
 }
 
 /// The backend the state's runs are on (local until an apply says otherwise).
-fn state_backend(state: &State) -> anyhow::Result<Box<dyn Backend>> {
+fn state_backend(dir: &StateDir, state: &State) -> anyhow::Result<Box<dyn Backend>> {
     let name = state.backend.as_deref().unwrap_or("local");
-    backends::backend(name).with_context(|| format!("state: backend: `{name}` is not known to this rubick-run"))
+    backends::backend(name, Some(&dir.root))?
+        .with_context(|| format!("state: backend: `{name}` is not known to this rubick-run"))
 }
 
 fn unix_now() -> f64 {
@@ -947,7 +964,7 @@ fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Resu
     let dir = locked!(args, false);
     ensure_outside(&dir, output)?;
     let mut state = dir.load()?;
-    let backend = state_backend(&state)?;
+    let backend = state_backend(&dir, &state)?;
     refresh(&dir, &mut state, backend.as_ref())?;
     dir.save(&state)?;
     let mut refitted: BTreeMap<String, PathBuf> = BTreeMap::new();
@@ -1136,7 +1153,7 @@ fn logs(job: &str, attempt: Option<u32>, follow: bool, args: &StateArgs) -> anyh
 fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args, false);
     let mut state = dir.load()?;
-    let backend = state_backend(&state)?;
+    let backend = state_backend(&dir, &state)?;
     refresh(&dir, &mut state, backend.as_ref())?;
     let rec = state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
     if matches!(rec.status, JobStatus::Queued | JobStatus::Running) {
@@ -1157,7 +1174,7 @@ fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
 fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args, false);
     let mut state = dir.load()?;
-    let backend = state_backend(&state)?;
+    let backend = state_backend(&dir, &state)?;
     refresh(&dir, &mut state, backend.as_ref())?;
     let was = state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?.status;
     if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
@@ -1175,7 +1192,7 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
     let dir = locked!(args, false);
     ensure_outside(&dir, output)?;
     let mut state = dir.load()?;
-    let backend = state_backend(&state)?;
+    let backend = state_backend(&dir, &state)?;
     refresh(&dir, &mut state, backend.as_ref())?;
     dir.save(&state)?;
     let mut rows = Vec::new();

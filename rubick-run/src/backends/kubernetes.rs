@@ -66,7 +66,15 @@
 //! trait's `alive` and `signal` get only the handle, and directory mode needs the
 //! directory).
 //!
-//! # Environment
+//! # Settings
+//!
+//! `rubick-run apply --backend kubernetes --kubernetes FILE` takes them as YAML
+//! ([`Settings`]: `image`, `context`, `namespace`, `checkpointPvc`, `manifestDir`,
+//! `kubectl: true|false`, `kind`) and keeps a copy in the state directory
+//! (`kubernetes.yaml`) that every later command of that state reads; `context` and
+//! `namespace` go to every kubectl call. In kubectl mode without a `context`, kubectl
+//! must have a current one: a start fails, saying so, when it has none. A field left
+//! out falls back to its environment variable:
 //!
 //! * `RUBICK_K8S_IMAGE`: the container image (default `pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime`,
 //!   an official PyTorch CUDA runtime; set it to an image that holds the training code
@@ -134,6 +142,8 @@ const MANIFESTS: &str = "manifests.yaml";
 const APPLY: &str = "apply.yaml";
 const DELETED: &str = "deleted";
 const GITOPS_PATH: &str = "gitops-path";
+/// The backend's settings in a state directory (see [`Settings`]).
+pub const SETTINGS_FILE: &str = "kubernetes.yaml";
 
 /// Where manifests go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +187,65 @@ pub struct Kubernetes {
     pub checkpoint_pvc: Option<String>,
     pub manifest_dir: Option<PathBuf>,
     pub kind: TrainingKind,
+    /// kubectl's `--context` (default: its current context).
+    pub context: Option<String>,
+    /// kubectl's `--namespace` (default: the context's).
+    pub namespace: Option<String>,
+}
+
+/// The backend's settings as a file: `apply --kubernetes FILE` keeps a copy in the state
+/// directory (`kubernetes.yaml`), which every later command of that state reads. A field
+/// left out falls back to its environment variable, then to the default.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Settings {
+    /// The container image (`RUBICK_K8S_IMAGE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// kubectl's context (default: its current one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// The namespace the resources go to (default: the context's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// A PersistentVolumeClaim for the checkpoints (`RUBICK_K8S_CHECKPOINT_PVC`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_pvc: Option<String>,
+    /// The GitOps directory (`RUBICK_K8S_MANIFEST_DIR`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_dir: Option<PathBuf>,
+    /// `true`: apply with kubectl; `false`: write manifests only (`RUBICK_KUBECTL`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubectl: Option<bool>,
+    /// `PyTorchJob` or `TrainJob` (`RUBICK_K8S_KIND`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+impl Settings {
+    /// Reads and checks a settings file; errors name the file and field.
+    pub fn load(path: &Path) -> anyhow::Result<Settings> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let settings: Settings = serde_yaml_ng::from_str(&text).with_context(|| path.display().to_string())?;
+        if let Some(kind) = &settings.kind {
+            anyhow::ensure!(
+                matches!(kind.to_ascii_lowercase().as_str(), "pytorchjob" | "trainjob"),
+                "{}: kind: `{kind}` is neither PyTorchJob nor TrainJob",
+                path.display()
+            );
+        }
+        for (field, value) in [("context", &settings.context), ("namespace", &settings.namespace)] {
+            if let Some(v) = value {
+                anyhow::ensure!(
+                    !v.is_empty() && !v.starts_with('-') && !v.chars().any(char::is_control),
+                    "{}: {field}: `{}` is not a kubectl name",
+                    path.display(),
+                    v.escape_debug()
+                );
+            }
+        }
+        Ok(settings)
+    }
 }
 
 impl Kubernetes {
@@ -204,7 +273,62 @@ impl Kubernetes {
             checkpoint_pvc: var("RUBICK_K8S_CHECKPOINT_PVC"),
             manifest_dir: var("RUBICK_K8S_MANIFEST_DIR").map(PathBuf::from),
             kind,
+            context: None,
+            namespace: None,
         }
+    }
+
+    /// The environment's settings, overridden by a state's `kubernetes.yaml` (see
+    /// [`Settings`]) when it has one.
+    pub fn configured(state_root: Option<&Path>) -> anyhow::Result<Kubernetes> {
+        let mut k = Kubernetes::from_env();
+        let Some(path) = state_root.map(|r| r.join(SETTINGS_FILE)).filter(|p| p.exists()) else { return Ok(k) };
+        let s = Settings::load(&path)?;
+        if let Some(v) = s.image {
+            k.image = v;
+        }
+        if let Some(v) = s.checkpoint_pvc {
+            k.checkpoint_pvc = Some(v);
+        }
+        if let Some(v) = s.manifest_dir {
+            k.manifest_dir = Some(v);
+        }
+        if let Some(v) = s.kubectl {
+            k.mode = if v { Mode::Kubectl } else { Mode::Directory };
+        }
+        if let Some(v) = s.kind {
+            k.kind = if v.eq_ignore_ascii_case("trainjob") { TrainingKind::TrainJob } else { TrainingKind::PyTorchJob };
+        }
+        k.context = s.context;
+        k.namespace = s.namespace;
+        Ok(k)
+    }
+
+    /// kubectl with the settings' context and namespace.
+    fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut all: Vec<&str> = Vec::with_capacity(args.len() + 4);
+        if let Some(c) = &self.context {
+            all.extend(["--context", c]);
+        }
+        if let Some(n) = &self.namespace {
+            all.extend(["--namespace", n]);
+        }
+        all.extend(args);
+        kubectl(&all)
+    }
+
+    /// Fails with what to do when kubectl has no context to apply to.
+    fn ensure_context(&self) -> anyhow::Result<()> {
+        if self.context.is_some() {
+            return Ok(());
+        }
+        kubectl(&["config", "current-context"]).map(drop).map_err(|e| {
+            anyhow::anyhow!(
+                "kubectl mode, but kubectl has no current context ({e}): set one (`kubectl config use-context`), \
+                 name one (`context:` in the settings of `apply --kubernetes FILE`), or write manifests for GitOps \
+                 (`kubectl: false`)"
+            )
+        })
     }
 }
 
@@ -618,9 +742,9 @@ fn kubectl(args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// `(exists, true conditions)` of a training resource.
-fn resource_conditions(kind: TrainingKind, name: &str) -> anyhow::Result<Option<Vec<String>>> {
+fn resource_conditions(k: &Kubernetes, kind: TrainingKind, name: &str) -> anyhow::Result<Option<Vec<String>>> {
     let path = r#"jsonpath={.metadata.name}{range .status.conditions[?(@.status=="True")]} {.type}{end}"#;
-    let out = kubectl(&["get", kind.resource(), name, "--ignore-not-found", "-o", path])?;
+    let out = k.kubectl(&["get", kind.resource(), name, "--ignore-not-found", "-o", path])?;
     let mut words = out.split_whitespace();
     Ok(words.next().map(|_| words.map(str::to_owned).collect()))
 }
@@ -636,12 +760,12 @@ fn terminal(conditions: &[String]) -> Option<i32> {
 }
 
 impl Kubernetes {
-    fn kubectl_alive(name: &str, dir: &Path) -> anyhow::Result<bool> {
+    fn kubectl_alive(&self, name: &str, dir: &Path) -> anyhow::Result<bool> {
         let kind = applied_kind(dir).unwrap_or(TrainingKind::PyTorchJob);
-        if resource_conditions(kind, name)?.is_some_and(|c| terminal(&c).is_none()) {
+        if resource_conditions(self, kind, name)?.is_some_and(|c| terminal(&c).is_none()) {
             return Ok(true);
         }
-        let pods = kubectl(&[
+        let pods = self.kubectl(&[
             "get",
             "pods",
             "-l",
@@ -684,7 +808,8 @@ impl Backend for Kubernetes {
             let active = if self.kind == TrainingKind::PyTorchJob { pytorch_job } else { train_job };
             let apply = dir.join(APPLY);
             write_atomic(&apply, &multi_document(&[config_map, active])?)?;
-            kubectl(&["apply", "-f", &apply.display().to_string()])?;
+            self.ensure_context()?;
+            self.kubectl(&["apply", "-f", &apply.display().to_string()])?;
         }
         Ok(format!("{}@{}", shape.name, shape.run_dir))
     }
@@ -692,7 +817,7 @@ impl Backend for Kubernetes {
     fn alive(&self, handle: &str) -> bool {
         let Some((name, dir)) = parse_handle(handle) else { return false };
         if self.mode == Mode::Kubectl && dir.join(APPLY).exists() {
-            return Kubernetes::kubectl_alive(name, dir).unwrap_or_else(|e| {
+            return self.kubectl_alive(name, dir).unwrap_or_else(|e| {
                 // The API server does not answer: assume it still runs (never start it twice).
                 tracing::warn!("{name}: {e}");
                 true
@@ -709,14 +834,14 @@ impl Backend for Kubernetes {
             if signal == "KILL" {
                 args.extend(["--grace-period=0", "--force"]);
             }
-            if let Err(e) = kubectl(&args) {
+            if let Err(e) = self.kubectl(&args) {
                 tracing::warn!("{name}: {e}");
             }
             if signal == "KILL" {
                 let kind = applied_kind(dir).unwrap_or(TrainingKind::PyTorchJob);
                 let selector = kind.pod_selector(name);
                 let args = ["delete", "pods", "-l", &selector, "--grace-period=0", "--force", "--wait=false"];
-                if let Err(e) = kubectl(&args) {
+                if let Err(e) = self.kubectl(&args) {
                     tracing::warn!("{name}: {e}");
                 }
             }
@@ -750,7 +875,7 @@ impl Backend for Kubernetes {
             None => recorded_name(dir)?,
         };
         let kind = applied_kind(dir).unwrap_or(TrainingKind::PyTorchJob);
-        terminal(&resource_conditions(kind, &name).ok()??)
+        terminal(&resource_conditions(self, kind, &name).ok()??)
     }
 }
 
@@ -1027,6 +1152,8 @@ launch:
             checkpoint_pvc: pvc.map(str::to_owned),
             manifest_dir,
             kind,
+            context: None,
+            namespace: None,
         }
     }
 
@@ -1308,6 +1435,6 @@ launch:
 
     #[test]
     fn the_registry_knows_it() {
-        assert!(crate::backends::backend("kubernetes").is_some_and(|b| b.name() == "kubernetes"));
+        assert!(crate::backends::backend("kubernetes", None).unwrap().is_some_and(|b| b.name() == "kubernetes"));
     }
 }

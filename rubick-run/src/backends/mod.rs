@@ -102,18 +102,24 @@ pub trait Backend: std::fmt::Debug {
 }
 
 /// Makes a backend.
-pub type MakeBackend = fn() -> Box<dyn Backend>;
+pub type MakeBackend = fn(Option<&Path>) -> anyhow::Result<Box<dyn Backend>>;
 
 /// Backends by name.
 pub const REGISTRY: [(&str, MakeBackend); 3] = [
-    ("local", || Box::new(Local)),
-    ("slurm", || Box::new(slurm::Slurm)),
-    ("kubernetes", || Box::new(kubernetes::Kubernetes::from_env())),
+    ("local", |_| Ok(Box::new(Local))),
+    ("slurm", |_| Ok(Box::new(slurm::Slurm))),
+    ("kubernetes", |root| Ok(Box::new(kubernetes::Kubernetes::configured(root)?))),
 ];
 
-/// The backend called `name`.
-pub fn backend(name: &str) -> Option<Box<dyn Backend>> {
-    REGISTRY.iter().find(|(n, _)| *n == name).map(|(_, make)| make())
+/// Whether a backend is called `name`.
+pub fn known(name: &str) -> bool {
+    REGISTRY.iter().any(|(n, _)| *n == name)
+}
+
+/// The backend called `name`, with the settings the state directory `root` keeps for
+/// it (Kubernetes: `kubernetes.yaml`); `None` for an unknown name.
+pub fn backend(name: &str, root: Option<&Path>) -> anyhow::Result<Option<Box<dyn Backend>>> {
+    REGISTRY.iter().find(|(n, _)| *n == name).map(|(_, make)| make(root)).transpose()
 }
 
 /// Asks a run to stop (the contract's stop signal), waits up to `timeout` for all its
