@@ -963,3 +963,53 @@ fn kubernetes_settings_exist_only_as_undocumented_environment_variables() {
     assert!(err.contains("no current context") && err.contains("use-context"), "{err}");
     assert_eq!(state(d)["jobs"]["b"]["status"].as_str(), Some("failed"), "not reported running");
 }
+
+/// Issue 18, "Prometheus: every series, counters included, carries a `plan` label ... a
+/// counter prints `-0`; no job status, failures or retries-left metric".
+#[test]
+fn prometheus_every_series_carries_a_plan_label() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml", "b.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml"]);
+    let prom = ok(d, &["status", "--format", "prometheus"]);
+    for line in prom.lines().filter(|l| !l.starts_with('#')) {
+        assert!(line.starts_with("rubick_job_info") || !line.contains("plan="), "{line}");
+        assert!(!line.ends_with(" -0"), "{line}");
+    }
+    assert!(prom.contains("rubick_job_info{job=\"a\",plan=\"dp1-tp1-pp1-mb4-ga4\"} 1"), "{prom}");
+    assert!(prom.contains("rubick_job_status{job=\"b\",status=\"queued\"} 1"), "{prom}");
+    assert!(prom.contains("rubick_job_retries_left{job=\"a\"} 3"), "{prom}");
+    ok(d, &["stop", "a"]);
+}
+
+/// Issue 18, "a relative `--state` breaks a run whose `workdir` differs (its wrapper
+/// cannot write its exit code)": the state directory is made absolute once, so a run
+/// in another working directory still records how it ended.
+#[test]
+fn a_relative_state_breaks_a_run_whose_workdir_differs() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 20);
+    std::fs::create_dir_all(d.join("elsewhere")).unwrap();
+    let a = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace(
+        "  stopTimeoutS: 10\n",
+        &format!("  stopTimeoutS: 10\n  workdir: {}\n", d.join("elsewhere").display()),
+    );
+    std::fs::write(d.join("a.yaml"), a).unwrap();
+    let rel = |args: &[&str]| {
+        let out =
+            Command::new(binary("rubick-run")).args(args).args(["--state", "state"]).current_dir(d).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    rel(&["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    rel(&["apply", "r1.yaml"]);
+    wait_for("the run's exit code", || d.join("state/jobs/a/attempt-1/exit-code").exists());
+    rel(&["apply", "r1.yaml"]);
+    assert_eq!(state(d)["jobs"]["a"]["status"].as_str(), Some("finished"), "{:?}", state(d));
+}
