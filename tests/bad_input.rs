@@ -10,7 +10,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("cluster-malformed.yaml", CLUSTER, &["line 3"]),
     ("cluster-unknown-field.yaml", CLUSTER, &["unknown field `gpuz`", "nodeGroups[0]"]),
     ("cluster-wrong-type.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "invalid type"]),
-    ("cluster-zero-gpus.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "at least 1"]),
+    ("cluster-zero-gpus.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "must be 1 to 1024, got 0"]),
     ("cluster-negative-gpus.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "-8"]),
     ("cluster-empty.yaml", CLUSTER, &["empty"]),
     ("cluster-comments-only.yaml", CLUSTER, &["empty"]),
@@ -18,14 +18,14 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("cluster-missing-kind.yaml", CLUSTER, &["kind: missing"]),
     ("cluster-wrong-kind.yaml", CLUSTER, &["kind: expected `Cluster`, found `JobBatch`"]),
     ("cluster-bad-version.yaml", CLUSTER, &["apiVersion", "rubick/v2"]),
-    ("cluster-negative-bandwidth.yaml", CLUSTER, &["nodeGroups[0].interNodeGBps", "positive"]),
+    ("cluster-negative-bandwidth.yaml", CLUSTER, &["nodeGroups[0].interNodeGBps", "above 0", "got -1"]),
     ("cluster-duplicate-group.yaml", CLUSTER, &["nodeGroups[1].name", "earlier group"]),
     ("cluster-zero-count.yaml", CLUSTER, &["nodeGroups[0].count"]),
     ("cluster-not-a-mapping.yaml", CLUSTER, &["invalid type"]),
     ("jobs-batch-not-divisible.yaml", JOBS, &["jobs[0].request.plan", "not divisible"]),
     ("jobs-tp-heads.yaml", JOBS, &["jobs[0].request.plan", "tp 3 does not divide the 32 attention heads"]),
     ("jobs-pp-layers.yaml", JOBS, &["jobs[0].request.plan", "pp 3 does not divide the 32 layers"]),
-    ("jobs-zero-gpus.yaml", JOBS, &["jobs[0].request.gpus", "at least 1"]),
+    ("jobs-zero-gpus.yaml", JOBS, &["jobs[0].request.gpus", "must be 1 to 524288, got 0"]),
     (
         "jobs-launch-unknown-placeholder.yaml",
         JOBS,
@@ -49,6 +49,12 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("schedule-gpu-out-of-range.yaml", CURRENT, &["assignments[0].nodes[0].gpus", "GPU 9 does not exist"]),
     ("jobs-current-unknown-node.yaml", SCHEDULE, &["jobs[0].current.nodes[1]", "`a800-8` is not a node"]),
     ("jobs-missing-perf-model.yaml", SCHEDULE, &["no-such-model.yaml", "No such file"]),
+    // Issue 22: well-formed, absurd values are bounded where they are read.
+    ("cluster-count-absurd.yaml", CLUSTER, &["nodeGroups[0].count", "got 4294967295"]),
+    ("cluster-gpus-per-node-absurd.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "must be 1 to 1024, got 100000"]),
+    ("jobs-gpus-absurd.yaml", JOBS, &["jobs[0].request.gpus", "got 4294967295"]),
+    ("jobs-global-batch-absurd.yaml", JOBS, &["jobs[0].model.globalBatch", "got 2147483648"]),
+    ("jobs-stop-timeout-absurd.yaml", JOBS, &["jobs[0].launch.stopTimeoutS", "(a week)"]),
 ];
 
 const CURRENT: &str = "rubick-plan schedule --cluster CLUSTER --jobs JOBS --current FILE -o OUT";
@@ -136,7 +142,13 @@ fn bad_schedule_flags_exit_2() {
     let data = repo().join("data");
     let jobs = data.join("jobs-paper.yaml").display().to_string();
     let cluster = data.join("cluster-a800-8x8.yaml").display().to_string();
-    for extra in [&["--time-limit", "0"][..], &["--min-gain", "-1"], &["--policy", "fifo"], &["--max-scale", "0"]] {
+    for extra in [
+        &["--time-limit", "0"][..],
+        &["--time-limit", "1e300"],
+        &["--min-gain", "-1"],
+        &["--policy", "fifo"],
+        &["--max-scale", "0"],
+    ] {
         let mut args = vec!["schedule", "--jobs", jobs.as_str(), "--cluster", cluster.as_str(), "-o", "out.yaml"];
         args.extend_from_slice(extra);
         let run = run_in(dir.path(), "rubick-plan", &args);
@@ -144,4 +156,65 @@ fn bad_schedule_flags_exit_2() {
         assert!(!run.stderr.contains("panicked"), "{extra:?}");
         assert!(!dir.path().join("out.yaml").exists(), "{extra:?}: output written");
     }
+}
+
+/// Issue 22, "panics (exit 101) from values `check` accepts": durations beyond a week
+/// are refused where they are read, and a state an older version wrote with one never
+/// panics a command.
+#[test]
+fn panics_from_values_check_accepts() {
+    let dir = temp();
+    let reference = repo().join("../shared/reference/rubick-artifact");
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let mut cases: Vec<(&str, Vec<String>)> =
+        vec![("rubick-run", vec!["status".into(), "--state".into(), "s".into(), "--lock-wait".into(), "1e300".into()])];
+    if reference.join("workloads/naive.csv").exists() {
+        let trace = reference.join("workloads/naive.csv").display().to_string();
+        let reference = reference.display().to_string();
+        for flag in [["--round", "1e-300"], ["--restart-penalty", "1e300"], ["--time-limit", "1e300"]] {
+            let mut args: Vec<String> =
+                ["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", &trace]
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect();
+            args.extend(flag.iter().map(|s| (*s).to_owned()));
+            args.extend(["--summary".to_owned(), "out.yaml".to_owned()]);
+            cases.push(("rubick-plan", args));
+        }
+    }
+    for (tool, args) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = run_in(dir.path(), tool, &args);
+        assert_eq!(run.code, Some(2), "{tool} {args:?}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{tool} {args:?}: {}", run.stderr);
+        assert!(run.stderr.contains("--"), "names the flag: {}", run.stderr);
+    }
+}
+
+/// Issue 22, "outputs over inputs: `-o` equal to an input replaces it" (`fit` was fixed
+/// before; `schedule`, `space`, `curves` here): by the same path, a symlink or a hard
+/// link, exit 2 and the input intact.
+#[test]
+fn outputs_over_inputs() {
+    let dir = temp();
+    let d = dir.path();
+    let data = repo().join("data");
+    std::fs::copy(data.join("jobs-paper.yaml"), d.join("jobs.yaml")).unwrap();
+    std::fs::copy(data.join("cluster-a800-8x8.yaml"), d.join("cluster.yaml")).unwrap();
+    std::fs::hard_link(d.join("jobs.yaml"), d.join("hard.yaml")).unwrap();
+    std::os::unix::fs::symlink(d.join("cluster.yaml"), d.join("soft.yaml")).unwrap();
+    let before = std::fs::read(d.join("jobs.yaml")).unwrap();
+    for args in [
+        &["schedule", "--cluster", "cluster.yaml", "--jobs", "jobs.yaml", "-o", "jobs.yaml"][..],
+        &["schedule", "--cluster", "cluster.yaml", "--jobs", "jobs.yaml", "-o", "hard.yaml"],
+        &["schedule", "--cluster", "cluster.yaml", "--jobs", "jobs.yaml", "-o", "soft.yaml"],
+        &["space", "jobs.yaml", "--cluster", "cluster.yaml", "-o", "hard.yaml"],
+        &["curves", "jobs.yaml", "--cluster", "cluster.yaml", "-o", "jobs.yaml"],
+    ] {
+        let run = run_in(d, "rubick-plan", args);
+        assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains("is also an input"), "{args:?}: {}", run.stderr);
+    }
+    assert_eq!(std::fs::read(d.join("jobs.yaml")).unwrap(), before, "the input is intact");
+    assert!(std::fs::read_to_string(d.join("cluster.yaml")).unwrap().contains("kind: Cluster"));
 }

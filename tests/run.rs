@@ -1013,3 +1013,32 @@ fn a_relative_state_breaks_a_run_whose_workdir_differs() {
     rel(&["apply", "r1.yaml"]);
     assert_eq!(state(d)["jobs"]["a"]["status"].as_str(), Some("finished"), "{:?}", state(d));
 }
+
+/// Issue 22, "`stopTimeoutS: 1e300` panics `stop` after it saved `phase: stopping`, and
+/// from then on every rubick-run command on that state panics": such a value is refused
+/// at submit, and one already in a state (an older version's) is clamped to a week.
+#[test]
+fn stop_timeout_1e300_panics_stop() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    let absurd = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("stopTimeoutS: 10", "stopTimeoutS: 1e300");
+    std::fs::write(d.join("absurd.yaml"), absurd).unwrap();
+    let (code, _, err) = rr(d, &["submit", "absurd.yaml"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("launch.stopTimeoutS") && err.contains("a week"), "{err}");
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("a training", || last_iter(d, "a", 1) >= 2);
+    let text = std::fs::read_to_string(d.join("state/state.yaml"))
+        .unwrap()
+        .replace("stopTimeoutS: 10.0", "stopTimeoutS: 1.0e300");
+    assert!(text.contains("1.0e300"), "{text}");
+    std::fs::write(d.join("state/state.yaml"), text).unwrap();
+    let (code, _, err) = rr(d, &["stop", "a"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("panicked"));
+    ok(d, &["status"]);
+}

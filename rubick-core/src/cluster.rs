@@ -74,21 +74,32 @@ impl NodeGroup {
     }
 
     fn validate(&self) -> Result<(), ValidationError> {
+        use crate::limits::{self, check_range, check_real};
+        let at = |field: &'static str| move |why: String| ValidationError::new(field, why);
         ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
-        ensure(self.count >= 1, "count", || format!("must be at least 1, got {}", self.count))?;
+        check_range(self.count, 1, limits::MAX_NODES).map_err(at("count"))?;
         ensure(!self.gpu_type.trim().is_empty(), "gpuType", || "must not be empty".into())?;
-        ensure(self.gpus_per_node >= 1, "gpusPerNode", || format!("must be at least 1, got {}", self.gpus_per_node))?;
-        ensure(self.cpu_cores >= 1, "cpuCores", || format!("must be at least 1, got {}", self.cpu_cores))?;
-        for (field, value) in [
-            ("gpuMemoryGib", self.gpu_memory_gib),
-            ("hostMemoryGib", self.host_memory_gib),
-            ("nvlinkGBps", self.nvlink_gbps),
-            ("interNodeGBps", self.inter_node_gbps),
-            ("pcieGBps", self.pcie_gbps),
-            ("computeSpeed", self.compute_speed),
+        check_range(self.gpus_per_node, 1, limits::MAX_GPUS_PER_NODE).map_err(at("gpusPerNode"))?;
+        check_range(self.cpu_cores, 1, limits::MAX_CPU_CORES).map_err(at("cpuCores"))?;
+        for (field, value, max) in [
+            ("gpuMemoryGib", self.gpu_memory_gib, limits::MAX_MEMORY_GIB),
+            ("hostMemoryGib", self.host_memory_gib, limits::MAX_MEMORY_GIB),
+            ("nvlinkGBps", self.nvlink_gbps, limits::MAX_BANDWIDTH_GBPS),
+            ("interNodeGBps", self.inter_node_gbps, limits::MAX_BANDWIDTH_GBPS),
+            ("pcieGBps", self.pcie_gbps, limits::MAX_BANDWIDTH_GBPS),
+            ("computeSpeed", self.compute_speed, limits::MAX_COMPUTE_SPEED),
         ] {
-            ensure(value.is_finite() && value > 0.0, field, || format!("must be a positive number, got {value}"))?;
+            check_real(value, 0.0, max, true).map_err(at(field))?;
         }
+        let gpus = u64::from(self.count) * u64::from(self.gpus_per_node);
+        ensure(gpus <= limits::MAX_GPUS, "count", || {
+            format!(
+                "{} nodes of {} GPUs = {gpus} GPUs; at most {} in a cluster",
+                self.count,
+                self.gpus_per_node,
+                limits::MAX_GPUS
+            )
+        })?;
         Ok(())
     }
 }
@@ -155,6 +166,10 @@ impl Artifact for Cluster {
                 ));
             }
         }
+        let total: u64 = self.node_groups.iter().map(|g| u64::from(g.count) * u64::from(g.gpus_per_node)).sum::<u64>();
+        ensure(total <= crate::limits::MAX_GPUS, "nodeGroups", || {
+            format!("{total} GPUs in all; at most {} in a cluster", crate::limits::MAX_GPUS)
+        })?;
         Ok(())
     }
 }

@@ -129,21 +129,23 @@ impl Job {
         if let Some(launch) = &self.launch {
             launch.check().map_err(|e| e.within("launch"))?;
         }
-        ensure(self.iterations >= 1, "iterations", || "must be at least 1, got 0".into())?;
-        ensure(self.submit_time_s.is_finite() && self.submit_time_s >= 0.0, "submitTimeS", || {
-            format!("must be a non-negative number, got {}", self.submit_time_s)
-        })?;
+        use crate::limits::{self, check_range, check_real};
+        let at = |field: &'static str| move |why: String| ValidationError::new(field, why);
+        check_range(self.iterations, 1, limits::MAX_JOB_ITERATIONS).map_err(at("iterations"))?;
+        // Submit times are trace seconds or Unix seconds: up to the year 5000.
+        check_real(self.submit_time_s, 0.0, 1e11, false).map_err(at("submitTimeS"))?;
         if let Some(cost) = self.restart_cost_s {
-            ensure(cost.is_finite() && cost >= 0.0, "restartCostS", || format!("must be non-negative, got {cost}"))?;
+            crate::launch::check_seconds(cost, true).map_err(at("restartCostS"))?;
         }
         let request = &self.request;
         let gpus = request.gpus;
-        ensure(gpus >= 1, "request.gpus", || format!("must be at least 1, got {gpus}"))?;
+        check_range(u64::from(gpus), 1, limits::MAX_GPUS).map_err(at("request.gpus"))?;
         if let Some(cpus) = request.cpus {
-            ensure(cpus >= 1, "request.cpus", || "must be at least 1, got 0".into())?;
+            check_range(u64::from(cpus), 1, limits::MAX_GPUS * u64::from(limits::MAX_CPU_CORES) / 4)
+                .map_err(at("request.cpus"))?;
         }
         if let Some(mem) = request.host_memory_gib {
-            ensure(mem.is_finite() && mem > 0.0, "request.hostMemoryGib", || format!("must be positive, got {mem}"))?;
+            check_real(mem, 0.0, limits::MAX_MEMORY_GIB * 1024.0, true).map_err(at("request.hostMemoryGib"))?;
         }
         match request.plan {
             Some(PlanRequest::Exact(plan)) => {

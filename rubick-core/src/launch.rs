@@ -203,6 +203,32 @@ impl PlanSupport {
     }
 }
 
+/// The most warm-up or measured iterations a profile run may ask for.
+pub const MAX_ITERATIONS: u32 = 1_000_000;
+
+/// The longest duration any rubick setting may name: a week. Longer is a typo, and a
+/// `Duration` cannot hold every float anyway.
+pub const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// Checks a duration setting: finite, positive (or zero when `zero_ok`), at most
+/// [`MAX_SECONDS`]; the error says the range.
+pub fn check_seconds(value: f64, zero_ok: bool) -> Result<(), String> {
+    let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
+    if value.is_finite() && low_ok && value <= MAX_SECONDS {
+        Ok(())
+    } else {
+        let low = if zero_ok { "0" } else { "above 0" };
+        Err(format!("must be a number of seconds from {low} to {MAX_SECONDS} (a week), got {value}"))
+    }
+}
+
+/// `seconds` as a `Duration`, clamped to 0..=[`MAX_SECONDS`] (NaN: 0): never a panic,
+/// whatever a state written by an older version holds.
+pub fn duration(seconds: f64) -> std::time::Duration {
+    let s = if seconds.is_nan() { 0.0 } else { seconds.clamp(0.0, MAX_SECONDS) };
+    std::time::Duration::from_secs_f64(s)
+}
+
 fn default_stop_timeout() -> f64 {
     120.0
 }
@@ -268,7 +294,19 @@ impl Launch {
             expand(text, known).map_err(|e| ValidationError::new(&field, e))?;
         }
         for (field, v) in [("stopTimeoutS", self.stop_timeout_s), ("timeoutS", self.timeout_s)] {
-            ensure(v.is_finite() && v > 0.0, field, || format!("must be a positive number of seconds, got {v}"))?;
+            check_seconds(v, false).map_err(|why| ValidationError::new(field, why))?;
+        }
+        for (field, v) in
+            [("warmupIterations", self.warmup_iterations), ("measuredIterations", self.measured_iterations)]
+        {
+            ensure(v <= MAX_ITERATIONS, field, || format!("at most {MAX_ITERATIONS} iterations, got {v}"))?;
+        }
+        for key in self.env.keys() {
+            ensure(
+                !key.is_empty() && !key.contains('=') && !key.chars().any(char::is_control),
+                &format!("env.{}", key.escape_debug()),
+                || "an environment variable's name: not empty, no `=`, no control character".into(),
+            )?;
         }
         ensure(self.measured_iterations >= 1, "measuredIterations", || "must be at least 1".into())?;
         if let Some(supports) = &self.supports {

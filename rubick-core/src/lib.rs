@@ -14,6 +14,7 @@ pub mod external;
 pub mod fit;
 pub mod job;
 pub mod launch;
+pub mod limits;
 pub mod memory;
 pub mod model;
 pub mod perf;

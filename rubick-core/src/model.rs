@@ -170,31 +170,34 @@ impl ModelSpec {
 
     /// Rules of a model spec; errors name the field relative to the spec.
     pub fn check(&self) -> Result<(), ValidationError> {
+        use crate::limits::{self, check_range, check_real};
+        let at = |field: &'static str| move |why: String| ValidationError::new(field, why);
         ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
         if let Some(p) = self.parameters {
-            ensure(p > 0, "parameters", || "must be positive".into())?;
+            check_range(p, 1, limits::MAX_PARAMETERS).map_err(at("parameters"))?;
         }
-        for (field, value) in
-            [("layers", self.layers), ("hidden", self.hidden), ("heads", self.heads), ("seqLen", self.seq_len)]
-        {
-            ensure(value >= 1, field, || format!("must be at least 1, got {value}"))?;
+        check_range(self.layers, 1, limits::MAX_LAYERS).map_err(at("layers"))?;
+        check_range(self.heads, 1, limits::MAX_LAYERS).map_err(at("heads"))?;
+        check_range(self.hidden, 1, limits::MAX_WIDTH).map_err(at("hidden"))?;
+        check_range(self.seq_len, 1, limits::MAX_WIDTH).map_err(at("seqLen"))?;
+        if let Some(v) = self.vocab {
+            check_range(v, 1, limits::MAX_WIDTH).map_err(at("vocab"))?;
         }
-        ensure(self.global_batch >= 1, "globalBatch", || "must be at least 1, got 0".into())?;
+        check_range(self.global_batch, 1, limits::MAX_GLOBAL_BATCH).map_err(at("globalBatch"))?;
         for (field, value) in [
             ("stateBytes.param", self.state_bytes.param),
             ("stateBytes.grad", self.state_bytes.grad),
             ("stateBytes.optimizer", self.state_bytes.optimizer),
         ] {
-            ensure(value.is_finite() && value >= 0.0, field, || format!("must be a non-negative number, got {value}"))?;
+            check_real(value, 0.0, limits::MAX_FACTOR, false).map_err(at(field))?;
         }
-        ensure(self.activation_factor.is_finite() && self.activation_factor > 0.0, "activationFactor", || {
-            format!("must be a positive number, got {}", self.activation_factor)
-        })?;
+        check_real(self.activation_factor, 0.0, limits::MAX_FACTOR, true).map_err(at("activationFactor"))?;
         if let Some(ms) = self.forward_1gpu_ms {
-            ensure(ms.is_finite() && ms > 0.0, "forward1gpuMs", || format!("must be positive, got {ms}"))?;
+            check_real(ms, 0.0, 1e9, true).map_err(at("forward1gpuMs"))?;
         }
-        if let Some(limits) = &self.measured_limits {
-            ensure(limits.gpu_memory_gib > 0.0, "measuredLimits.gpuMemoryGib", || "must be positive".into())?;
+        if let Some(m) = &self.measured_limits {
+            check_real(m.gpu_memory_gib, 0.0, limits::MAX_MEMORY_GIB, true)
+                .map_err(at("measuredLimits.gpuMemoryGib"))?;
         }
         Ok(())
     }

@@ -408,9 +408,8 @@ impl PlanCode {
             return Vec::new();
         }
         let per_replica = model.global_batch / dp;
-        (1..=per_replica)
+        crate::space::divisors(per_replica)
             .rev()
-            .filter(|mb| per_replica.is_multiple_of(*mb))
             .filter_map(|mb| {
                 let micro_batch = u32::try_from(mb).ok()?;
                 let ga = u32::try_from(per_replica / mb).ok()?;

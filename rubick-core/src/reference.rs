@@ -311,7 +311,7 @@ pub fn memory_agreement(
         .map(|(&family, &fact)| {
             let mut estimate = 0;
             let mut deciding = None;
-            for mb in (1..=batch).filter(|m| batch.is_multiple_of(*m)) {
+            for mb in crate::space::divisors(batch) {
                 let mb = mb as u32;
                 let best = family_configs(&model, family, mb, gpus_per_node)
                     .into_iter()

@@ -33,8 +33,21 @@ pub struct PlanSpace {
     pub plans: Vec<SpaceEntry>,
 }
 
-fn divisors(n: u64) -> impl Iterator<Item = u64> {
-    (1..=n).filter(move |d| n.is_multiple_of(*d))
+/// The divisors of `n` in increasing order, in O(sqrt n).
+pub fn divisors(n: u64) -> impl DoubleEndedIterator<Item = u64> {
+    let mut low = Vec::new();
+    let mut high = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            low.push(d);
+            if d * d != n {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.into_iter().chain(high.into_iter().rev())
 }
 
 /// Every valid plan of `model` on `gpus` GPUs with tensor parallelism inside a node of

@@ -94,7 +94,16 @@ fn model_spec() -> impl Strategy<Value = ModelSpec> {
 }
 
 fn job() -> impl Strategy<Value = Job> {
-    (model_spec(), name(), 1u64..1_000_000, 0u32..10, 0u8..4, any::<bool>(), prop::option::of(num()), any::<bool>())
+    (
+        model_spec(),
+        name(),
+        1u64..1_000_000,
+        0u32..10,
+        0u8..4,
+        any::<bool>(),
+        prop::option::of(0.0..rubick_core::launch::MAX_SECONDS),
+        any::<bool>(),
+    )
         .prop_map(|(model, name, iterations, gpu_exp, plan_kind, guaranteed, restart, running)| {
             let gpus = 1u32 << gpu_exp.min(model.global_batch.trailing_zeros());
             let per_replica = (model.global_batch / u64::from(gpus)) as u32;

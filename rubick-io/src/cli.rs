@@ -109,9 +109,11 @@ pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> anyhow::Result<()
     if crate::files::is_std(output) {
         return Ok(());
     }
-    let Ok(out) = std::fs::canonicalize(output) else { return Ok(()) };
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(out) = std::fs::metadata(output) else { return Ok(()) };
     for input in inputs.iter().filter(|p| !crate::files::is_std(p)) {
-        if std::fs::canonicalize(input).is_ok_and(|i| i == out) {
+        // The same file by any path: a symlink, `..`, or a hard link.
+        if std::fs::metadata(input).is_ok_and(|i| (i.dev(), i.ino()) == (out.dev(), out.ino())) {
             anyhow::bail!(
                 "the output {} is also an input ({}); write it elsewhere, inputs are never overwritten",
                 output.display(),

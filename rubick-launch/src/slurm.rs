@@ -168,7 +168,7 @@ pub fn run(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<RunOu
     };
     tracing::info!(job = %job, script = %script_path.display(), "submitted to Slurm");
 
-    let timeout = Duration::from_secs_f64(request.launch.timeout_s);
+    let timeout = rubick_core::launch::duration(request.launch.timeout_s);
     let mut started: Option<Instant> = None;
     let mut timed_out = false;
     let mut failing_since: Option<Instant> = None;

@@ -195,7 +195,7 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     let pgid = child.id();
     // From here on, a launcher killed by anything takes the run's processes with it.
     let guard = guard_group(pgid).map_err(io(&request.log))?;
-    let deadline = Duration::from_secs_f64(request.launch.timeout_s);
+    let deadline = rubick_core::launch::duration(request.launch.timeout_s);
     let mut timed_out = false;
     // When the run was asked to stop (it had its iterations), and when it must be gone.
     let mut stopping: Option<Instant> = None;
@@ -215,7 +215,7 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
             }
         }
         if let Some(since) = stopping
-            && since.elapsed() >= Duration::from_secs_f64(request.launch.stop_timeout_s)
+            && since.elapsed() >= rubick_core::launch::duration(request.launch.stop_timeout_s)
         {
             tracing::warn!("the run ignored its stop signal for {} s: killed", request.launch.stop_timeout_s);
             signal_group(pgid, "KILL");

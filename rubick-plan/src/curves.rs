@@ -97,6 +97,9 @@ impl Figure for CurvesFigure {
 
 pub fn run(args: &CurvesArgs) -> anyhow::Result<Outcome> {
     rubick_io::cli::ensure_one_stdin(&[args.jobs.as_path(), args.cluster.as_path()])?;
+    for out in std::iter::once(&args.output).chain(args.plot.as_ref()) {
+        rubick_io::cli::ensure_not_an_input(out, &[args.jobs.as_path(), args.cluster.as_path()])?;
+    }
     let cluster: Cluster = crate::load_cluster(&args.cluster)?;
     let jobs = crate::load_jobs(&args.jobs)?;
     let config = args.planner.config(&jobs)?;

@@ -1,7 +1,6 @@
 //! `rubick-plan schedule`: one round for a batch of jobs.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use rubick_core::artifact::to_yaml;
 use rubick_core::planner::PlannerConfig;
@@ -127,11 +126,14 @@ pub struct ScheduleArgs {
 
 pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     anyhow::ensure!(
-        args.time_limit.is_finite() && args.time_limit > 0.0,
-        "--time-limit: must be a positive number of seconds, got {}",
-        args.time_limit
+        rubick_core::launch::check_seconds(args.time_limit, false).is_ok(),
+        "--time-limit: {}",
+        rubick_core::launch::check_seconds(args.time_limit, false).err().unwrap_or_default()
     );
     rubick_io::cli::ensure_one_stdin(&[args.jobs.as_path(), args.cluster.as_path()])?;
+    let mut inputs = vec![args.jobs.as_path(), args.cluster.as_path()];
+    inputs.extend(args.current.as_deref());
+    rubick_io::cli::ensure_not_an_input(&args.output, &inputs)?;
     let cluster = crate::load_cluster(&args.cluster)?;
     let (jobs, batch_now) = crate::load_batch(&args.jobs)?;
     // The cron loop's first round has no applied schedule yet: nothing runs.
@@ -183,7 +185,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let options = PolicyOptions {
         queue: args.queue,
         planner: config.clone(),
-        milp_time_limit: Duration::from_secs_f64(args.time_limit),
+        milp_time_limit: rubick_core::launch::duration(args.time_limit),
     };
     let start = std::time::Instant::now();
     let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);

@@ -33,6 +33,7 @@ pub fn run(args: &SpaceArgs) -> anyhow::Result<Outcome> {
     if args.gpus == Some(0) {
         anyhow::bail!("--gpus: expected at least 1 GPU, got 0");
     }
+    rubick_io::cli::ensure_not_an_input(&args.output, &[args.jobs.as_path(), args.cluster.as_path()])?;
     let cluster = load_cluster(&args.cluster)?;
     let jobs = load_jobs(&args.jobs)?;
     let estimator = MemoryEstimator { reserve_gib: args.reserve_gib };

@@ -216,8 +216,8 @@ pub fn failpoint(point: &str) {
 }
 
 fn open(args: &StateArgs, create: bool) -> anyhow::Result<Result<StateDir, String>> {
-    anyhow::ensure!(args.lock_wait.is_finite() && args.lock_wait >= 0.0, "--lock-wait: must be a number of seconds");
-    StateDir::open(&args.state, Duration::from_secs_f64(args.lock_wait), create)
+    rubick_core::launch::check_seconds(args.lock_wait, true).map_err(|why| anyhow::anyhow!("--lock-wait: {why}"))?;
+    StateDir::open(&args.state, rubick_core::launch::duration(args.lock_wait), create)
 }
 
 /// The locked state directory (`create`: `submit` and `apply` make one; the other
@@ -401,7 +401,7 @@ fn first_iteration_s(attempt_dir: &Path, started_unix_s: f64) -> Option<f64> {
 /// contract's defaults for a job without a launch section).
 fn stop_settings(job: &Job) -> (rubick_core::launch::StopSignal, Duration) {
     job.launch.as_ref().map_or((Default::default(), Duration::from_secs(120)), |l| {
-        (l.stop_signal, Duration::from_secs_f64(l.stop_timeout_s.max(0.0)))
+        (l.stop_signal, rubick_core::launch::duration(l.stop_timeout_s))
     })
 }
 

@@ -209,9 +209,10 @@ pub fn traced_plan(job: &Job, code: Option<PlanCode>, cluster: &Cluster) -> Opti
     let per_replica = u32::try_from((job.model.global_batch / u64::from(plan.dp.max(1))).max(1)).ok()?;
     let memory = cluster.node_groups[0].gpu_memory_gib;
     let estimator = MemoryEstimator::default();
-    let fitting = (1..=per_replica).rev().filter(|mb| per_replica.is_multiple_of(*mb)).find(|&mb| {
+    let fitting = rubick_core::space::divisors(u64::from(per_replica)).rev().find_map(|mb| {
+        let mb = u32::try_from(mb).ok()?;
         let p = Plan { micro_batch: mb, ga: per_replica / mb, ..plan };
-        estimator.fits(&job.model, &p, memory).0
+        estimator.fits(&job.model, &p, memory).0.then_some(mb)
     });
     let mb = fitting.unwrap_or(per_replica);
     (plan.micro_batch, plan.ga) = (mb, per_replica / mb);

@@ -186,13 +186,19 @@ fn r2(x: f64) -> f64 {
 }
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
-    anyhow::ensure!(args.round_s.is_finite() && args.round_s > 0.0, "--round: must be positive, got {}", args.round_s);
+    // A round below a second would make a day's trace millions of rounds.
     anyhow::ensure!(
-        args.restart_penalty.is_finite() && args.restart_penalty >= 0.0,
-        "--restart-penalty: must be non-negative, got {}",
-        args.restart_penalty
+        args.round_s.is_finite() && (1.0..=rubick_core::launch::MAX_SECONDS).contains(&args.round_s),
+        "--round: must be 1 to {} seconds, got {}",
+        rubick_core::launch::MAX_SECONDS,
+        args.round_s
     );
-    anyhow::ensure!(args.time_limit > 0.0, "--time-limit: must be positive");
+    rubick_core::launch::check_seconds(args.restart_penalty, true)
+        .map_err(|why| anyhow::anyhow!("--restart-penalty: {why}"))?;
+    rubick_core::launch::check_seconds(args.time_limit, false).map_err(|why| anyhow::anyhow!("--time-limit: {why}"))?;
+    for out in std::iter::once(&args.summary).chain(args.jobs_out.as_ref()) {
+        rubick_io::cli::ensure_not_an_input(out, &[args.cluster.as_path(), args.trace.as_path()])?;
+    }
     anyhow::ensure!(
         !(rubick_io::files::is_std(&args.summary) && args.jobs_out.as_deref().is_some_and(rubick_io::files::is_std)),
         "--summary and --jobs-out: only one of them can go to stdout (`-`)"
@@ -221,7 +227,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     let mut config = SimConfig::defaults(args.policy, args.queue);
     config.round_s = args.round_s;
     config.restart_penalty_s = args.restart_penalty;
-    config.milp_time_limit = Duration::from_secs_f64(args.time_limit);
+    config.milp_time_limit = rubick_core::launch::duration(args.time_limit);
     config.planner.guarantee_margin = args.guarantee_margin;
     config.planner.guarantee_keeps_layout = args.guarantee_keeps_layout;
     if args.measured_only {
