@@ -296,3 +296,59 @@ fn devices_describes_this_machine_and_writes_a_cluster_of_it() {
         assert!(run.stderr.contains("NVML"), "says once why there is no GPU: {}", run.stderr);
     }
 }
+
+/// Issue 22, "wrong verdicts from garbage": compare refuses a zero or negative time or
+/// spread, an unknown placement or plan (naming file and line), and fails a new profile
+/// that lacks a configuration the baseline measured; a profile run again re-measures its
+/// failed rows, each recorded with its exit code and reason.
+#[test]
+fn wrong_verdicts_from_garbage() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 60.0);
+    let run = run_in(d, "rubick-profile", &profile_args("base.csv", "configs.csv"));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let base = read(d, "base.csv");
+    let header = base.lines().next().unwrap();
+    let col = |name: &str| header.split(',').position(|h| h == name).unwrap();
+    let edit = |line: usize, column: usize, value: &str| -> String {
+        let mut lines: Vec<String> = base.lines().map(str::to_owned).collect();
+        let mut cells: Vec<String> = lines[line - 1].split(',').map(str::to_owned).collect();
+        cells[column] = value.to_owned();
+        lines[line - 1] = cells.join(",");
+        lines.join("\n") + "\n"
+    };
+    // Line 3 is a measured row (sorted by plan: line 2 is the out-of-memory one).
+    for (name, text, says) in [
+        ("zero.csv", edit(3, col("iter_time_s"), "0"), "iter_time_s"),
+        ("negsd.csv", edit(3, col("iter_time_sd_s"), "-0.72"), "iter_time_sd_s"),
+        ("placement.csv", edit(3, col("placement"), "x"), "placement `x`"),
+        ("plan.csv", edit(3, col("plan"), "dp1-nonsense"), "plan `dp1-nonsense`"),
+    ] {
+        std::fs::write(d.join(name), text).unwrap();
+        let run = run_in(d, "rubick-profile", &["compare", "base.csv", name]);
+        assert_eq!(run.code, Some(2), "{name}: {}{}", run.stdout, run.stderr);
+        assert!(run.stderr.contains("line 3") && run.stderr.contains(says), "{name}: {}", run.stderr);
+    }
+    // A new profile without one of the measured configurations fails the gate.
+    let fewer: String = base.lines().enumerate().filter(|(i, _)| *i != 2).map(|(_, l)| format!("{l}\n")).collect();
+    std::fs::write(d.join("fewer.csv"), fewer).unwrap();
+    let run = run_in(d, "rubick-profile", &["compare", "base.csv", "fewer.csv"]);
+    assert_eq!(run.code, Some(1), "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("missing from the new profile"), "{}", run.stdout);
+    // Failed rows carry their exit code and reason, and a second run measures them again.
+    let failed = edit(3, col("status"), "failed");
+    std::fs::write(d.join("again.csv"), failed).unwrap();
+    let run = run_in(
+        d,
+        "rubick-profile",
+        &["-v", "run", "job.yaml", "--cluster", "cluster.yaml", "--configs", "configs.csv", "-o", "again.csv"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stderr.contains("1 failed or timed-out run(s) are run again"), "{}", run.stderr);
+    let again = read(d, "again.csv");
+    assert!(column(&again, "status").iter().all(|s| s != "failed"), "{again}");
+    let oom = column(&again, "reason");
+    assert!(oom.iter().any(|r| r.contains("exit 3: out of memory")), "{again}");
+    assert!(column(&again, "exit_code").iter().any(|c| c == "2"), "the refused ZeRO-3 row: {again}");
+}

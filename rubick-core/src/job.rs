@@ -252,12 +252,14 @@ impl Artifact for JobBatch {
         if let Some(now) = self.now_s {
             ensure(now.is_finite() && now >= 0.0, "nowS", || format!("must be a non-negative number, got {now}"))?;
         }
+        // One pass (a set of names): a batch of many jobs is checked in linear time.
+        let mut seen = std::collections::HashSet::with_capacity(self.jobs.len());
         for (i, job) in self.jobs.iter().enumerate() {
             job.check().map_err(|e| e.within(&format!("jobs[{i}]")))?;
             if let Some(kind) = job.kind {
                 ensure(kind == Kind::Job, &format!("jobs[{i}].kind"), || format!("expected `Job`, found `{kind}`"))?;
             }
-            if self.jobs[..i].iter().any(|j| j.name == job.name) {
+            if !seen.insert(job.name.as_str()) {
                 return Err(ValidationError::new(
                     format!("jobs[{i}].name"),
                     format!("`{}` is used by an earlier job", job.name),

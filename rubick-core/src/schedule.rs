@@ -128,11 +128,19 @@ impl Artifact for Schedule {
 
     fn validate(&self) -> Result<(), ValidationError> {
         ensure(!self.policy.trim().is_empty(), "policy", || "must not be empty".into())?;
+        // One pass (a set of names): a schedule of many jobs is checked in linear time.
+        let mut seen = std::collections::HashSet::with_capacity(self.assignments.len());
         for (i, a) in self.assignments.iter().enumerate() {
             let field = format!("assignments[{i}]");
             ensure(!a.job.trim().is_empty(), &format!("{field}.job"), || "must not be empty".into())?;
-            if self.assignments[..i].iter().any(|b| b.job == a.job) {
+            if !seen.insert(a.job.as_str()) {
                 return Err(ValidationError::new(format!("{field}.job"), format!("`{}` is assigned twice", a.job)));
+            }
+            for (k, n) in a.nodes.iter().enumerate() {
+                let at = format!("{field}.nodes[{k}]");
+                ensure(n.cpus >= 1, &format!("{at}.cpus"), || "must be at least 1, got 0".into())?;
+                crate::limits::check_real(n.host_memory_gib, 0.0, crate::limits::MAX_MEMORY_GIB, false)
+                    .map_err(|why| ValidationError::new(format!("{at}.hostMemoryGib"), why))?;
             }
             if let Some(plan) = a.plan {
                 let gpus: u32 = a.nodes.iter().map(|n| n.gpus.len() as u32).sum();

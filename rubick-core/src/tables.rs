@@ -81,6 +81,8 @@ pub const PROFILE: TableSchema = TableSchema {
             false,
             "ok, oom (infeasible), unsupported (exit 2: the script refuses the plan), failed or timeout; absent: ok",
         ),
+        col("exit_code", Int, false, "the run's exit code, when it exited"),
+        col("reason", Str, false, "why a run did not measure (exit code, timeout, no metric lines)"),
         col("repeat", Int, false, "which repetition of the configuration (0, 1, ...)"),
         col("iterations", Int, false, "iterations measured (after the warm-up)"),
         col("iter_time_s", Float, false, "seconds per iteration (one global batch), mean of the measured ones"),
@@ -129,6 +131,10 @@ pub struct ProfileRow {
     pub cpus: Option<i64>,
     pub host_memory_gib: Option<f64>,
     pub status: Option<String>,
+    #[serde(default)]
+    pub exit_code: Option<i64>,
+    #[serde(default)]
+    pub reason: Option<String>,
     pub repeat: Option<i64>,
     pub iterations: Option<i64>,
     pub iter_time_s: Option<f64>,

@@ -201,6 +201,12 @@ pub fn compare(baseline: &[ProfileRow], new: &[ProfileRow], max_regression: f64,
                     };
                 }
                 (Some(_), Some(_)) => c.reason = "measured in neither profile".into(),
+                // A configuration the baseline measured and the new profile lacks is a
+                // failure: a CI gate must not pass by measuring less.
+                (Some(b), None) if b.runs > 0 => {
+                    c.verdict = Verdict::Regressed;
+                    c.reason = "measured in the baseline, missing from the new profile".into();
+                }
                 (Some(_), None) => c.reason = "only in the baseline".into(),
                 (None, Some(_)) => c.reason = "only in the new profile".into(),
                 (None, None) => {}
@@ -410,6 +416,33 @@ pub fn render(comparisons: &[Comparison], format: Format, suite: &str) -> String
     out
 }
 
+/// Every row names a valid plan and placement, and a measured row a positive, finite
+/// time (and sd, and throughput): a verdict from garbage is no verdict. The error names
+/// the file and line.
+fn check_rows(path: &Path, rows: &[ProfileRow]) -> anyhow::Result<()> {
+    for (i, r) in rows.iter().enumerate() {
+        let at = |what: String| anyhow::anyhow!("{}: line {}: {what}", path.display(), i + 2);
+        r.plan.parse::<rubick_core::Plan>().map_err(|e| at(format!("plan `{}`: {e}", r.plan)))?;
+        r.placement.parse::<rubick_core::Placement>().map_err(|e| at(format!("placement `{}`: {e}", r.placement)))?;
+        if !r.measured() {
+            continue;
+        }
+        for (name, v, positive) in [
+            ("iter_time_s", r.iter_time_s, true),
+            ("samples_per_s", r.samples_per_s, true),
+            ("iter_time_sd_s", r.iter_time_sd_s, false),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && (v > 0.0 || (!positive && v == 0.0)))
+            {
+                let want = if positive { "positive" } else { "non-negative" };
+                return Err(at(format!("{name}: expected a {want}, finite number, got {v}")));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Both tables (and every row of each) measure one job of one model: a comparison of
 /// two jobs' times says nothing about either. The error names both.
 fn same_job(a_path: &Path, a: &[ProfileRow], b_path: &Path, b: &[ProfileRow]) -> anyhow::Result<()> {
@@ -437,6 +470,8 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<Outcome> {
     anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha: must be between 0 and 1, got {}", args.alpha);
     let baseline: Vec<ProfileRow> = rubick_io::table::read_rows(&args.baseline, &PROFILE)?;
     let new: Vec<ProfileRow> = rubick_io::table::read_rows(&args.new, &PROFILE)?;
+    check_rows(&args.baseline, &baseline)?;
+    check_rows(&args.new, &new)?;
     same_job(&args.baseline, &baseline, &args.new, &new)?;
     let comparisons = compare(&baseline, &new, args.max_regression, args.alpha);
     anyhow::ensure!(

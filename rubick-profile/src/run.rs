@@ -201,6 +201,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
     let work_dir = work_dir.canonicalize().with_context(|| work_dir.display().to_string())?;
 
     let mut rows = existing_rows(&args.output, &job, args.fresh)?;
+    // Failed and timed-out runs are measured again (an answer — ok, oom, unsupported —
+    // is kept).
+    let before = rows.len();
+    rows.retain(|r| !matches!(r.status.as_deref(), Some("failed" | "timeout")));
+    if rows.len() < before {
+        tracing::warn!("{}: {} failed or timed-out run(s) are run again", args.output.display(), before - rows.len());
+    }
     let done: BTreeSet<(String, String, i64)> =
         rows.iter().map(|r| (r.plan.clone(), r.placement.clone(), r.repeat.unwrap_or(0))).collect();
     let cpus_per_gpu = group.fair_cpus_per_gpu();
@@ -434,23 +441,34 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
     };
     let outcome = match &finished.result {
         Ok(outcome) => outcome,
-        Err(_) => {
+        Err(e) => {
             row.status = Some(RunStatus::Failed.as_str().into());
+            row.reason = Some(format!("could not run: {e}"));
             return row;
         }
     };
     row.wall_s = Some(outcome.wall.as_secs_f64());
+    row.exit_code = outcome.exit_code.map(i64::from);
     let mut status = outcome.status;
     let lines = measured_iterations(&outcome.metrics, launch.warmup_iterations, Some(launch.measured_iterations));
-    if status == RunStatus::Ok && lines.is_empty() {
-        tracing::warn!(
-            "{} on {}: exited 0 but reported no iteration after the {} warm-up ones; recorded as failed",
-            p.plan,
-            p.placement,
-            launch.warmup_iterations
-        );
-        status = RunStatus::Failed;
-    }
+    let exit = outcome.exit_code.map_or_else(|| "killed by a signal".to_owned(), |c| format!("exit {c}"));
+    row.reason = match status {
+        RunStatus::Ok if lines.is_empty() => {
+            tracing::warn!(
+                "{} on {}: exited 0 but reported no iteration after the {} warm-up ones; recorded as failed",
+                p.plan,
+                p.placement,
+                launch.warmup_iterations
+            );
+            status = RunStatus::Failed;
+            Some(format!("{exit} without a metric line after the {} warm-up iterations", launch.warmup_iterations))
+        }
+        RunStatus::Ok => None,
+        RunStatus::Oom => Some(format!("{exit}: out of memory")),
+        RunStatus::Unsupported => Some(format!("{exit}: the script refused the plan")),
+        RunStatus::Timeout => Some(format!("over timeoutS ({} s): its process group was killed", launch.timeout_s)),
+        RunStatus::Failed => Some(exit),
+    };
     row.status = Some(status.as_str().into());
     if status == RunStatus::Ok {
         let field = |f: fn(&MetricLine) -> Option<f64>| mean(&lines.iter().copied().filter_map(f).collect::<Vec<_>>());
