@@ -7,7 +7,7 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 BIN := $(CARGO_TARGET_DIR)/debug
 
-.PHONY: all setup build test lint demo bench schemas clean
+.PHONY: all setup build test lint demo bench fuzz schemas clean
 
 all: build
 
@@ -94,6 +94,13 @@ bench: setup
 	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv"; \
 	$(CARGO) bench -p rubick-profile --locked --bench profile
 	$(CARGO) bench -p rubick-run --locked --bench run
+	FUZZ_CASES=50000 $(CARGO) test --release -p rubick-tests --test fuzz --locked -- --nocapture | grep '^bench:'
+
+# The fuzzing harness's long run (tests/fuzz.rs; `make test` runs 2,000 cases):
+# mutated artifacts through every parser and their consumers, a million cases.
+FUZZ_CASES ?= 1000000
+fuzz: setup
+	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p rubick-tests --test fuzz --locked -- --nocapture
 
 # Rewrite the committed JSON Schemas after changing an artifact type.
 schemas:

@@ -117,6 +117,8 @@ pub fn compute_prior(model: &ModelSpec, rows: &[Observation]) -> f64 {
 struct Problem<'a> {
     model: &'a ModelSpec,
     rows: &'a [Observation],
+    /// How many measured rows each (aggregated) row stands for.
+    weights: &'a [f64],
     prior: Params,
     sigma: f64,
     phi: DVector<f64>,
@@ -125,9 +127,9 @@ struct Problem<'a> {
 impl Problem<'_> {
     fn residuals_at(&self, phi: &DVector<f64>) -> DVector<f64> {
         let theta = theta_of(phi);
-        let data = self.rows.iter().map(|r| {
+        let data = self.rows.iter().zip(self.weights).map(|(r, w)| {
             let pred = predict(self.model, &r.plan, &r.placement, &r.links, &theta).total;
-            (pred.max(1e-12).ln() - r.iter_time_s.ln()) / self.sigma
+            w.sqrt() * (pred.max(1e-12).ln() - r.iter_time_s.ln()) / self.sigma
         });
         let priors =
             (0..N).map(|i| (theta.values[i].ln() - self.prior.values[i].ln()) / PARAMS[i].prior_sigma.max(1e-6));
@@ -199,9 +201,37 @@ pub fn check_rows(rows: &[Observation]) -> Result<(), FitError> {
     Ok(())
 }
 
+/// Rows of the same configuration (plan, placement, links) as one row at their
+/// geometric mean time, weighted by their number: the same least-squares optimum as
+/// every row apart (the sum of squared log errors differs by a constant), at the cost
+/// of the distinct configurations only. First occurrence order: deterministic.
+fn aggregate(rows: &[Observation]) -> (Vec<Observation>, Vec<f64>) {
+    let key = |r: &Observation| {
+        (r.plan, r.placement.clone(), [r.links.nvlink_gbps, r.links.network_gbps, r.links.pcie_gbps].map(f64::to_bits))
+    };
+    let mut index: std::collections::HashMap<_, usize> = std::collections::HashMap::new();
+    let (mut out, mut sums, mut counts): (Vec<Observation>, Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new(), Vec::new());
+    for r in rows {
+        let i = *index.entry(key(r)).or_insert_with(|| {
+            out.push(r.clone());
+            sums.push(0.0);
+            counts.push(0.0);
+            out.len() - 1
+        });
+        sums[i] += r.iter_time_s.ln();
+        counts[i] += 1.0;
+    }
+    for ((o, s), n) in out.iter_mut().zip(&sums).zip(&counts) {
+        o.iter_time_s = (s / n).exp();
+    }
+    (out, counts)
+}
+
 /// Fits the model of `model` to `rows`.
 pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Result<Fit, FitError> {
     check_rows(rows)?;
+    let (rows, weights) = aggregate(rows);
+    let (rows, weights) = (rows.as_slice(), weights.as_slice());
     let prior = Params::prior(compute_prior(model, rows));
     // Deterministic starts: the prior, and the prior with compute or communication
     // scaled, so that a bad basin of either kind is escaped.
@@ -218,7 +248,7 @@ pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Res
     // start crawling along a flat valley no longer costs its full patience.
     let mut best: Option<(f64, usize, DVector<f64>)> = None;
     for (start, phi) in starts.into_iter().enumerate() {
-        let problem = Problem { model, rows, prior: prior.clone(), sigma: options.sigma, phi };
+        let problem = Problem { model, rows, weights, prior: prior.clone(), sigma: options.sigma, phi };
         let (solved, _) = LevenbergMarquardt::new().with_patience(SCOUT_PATIENCE).minimize(problem);
         let Some(r) = solved.residuals() else { continue };
         let cost = 0.5 * r.norm_squared();
@@ -227,7 +257,7 @@ pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Res
         }
     }
     if let Some((cost, start, phi)) = best.take() {
-        let problem = Problem { model, rows, prior: prior.clone(), sigma: options.sigma, phi: phi.clone() };
+        let problem = Problem { model, rows, weights, prior: prior.clone(), sigma: options.sigma, phi: phi.clone() };
         let (solved, _) = LevenbergMarquardt::new().with_patience(POLISH_PATIENCE).minimize(problem);
         best = match solved.residuals().map(|r| 0.5 * r.norm_squared()) {
             Some(c) if c.is_finite() && c <= cost => Some((c, start, solved.phi)),
@@ -235,7 +265,7 @@ pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Res
         };
     }
     let (cost, start, phi) = best.ok_or(FitError::NoSolution)?;
-    let problem = Problem { model, rows, prior, sigma: options.sigma, phi: phi.clone() };
+    let problem = Problem { model, rows, weights, prior, sigma: options.sigma, phi: phi.clone() };
     // Directions the solver cannot move in (a parameter pinned at a bound) may give
     // non-finite differences; they carry no information.
     let jac =
@@ -364,6 +394,31 @@ mod tests {
         }
         let (lo, mid, hi) = fit.predict_interval(&model, &data[2].plan, &data[2].placement, &data[2].links);
         assert!(lo <= mid && mid <= hi);
+    }
+
+    /// Issue 22, "fit on a 1M-row profile > 300 s": repeated configurations are fitted as
+    /// one weighted row, with the same optimum as every row apart.
+    #[test]
+    fn repeated_rows_fit_as_their_configurations() {
+        let mut model = ModelSpec::example();
+        model.global_batch = 16;
+        let data = rows(&Params::prior(0.3), &model);
+        let mut many = Vec::new();
+        for k in 0..2000 {
+            for r in &data {
+                let mut r = r.clone();
+                r.iter_time_s *= 1.0 + 0.01 * f64::from(k % 3) - 0.01;
+                many.push(r);
+            }
+        }
+        let (agg, weights) = aggregate(&many);
+        assert_eq!(agg.len(), data.len());
+        assert!(weights.iter().all(|w| (*w - 2000.0).abs() < 1e-9));
+        let big = fit(&model, &many, &FitOptions::default()).unwrap();
+        for r in &data {
+            let pred = predict(&model, &r.plan, &r.placement, &r.links, &big.params).total;
+            assert!((pred / r.iter_time_s - 1.0).abs() < 0.05, "{} {pred} {}", r.plan, r.iter_time_s);
+        }
     }
 
     #[test]
