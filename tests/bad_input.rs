@@ -55,6 +55,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("jobs-gpus-absurd.yaml", JOBS, &["jobs[0].request.gpus", "got 4294967295"]),
     ("jobs-global-batch-absurd.yaml", JOBS, &["jobs[0].model.globalBatch", "got 2147483648"]),
     ("jobs-stop-timeout-absurd.yaml", JOBS, &["jobs[0].launch.stopTimeoutS", "(a week)"]),
+    ("jobs-many-aliases.yaml", JOBS, &["100 YAML aliases", "at most 64"]),
 ];
 
 const CURRENT: &str = "rubick-plan schedule --cluster CLUSTER --jobs JOBS --current FILE -o OUT";

@@ -123,8 +123,45 @@ pub fn declared_kind(text: &str) -> Option<Kind> {
     serde_yaml_ng::from_value(probe.kind?).ok()
 }
 
+/// The largest artifact document read (64 MiB: a batch of ~300,000 jobs).
+pub const MAX_DOCUMENT_BYTES: usize = 64 << 20;
+/// The most YAML aliases (`*name`) an artifact may use: each is a copy of its anchor.
+pub const MAX_ALIASES: usize = 64;
+
+/// Bounds a YAML text before it is parsed: its size, and its aliases (a few kilobytes
+/// of aliases can expand to gigabytes).
+pub fn check_size(text: &str) -> Result<(), ArtifactError> {
+    if text.len() > MAX_DOCUMENT_BYTES {
+        return Err(ArtifactError::TooLarge(format!(
+            "{} bytes; an artifact may have at most {MAX_DOCUMENT_BYTES}",
+            text.len()
+        )));
+    }
+    // An alias is `*` starting a value: after `: `, `- `, `[`, `{`, `,` or a line's indent.
+    let mut aliases = 0;
+    for line in text.lines() {
+        let code = line.split(" #").next().unwrap_or_default();
+        let bytes = code.as_bytes();
+        for (i, b) in bytes.iter().enumerate() {
+            if *b == b'*' && bytes.get(i + 1).is_some_and(|n| n.is_ascii_alphanumeric() || *n == b'_') {
+                let before = code[..i].trim_end();
+                if before.is_empty() || before.ends_with([':', '-', '[', '{', ',']) {
+                    aliases += 1;
+                }
+            }
+        }
+    }
+    if aliases > MAX_ALIASES {
+        return Err(ArtifactError::TooLarge(format!(
+            "{aliases} YAML aliases (`*name`); at most {MAX_ALIASES} (each one copies its anchor)"
+        )));
+    }
+    Ok(())
+}
+
 /// Parses and validates one YAML document of artifact `T`.
 pub fn parse_yaml<T: Artifact>(text: &str) -> Result<T, ArtifactError> {
+    check_size(text)?;
     let meaningful =
         text.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#') && l.trim() != "---");
     if !meaningful {

@@ -64,4 +64,8 @@ pub enum ArtifactError {
     WrongKind { expected: &'static str, found: String },
     #[error(transparent)]
     Invalid(#[from] ValidationError),
+    /// Too large a document, or too many YAML aliases: each alias is a copy of its
+    /// anchor, so a small file can expand to gigabytes.
+    #[error("{0}")]
+    TooLarge(String),
 }
