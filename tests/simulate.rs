@@ -334,3 +334,37 @@ fn a_static_job_runs_its_plan_where_it_was_measured() {
         assert_eq!(s["truth"]["measured"]["mean"].as_f64(), Some(1.0), "{policy}: {}", run.stdout);
     }
 }
+
+/// Issue 22, "a trace with `steps 0`, duplicate names or `duration inf`: all accepted":
+/// each is exit 2 naming the line.
+#[test]
+fn a_trace_with_steps_0_duplicate_names_or_duration_inf() {
+    let Some(reference) = reference() else { return };
+    let dir = temp();
+    let text = std::fs::read_to_string(format!("{reference}/workloads/naive.csv")).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let first: Vec<String> = lines[1].split(',').map(str::to_owned).collect();
+    let with = |col: usize, value: &str| {
+        let mut row = first.clone();
+        row[col] = value.to_owned();
+        row.join(",")
+    };
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    for (name, row, says) in [
+        ("steps0.csv", with(8, "0"), "steps must be at least 1"),
+        ("inf.csv", with(2, "inf"), "duration must be"),
+        ("dup.csv", lines[1].clone(), "used by an earlier job"),
+    ] {
+        lines.insert(2, row);
+        std::fs::write(dir.path().join(name), lines.join("\n") + "\n").unwrap();
+        lines.remove(2);
+        let run = run_in(
+            dir.path(),
+            "rubick-plan",
+            &["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", name, "--summary", "s.yaml"],
+        );
+        assert_eq!(run.code, Some(2), "{name}: {}", run.stderr);
+        assert!(run.stderr.contains("line 3") && run.stderr.contains(says), "{name}: {}", run.stderr);
+        assert!(!dir.path().join("s.yaml").exists());
+    }
+}

@@ -122,6 +122,7 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, IoError> {
         num("is_sla")?,
     );
     let mut jobs = Vec::with_capacity(df.height());
+    let mut seen = std::collections::HashSet::with_capacity(df.height());
     for i in 0..df.height() {
         let line = i + 2;
         let text = |v: Option<&str>, col: &str| {
@@ -140,19 +141,41 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, IoError> {
         let exec_plan =
             text(plans[i], "exec_plan")?.parse().map_err(|e| IoError::table(path, format!("line {line}: {e}")))?;
         let num_gpus = count(gpus[i], "num_gpus")?;
+        if u64::from(num_gpus) > rubick_core::limits::MAX_GPUS {
+            return Err(IoError::table(
+                path,
+                format!("line {line}: num_gpus must be 1 to {}, got {num_gpus}", rubick_core::limits::MAX_GPUS),
+            ));
+        }
         if num_gpus == 0 {
             return Err(IoError::table(path, format!("line {line}: num_gpus must be at least 1")));
         }
+        let steps = count(steps[i], "steps")?;
+        if steps == 0 {
+            return Err(IoError::table(path, format!("line {line}: steps must be at least 1")));
+        }
+        // Trace seconds: up to ~3,000 years; a float stall past that.
+        let submission_time_s = required(path, "submission_time", i, submit[i])?;
+        let duration_s = duration[i].unwrap_or(0.0);
+        for (col, v) in [("submission_time", submission_time_s), ("duration", duration_s)] {
+            if !(v.is_finite() && (0.0..=1e11).contains(&v)) {
+                return Err(IoError::table(path, format!("line {line}: {col} must be 0 to 1e11 seconds, got {v}")));
+            }
+        }
+        let name = text(names[i], "name")?;
+        if !seen.insert(name.clone()) {
+            return Err(IoError::table(path, format!("line {line}: name `{name}` is used by an earlier job")));
+        }
         jobs.push(TraceJob {
-            name: text(names[i], "name")?,
-            submission_time_s: required(path, "submission_time", i, submit[i])?,
-            duration_s: duration[i].unwrap_or(0.0),
+            name,
+            submission_time_s,
+            duration_s,
             application: text(apps[i], "application")?,
             num_gpus,
             num_cpus: count(cpus[i], "num_cpus")?,
             bandwidth: bandwidth[i].unwrap_or(0.0),
             exec_plan,
-            steps: u64::from(count(steps[i], "steps")?),
+            steps: u64::from(steps),
             is_sla: sla[i].unwrap_or(0.0) != 0.0,
         });
     }
