@@ -54,6 +54,18 @@ fn main() -> anyhow::Result<()> {
             times.sort_by(f64::total_cmp);
             println!("bench: fit_one_job_ms {:.2} ms", times[times.len() / 2]);
             println!("bench: fit_one_job_max_ms {:.2} ms", times.last().copied().unwrap_or(f64::NAN));
+            // Issue 22: a profile of a million rows (repeats of a job's 8 selected rows):
+            // repeated configurations are fitted as one weighted row.
+            if let Some(job) = data.jobs.iter().find(|j| j.rows.len() >= 9) {
+                let links = rubick_core::perfmodel::Links::of_cluster(&job.cluster);
+                let configs =
+                    evaluate::configs_of(job.rows.iter().map(|r| (r.plan, r.placement.clone(), r.iter_time_s)));
+                let (_, obs) = evaluate::profiled(&configs, 8, links);
+                let many: Vec<_> = obs.iter().cycle().take(1_000_000).cloned().collect();
+                let start = Instant::now();
+                rubick_core::fit::fit(&job.model, &many, &rubick_core::fit::FitOptions::default())?;
+                println!("bench: fit_1m_rows_s {:.3} s", start.elapsed().as_secs_f64());
+            }
         }
     }
     match rubick_io::reference::locate(&root) {

@@ -52,6 +52,26 @@ fn planner_figures() -> anyhow::Result<()> {
         println!("bench: plan_{gpus}gpu_{jobs}jobs_ms {ms:.3} ms");
         last = ms;
     }
+    // Issue 22: the largest round (65,536 GPUs, 32,000 jobs), once, and a JobBatch's
+    // check at 20,000 and 80,000 jobs (linear: the ratio is about 4).
+    let (ms, _) = round_ms(65_536, 32_000, Solver::Heuristic, 1)?;
+    println!("bench: plan_65536gpu_32000jobs_s {:.3} s", ms / 1e3);
+    let mut check_ms = Vec::new();
+    for jobs in [20_000usize, 80_000] {
+        let mut text = String::from("apiVersion: rubick/v1\nkind: JobBatch\njobs:\n");
+        for i in 0..jobs {
+            text.push_str(&format!(
+                "  - {{ name: j{i}, model: {{ name: bert, parameters: 336297858, layers: 24, hidden: 1536, heads: 16, seqLen: 1024, globalBatch: 32 }}, iterations: 100, request: {{ gpus: 8 }} }}\n"
+            ));
+        }
+        let start = std::time::Instant::now();
+        let batch: rubick_core::JobBatch = rubick_core::artifact::parse_yaml(&text)?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        anyhow::ensure!(batch.jobs.len() == jobs);
+        println!("bench: check_jobbatch_{jobs}_jobs_ms {ms:.1} ms");
+        check_ms.push(ms);
+    }
+    println!("bench: check_jobbatch_80k_over_20k_ratio {:.2} x", check_ms[1] / check_ms[0]);
     // The exact round at 1,024 GPUs / 256 jobs, and the heuristic against it.
     let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
     let (cluster, inputs) = synth::instance(1024, 256, 1, &config)?;
