@@ -56,6 +56,10 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("jobs-global-batch-absurd.yaml", JOBS, &["jobs[0].model.globalBatch", "got 2147483648"]),
     ("jobs-stop-timeout-absurd.yaml", JOBS, &["jobs[0].launch.stopTimeoutS", "(a week)"]),
     ("jobs-many-aliases.yaml", JOBS, &["100 YAML aliases", "at most 64"]),
+    ("jobs-timeout-absurd.yaml", JOBS, &["jobs[0].launch.timeoutS", "(a week)"]),
+    ("jobs-env-key-equals.yaml", JOBS, &["jobs[0].launch.env.A=B", "no `=`"]),
+    ("schedule-zero-cpus.yaml", CURRENT, &["assignments[0].nodes[0].cpus", "at least 1"]),
+    ("schedule-nan-memory.yaml", CURRENT, &["assignments[0].nodes[0].hostMemoryGib", "got NaN"]),
 ];
 
 const CURRENT: &str = "rubick-plan schedule --cluster CLUSTER --jobs JOBS --current FILE -o OUT";
