@@ -7,7 +7,7 @@ CARGO ?= cargo
 export CARGO_TARGET_DIR ?= $(CURDIR)/target
 BIN := $(CARGO_TARGET_DIR)/debug
 
-.PHONY: all setup build test lint demo bench fuzz schemas clean
+.PHONY: all setup build test lint demo bench fuzz install schemas clean
 
 all: build
 
@@ -101,6 +101,25 @@ bench: setup
 FUZZ_CASES ?= 1000000
 fuzz: setup
 	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p rubick-tests --test fuzz --locked -- --nocapture
+
+# The tools (release), their man pages and shell completions under $(PREFIX)
+# (DESTDIR for packaging).
+PREFIX ?= /usr/local
+TOOLS := rubick-plan rubick-fit rubick-profile rubick-run
+install: setup
+	$(CARGO) build --release --workspace --locked
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+	  $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	@set -e; for t in $(TOOLS); do \
+	  bin=$(CARGO_TARGET_DIR)/release/$$t; \
+	  install -m 755 $$bin $(DESTDIR)$(PREFIX)/bin/; \
+	  $$bin man --out-dir $(DESTDIR)$(PREFIX)/share/man/man1; \
+	  $$bin completions bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/$$t; \
+	  $$bin completions zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_$$t; \
+	  $$bin completions fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/$$t.fish; \
+	  echo "installed $$t"; \
+	done
 
 # Rewrite the committed JSON Schemas after changing an artifact type.
 schemas:

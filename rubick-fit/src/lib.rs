@@ -111,6 +111,17 @@ pub enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (section 1), or write one page per command into --out-dir
+    Man {
+        /// Write `TOOL.1` and `TOOL-COMMAND.1` here instead
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 /// Which measured rows `evaluate` judges the model on: exactly one source.
@@ -188,6 +199,10 @@ pub struct SelectArgs {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
+        Command::Completions { shell } => rubick_io::cli::completions(<Cli as clap::CommandFactory>::command(), shell),
+        Command::Man { out_dir } => {
+            rubick_io::cli::man_pages(<Cli as clap::CommandFactory>::command(), out_dir.as_deref())
+        }
         Command::Select(args) => run_select(&args),
         Command::Check { files } => rubick_io::cli::check_command::<PerfModel>(&files),
         Command::Evaluate(args) => run_evaluate(&args),

@@ -164,6 +164,85 @@ pub fn progress_bar(len: u64, what: &str) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
+/// `<tool> completions SHELL`: the shell's completion script for `command`, on stdout.
+pub fn completions(mut command: clap::Command, shell: clap_complete::Shell) -> anyhow::Result<Outcome> {
+    let name = command.get_name().to_owned();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut command, name, &mut out);
+    crate::write_output(Path::new("-"), &out)?;
+    Ok(Outcome::Done)
+}
+
+/// `<tool> man [--out-dir DIR]`: the tool's man page (section 1) on stdout, or one page
+/// per command (`rubick-plan.1`, `rubick-plan-schedule.1`, ...) written into DIR.
+pub fn man_pages(command: clap::Command, out_dir: Option<&Path>) -> anyhow::Result<Outcome> {
+    let command = command.term_width(80);
+    let Some(dir) = out_dir else {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(command).render(&mut out)?;
+        crate::write_output(Path::new("-"), &out)?;
+        return Ok(Outcome::Done);
+    };
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let tool = command.get_name().to_owned();
+    let mut pages = vec![(tool.clone(), command.clone())];
+    for sub in command.get_subcommands().filter(|s| s.get_name() != "help") {
+        // A subcommand's page is named as man(1) expects: `tool-sub`.
+        let name = format!("{tool}-{}", sub.get_name());
+        let shown = format!("{tool} {}", sub.get_name());
+        pages.push((name.clone(), sub.clone().name(name).bin_name(shown)));
+    }
+    for (name, page) in pages {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(page).render(&mut out)?;
+        crate::files::write_atomic(&dir.join(format!("{name}.1")), &out)?;
+    }
+    Ok(Outcome::Done)
+}
+
+/// Every `--help` of `command` and its subcommands, at 100 columns: what the
+/// help-snapshot tests compare with the committed `tests/help/*.txt`.
+pub fn help_texts(command: clap::Command) -> Vec<(String, String)> {
+    fn walk(cmd: &mut clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        out.push((path.to_owned(), cmd.render_long_help().to_string()));
+        let names: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+        for name in names.into_iter().filter(|n| n != "help") {
+            if let Some(sub) = cmd.find_subcommand_mut(&name) {
+                walk(sub, &format!("{path}-{name}"), out);
+            }
+        }
+    }
+    let mut command = command.term_width(100);
+    command.build();
+    let name = command.get_name().to_owned();
+    let mut out = Vec::new();
+    walk(&mut command, &name, &mut out);
+    out
+}
+
+/// Compares every `--help` of `command` with the files in `dir` (`NAME.txt`);
+/// `RUBICK_UPDATE_HELP=1` rewrites them. The mismatches, named.
+pub fn check_help_snapshots(command: clap::Command, dir: &Path) -> Vec<String> {
+    let update = std::env::var("RUBICK_UPDATE_HELP").is_ok_and(|v| v == "1");
+    let mut problems = Vec::new();
+    for (name, text) in help_texts(command) {
+        let path = dir.join(format!("{name}.txt"));
+        if update {
+            let _ = std::fs::create_dir_all(dir);
+            if let Err(e) = std::fs::write(&path, &text) {
+                problems.push(format!("{}: {e}", path.display()));
+            }
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(committed) if committed == text => {}
+            Ok(_) => problems.push(format!("{name}: --help changed (RUBICK_UPDATE_HELP=1 to accept)")),
+            Err(_) => problems.push(format!("{name}: no {} (RUBICK_UPDATE_HELP=1 writes it)", path.display())),
+        }
+    }
+    problems
+}
+
 /// Every argument of `command` and its subcommands without help text, as
 /// `path --flag` / `path <VALUE>`: each argument says what it is (`--help` is the manual).
 pub fn undocumented_arguments(command: &clap::Command) -> Vec<String> {

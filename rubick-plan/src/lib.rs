@@ -103,6 +103,17 @@ pub enum Command {
         /// table-profile, table-sim-jobs
         name: String,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (section 1), or write one page per command into --out-dir
+    Man {
+        /// Write `TOOL.1` and `TOOL-COMMAND.1` here instead
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +139,10 @@ pub struct SpaceArgs {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
+        Command::Completions { shell } => rubick_io::cli::completions(<Cli as clap::CommandFactory>::command(), shell),
+        Command::Man { out_dir } => {
+            rubick_io::cli::man_pages(<Cli as clap::CommandFactory>::command(), out_dir.as_deref())
+        }
         Command::Schedule(args) => schedule::run(&args),
         Command::Curves(args) => curves::run(&args),
         Command::Synth(args) => synth::run(&args),

@@ -62,8 +62,8 @@ pub struct Cli {
 /// The state directory, shared by every command.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StateArgs {
-    /// The state directory (created when absent)
-    #[arg(long, env = "RUBICK_STATE")]
+    /// The state directory (`submit` and `apply` create it; the other commands need one)
+    #[arg(long, env = "RUBICK_STATE", hide_env_values = true)]
     pub state: PathBuf,
     /// Seconds to wait for another rubick-run holding the state (a round in progress)
     /// before giving up with exit 1
@@ -197,6 +197,17 @@ pub enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (section 1), or write one page per command into --out-dir
+    Man {
+        /// Write `TOOL.1` and `TOOL-COMMAND.1` here instead
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 fn backend_name(name: &str) -> Result<String, String> {
@@ -233,6 +244,10 @@ macro_rules! locked {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
+        Command::Completions { shell } => rubick_io::cli::completions(<Cli as clap::CommandFactory>::command(), shell),
+        Command::Man { out_dir } => {
+            rubick_io::cli::man_pages(<Cli as clap::CommandFactory>::command(), out_dir.as_deref())
+        }
         Command::Submit { jobs, state, retries, replace } => submit(&jobs, &state, retries, replace),
         Command::Jobs { state, output, cluster } => jobs(&state, &output, cluster.as_deref()),
         Command::Apply { schedule, state, backend, cluster, dry_run, kubernetes } => {
