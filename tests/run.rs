@@ -754,6 +754,12 @@ fn the_job_clock_never_moves_in_the_readmes_pipeline() {
     let batch = ok(d, &["jobs"]);
     assert!(batch.contains("nowS:") && !batch.contains("submitTimeS: 0.0"), "{batch}");
     eprintln!("{table}");
+    // Issue 20, item 5: a picture of what the cluster did.
+    ok(d, &["status", "--plot", "runs.svg"]);
+    let svg = std::fs::read_to_string(d.join("runs.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("dp1-tp1-pp1-mb") && svg.contains("Runs over time"), "{svg}");
+    ok(d, &["status", "--plot", "runs.png"]);
+    assert!(std::fs::metadata(d.join("runs.png")).unwrap().len() > 1000);
     for j in ["a", "b", "c"] {
         ok(d, &["stop", j]);
     }

@@ -26,6 +26,7 @@ use rubick_io::cli::{LogArgs, Outcome};
 use rubick_io::files::load_artifact;
 
 pub mod backends;
+pub mod plot;
 pub mod reconcile;
 pub mod state;
 
@@ -162,6 +163,10 @@ pub enum Command {
         /// Where to write it (`-`: stdout)
         #[arg(short, long, default_value = "-")]
         output: PathBuf,
+        /// Also draw every job's runs over time (coloured by plan, stops marked), PNG
+        /// or SVG
+        #[arg(long)]
+        plot: Option<PathBuf>,
     },
     /// Stop a job for good (checkpoint and exit); no round starts it again
     Stop {
@@ -253,7 +258,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Apply { schedule, state, backend, cluster, dry_run, kubernetes } => {
             apply(&schedule, &state, &backend, cluster.as_deref(), dry_run, kubernetes.as_deref())
         }
-        Command::Status { state, format, output } => status(&state, format, &output),
+        Command::Status { state, format, output, plot } => status(&state, format, &output, plot.as_deref()),
         Command::Stop { job, state } => stop_job(&job, &state),
         Command::Delete { job, state } => delete_job(&job, &state),
         Command::Logs { job, attempt, follow, state } => logs(&job, attempt, follow, &state),
@@ -1203,9 +1208,12 @@ fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Result<Outcome> {
+fn status(args: &StateArgs, format: StatusFormat, output: &Path, plot: Option<&Path>) -> anyhow::Result<Outcome> {
     let dir = locked!(args, false);
     ensure_outside(&dir, output)?;
+    if let Some(p) = plot {
+        ensure_outside(&dir, p)?;
+    }
     let mut state = dir.load()?;
     let backend = state_backend(&dir, &state)?;
     refresh(&dir, &mut state, backend.as_ref())?;
@@ -1395,5 +1403,61 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path) -> anyhow::Resu
         }
     };
     rubick_io::write_output(output, text.as_bytes())?;
+    if let Some(path) = plot {
+        let rows = run_history(&dir, &state);
+        rubick_io::plot::write_figure(
+            path,
+            (1200, 160 + 40 * rows.len().max(1) as u32),
+            &plot::RunsFigure { jobs: &rows, now_s: unix_now() },
+        )?;
+    }
     Ok(Outcome::Done)
+}
+
+/// Every job's runs from its attempt directories (`run.yaml`: plan and start; the end:
+/// its exit code's time, the next run's start, or now), in submission order.
+fn run_history(dir: &StateDir, state: &State) -> Vec<plot::JobRow> {
+    let modified = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs_f64())
+    };
+    let now = unix_now();
+    let mut rows: Vec<plot::JobRow> = state
+        .jobs
+        .iter()
+        .map(|(name, rec)| {
+            let mut runs: Vec<plot::RunSpan> = Vec::new();
+            for attempt in 1..=rec.attempts {
+                let adir = dir.attempt_dir(name, attempt);
+                let Ok(text) = std::fs::read_to_string(adir.join("run.yaml")) else { continue };
+                let Ok(run) = serde_yaml_ng::from_str::<RunRecord>(&text) else { continue };
+                let live = rec.run.as_ref().is_some_and(|r| r.attempt == attempt);
+                let exit = adir.join("exit-code");
+                let end = if live {
+                    now
+                } else {
+                    modified(&exit).or_else(|| modified(&adir.join("metrics.jsonl"))).unwrap_or(run.started_unix_s)
+                };
+                runs.push(plot::RunSpan {
+                    plan: run.plan.to_string(),
+                    gpus: run.plan.gpus(),
+                    start_s: run.started_unix_s,
+                    end_s: end.max(run.started_unix_s),
+                    stopped: !live,
+                });
+            }
+            // The last run of a job that ended on its own was not stopped.
+            if matches!(rec.status, JobStatus::Finished | JobStatus::Failed)
+                && let Some(last) = runs.last_mut()
+            {
+                last.stopped = false;
+            }
+            plot::JobRow { name: name.clone(), submitted_s: rec.submitted_unix_s, runs }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.submitted_s.total_cmp(&b.submitted_s).then(a.name.cmp(&b.name)));
+    rows
 }
