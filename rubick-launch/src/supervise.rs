@@ -268,17 +268,40 @@ pub fn collect(metrics: &Path, log: &Path, timed_out: bool, exit_code: Option<i3
             }
         }
     }
-    let log_text = std::fs::read_to_string(log).unwrap_or_default();
-    let oom = lines.iter().any(|m| matches!(m, MetricLine::Event { event, .. } if event == "oom"))
-        || OOM_MARKERS.iter().any(|m| log_text.contains(m));
-    let status = match (timed_out, oom, exit_code) {
-        (true, _, _) => RunStatus::Timeout,
-        (_, true, _) => RunStatus::Oom,
-        (_, _, Some(0)) => RunStatus::Ok,
-        (_, _, Some(2)) => RunStatus::Unsupported,
-        _ => RunStatus::Failed,
-    };
+    let oom_event = lines.iter().any(|m| matches!(m, MetricLine::Event { event, .. } if event == "oom"));
+    let status = classify(timed_out, exit_code, oom_event, log);
     RunOutcome { status, exit_code, metrics: lines, ignored_lines: ignored, wall }
+}
+
+/// How a run ended — the one rule, for `rubick-profile` and `rubick-run` alike: over
+/// its time limit; out of memory (the contract's `oom` event, exit 3, or a framework's
+/// out-of-memory message in its log); exit 0; exit 2 (the contract's bad plan); any
+/// other end.
+pub fn classify(timed_out: bool, exit_code: Option<i32>, oom_event: bool, log: &Path) -> RunStatus {
+    if timed_out {
+        return RunStatus::Timeout;
+    }
+    if oom_event || exit_code == Some(3) || log_says_oom(log) {
+        return RunStatus::Oom;
+    }
+    match exit_code {
+        Some(0) => RunStatus::Ok,
+        Some(2) => RunStatus::Unsupported,
+        _ => RunStatus::Failed,
+    }
+}
+
+/// Whether a run's log holds a framework's out-of-memory message (its last 1 MiB: a
+/// long log is not read whole).
+pub fn log_says_oom(log: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(log) else { return false };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(1 << 20)));
+    let mut tail = Vec::new();
+    let _ = file.read_to_end(&mut tail);
+    let text = String::from_utf8_lossy(&tail);
+    OOM_MARKERS.iter().any(|m| text.contains(m))
 }
 
 #[cfg(test)]
@@ -379,6 +402,9 @@ echo "not a metric" >> "$RUBICK_METRICS"; echo "job $RUBICK_JOB plan $RUBICK_PLA
         let l = launch("exit 7", 30.0);
         let out = run(&request(dir.path(), &l)).unwrap();
         assert_eq!((out.status, out.exit_code), (RunStatus::Failed, Some(7)));
+        // Issue 19: exit 3 is the contract's out of memory, for every tool alike.
+        let l = launch("exit 3", 30.0);
+        assert_eq!(run(&request(dir.path(), &l)).unwrap().status, RunStatus::Oom);
         let l = launch("echo 'zero 2 is not implemented' >&2; exit 2", 30.0);
         let out = run(&request(dir.path(), &l)).unwrap();
         assert_eq!((out.status, out.exit_code), (RunStatus::Unsupported, Some(2)), "exit 2: the plan is refused");

@@ -540,20 +540,23 @@ pub enum Failure {
     NotRunnable,
 }
 
-/// The failure an exit code (and the run's files) says, `None` for success.
+/// The failure an exit code (and the run's files) says, `None` for success: the one
+/// classifier of how a run ended ([`rubick_launch::supervise::classify`]: the `oom`
+/// event, exit 3 or a framework's out-of-memory message in the log; exit 2; ...), with
+/// exit 126/127 (the command could not be run) apart.
 pub fn classify(code: Option<i32>, attempt_dir: &Path) -> Option<Failure> {
+    use rubick_launch::RunStatus;
     let text = std::fs::read_to_string(attempt_dir.join("metrics.jsonl")).unwrap_or_default();
     let oom_event = text
         .lines()
         .filter_map(rubick_core::launch::MetricLine::parse)
         .any(|m| matches!(m, rubick_core::launch::MetricLine::Event { event, .. } if event == "oom"));
-    match code {
-        Some(0) => None,
-        _ if oom_event => Some(Failure::OutOfMemory),
-        Some(2) => Some(Failure::BadInput),
-        Some(3) => Some(Failure::OutOfMemory),
-        Some(126 | 127) => Some(Failure::NotRunnable),
-        _ => Some(Failure::Retryable),
+    match rubick_launch::supervise::classify(false, code, oom_event, &attempt_dir.join("log.txt")) {
+        RunStatus::Ok => None,
+        RunStatus::Oom => Some(Failure::OutOfMemory),
+        RunStatus::Unsupported => Some(Failure::BadInput),
+        _ if matches!(code, Some(126 | 127)) => Some(Failure::NotRunnable),
+        RunStatus::Failed | RunStatus::Timeout => Some(Failure::Retryable),
     }
 }
 

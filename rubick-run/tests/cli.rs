@@ -56,3 +56,25 @@ fn completions_and_man_pages() {
     assert!(out.status.success());
     assert!(dir.path().join("rubick-run.1").exists() && dir.path().join("rubick-run-man.1").exists());
 }
+
+/// Issue 19, "two functions decide how a run ended, and disagree": rubick-run's reading
+/// is the launch library's — exit 3 and a framework's out-of-memory message in the log
+/// are out of memory (never retried), exit 2 a refused plan, 127 not runnable.
+#[test]
+fn two_functions_decide_how_a_run_ended_and_disagree() {
+    use rubick_run::{Failure, classify};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    assert_eq!(classify(Some(0), dir.path()), None);
+    assert_eq!(classify(Some(3), dir.path()), Some(Failure::OutOfMemory));
+    assert_eq!(classify(Some(2), dir.path()), Some(Failure::BadInput));
+    assert_eq!(classify(Some(127), dir.path()), Some(Failure::NotRunnable));
+    assert_eq!(classify(Some(1), dir.path()), Some(Failure::Retryable));
+    std::fs::write(dir.path().join("log.txt"), "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate\n")
+        .expect("a log");
+    assert_eq!(classify(Some(1), dir.path()), Some(Failure::OutOfMemory), "the log's OOM, under rubick-run too");
+    assert_eq!(
+        rubick_launch::supervise::classify(false, Some(3), false, &dir.path().join("none")),
+        rubick_launch::RunStatus::Oom,
+        "exit 3 under rubick-profile too"
+    );
+}
