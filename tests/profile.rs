@@ -352,3 +352,36 @@ fn wrong_verdicts_from_garbage() {
     assert!(oom.iter().any(|r| r.contains("exit 3: out of memory")), "{again}");
     assert!(column(&again, "exit_code").iter().any(|c| c == "2"), "the refused ZeRO-3 row: {again}");
 }
+
+/// Issue 19, "a `setsid` child of a profile run outlived the run's timeout and its end":
+/// every process marked with the run's metrics path goes with the run.
+#[test]
+fn a_setsid_child_outlives_its_profile_run() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 60.0);
+    let script = d.join("escaper.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "setsid sleep 300 &\necho $! > {}\nexec sh {}\n",
+            d.join("escaped.pid").display(),
+            d.join("work.sh").display()
+        ),
+    )
+    .unwrap();
+    let job = read(d, "job.yaml").replace(
+        &format!("command: [sh, {}]", d.join("work.sh").display()),
+        &format!("command: [sh, {}]", script.display()),
+    );
+    std::fs::write(d.join("job.yaml"), job).unwrap();
+    std::fs::write(d.join("one.csv"), "plan,placement\ndp1-tp1-pp1-mb4-ga4,1\n").unwrap();
+    let run = run_in(d, "rubick-profile", &profile_args("p.csv", "one.csv"));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let pid = read(d, "escaped.pid").trim().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(&pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(&pid), "the setsid child {pid} outlived its run");
+}

@@ -1048,3 +1048,42 @@ fn stop_timeout_1e300_panics_stop() {
     assert!(!err.contains("panicked"));
     ok(d, &["status"]);
 }
+
+/// Issue 19, "torchrun's workers start in their own sessions and escape the process
+/// group: a stop leaves them running": a process the job started in a session of its
+/// own (as torchrun, DeepSpeed and Accelerate start their workers) is found by the
+/// run's mark and stopped with the run.
+#[test]
+fn workers_in_their_own_session_escape_a_stop() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    let escaper = d.join("escaper.sh");
+    std::fs::write(
+        &escaper,
+        format!(
+            "setsid sleep 300 &\necho $! > {}\nexec sh {}\n",
+            d.join("escaped.pid").display(),
+            d.join("work.sh").display()
+        ),
+    )
+    .unwrap();
+    let job = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace(
+        &format!("command: [sh, {}]", d.join("work.sh").display()),
+        &format!("command: [sh, {}]", escaper.display()),
+    );
+    std::fs::write(d.join("a.yaml"), job).unwrap();
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("the escaped worker", || d.join("escaped.pid").exists() && last_iter(d, "a", 1) >= 2);
+    let pid = std::fs::read_to_string(d.join("escaped.pid")).unwrap().trim().to_owned();
+    let alive = |pid: &str| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+    };
+    assert!(alive(&pid), "the worker runs in its own session");
+    ok(d, &["stop", "a"]);
+    wait_for("the escaped worker gone", || !alive(&pid));
+}

@@ -99,6 +99,40 @@ pub fn signal_group(pgid: u32, signal: &str) {
         .status();
 }
 
+/// Every live process of a run, found by the run's own `RUBICK_METRICS=PATH` in its
+/// environment (every process a run starts inherits it): also those that started their
+/// own session (torchrun's, DeepSpeed's and Accelerate's workers, a `setsid` grandchild),
+/// which its process group does not hold. A scan of /proc (this user's processes).
+pub fn marked_processes(metrics: &str) -> Vec<u32> {
+    let marker = format!("RUBICK_METRICS={metrics}");
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let me = std::process::id();
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+            !zombie
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
+        })
+        .collect()
+}
+
+/// Signals every process of a run: its process group and [`marked_processes`].
+pub fn signal_run(pgid: Option<u32>, metrics: &str, signal: &str) {
+    if let Some(pgid) = pgid {
+        signal_group(pgid, signal);
+    }
+    for pid in marked_processes(metrics) {
+        let _ = Command::new("kill")
+            .args(["-s", signal, "--", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// Messages by which frameworks report running out of memory.
 const OOM_MARKERS: [&str; 5] =
     ["CUDA out of memory", "OutOfMemoryError", "torch.OutOfMemoryError", "std::bad_alloc", "Cannot allocate memory"];
@@ -169,6 +203,18 @@ pub fn guard_group(pgid: u32) -> std::io::Result<Guard> {
     Guard::arm(&["kill", "-s", "KILL", "--", &format!("-{pgid}")])
 }
 
+/// Kills the group of `pgid` and every process marked with the run's `metrics` path
+/// (see [`marked_processes`]) when the launcher dies.
+pub fn guard_run(pgid: u32, metrics: &str) -> std::io::Result<Guard> {
+    const CLEANUP: &str = r#"kill -s KILL -- "-$1"
+for f in /proc/[0-9]*/environ; do
+  if tr '\000' '\n' < "$f" 2>/dev/null | grep -qxF "RUBICK_METRICS=$2"; then
+    p=${f#/proc/}; kill -s KILL "${p%/environ}"
+  fi
+done"#;
+    Guard::arm(&["sh", "-c", CLEANUP, "rubick-cleanup", &pgid.to_string(), metrics])
+}
+
 /// Runs the request to its end (or its timeout) and reports what it did.
 pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     let ctx = &request.context;
@@ -194,7 +240,7 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     let mut child = command.spawn().map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
     let pgid = child.id();
     // From here on, a launcher killed by anything takes the run's processes with it.
-    let guard = guard_group(pgid).map_err(io(&request.log))?;
+    let guard = guard_run(pgid, &ctx.metrics).map_err(io(&request.log))?;
     let deadline = rubick_core::launch::duration(request.launch.timeout_s);
     let mut timed_out = false;
     // When the run was asked to stop (it had its iterations), and when it must be gone.
@@ -210,7 +256,7 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
             last_check = Instant::now();
             if iterations_reported(Path::new(&ctx.metrics)) >= u64::from(want) {
                 tracing::info!("{want} iterations measured: stopping the run ({})", request.launch.stop_signal.name());
-                signal_group(pgid, request.launch.stop_signal.name().trim_start_matches("SIG"));
+                signal_run(Some(pgid), &ctx.metrics, request.launch.stop_signal.name().trim_start_matches("SIG"));
                 stopping = Some(Instant::now());
             }
         }
@@ -218,21 +264,21 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
             && since.elapsed() >= rubick_core::launch::duration(request.launch.stop_timeout_s)
         {
             tracing::warn!("the run ignored its stop signal for {} s: killed", request.launch.stop_timeout_s);
-            signal_group(pgid, "KILL");
+            signal_run(Some(pgid), &ctx.metrics, "KILL");
             break child.wait().ok();
         }
         if start.elapsed() >= deadline {
             timed_out = true;
             // Ask, then make sure: the whole group, so no worker survives its launcher.
-            signal_group(pgid, "TERM");
+            signal_run(Some(pgid), &ctx.metrics, "TERM");
             std::thread::sleep(Duration::from_millis(200));
-            signal_group(pgid, "KILL");
+            signal_run(Some(pgid), &ctx.metrics, "KILL");
             break child.wait().ok();
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    // Whatever the launcher left behind goes with it.
-    signal_group(pgid, "KILL");
+    // Whatever the launcher left behind goes with it, in its group or not.
+    signal_run(Some(pgid), &ctx.metrics, "KILL");
     guard.disarm();
     let mut outcome =
         collect(Path::new(&ctx.metrics), &request.log, timed_out, exit.and_then(|s| s.code()), start.elapsed());

@@ -869,8 +869,10 @@ fn apply(
                     // What this run was, beside what it measures (the online refit reads both).
                     state::write_durably(&attempt_dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
                 }
+                let shown =
+                    if backend.name() == "local" { handle.split('@').next().unwrap_or(&handle) } else { &handle };
                 eprintln!(
-                    "{job}: started {} on {} (run {attempt}, {} {handle})",
+                    "{job}: started {} on {} (run {attempt}, {} {shown})",
                     allocation.plan,
                     where_(&allocation.nodes),
                     if backend.name() == "local" { "process group" } else { "handle" }

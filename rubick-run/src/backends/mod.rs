@@ -164,6 +164,21 @@ trap true USR1 USR2 TERM INT
 code=$?
 echo "$code" > "$exitfile.tmp" && mv "$exitfile.tmp" "$exitfile""#;
 
+/// A local run's handle: its process group and its directory (`PGID@DIR`), so that
+/// the processes that left the group are found by the run's mark
+/// (`RUBICK_METRICS=DIR/metrics.jsonl`). A plain `PGID` (older states) still works.
+fn local_handle(pgid: u32, dir: &Path) -> String {
+    format!("{pgid}@{}", dir.display())
+}
+
+/// `(process group, metrics path)` of a local handle.
+fn parse_local(handle: &str) -> (Option<u32>, Option<String>) {
+    match handle.split_once('@') {
+        Some((pgid, dir)) => (pgid.parse().ok(), Some(Path::new(dir).join("metrics.jsonl").display().to_string())),
+        None => (handle.parse().ok(), None),
+    }
+}
+
 /// The state letter and process group of `pid` (from /proc/PID/stat).
 fn process_state(pid: u32) -> Option<(String, u32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -220,28 +235,36 @@ impl Backend for Local {
         let pgid = child.id();
         // Reaped here while this rubick-run lives; by init once it has exited.
         std::thread::spawn(move || child.wait());
-        Ok(pgid.to_string())
+        Ok(local_handle(pgid, spec.dir))
     }
 
     fn alive(&self, handle: &str) -> bool {
-        let Ok(pgid) = handle.parse::<u32>() else { return false };
+        let (pgid, metrics) = parse_local(handle);
         // The group's leader (the wrapper) lives as long as the job: one read. Only
-        // when it is gone are the other processes looked for (a scan of /proc).
-        process_state(pgid).is_some_and(|(state, group)| state != "Z" && group == pgid)
-            || !group_members(pgid).is_empty()
+        // when it is gone are the other processes looked for (scans of /proc): its
+        // group's, and those that left it (their own session) but carry the run's mark.
+        pgid.is_some_and(|pgid| {
+            process_state(pgid).is_some_and(|(state, group)| state != "Z" && group == pgid)
+                || !group_members(pgid).is_empty()
+        }) || metrics.is_some_and(|m| !rubick_launch::supervise::marked_processes(&m).is_empty())
     }
 
     fn signal(&self, handle: &str, signal: &str) {
-        let _ = Command::new("kill")
-            .args(["-s", signal, "--", &format!("-{handle}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let (pgid, metrics) = parse_local(handle);
+        match metrics {
+            Some(m) => rubick_launch::supervise::signal_run(pgid, &m, signal),
+            None => {
+                if let Some(pgid) = pgid {
+                    rubick_launch::supervise::signal_group(pgid, signal);
+                }
+            }
+        }
     }
 
     fn recover(&self, dir: &Path) -> Option<String> {
-        let pgid = std::fs::read_to_string(dir.join(PID_FILE)).ok()?.trim().to_owned();
-        self.alive(&pgid).then_some(pgid)
+        let pgid: u32 = std::fs::read_to_string(dir.join(PID_FILE)).ok()?.trim().parse().ok()?;
+        let handle = local_handle(pgid, &std::path::absolute(dir).ok()?);
+        self.alive(&handle).then_some(handle)
     }
 
     fn exit_code(&self, _handle: Option<&str>, dir: &Path) -> Option<i32> {
