@@ -106,6 +106,21 @@ impl Figure for GanttFigure<'_> {
                 .label(model.to_string())
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
         }
+        // Small traces: each row names its job and the GPUs it held on average.
+        if order.len() <= 60 {
+            chart
+                .draw_series(order.iter().enumerate().map(|(i, j)| {
+                    let held_h = match (j.first_start_s, j.finish_s) {
+                        (Some(s), Some(f)) if f > s => (f - s) / 3600.0,
+                        _ => 0.0,
+                    };
+                    let gpus =
+                        if held_h > 0.0 { format!(" (~{:.0} GPUs)", j.gpu_hours / held_h) } else { String::new() };
+                    let x = j.first_start_s.unwrap_or(j.submit_s) / 3600.0;
+                    Text::new(format!("{}{gpus}", j.name), (x, i as f64 + 0.98), ("sans-serif", 11).into_font())
+                }))
+                .map_err(err)?;
+        }
         legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         root.present().map_err(err)?;
         Ok(())
