@@ -760,6 +760,12 @@ fn apply(
         match action {
             Action::Stop { job, reason } => {
                 if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
+                    if *reason != StopReason::Reconfigure
+                        && let Some(rec) = state.jobs.get_mut(job)
+                    {
+                        rec.reason =
+                            Some(format!("paused by round {}: its resources went to other jobs", schedule.round));
+                    }
                     eprintln!(
                         "{job}: stopped ({}) in {secs:.1} s{}",
                         if *reason == StopReason::Reconfigure { "to reconfigure" } else { "preempted" },
@@ -1208,6 +1214,7 @@ fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let rec = state.jobs.get_mut(job).context("record")?;
     if matches!(was, JobStatus::Queued | JobStatus::Running) {
         rec.status = JobStatus::Stopped;
+        rec.reason = Some("stopped by `rubick-run stop`".into());
     }
     dir.save(&state)?;
     Ok(Outcome::Done)
@@ -1285,12 +1292,13 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path, plot: Option<&P
                 if r.status != JobStatus::Running
                     && let Some(reason) = &r.reason
                 {
-                    let log = log_of(name, r);
-                    out.push_str(&format!(
-                        "  why: {reason}; {} retries left{}\n",
-                        r.retries_left,
-                        log.map_or_else(String::new, |l| format!("; log {}", l.display()))
-                    ));
+                    // The reason within the 100 columns (whole in `--format yaml`); the
+                    // log on a line of its own.
+                    out.push_str(&fit(format!("  why: {reason}; {} retries left", r.retries_left), 100));
+                    out.push('\n');
+                    if let Some(log) = log_of(name, r) {
+                        out.push_str(&format!("  log: {}\n", log.display()));
+                    }
                 }
             }
             out
