@@ -35,7 +35,12 @@ build: setup
 test: setup
 	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv" || \
 	  echo "test: no PyTorch environment (scripts/python-env.sh failed); its tests skip" >&2; \
-	$(CARGO) test --workspace --locked
+	skipped=$$(mktemp) && export RUBICK_SKIPPED="$$skipped"; \
+	$(CARGO) test --workspace --locked; rc=$$?; \
+	if [ -s "$$skipped" ]; then \
+	  echo "test: $$(sort -u "$$skipped" | wc -l) test(s) did not run what they test:" >&2; \
+	  sort -u "$$skipped" | sed 's/^/  /' >&2; \
+	fi; rm -f "$$skipped"; exit $$rc
 
 lint: setup
 	$(CARGO) fmt --all --check

@@ -46,7 +46,7 @@ fn venv() -> Result<PathBuf, String> {
 /// Skips (printing why) or, when required, fails.
 fn skip(var: &str, reason: &str) {
     assert!(!require(var), "{var}=1 but {reason}");
-    eprintln!("skipped: {reason}");
+    rubick_io::testing::skip(reason);
 }
 
 /// `rubick-profile run JOB` on this machine's cluster with the venv's python.

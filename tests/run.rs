@@ -155,7 +155,7 @@ fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
 fn the_same_rounds_run_through_a_real_slurm() {
     if let Err(reason) = rubick_launch::slurm::available() {
         assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
-        eprintln!("skipped: {reason}");
+        rubick_io::testing::skip(&reason);
         return;
     }
     rounds("slurm");
@@ -263,7 +263,7 @@ fn an_apply_killed_at_any_phase_of_a_reconfiguration_is_repaired_by_the_next() {
 fn the_kill_matrix_holds_on_the_real_slurm_too() {
     if let Err(reason) = rubick_launch::slurm::available() {
         assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
-        eprintln!("skipped: {reason}");
+        rubick_io::testing::skip(&reason);
         return;
     }
     kill_matrix("slurm");
@@ -538,7 +538,7 @@ fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
         assert!(out.status.success() && said.contains("passed for resource configmap/rubick-a-1"), "{said}");
     } else {
         assert!(std::env::var("RUBICK_REQUIRE_PYTORCH").as_deref() != Ok("1"), "no {}", validator.display());
-        eprintln!("skipped: no {} (scripts/python-env.sh installs it)", validator.display());
+        rubick_io::testing::skip(&format!("no {} (scripts/python-env.sh installs it)", validator.display()));
     }
     assert!(
         manifest.contains("kind: PyTorchJob")

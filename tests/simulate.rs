@@ -10,7 +10,7 @@ fn reference() -> Option<String> {
     if dir.join("models.yaml").is_file() {
         Some(dir.display().to_string())
     } else {
-        eprintln!("skipping: ../shared/reference/rubick-artifact is absent (the simulator's truth)");
+        rubick_io::testing::skip("../shared/reference/rubick-artifact is absent (the simulator's truth)");
         None
     }
 }

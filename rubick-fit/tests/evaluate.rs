@@ -18,7 +18,7 @@ fn repo() -> PathBuf {
 fn reference() -> Option<PathBuf> {
     let found = rubick_io::reference::locate(&repo());
     if found.is_none() {
-        eprintln!("skipping: ../shared/reference/rubick-artifact is absent (set RUBICK_REFERENCE to its path)");
+        rubick_io::testing::skip("../shared/reference/rubick-artifact is absent (set RUBICK_REFERENCE to its path)");
     }
     found
 }
@@ -230,7 +230,7 @@ fn profiled_rows_loo() {
 fn external() -> Option<PathBuf> {
     let found = rubick_io::external::locate(&repo());
     if found.is_none() {
-        eprintln!("skipping: ../shared/reference/external is absent (set RUBICK_EXTERNAL to its path)");
+        rubick_io::testing::skip("../shared/reference/external is absent (set RUBICK_EXTERNAL to its path)");
     }
     found
 }

@@ -13,5 +13,6 @@ pub mod files;
 pub mod plot;
 pub mod reference;
 pub mod table;
+pub mod testing;
 
 pub use files::{IoError, check_artifacts, load_artifact, read_text, write_atomic, write_output};

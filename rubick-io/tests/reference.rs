@@ -11,7 +11,7 @@ fn reference() -> Option<ReferenceData> {
     let Some(dir) = locate(&std::path::PathBuf::from(
         std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
     )) else {
-        eprintln!("skipping: ../shared/reference/rubick-artifact is absent (set RUBICK_REFERENCE to its path)");
+        rubick_io::testing::skip("../shared/reference/rubick-artifact is absent (set RUBICK_REFERENCE to its path)");
         return None;
     };
     Some(ReferenceData::open(&dir).expect("reference data opens"))

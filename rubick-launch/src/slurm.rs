@@ -608,7 +608,7 @@ mod tests {
                 panic!("RUBICK_REQUIRE_SLURM=1 but no Slurm: {reason} (run scripts/slurm-up.sh)")
             }
             Err(reason) => {
-                eprintln!("skipped: {reason}");
+                rubick_io::testing::skip(&reason);
                 false
             }
         }

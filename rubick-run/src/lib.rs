@@ -364,7 +364,15 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) -> anyhow::
         let attempt_dir = dir.attempt_dir(name, run.attempt);
         rec.iterations_done = rec.iterations_done.max(backends::progress(&attempt_dir).last.unwrap_or(0));
         match run.phase {
-            RunPhase::Starting => match backend.recover(&attempt_dir) {
+            // A run whose start was recorded but not its handle: spawned (its wrapper
+            // records its group first thing: give it a moment when the spawn began,
+            // i.e. its log exists) or never started.
+            RunPhase::Starting => match backend.recover(&attempt_dir).or_else(|| {
+                attempt_dir.join("log.txt").exists().then(|| {
+                    std::thread::sleep(Duration::from_millis(1500));
+                    backend.recover(&attempt_dir)
+                })?
+            }) {
                 Some(handle) => {
                     tracing::warn!("`{name}`: adopting run {} started by an interrupted rubick-run", run.attempt);
                     if let Some(r) = rec.run.as_mut() {
