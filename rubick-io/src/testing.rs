@@ -12,6 +12,8 @@ pub fn skip(reason: &str) {
         && let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path)
     {
         let test = std::thread::current().name().unwrap_or("a test").to_owned();
-        let _ = writeln!(file, "{test}: {reason}");
+        // One line per skip, whatever the reason quotes.
+        let reason: Vec<&str> = reason.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        let _ = writeln!(file, "{test}: {}", reason.join(" / "));
     }
 }
