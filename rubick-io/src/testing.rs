@@ -14,6 +14,8 @@ pub fn skip(reason: &str) {
         let test = std::thread::current().name().unwrap_or("a test").to_owned();
         // One line per skip, whatever the reason quotes.
         let reason: Vec<&str> = reason.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-        let _ = writeln!(file, "{test}: {}", reason.join(" / "));
+        // One write of the whole line: appends from parallel tests do not interleave.
+        let line = format!("{test}: {}\n", reason.join(" / "));
+        let _ = file.write_all(line.as_bytes());
     }
 }
