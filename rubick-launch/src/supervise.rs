@@ -277,8 +277,9 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    // Whatever the launcher left behind goes with it, in its group or not.
-    signal_run(Some(pgid), &ctx.metrics, "KILL");
+    // Whatever the launcher left behind goes with it, in its group or not: by the run's
+    // mark only, since the reaped leader's group id may already belong to another.
+    signal_run(None, &ctx.metrics, "KILL");
     guard.disarm();
     let mut outcome =
         collect(Path::new(&ctx.metrics), &request.log, timed_out, exit.and_then(|s| s.code()), start.elapsed());

@@ -78,3 +78,23 @@ fn two_functions_decide_how_a_run_ended_and_disagree() {
         "exit 3 under rubick-profile too"
     );
 }
+
+/// Issue 19, "a run is identified by its process-group id alone: after the group died
+/// and the id was reused by an unrelated process, `rubick-run stop` signalled that
+/// process": a run is its marked processes; an unrelated process holding the id is
+/// neither counted as the run nor signalled.
+#[test]
+fn a_reused_process_group_id_is_never_signalled() {
+    use rubick_run::backends::{Backend, Local};
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut other = std::process::Command::new("sleep").arg("60").process_group(0).spawn().expect("sleep starts");
+    // The handle a finished run left, whose group id the unrelated `sleep` now holds.
+    let handle = format!("{}@{}", other.id(), dir.path().display());
+    assert!(!Local.alive(&handle), "an unrelated process is not the run");
+    Local.signal(&handle, "KILL");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(other.try_wait().expect("status").is_none(), "the unrelated process was signalled");
+    let _ = other.kill();
+    let _ = other.wait();
+}

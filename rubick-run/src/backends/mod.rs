@@ -239,25 +239,26 @@ impl Backend for Local {
     }
 
     fn alive(&self, handle: &str) -> bool {
-        let (pgid, metrics) = parse_local(handle);
-        // The group's leader (the wrapper) lives as long as the job: one read. Only
-        // when it is gone are the other processes looked for (scans of /proc): its
-        // group's, and those that left it (their own session) but carry the run's mark.
-        pgid.is_some_and(|pgid| {
-            process_state(pgid).is_some_and(|(state, group)| state != "Z" && group == pgid)
-                || !group_members(pgid).is_empty()
-        }) || metrics.is_some_and(|m| !rubick_launch::supervise::marked_processes(&m).is_empty())
+        match parse_local(handle) {
+            // The run is its marked processes (its wrapper, the job, whatever they
+            // started in any session): a process group id reused by another program
+            // after the run ended is never taken for it.
+            (_, Some(metrics)) => !rubick_launch::supervise::marked_processes(&metrics).is_empty(),
+            // An older state's plain group id: its leader, else its members.
+            (Some(pgid), None) => {
+                process_state(pgid).is_some_and(|(state, group)| state != "Z" && group == pgid)
+                    || !group_members(pgid).is_empty()
+            }
+            (None, None) => false,
+        }
     }
 
     fn signal(&self, handle: &str, signal: &str) {
-        let (pgid, metrics) = parse_local(handle);
-        match metrics {
-            Some(m) => rubick_launch::supervise::signal_run(pgid, &m, signal),
-            None => {
-                if let Some(pgid) = pgid {
-                    rubick_launch::supervise::signal_group(pgid, signal);
-                }
-            }
+        match parse_local(handle) {
+            // Only the run's own (marked) processes: never whatever holds a reused id.
+            (_, Some(metrics)) => rubick_launch::supervise::signal_run(None, &metrics, signal),
+            (Some(pgid), None) => rubick_launch::supervise::signal_group(pgid, signal),
+            (None, None) => {}
         }
     }
 
