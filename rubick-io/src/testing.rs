@@ -1,9 +1,10 @@
-//! For tests that need something absent (a GPU, Slurm, PyTorch, `../shared`): a skip
-//! a person sees. `cargo test` captures a test's stderr, so `make test` sets
+//! Helpers of the tools' tests. A skip a person sees, for tests that need something
+//! absent (a GPU, Slurm, PyTorch, `../shared`). `cargo test` captures a test's stderr, so `make test` sets
 //! `RUBICK_SKIPPED` to a file, each skip appends a line to it (the test's name and the
 //! reason), and the Makefile lists them after the run.
 
 use std::io::Write as _;
+use std::path::Path;
 
 /// Reports that the calling test did not run, and why.
 pub fn skip(reason: &str) {
@@ -18,4 +19,109 @@ pub fn skip(reason: &str) {
         let line = format!("{test}: {}\n", reason.join(" / "));
         let _ = file.write_all(line.as_bytes());
     }
+}
+
+/// Every `--help` of `command` and its subcommands, at 100 columns: what the
+/// help-snapshot tests compare with the committed `tests/help/*.txt`.
+pub fn help_texts(command: clap::Command) -> Vec<(String, String)> {
+    fn walk(cmd: &mut clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        out.push((path.to_owned(), cmd.render_long_help().to_string()));
+        let names: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+        for name in names.into_iter().filter(|n| n != "help") {
+            if let Some(sub) = cmd.find_subcommand_mut(&name) {
+                walk(sub, &format!("{path}-{name}"), out);
+            }
+        }
+    }
+    let mut command = command.term_width(100);
+    command.build();
+    let name = command.get_name().to_owned();
+    let mut out = Vec::new();
+    walk(&mut command, &name, &mut out);
+    out
+}
+
+/// Compares every `--help` of `command` with the files in `dir` (`NAME.txt`);
+/// `RUBICK_UPDATE_HELP=1` rewrites them. The mismatches, named.
+pub fn check_help_snapshots(command: clap::Command, dir: &Path) -> Vec<String> {
+    let update = std::env::var("RUBICK_UPDATE_HELP").is_ok_and(|v| v == "1");
+    let mut problems = Vec::new();
+    for (name, text) in help_texts(command) {
+        let path = dir.join(format!("{name}.txt"));
+        if update {
+            let _ = std::fs::create_dir_all(dir);
+            if let Err(e) = std::fs::write(&path, &text) {
+                problems.push(format!("{}: {e}", path.display()));
+            }
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(committed) if committed == text => {}
+            Ok(_) => problems.push(format!("{name}: --help changed (RUBICK_UPDATE_HELP=1 to accept)")),
+            Err(_) => problems.push(format!("{name}: no {} (RUBICK_UPDATE_HELP=1 writes it)", path.display())),
+        }
+    }
+    problems
+}
+
+/// Every argument of `command` and its subcommands without help text, as
+/// `path --flag` / `path <VALUE>`: each argument says what it is (`--help` is the manual).
+pub fn undocumented_arguments(command: &clap::Command) -> Vec<String> {
+    fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                let name = match arg.get_long() {
+                    Some(long) => format!("--{long}"),
+                    None => format!("<{}>", id.to_uppercase()),
+                };
+                out.push(format!("{path} {name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(command, command.get_name(), &mut out);
+    out
+}
+
+/// The conventions every tool's CLI keeps, checked on its definition and its binary:
+/// every argument has help text; every `--help` equals its snapshot in
+/// `MANIFEST_DIR/tests/help/` (`RUBICK_UPDATE_HELP=1` rewrites them); `completions`
+/// prints a script for bash, zsh and fish; `man` prints a page and writes one per
+/// command with `--out-dir`. The problems found, named.
+pub fn cli_conventions(command: clap::Command, bin: &Path, manifest_dir: &Path) -> Vec<String> {
+    let name = command.get_name().to_owned();
+    let mut problems: Vec<String> =
+        undocumented_arguments(&command).into_iter().map(|a| format!("{a}: no help text")).collect();
+    problems.extend(check_help_snapshots(command, &manifest_dir.join("tests/help")));
+    let run = |args: &[&str]| std::process::Command::new(bin).args(args).output();
+    for shell in ["bash", "zsh", "fish"] {
+        match run(&["completions", shell]) {
+            Ok(o) if o.status.success() && String::from_utf8_lossy(&o.stdout).contains(&name) => {}
+            _ => problems.push(format!("{name} completions {shell}: no script")),
+        }
+    }
+    match run(&["man"]) {
+        Ok(o) if o.status.success() && o.stdout.starts_with(b".ie") => {}
+        _ => problems.push(format!("{name} man: no man page on stdout")),
+    }
+    match tempfile::tempdir() {
+        Ok(dir) => {
+            let out = dir.path().display().to_string();
+            let wrote = run(&["man", "--out-dir", &out]).is_ok_and(|o| o.status.success())
+                && dir.path().join(format!("{name}.1")).exists()
+                && dir.path().join(format!("{name}-man.1")).exists();
+            if !wrote {
+                problems.push(format!("{name} man --out-dir: not one page per command"));
+            }
+        }
+        Err(e) => problems.push(format!("a temporary directory: {e}")),
+    }
+    problems
 }
