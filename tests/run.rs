@@ -57,6 +57,38 @@ launch:
     }
 }
 
+/// `DIR/cluster.yaml`: this machine as a cluster of 2 worker slots on 2 cores.
+fn two_slot_cluster(d: &Path) {
+    std::fs::write(
+        d.join("cluster.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
+    )
+    .unwrap();
+}
+
+/// A third job, `c`, like `a` (after [`setup`]).
+fn third_job(d: &Path) {
+    let c = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("name: a", "name: c");
+    std::fs::write(d.join("c.yaml"), c).unwrap();
+}
+
+/// One round of the README's cron line in `d` (state `d/state`, `d/cluster.yaml`), with
+/// `flags` for `schedule`: whether it succeeded, and its stderr.
+fn cron_round(d: &Path, flags: &str) -> (bool, String) {
+    let script = format!(
+        "\"$RR\" jobs --state state | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml {flags} \
+         | \"$RR\" apply - --state state"
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(d)
+        .env("RR", binary("rubick-run"))
+        .env("RP", binary("rubick-plan"))
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 /// A schedule: `(job, plan, gpus)` on node `local-0`.
 #[allow(clippy::type_complexity)]
 fn schedule(dir: &Path, file: &str, round: u64, jobs: &[(&str, &str, &[u32])]) {
@@ -341,11 +373,7 @@ fn bad_schedules_and_states_are_refused_before_anything_is_done() {
         assert!(!d.join("state/jobs").exists(), "{file}: something was started");
     }
     // Out of the cluster's range, or for another cluster.
-    std::fs::write(
-        d.join("cluster.yaml"),
-        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
-    )
-    .unwrap();
+    two_slot_cluster(d);
     schedule(d, "range.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[7])]);
     let (code, _, err) = rr(d, &["apply", "range.yaml", "--cluster", "cluster.yaml"], None);
     assert_eq!(code, Some(2), "{err}");
@@ -389,32 +417,10 @@ fn the_cron_loop_runs_rounds_unattended_until_every_job_finished() {
     let d = dir.path();
     setup(d, 40);
     // A third job, and a cluster of 2 worker slots: three jobs must share them.
-    let c = std::fs::read_to_string(d.join("b.yaml")).unwrap().replace("name: b", "name: c");
-    std::fs::write(d.join("c.yaml"), c).unwrap();
-    std::fs::write(
-        d.join("cluster.yaml"),
-        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
-    )
-    .unwrap();
+    third_job(d);
+    two_slot_cluster(d);
     ok(d, &["submit", "a.yaml", "b.yaml", "c.yaml"]);
-    let state_dir = d.join("state");
-    let round = || {
-        // rubick-run jobs | rubick-plan schedule --jobs - --current ... | rubick-run apply -
-        let script = format!(
-            "set -e; {run} jobs --state {s} | {plan} schedule --cluster {d}/cluster.yaml --jobs - {current} | {run} apply - --state {s}",
-            run = binary("rubick-run").display(),
-            plan = binary("rubick-plan").display(),
-            s = state_dir.display(),
-            d = d.display(),
-            current = if state_dir.join("current.yaml").exists() {
-                format!("--current {}", state_dir.join("current.yaml").display())
-            } else {
-                String::new()
-            },
-        );
-        let out = Command::new("sh").args(["-c", &script]).output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
-    };
+    let round = || cron_round(d, "");
     let mut log = String::new();
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -683,29 +689,12 @@ fn the_job_clock_never_moves_in_the_readmes_pipeline() {
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 100_000);
-    let c = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("name: a", "name: c");
-    std::fs::write(d.join("c.yaml"), c).unwrap();
-    std::fs::write(
-        d.join("cluster.yaml"),
-        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
-    )
-    .unwrap();
+    third_job(d);
+    two_slot_cluster(d);
     ok(d, &["submit", "a.yaml", "b.yaml", "c.yaml"]);
     let round = || {
-        let out = Command::new("sh")
-            .args([
-                "-c",
-                "\"$RR\" jobs --state state | \"$RP\" schedule --cluster cluster.yaml --jobs - \
-                --current state/current.yaml --starvation 2 --cooldown 1 --max-scale 1 --explain \
-                | \"$RR\" apply - --state state",
-            ])
-            .current_dir(d)
-            .env("RR", binary("rubick-run"))
-            .env("RP", binary("rubick-plan"))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{err}");
+        let (success, err) = cron_round(d, "--starvation 2 --cooldown 1 --max-scale 1 --explain");
+        assert!(success, "{err}");
         err
     };
     let mut table = String::from("round | a | b | c (status:iterations)\n");
@@ -782,11 +771,7 @@ fn status_of_a_typo_creates_the_directory() {
     }
     assert!(!d.join("state").exists(), "nothing created");
     setup(d, 100_000);
-    std::fs::write(
-        d.join("cluster.yaml"),
-        "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
-    )
-    .unwrap();
+    two_slot_cluster(d);
     ok(d, &["submit", "a.yaml"]);
     schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
     ok(d, &["apply", "r1.yaml", "--cluster", "cluster.yaml"]);
