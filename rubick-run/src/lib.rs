@@ -979,6 +979,22 @@ fn free_cores(held: &[u32], want: u32) -> Vec<u32> {
     free
 }
 
+/// The state brought up to date with its backend (runs that ended, starts and stops
+/// an interrupted rubick-run left) and saved, with that backend: what every command
+/// but `submit` and `apply` starts from.
+fn refreshed(dir: &StateDir) -> anyhow::Result<(State, Box<dyn Backend>)> {
+    let mut state = dir.load()?;
+    let backend = state_backend(dir, &state)?;
+    refresh(dir, &mut state, backend.as_ref())?;
+    dir.save(&state)?;
+    Ok((state, backend))
+}
+
+/// The record of `job`, or an error naming the state.
+fn record<'a>(dir: &StateDir, state: &'a State, job: &str) -> anyhow::Result<&'a JobRecord> {
+    state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))
+}
+
 /// The backend the state's runs are on (local until an apply says otherwise).
 fn state_backend(dir: &StateDir, state: &State) -> anyhow::Result<Box<dyn Backend>> {
     let name = state.backend.as_deref().unwrap_or("local");
@@ -1002,10 +1018,7 @@ fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Resu
     let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
     let dir = locked!(args, false);
     ensure_outside(&dir, output)?;
-    let mut state = dir.load()?;
-    let backend = state_backend(&dir, &state)?;
-    refresh(&dir, &mut state, backend.as_ref())?;
-    dir.save(&state)?;
+    let (state, _) = refreshed(&dir)?;
     let mut refitted: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(cluster) = &cluster {
         for (name, rec) in state.jobs.iter().filter(|(_, r)| matches!(r.status, JobStatus::Queued | JobStatus::Running))
@@ -1149,7 +1162,7 @@ fn logs(job: &str, attempt: Option<u32>, follow: bool, args: &StateArgs) -> anyh
     let (path, exit_file, state_file, attempt) = {
         let dir = locked!(args, false);
         let state = dir.load()?;
-        let rec = state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
+        let rec = record(&dir, &state, job)?;
         anyhow::ensure!(rec.attempts > 0, "`{job}` has not run yet");
         let attempt = attempt.unwrap_or(rec.attempts);
         anyhow::ensure!(
@@ -1191,10 +1204,8 @@ fn logs(job: &str, attempt: Option<u32>, follow: bool, args: &StateArgs) -> anyh
 
 fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args, false);
-    let mut state = dir.load()?;
-    let backend = state_backend(&dir, &state)?;
-    refresh(&dir, &mut state, backend.as_ref())?;
-    let rec = state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
+    let (mut state, _) = refreshed(&dir)?;
+    let rec = record(&dir, &state, job)?;
     if matches!(rec.status, JobStatus::Queued | JobStatus::Running) {
         bail!("`{job}` is {:?}; stop it first (`rubick-run stop {job}`)", rec.status);
     }
@@ -1212,10 +1223,8 @@ fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
 
 fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args, false);
-    let mut state = dir.load()?;
-    let backend = state_backend(&dir, &state)?;
-    refresh(&dir, &mut state, backend.as_ref())?;
-    let was = state.jobs.get(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?.status;
+    let (mut state, backend) = refreshed(&dir)?;
+    let was = record(&dir, &state, job)?.status;
     if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
         eprintln!("{job}: stopped in {secs:.1} s{}", if clean { "" } else { " (killed after stopTimeoutS)" });
     }
@@ -1234,10 +1243,7 @@ fn status(args: &StateArgs, format: StatusFormat, output: &Path, plot: Option<&P
     if let Some(p) = plot {
         ensure_outside(&dir, p)?;
     }
-    let mut state = dir.load()?;
-    let backend = state_backend(&dir, &state)?;
-    refresh(&dir, &mut state, backend.as_ref())?;
-    dir.save(&state)?;
+    let (state, _) = refreshed(&dir)?;
     let mut rows = Vec::new();
     for (name, r) in &state.jobs {
         let mean =
