@@ -237,21 +237,33 @@ pub struct ModelSource<'a> {
     pub reference: Option<&'a ReferenceData>,
 }
 
-/// Performance-model parameters of every job: its `perfModel` file, else a fit on the
-/// reference data when that has the model, else the FLOPs-based default.
-pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> anyhow::Result<Vec<Params>> {
+/// What the planner believes of one job: its model's parameters and, when its
+/// `PerfModel` lists measured rows, what they rest on.
+pub type Belief = (Params, Option<std::sync::Arc<rubick_core::planner::Evidence>>);
+
+/// Each job's belief, reading every `perfModel` once: from its file, else a fit on the
+/// reference data when that has the model, else the FLOPs-based default. A job whose
+/// `perfModel` cannot be used (missing, unreadable, another form) is `Err` with why
+/// (`perfModel: ...`); a reference fit that fails is the error of the whole.
+pub fn job_beliefs(
+    jobs: &[Job],
+    cluster: &Cluster,
+    source: &ModelSource<'_>,
+) -> anyhow::Result<Vec<Result<Belief, String>>> {
     let mut fitted: HashMap<String, Params> = HashMap::new();
     let links = cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from);
     let mut out = Vec::with_capacity(jobs.len());
-    for (i, job) in jobs.iter().enumerate() {
+    for job in jobs {
         if let Some(path) = perf_model_path(job, source) {
-            let context = || {
-                let jobs = source.jobs_path.map_or_else(|| "jobs".into(), rubick_io::files::display);
-                format!("{jobs}: jobs[{i}].perfModel")
-            };
-            let model: PerfModel = load_artifact(&path).with_context(context)?;
-            let params = model.params().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            out.push(params);
+            out.push(match load_artifact::<PerfModel>(&path) {
+                Err(e) => Err(format!("perfModel: {e}")),
+                Ok(model) => match model.params() {
+                    Err(e) => Err(format!("perfModel: {}: {e}", path.display())),
+                    Ok(params) => {
+                        Ok((params, rubick_core::planner::Evidence::of_model(&model).map(std::sync::Arc::new)))
+                    }
+                },
+            });
             continue;
         }
         let name = &job.model.name;
@@ -268,9 +280,20 @@ pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> 
             }
             _ => None,
         };
-        out.push(from_reference.unwrap_or_else(|| default_params(&job.model)));
+        out.push(Ok((from_reference.unwrap_or_else(|| default_params(&job.model)), None)));
     }
     Ok(out)
+}
+
+/// Performance-model parameters of every job ([`job_beliefs`]); a job whose
+/// `perfModel` cannot be used is an error naming it.
+pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> anyhow::Result<Vec<Params>> {
+    let file = source.jobs_path.map_or_else(|| "jobs".into(), rubick_io::files::display);
+    job_beliefs(jobs, cluster, source)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, belief)| belief.map(|(params, _)| params).map_err(|why| anyhow::anyhow!("{file}: jobs[{i}].{why}")))
+        .collect()
 }
 
 /// Where a job's `perfModel` is: relative to the jobs file.
@@ -278,31 +301,6 @@ pub fn perf_model_path(job: &Job, source: &ModelSource<'_>) -> Option<std::path:
     let base = source.jobs_path.filter(|p| !rubick_io::files::is_std(p)).and_then(Path::parent);
     let path = job.perf_model.as_deref()?;
     Some(base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path)))
-}
-
-/// Why a job's `perfModel` cannot be used (missing, unreadable, another form); `None`
-/// when it can, or the job names none.
-pub fn perf_model_problem(job: &Job, source: &ModelSource<'_>) -> Option<String> {
-    let path = perf_model_path(job, source)?;
-    match load_artifact::<PerfModel>(&path) {
-        Err(e) => Some(format!("perfModel: {e}")),
-        Ok(model) => model.params().err().map(|e| format!("perfModel: {}: {e}", path.display())),
-    }
-}
-
-/// What each job's `perfModel` rests on (its measured rows and parameter covariance);
-/// `None` for a job without one, or whose model lists no measured row.
-pub fn job_evidence(
-    jobs: &[Job],
-    source: &ModelSource<'_>,
-) -> anyhow::Result<Vec<Option<std::sync::Arc<rubick_core::planner::Evidence>>>> {
-    jobs.iter()
-        .map(|job| {
-            let Some(path) = perf_model_path(job, source) else { return Ok(None) };
-            let model: PerfModel = load_artifact(&path)?;
-            Ok(rubick_core::planner::Evidence::of_model(&model).map(std::sync::Arc::new))
-        })
-        .collect()
 }
 
 fn fit_reference(data: &ReferenceData, model: &str, links: Links) -> anyhow::Result<Params> {

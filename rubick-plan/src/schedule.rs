@@ -13,7 +13,7 @@ use crate::policies::planner::RoundReport;
 use crate::policies::{
     PolicyJob, PolicyOptions, Queue, Registration, View, request_config, schedule_of, work_per_iteration,
 };
-use crate::round::{ModelSource, job_inputs, job_params};
+use crate::round::{ModelSource, job_inputs};
 
 /// Knobs of the planner shared by `schedule` and `curves`.
 #[derive(Debug, Clone, clap::Args)]
@@ -149,35 +149,30 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let reference = args.planner.reference()?;
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
     // A job whose model cannot be read is left out of the round with why; the others
-    // are planned (one bad job never blocks the rest).
-    // When no job can be planned, that is the answer: an error naming the first.
-    let total = jobs.len();
-    let mut left_out = Vec::new();
-    let jobs: Vec<rubick_core::Job> = jobs
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, job)| match crate::round::perf_model_problem(&job, &source) {
-            Some(why) => {
-                left_out.push((i, job.name, why));
-                None
-            }
-            None => Some(job),
-        })
-        .collect();
-    if let Some((i, _, why)) = left_out.first().filter(|_| left_out.len() == total) {
+    // are planned (one bad job never blocks the rest). When no job can be planned,
+    // that is the answer: an error naming the first. Each perfModel is read once.
+    let beliefs = crate::round::job_beliefs(&jobs, &cluster, &source)?;
+    if let Some((i, Err(why))) =
+        beliefs.iter().enumerate().find(|(_, b)| b.is_err()).filter(|_| beliefs.iter().all(Result::is_err))
+    {
         anyhow::bail!("{}: jobs[{i}].{why}", rubick_io::files::display(&args.jobs));
     }
-    let left_out: Vec<(String, String)> = left_out
-        .into_iter()
-        .map(|(i, name, why)| {
-            tracing::error!("`{name}` (jobs[{i}]) is left out of this round: {why}");
-            (name, why)
-        })
-        .collect();
-    let params = job_params(&jobs, &cluster, &source)?;
+    let (mut kept, mut params, mut evidence, mut left_out) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (i, (job, belief)) in jobs.into_iter().zip(beliefs).enumerate() {
+        match belief {
+            Ok((p, e)) => {
+                kept.push(job);
+                params.push(p);
+                evidence.push(e);
+            }
+            Err(why) => {
+                tracing::error!("`{}` (jobs[{i}]) is left out of this round: {why}", job.name);
+                left_out.push((job.name, why));
+            }
+        }
+    }
     let prev = current.zip(previous.as_ref());
-    let evidence = crate::round::job_evidence(&jobs, &source)?;
-    let mut inputs = job_inputs((&args.jobs, jobs), params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
+    let mut inputs = job_inputs((&args.jobs, kept), params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
     for (input, evidence) in inputs.iter_mut().zip(evidence) {
         input.evidence = evidence;
     }
