@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rubick_tests::{binary, run_in, temp};
+use rubick_tests::{alive, binary, escaping_script, run_in, temp};
 
 const WORKLOAD: &str = r#"#!/bin/sh
 # A stand-in training script: its iteration time grows with micro-batch x GA.
@@ -89,11 +89,6 @@ fn column(csv: &str, name: &str) -> Vec<String> {
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
     let i = header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no column {name}: {header:?}"));
     lines.map(|l| l.split(',').nth(i).unwrap_or_default().to_owned()).collect()
-}
-
-fn alive(pid: &str) -> bool {
-    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    state.rsplit(')').next().and_then(|s| s.split_whitespace().next()).is_some_and(|s| s != "Z")
 }
 
 #[test]
@@ -360,16 +355,7 @@ fn a_setsid_child_outlives_its_profile_run() {
     let dir = temp();
     let d = dir.path();
     setup(d, 60.0);
-    let script = d.join("escaper.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "setsid sleep 300 &\necho $! > {}\nexec sh {}\n",
-            d.join("escaped.pid").display(),
-            d.join("work.sh").display()
-        ),
-    )
-    .unwrap();
+    let script = escaping_script(d);
     let job = read(d, "job.yaml").replace(
         &format!("command: [sh, {}]", d.join("work.sh").display()),
         &format!("command: [sh, {}]", script.display()),

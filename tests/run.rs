@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rubick_tests::{Reaper, binary, temp};
+use rubick_tests::{Reaper, alive, binary, escaping_script, temp};
 
 const WORKLOAD: &str = r#"#!/bin/sh
 # A stand-in training job: resumes from its checkpoint, checkpoints and exits 0 on SIGUSR1.
@@ -1043,16 +1043,7 @@ fn workers_in_their_own_session_escape_a_stop() {
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
     setup(d, 100_000);
-    let escaper = d.join("escaper.sh");
-    std::fs::write(
-        &escaper,
-        format!(
-            "setsid sleep 300 &\necho $! > {}\nexec sh {}\n",
-            d.join("escaped.pid").display(),
-            d.join("work.sh").display()
-        ),
-    )
-    .unwrap();
+    let escaper = escaping_script(d);
     let job = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace(
         &format!("command: [sh, {}]", d.join("work.sh").display()),
         &format!("command: [sh, {}]", escaper.display()),
@@ -1063,10 +1054,6 @@ fn workers_in_their_own_session_escape_a_stop() {
     ok(d, &["apply", "r1.yaml"]);
     wait_for("the escaped worker", || d.join("escaped.pid").exists() && last_iter(d, "a", 1) >= 2);
     let pid = std::fs::read_to_string(d.join("escaped.pid")).unwrap().trim().to_owned();
-    let alive = |pid: &str| {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        stat.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
-    };
     assert!(alive(&pid), "the worker runs in its own session");
     ok(d, &["stop", "a"]);
     wait_for("the escaped worker gone", || !alive(&pid));

@@ -82,3 +82,22 @@ impl Drop for Reaper {
         }
     }
 }
+
+/// Whether process `pid` lives (exists and is not a zombie).
+pub fn alive(pid: &str) -> bool {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    state.rsplit(')').next().and_then(|s| s.split_whitespace().next()).is_some_and(|s| s != "Z")
+}
+
+/// `DIR/escaper.sh`: starts `sleep 300` in a session of its own (as torchrun starts its
+/// workers), writes its pid to `DIR/escaped.pid`, then becomes `sh DIR/work.sh`.
+pub fn escaping_script(dir: &Path) -> PathBuf {
+    let script = dir.join("escaper.sh");
+    let text = format!(
+        "setsid sleep 300 &\necho $! > {}\nexec sh {}\n",
+        dir.join("escaped.pid").display(),
+        dir.join("work.sh").display()
+    );
+    std::fs::write(&script, text).expect("the escaper script");
+    script
+}
