@@ -104,19 +104,21 @@ pub fn signal_group(pgid: u32, signal: &str) {
 /// own session (torchrun's, DeepSpeed's and Accelerate's workers, a `setsid` grandchild),
 /// which its process group does not hold. A scan of /proc (this user's processes).
 pub fn marked_processes(metrics: &str) -> Vec<u32> {
-    let marker = format!("RUBICK_METRICS={metrics}");
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let me = std::process::id();
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me)
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
-            !zombie
-                && std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
-        })
+        .filter(|&pid| pid != me && carries_mark(pid, metrics))
         .collect()
+}
+
+/// Whether process `pid` lives (not a zombie) and carries the mark of the run whose
+/// metrics file is `metrics` (see [`marked_processes`]): one process, no scan.
+pub fn carries_mark(pid: u32, metrics: &str) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let live = stat.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z'));
+    let marker = format!("RUBICK_METRICS={metrics}");
+    live && std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
 }
 
 /// Signals every process of a run: its process group and [`marked_processes`].

@@ -243,7 +243,12 @@ impl Backend for Local {
             // The run is its marked processes (its wrapper, the job, whatever they
             // started in any session): a process group id reused by another program
             // after the run ended is never taken for it.
-            (_, Some(metrics)) => !rubick_launch::supervise::marked_processes(&metrics).is_empty(),
+            // Its wrapper, the group's leader, lives as long as the job: one read; a
+            // scan of /proc only once the leader is gone.
+            (pgid, Some(metrics)) => {
+                pgid.is_some_and(|p| rubick_launch::supervise::carries_mark(p, &metrics))
+                    || !rubick_launch::supervise::marked_processes(&metrics).is_empty()
+            }
             // An older state's plain group id: its leader, else its members.
             (Some(pgid), None) => {
                 process_state(pgid).is_some_and(|(state, group)| state != "Z" && group == pgid)
