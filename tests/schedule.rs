@@ -294,7 +294,7 @@ jobs:
         ["; measured", "; near measured", "; extrapolated"].iter().any(|w| line.ends_with(w)),
         "what the choice rests on: {line}"
     );
-    assert!(line.contains("measured") || line.contains("(95 %: "), "an interval unless measured: {line}");
+    assert!(line.ends_with("; measured") || line.contains("(95 %: "), "an interval unless measured: {line}");
 }
 
 /// Issue 18, "the README's cron line fails on its first round": `--current` names the
