@@ -52,10 +52,35 @@ fn planner_figures() -> anyhow::Result<()> {
         println!("bench: plan_{gpus}gpu_{jobs}jobs_ms {ms:.3} ms");
         last = ms;
     }
-    // Issue 22: the largest round (65,536 GPUs, 32,000 jobs), once, and a JobBatch's
-    // check at 20,000 and 80,000 jobs (linear: the ratio is about 4).
+    // Issues 21 and 22: the largest rounds (65,536 GPUs, 20,000 and 32,000 jobs), once,
+    // and a JobBatch's check at 20,000 and 80,000 jobs (linear: the ratio is about 4).
+    let (ms, _) = round_ms(65_536, 20_000, Solver::Heuristic, 1)?;
+    println!("bench: plan_65536gpu_20000jobs_ms {ms:.1} ms");
     let (ms, _) = round_ms(65_536, 32_000, Solver::Heuristic, 1)?;
     println!("bench: plan_65536gpu_32000jobs_s {:.3} s", ms / 1e3);
+    // The heuristic's indexes against its exhaustive form (same decision), one run.
+    {
+        use rubick_core::planner::curves::Evaluator;
+        use rubick_core::planner::{CurveBook, heuristic};
+        let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
+        let (cluster, inputs) = synth::instance(4096, 2000, 1, &config)?;
+        let mut evaluator = Evaluator::new(&cluster, &config);
+        let jobs = inputs.iter().map(|i| evaluator.job_curves(i, None)).collect();
+        let book = CurveBook::new(jobs, &cluster);
+        let time = |f: &dyn Fn() -> bool| {
+            let mut samples = Vec::new();
+            for _ in 0..3 {
+                let start = Instant::now();
+                anyhow::ensure!(f(), "the heuristic failed on the synthetic round");
+                samples.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok(median(samples))
+        };
+        let indexed = time(&|| heuristic::solve(&book, &cluster, &inputs, &config).is_ok())?;
+        let plain = time(&|| heuristic::solve_exhaustive(&book, &cluster, &inputs, &config).is_ok())?;
+        println!("bench: heuristic_4096gpu_2000jobs_ms {indexed:.1} ms");
+        println!("bench: heuristic_exhaustive_over_indexed_4096gpu {:.2} x", plain / indexed);
+    }
     let mut check_ms = Vec::new();
     for jobs in [20_000usize, 80_000] {
         let mut text = String::from("apiVersion: rubick/v1\nkind: JobBatch\njobs:\n");

@@ -154,6 +154,7 @@ pub fn plan_round_with(
     let config = &evaluator.config.clone();
     let jobs = inputs.iter().map(|i| evaluator.job_curves(i, None)).collect();
     let mut book = CurveBook::new(jobs, cluster);
+    tracing::debug!("round {round}: curves of {} jobs in {:.1} ms", inputs.len(), ms(start));
     let mut attempt = 0;
     let mut previous: Option<RoundResult> = None;
     loop {
@@ -161,6 +162,7 @@ pub fn plan_round_with(
         // With jobs locked in their cooldown, a failed greedy first softens the locks
         // (cheap) before the exact search decides feasibility.
         let hard_locks = book.jobs.iter().any(|j| j.locked && j.must_run);
+        let deciding = Instant::now();
         let (mut decided, mut heuristic_objective) =
             decide(&book, cluster, config, inputs, policy, time_limit, !hard_locks);
         if decided.is_err() && hard_locks {
@@ -175,6 +177,8 @@ pub fn plan_round_with(
             (Err(_), Some(prev)) => return Ok(prev),
             (Err(e), None) => return Err(e),
         };
+        tracing::debug!("round {round}, attempt {attempt}: decided in {:.1} ms", ms(deciding));
+        let placing = Instant::now();
         let solver = SolverStats { method: d.method.into(), gap: d.gap, wall_s: None, status: d.status };
         // Guarantees that must hold: of running jobs, and of every guaranteed job
         // unless guaranteed jobs may wait in the queue.
@@ -201,6 +205,7 @@ pub fn plan_round_with(
             }
         }
         let held = holds(&outcome);
+        tracing::debug!("round {round}, attempt {attempt}: placed in {:.1} ms (guarantees held: {held})", ms(placing));
         let stranded = stranded(&outcome.nodes, cluster, config);
         let progress = stranded.iter().any(|s| s.gpus > 0.0 || s.cpus > 0.0 || s.mem > 1e-6);
         let result = RoundResult { outcome, book: book.clone(), heuristic_objective, wall: start.elapsed() };
@@ -217,6 +222,10 @@ pub fn plan_round_with(
             cap.mem -= s.mem;
         }
     }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
 }
 
 fn infeasible(book: &CurveBook) -> Infeasible {
@@ -321,17 +330,19 @@ pub fn job_inputs(
     previous: Option<(&Path, &Schedule)>,
 ) -> anyhow::Result<Vec<JobInput>> {
     let mut inputs = Vec::with_capacity(jobs.len());
+    // Each job's assignment in the previous schedule (the first, if named twice).
+    let mut assigned: HashMap<&str, usize> = HashMap::new();
+    for (k, a) in previous.map_or(&[][..], |(_, s)| &s.assignments).iter().enumerate() {
+        assigned.entry(a.job.as_str()).or_insert(k);
+    }
     for (i, (job, params)) in jobs.into_iter().zip(params).enumerate() {
-        let from_schedule =
-            match previous {
-                Some((path, schedule)) => match schedule.assignments.iter().position(|a| a.job == job.name) {
-                    Some(k) => Some(current_of_assignment(&schedule.assignments[k], cluster).map_err(|e| {
-                        anyhow::anyhow!("{}: {}", path.display(), e.within(&format!("assignments[{k}]")))
-                    })?),
-                    None => None,
-                },
-                None => None,
-            };
+        let from_schedule = match (previous, assigned.get(job.name.as_str())) {
+            (Some((path, schedule)), Some(&k)) => Some(
+                current_of_assignment(&schedule.assignments[k], cluster)
+                    .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.within(&format!("assignments[{k}]"))))?,
+            ),
+            _ => None,
+        };
         let current = match from_schedule {
             Some(c) => c,
             None => current_of_job(&job, cluster, config)

@@ -10,7 +10,7 @@
 //! amount, so the loop ends.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
 
 use crate::cluster::Cluster;
 
@@ -42,6 +42,57 @@ struct State<'a> {
     choice: Vec<Option<usize>>,
     free: Vec<Capacity>,
     total: Capacity,
+    /// Per node group, the running jobs there that could give something up, by
+    /// [`State::bound`]: `make_room` reads victims in this order and stops once no
+    /// unread job can beat the offers it has (instead of reading every job).
+    victims: Vec<BTreeSet<(u64, usize)>>,
+    /// Each job's key in `victims`, if it is there.
+    keyed: Vec<Option<(usize, u64)>>,
+    /// Rank every victim and every move afresh (the plain algorithm the indexed one
+    /// must equal: [`solve_exhaustive`]).
+    exhaustive: bool,
+    /// Per node group, how many times its free resources grew (in any resource): a
+    /// move that did not fit cannot fit before this changes (or its job's choice does).
+    grown: Vec<u64>,
+}
+
+/// An order-preserving key of a float (the order of `f64::total_cmp`).
+fn float_key(x: f64) -> u64 {
+    let b = x.to_bits();
+    if b >> 63 == 1 { !b } else { b | (1 << 63) }
+}
+
+/// The float of a [`float_key`].
+fn key_float(k: u64) -> f64 {
+    f64::from_bits(if k >> 63 == 1 { k & !(1 << 63) } else { !k })
+}
+
+/// One victim's offer: its rate (loss per useful share freed), the job, its new
+/// choice, the value it loses and what it frees.
+type Offer = (f64, usize, Option<usize>, f64, Capacity);
+
+/// Offers in `make_room`'s order: lowest rate first, ties by lower job.
+struct ByRate(Offer);
+
+impl PartialEq for ByRate {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for ByRate {}
+
+impl PartialOrd for ByRate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByRate {
+    /// Reversed: `BinaryHeap` pops the lowest rate (then the lowest job) first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.0.0.total_cmp(&self.0.0).then(other.0.1.cmp(&self.0.1))
+    }
 }
 
 impl<'a> State<'a> {
@@ -79,6 +130,7 @@ impl<'a> State<'a> {
     }
 
     fn set(&mut self, j: usize, c: Option<usize>) {
+        let before = self.choice[j].map(|old| (self.cand(j, old).group, self.free[self.cand(j, old).group]));
         if let Some(old) = self.choice[j] {
             let old = self.cand(j, old);
             self.free[old.group].give(old);
@@ -88,6 +140,99 @@ impl<'a> State<'a> {
             self.free[new.group].take(new);
         }
         self.choice[j] = c;
+        if let Some((group, was)) = before {
+            let now = self.free[group];
+            if now.gpus > was.gpus || now.cpus > was.cpus || now.mem > was.mem {
+                self.grown[group] += 1;
+            }
+        }
+        self.reindex(j);
+    }
+
+    /// Puts job `j` in `victims` by its current choice.
+    fn reindex(&mut self, j: usize) {
+        if let Some((group, key)) = self.keyed[j].take() {
+            self.victims[group].remove(&(key, j));
+        }
+        if let (Some(c), Some(bound)) = (self.choice[j], self.bound(j)) {
+            let group = self.cand(j, c).group;
+            let key = float_key(bound);
+            self.victims[group].insert((key, j));
+            self.keyed[j] = Some((group, key));
+        }
+    }
+
+    /// What job `k` could give up from its current choice: its choices in the same
+    /// group using no more of anything, and pausing unless it must run.
+    fn options(&self, k: usize) -> impl Iterator<Item = (Option<usize>, Capacity)> + '_ {
+        let jc = &self.book.jobs[k];
+        let cur = self.choice[k];
+        let held = cur.map(|c| self.cand(k, c));
+        held.into_iter().flat_map(move |held| {
+            jc.candidates
+                .iter()
+                .enumerate()
+                .filter(move |&(i, c)| {
+                    Some(i) != cur
+                        && c.group == held.group
+                        && c.gpus <= held.gpus
+                        && c.cpus <= held.cpus
+                        && c.host_memory_gib <= held.host_memory_gib
+                })
+                .map(move |(i, c)| {
+                    let freed = Capacity {
+                        gpus: f64::from(held.gpus - c.gpus),
+                        cpus: f64::from(held.cpus - c.cpus),
+                        mem: held.host_memory_gib - c.host_memory_gib,
+                    };
+                    (Some(i), freed)
+                })
+                .chain((!jc.must_run).then(|| {
+                    (
+                        None,
+                        Capacity { gpus: f64::from(held.gpus), cpus: f64::from(held.cpus), mem: held.host_memory_gib },
+                    )
+                }))
+        })
+    }
+
+    /// A lower bound of job `k`'s rate in any `make_room`: its loss per share of the
+    /// cluster freed, counting all that is freed as useful (a need can only make less
+    /// of it useful). `None` when it has nothing to give.
+    fn bound(&self, k: usize) -> Option<f64> {
+        let v0 = self.value(k, self.choice[k]);
+        let mut best: Option<f64> = None;
+        for (opt, freed) in self.options(k) {
+            let share = useful_share(&freed, &freed, &self.total);
+            if share <= EPS {
+                continue;
+            }
+            let loss = v0 - self.value(k, opt);
+            // A gain (negative loss) is divided by less where less is useful: no bound.
+            let rate = if loss < 0.0 || loss.is_nan() { f64::NEG_INFINITY } else { loss / share };
+            if best.is_none_or(|b| rate < b) {
+                best = Some(rate);
+            }
+        }
+        best
+    }
+
+    /// Job `k`'s best offer towards `need`, as `make_room` ranks them.
+    fn offer(&self, k: usize, need: &Capacity) -> Option<Offer> {
+        let cur = self.choice[k]?;
+        let mut best: Option<(f64, Option<usize>, f64, Capacity)> = None;
+        for (opt, freed) in self.options(k) {
+            let useful = useful_share(&freed, need, &self.total);
+            if useful <= EPS {
+                continue;
+            }
+            let loss = self.value(k, Some(cur)) - self.value(k, opt);
+            let rate = loss / useful;
+            if best.as_ref().is_none_or(|(r, ..)| rate < *r) {
+                best = Some((rate, opt, loss, freed));
+            }
+        }
+        best.map(|(rate, opt, loss, freed)| (rate, k, opt, loss, freed))
     }
 
     /// What `j` needs in `c`'s group beyond the free resources.
@@ -104,76 +249,63 @@ impl<'a> State<'a> {
     /// Frees at least `need` in `group` by shrinking or pausing other jobs (never `j`,
     /// `protect`ed jobs, or below a guarantee), cheapest loss per freed share first.
     /// Returns the victims' new choices and the value lost; nothing is applied.
-    fn make_room(&self, j: usize, group: usize, need: Capacity, protect: &dyn Fn(usize) -> bool) -> Option<Room> {
-        let mut offers: Vec<(f64, usize, Option<usize>, f64, Capacity)> = Vec::new();
-        for (k, jc) in self.book.jobs.iter().enumerate() {
-            let Some(cur) = self.choice[k] else { continue };
-            if k == j || protect(k) {
-                continue;
-            }
-            let held = self.cand(k, cur);
-            if held.group != group {
-                continue;
-            }
-            let mut best: Option<(f64, Option<usize>, f64, Capacity)> = None;
-            let options = jc
-                .candidates
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| {
-                    c.group == group
-                        && c.gpus <= held.gpus
-                        && c.cpus <= held.cpus
-                        && c.host_memory_gib <= held.host_memory_gib
-                })
-                .map(|(i, _)| Some(i))
-                .chain((!jc.must_run).then_some(None));
-            for opt in options {
-                if opt == Some(cur) {
-                    continue;
-                }
-                let freed = match opt.map(|o| self.cand(k, o)) {
-                    Some(c) => Capacity {
-                        gpus: f64::from(held.gpus - c.gpus),
-                        cpus: f64::from(held.cpus - c.cpus),
-                        mem: held.host_memory_gib - c.host_memory_gib,
-                    },
-                    None => {
-                        Capacity { gpus: f64::from(held.gpus), cpus: f64::from(held.cpus), mem: held.host_memory_gib }
-                    }
-                };
-                let useful = useful_share(&freed, &need, &self.total);
-                if useful <= EPS {
-                    continue;
-                }
-                let loss = self.value(k, Some(cur)) - self.value(k, opt);
-                let rate = loss / useful;
-                if best.as_ref().is_none_or(|(r, ..)| rate < *r) {
-                    best = Some((rate, opt, loss, freed));
-                }
-            }
-            if let Some((rate, opt, loss, freed)) = best {
-                offers.push((rate, k, opt, loss, freed));
-            }
-        }
-        offers.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    ///
+    /// Victims are read in the order of their bound, and an offer is taken once no
+    /// unread job's bound reaches its rate: the same offers in the same order as
+    /// ranking every job's, without reading every job. Gives up (`None`) once the
+    /// loss is sure to exceed `budget` (by more than rounding could explain): every
+    /// later offer costs at least the lowest rate left per share of what is left.
+    fn make_room(
+        &self,
+        j: usize,
+        group: usize,
+        need: Capacity,
+        protect: &dyn Fn(usize) -> bool,
+        budget: f64,
+    ) -> Option<Room> {
+        let covered = |left: &Capacity| left.gpus <= EPS && left.cpus <= EPS && left.mem <= 1e-6;
+        let mut unread = self.victims[group].iter().filter(|&&(_, k)| k != j && !protect(k)).peekable();
+        let mut offers: BinaryHeap<ByRate> = BinaryHeap::new();
         let mut left = need;
         let mut moves = Vec::new();
         let mut lost = 0.0;
-        for (_, k, opt, loss, freed) in offers {
-            if left.gpus <= EPS && left.cpus <= EPS && left.mem <= 1e-6 {
-                break;
+        while !covered(&left) {
+            let next_bound = unread.peek().map(|&&(key, _)| key);
+            let lowest = match (offers.peek(), next_bound) {
+                (Some(o), Some(b)) => o.0.0.min(key_float(b)),
+                (Some(o), None) => o.0.0,
+                (None, Some(b)) => key_float(b),
+                (None, None) => break,
+            };
+            if !self.exhaustive
+                && lowest >= 0.0
+                && lost + lowest * useful_share(&left, &left, &self.total) > budget + 1e-6
+            {
+                return None;
             }
-            if useful_share(&freed, &left, &self.total) <= EPS {
-                continue;
+            let take = offers.peek().is_some_and(|o| match next_bound {
+                None => true,
+                Some(_) if self.exhaustive => false,
+                Some(b) => float_key(o.0.0) < b,
+            });
+            if take {
+                let Some(ByRate((_, k, opt, loss, freed))) = offers.pop() else { break };
+                if useful_share(&freed, &left, &self.total) <= EPS {
+                    continue;
+                }
+                left.gpus -= freed.gpus;
+                left.cpus -= freed.cpus;
+                left.mem -= freed.mem;
+                moves.push((k, opt));
+                lost += loss;
+            } else {
+                let Some(&(_, k)) = unread.next() else { break };
+                if let Some(offer) = self.offer(k, &need) {
+                    offers.push(ByRate(offer));
+                }
             }
-            left.gpus -= freed.gpus;
-            left.cpus -= freed.cpus;
-            left.mem -= freed.mem;
-            moves.push((k, opt));
-            lost += loss;
         }
-        (left.gpus <= EPS && left.cpus <= EPS && left.mem <= 1e-6).then_some((moves, lost))
+        covered(&left).then_some((moves, lost))
     }
 }
 
@@ -184,7 +316,10 @@ fn useful_share(freed: &Capacity, need: &Capacity, total: &Capacity) -> f64 {
         + freed.mem.min(need.mem).max(0.0) / total.mem.max(1.0)
 }
 
-#[derive(PartialEq)]
+/// A move found blocked, with its group's `grown` then.
+type Carried = (Move, u64);
+
+#[derive(Clone, Copy, PartialEq)]
 struct Move {
     rate: f64,
     gain: f64,
@@ -215,6 +350,29 @@ pub fn solve(
     inputs: &[JobInput],
     config: &PlannerConfig,
 ) -> Result<Decision, Infeasible> {
+    solve_with(book, cluster, inputs, config, false)
+}
+
+/// [`solve`] without its indexes: every victim's offer ranked in each `make_room`,
+/// every job's moves ranked afresh in each pass of the improvement. Slower (about
+/// quadratic), and the same decision bit for bit: the reference the tests hold
+/// [`solve`] to.
+pub fn solve_exhaustive(
+    book: &CurveBook,
+    cluster: &Cluster,
+    inputs: &[JobInput],
+    config: &PlannerConfig,
+) -> Result<Decision, Infeasible> {
+    solve_with(book, cluster, inputs, config, true)
+}
+
+fn solve_with(
+    book: &CurveBook,
+    cluster: &Cluster,
+    inputs: &[JobInput],
+    config: &PlannerConfig,
+    exhaustive: bool,
+) -> Result<Decision, Infeasible> {
     let free: Vec<Capacity> = book.capacity.clone();
     let total = cluster.node_groups.iter().map(Capacity::of).fold(Capacity::default(), |a, c| Capacity {
         gpus: a.gpus + c.gpus,
@@ -222,7 +380,9 @@ pub fn solve(
         mem: a.mem + c.mem,
     });
     let n = book.jobs.len();
-    let mut st = State { book, choice: vec![None; n], free, total };
+    let victims = vec![BTreeSet::new(); book.capacity.len()];
+    let grown = vec![0; book.capacity.len()];
+    let mut st = State { book, choice: vec![None; n], free, total, victims, keyed: vec![None; n], grown, exhaustive };
 
     // Running jobs keep their allocation to begin with (locked ones first).
     let mut order: Vec<usize> = (0..n).collect();
@@ -264,7 +424,7 @@ pub fn solve(
         if !placed {
             for &c in &by_cost {
                 let need = st.deficit(j, c);
-                if let Some((moves, _)) = st.make_room(j, st.cand(j, c).group, need, &guaranteed) {
+                if let Some((moves, _)) = st.make_room(j, st.cand(j, c).group, need, &guaranteed, f64::INFINITY) {
                     for (k, opt) in moves {
                         st.set(k, opt);
                     }
@@ -314,7 +474,7 @@ pub fn solve(
         } else {
             let need = st.deficit(j, c);
             let protect = |k: usize| book.jobs[k].guaranteed || book.jobs[k].locked || inputs[k].starving(config);
-            if let Some((moves, lost)) = st.make_room(j, st.cand(j, c).group, need, &protect)
+            if let Some((moves, lost)) = st.make_room(j, st.cand(j, c).group, need, &protect, st.cand(j, c).value)
                 && lost < st.cand(j, c).value
             {
                 for (k, opt) in moves {
@@ -340,6 +500,12 @@ pub fn solve(
 /// Moves while the objective grows: first whatever fits in the free resources, best
 /// marginal gain first; then exchanges that take resources from the jobs with the
 /// lowest marginal loss.
+///
+/// Each pass offers every job's moves from its current choice in one order (best
+/// rate first). The moves a pass found blocked come out of it in that order, and a
+/// job's moves change only when its choice does, so the next pass merges the blocked
+/// list (a cursor) with the moves of the jobs the exchanges changed (a small heap)
+/// rather than ranking every job's moves again: the same moves in the same order.
 fn improve(st: &mut State<'_>) {
     let n = st.book.jobs.len();
     let mut version = vec![0u32; n];
@@ -363,28 +529,54 @@ fn improve(st: &mut State<'_>) {
             heap.push(Move { rate, gain, job: j, to, version });
         }
     };
+    let mut heap = BinaryHeap::new();
+    for j in 0..n {
+        push_moves(st, &mut heap, j, 0);
+    }
+    // The moves the last pass found blocked, best first, each with its group's
+    // `grown` when it was found blocked.
+    let mut carried: Vec<Carried> = Vec::new();
     let mut rounds = 0;
     loop {
         rounds += 1;
-        let mut heap = BinaryHeap::new();
-        for (j, &v) in version.iter().enumerate() {
-            push_moves(st, &mut heap, j, v);
-        }
+        // Blocked moves in the order they came: from the cursor (sorted) and from the
+        // heap (sorted among themselves), merged for the next pass.
+        let mut from_cursor: Vec<Carried> = Vec::new();
+        let mut from_heap: Vec<Carried> = Vec::new();
         let mut blocked = Vec::new();
-        while let Some(m) = heap.pop() {
+        let mut cursor = std::mem::take(&mut carried).into_iter().peekable();
+        loop {
+            let take_heap = match (heap.peek(), cursor.peek()) {
+                (None, None) => break,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (Some(h), Some((c, _))) => h > c,
+            };
+            let (m, seen) = if take_heap {
+                let Some(m) = heap.pop() else { break };
+                (m, None)
+            } else {
+                let Some((m, seen)) = cursor.next() else { break };
+                (m, Some(seen))
+            };
             if m.version != version[m.job] {
                 continue;
             }
-            if st.fits(m.job, m.to) {
+            let group = st.cand(m.job, m.to).group;
+            // Blocked before, and nothing grew since: still blocked.
+            let unchanged = seen.is_some_and(|g| g == st.grown[group]);
+            if !unchanged && st.fits(m.job, m.to) {
                 st.set(m.job, Some(m.to));
                 version[m.job] += 1;
                 push_moves(st, &mut heap, m.job, version[m.job]);
             } else {
                 blocked.push(m);
+                if take_heap { &mut from_heap } else { &mut from_cursor }.push((m, st.grown[group]));
             }
         }
         // Exchanges, best rate first; a few dozen tries per pass.
         let mut exchanged = false;
+        let mut changed = Vec::new();
         for m in blocked.iter().take(64) {
             if m.version != version[m.job] {
                 continue;
@@ -392,7 +584,7 @@ fn improve(st: &mut State<'_>) {
             let group = st.cand(m.job, m.to).group;
             let need = st.deficit(m.job, m.to);
             let locked = |k: usize| st.book.jobs[k].locked;
-            let Some((moves, lost)) = st.make_room(m.job, group, need, &locked) else { continue };
+            let Some((moves, lost)) = st.make_room(m.job, group, need, &locked, m.gain) else { continue };
             if m.gain - lost <= EPS {
                 continue;
             }
@@ -405,16 +597,56 @@ fn improve(st: &mut State<'_>) {
                 st.set(m.job, Some(m.to));
                 for &(k, _) in &moves {
                     version[k] += 1;
+                    changed.push(k);
                 }
                 version[m.job] += 1;
+                changed.push(m.job);
                 exchanged = true;
             } else {
                 st.choice = before;
                 st.free = old_free;
+                for &(k, _) in &moves {
+                    st.reindex(k);
+                }
             }
         }
         if !exchanged || rounds >= 50 {
             break;
         }
+        if st.exhaustive {
+            for (j, &v) in version.iter().enumerate() {
+                push_moves(st, &mut heap, j, v);
+            }
+            continue;
+        }
+        changed.sort_unstable();
+        changed.dedup();
+        for j in changed {
+            push_moves(st, &mut heap, j, version[j]);
+        }
+        // Moves pushed during the pass (a job's next moves after it moved) may rank
+        // above those popped before them: those from the heap are sorted (few), then
+        // merged with those from the cursor (in order).
+        let current = |(m, _): &Carried| m.version == version[m.job];
+        from_cursor.retain(current);
+        from_heap.retain(current);
+        from_heap.sort_by_key(|&(m, _)| std::cmp::Reverse(m));
+        carried = merge(from_cursor, from_heap);
     }
+}
+
+/// Two lists of blocked moves, each best first, as one.
+fn merge(a: Vec<Carried>, b: Vec<Carried>) -> Vec<Carried> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let from_b = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some(x), Some(y)) => y.0 > x.0,
+        };
+        out.extend(if from_b { b.next() } else { a.next() });
+    }
+    out
 }
