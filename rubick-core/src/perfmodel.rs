@@ -201,7 +201,8 @@ fn nic_scale(placement: &Placement, p: &Params) -> f64 {
         if b == 0 { a } else { gcd(b, a % b) }
     }
     let rings = placement.per_node().iter().fold(0, |acc, &g| gcd(acc, g)).max(1);
-    f64::from(rings).powf(p.v(idx::NET_SHARE))
+    // 1^x is 1: no `powf` for the common single ring.
+    if rings == 1 { 1.0 } else { f64::from(rings).powf(p.v(idx::NET_SHARE)) }
 }
 
 /// The fixed cost of one micro-batch step through all layers (forward + backward).
@@ -213,6 +214,10 @@ fn overlap(a: f64, b: f64, k: f64) -> f64 {
     let m = a.max(b);
     if m <= 0.0 {
         return 0.0;
+    }
+    // Nothing to overlap with: (1^k + 0^k)^(1/k) is exactly 1 (no `powf`, the same bits).
+    if k > 0.0 && (a == 0.0 || b == 0.0) {
+        return m;
     }
     m * ((a / m).powf(k) + (b / m).powf(k)).powf(1.0 / k)
 }

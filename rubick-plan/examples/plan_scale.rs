@@ -17,6 +17,19 @@ fn main() -> anyhow::Result<()> {
         let start = Instant::now();
         let (cluster, inputs) = synth::instance(gpus, jobs, seed, &config)?;
         let built = start.elapsed();
+        // PLAN_SCALE_REPEAT=N: the first round N times more (for a profiler).
+        let repeat: usize = std::env::var("PLAN_SCALE_REPEAT").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let mut samples = Vec::new();
+        for _ in 0..repeat {
+            let start = Instant::now();
+            plan_round(&cluster, &config, &inputs, Solver::Heuristic, Duration::from_secs(10), 0)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            samples.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        samples.sort_by(f64::total_cmp);
+        if let Some(median) = samples.get(samples.len() / 2) {
+            println!("{gpus} GPUs / {jobs} jobs / seed {seed}: median of {repeat} rounds {median:.2} ms");
+        }
         let start = Instant::now();
         let r = plan_round(&cluster, &config, &inputs, Solver::Heuristic, Duration::from_secs(10), 0)
             .map_err(|e| anyhow::anyhow!("{e}"))?;

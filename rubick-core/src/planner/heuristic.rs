@@ -42,12 +42,16 @@ struct State<'a> {
     choice: Vec<Option<usize>>,
     free: Vec<Capacity>,
     total: Capacity,
-    /// Per node group, the running jobs there that could give something up, by
-    /// [`State::bound`]: `make_room` reads victims in this order and stops once no
-    /// unread job can beat the offers it has (instead of reading every job).
-    victims: Vec<BTreeSet<(u64, usize)>>,
-    /// Each job's key in `victims`, if it is there.
-    keyed: Vec<Option<(usize, u64)>>,
+    /// Per node group and per kind of need (the resources it lacks: a [`Kinds`]), the
+    /// running jobs there that could give some of them up, by [`State::bound`]:
+    /// `make_room` reads victims in this order and stops once no unread job can beat
+    /// the offers it has (instead of reading every job).
+    victims: Vec<[BTreeSet<(u64, usize)>; KINDS]>,
+    /// Each job's group and keys in `victims`, where it is there.
+    keyed: Vec<Option<(usize, [Option<u64>; KINDS])>>,
+    /// What each running job could give up ([`State::options`] that free something),
+    /// with the value it would lose: kept with its choice, read by every `make_room`.
+    gives: Vec<Vec<Give>>,
     /// Rank every victim and every move afresh (the plain algorithm the indexed one
     /// must equal: [`solve_exhaustive`]).
     exhaustive: bool,
@@ -55,6 +59,30 @@ struct State<'a> {
     /// move that did not fit cannot fit before this changes (or its job's choice does).
     grown: Vec<u64>,
 }
+
+/// The kinds of need: which of GPUs (bit 0), cores (bit 1) and memory (bit 2) it
+/// lacks, less one (a need lacking nothing is met).
+const KINDS: usize = 7;
+
+/// The resources of `c` in kind `kind` (the others zero).
+fn only(c: &Capacity, kind: usize) -> Capacity {
+    let bits = kind + 1;
+    Capacity {
+        gpus: if bits & 1 != 0 { c.gpus } else { 0.0 },
+        cpus: if bits & 2 != 0 { c.cpus } else { 0.0 },
+        mem: if bits & 4 != 0 { c.mem } else { 0.0 },
+    }
+}
+
+/// The kind of a need: the resources it lacks (`None` when it lacks none).
+fn kind_of(need: &Capacity) -> Option<usize> {
+    let bits = usize::from(need.gpus > 0.0) | usize::from(need.cpus > 0.0) << 1 | usize::from(need.mem > 0.0) << 2;
+    bits.checked_sub(1)
+}
+
+/// A choice a victim could take instead of its own (or pause), what that frees, and
+/// the value it loses.
+type Give = (Option<usize>, Capacity, f64);
 
 /// An order-preserving key of a float (the order of `f64::total_cmp`).
 fn float_key(x: f64) -> u64 {
@@ -149,17 +177,35 @@ impl<'a> State<'a> {
         self.reindex(j);
     }
 
-    /// Puts job `j` in `victims` by its current choice.
+    /// Puts job `j` in `victims` by its current choice, with what it could give.
     fn reindex(&mut self, j: usize) {
-        if let Some((group, key)) = self.keyed[j].take() {
-            self.victims[group].remove(&(key, j));
+        if let Some((group, keys)) = self.keyed[j].take() {
+            for (kind, key) in keys.iter().enumerate() {
+                if let Some(key) = key {
+                    self.victims[group][kind].remove(&(*key, j));
+                }
+            }
         }
-        if let (Some(c), Some(bound)) = (self.choice[j], self.bound(j)) {
-            let group = self.cand(j, c).group;
-            let key = float_key(bound);
-            self.victims[group].insert((key, j));
-            self.keyed[j] = Some((group, key));
+        let mut gives = std::mem::take(&mut self.gives[j]);
+        gives.clear();
+        let v0 = self.value(j, self.choice[j]);
+        gives.extend(
+            self.options(j)
+                .filter(|(_, freed)| useful_share(freed, freed, &self.total) > EPS)
+                .map(|(opt, freed)| (opt, freed, v0 - self.value(j, opt))),
+        );
+        self.gives[j] = gives;
+        let Some(c) = self.choice[j] else { return };
+        let group = self.cand(j, c).group;
+        let mut keys = [None; KINDS];
+        for (kind, slot) in keys.iter_mut().enumerate() {
+            if let Some(bound) = self.bound(j, kind) {
+                let key = float_key(bound);
+                self.victims[group][kind].insert((key, j));
+                *slot = Some(key);
+            }
         }
+        self.keyed[j] = Some((group, keys));
     }
 
     /// What job `k` could give up from its current choice: its choices in the same
@@ -196,20 +242,19 @@ impl<'a> State<'a> {
         })
     }
 
-    /// A lower bound of job `k`'s rate in any `make_room`: its loss per share of the
-    /// cluster freed, counting all that is freed as useful (a need can only make less
-    /// of it useful). `None` when it has nothing to give.
-    fn bound(&self, k: usize) -> Option<f64> {
-        let v0 = self.value(k, self.choice[k]);
+    /// A lower bound of job `k`'s rate in any `make_room` for a need of kind `kind`:
+    /// its loss per share of the cluster freed of the resources the need lacks,
+    /// counting all of that as useful (the need can only make less of it useful).
+    /// `None` when it has none of them to give.
+    fn bound(&self, k: usize, kind: usize) -> Option<f64> {
         let mut best: Option<f64> = None;
-        for (opt, freed) in self.options(k) {
-            let share = useful_share(&freed, &freed, &self.total);
+        for (_, freed, loss) in &self.gives[k] {
+            let share = useful_share(freed, &only(freed, kind), &self.total);
             if share <= EPS {
-                continue;
+                continue; // useful to no need of this kind
             }
-            let loss = v0 - self.value(k, opt);
             // A gain (negative loss) is divided by less where less is useful: no bound.
-            let rate = if loss < 0.0 || loss.is_nan() { f64::NEG_INFINITY } else { loss / share };
+            let rate = if *loss < 0.0 || loss.is_nan() { f64::NEG_INFINITY } else { loss / share };
             if best.is_none_or(|b| rate < b) {
                 best = Some(rate);
             }
@@ -219,14 +264,13 @@ impl<'a> State<'a> {
 
     /// Job `k`'s best offer towards `need`, as `make_room` ranks them.
     fn offer(&self, k: usize, need: &Capacity) -> Option<Offer> {
-        let cur = self.choice[k]?;
+        self.choice[k]?;
         let mut best: Option<(f64, Option<usize>, f64, Capacity)> = None;
-        for (opt, freed) in self.options(k) {
+        for &(opt, freed, loss) in &self.gives[k] {
             let useful = useful_share(&freed, need, &self.total);
             if useful <= EPS {
                 continue;
             }
-            let loss = self.value(k, Some(cur)) - self.value(k, opt);
             let rate = loss / useful;
             if best.as_ref().is_none_or(|(r, ..)| rate < *r) {
                 best = Some((rate, opt, loss, freed));
@@ -250,9 +294,10 @@ impl<'a> State<'a> {
     /// `protect`ed jobs, or below a guarantee), cheapest loss per freed share first.
     /// Returns the victims' new choices and the value lost; nothing is applied.
     ///
-    /// Victims are read in the order of their bound, and an offer is taken once no
-    /// unread job's bound reaches its rate: the same offers in the same order as
-    /// ranking every job's, without reading every job. Gives up (`None`) once the
+    /// Victims are read in the order of their bound for the need's kind, and an
+    /// offer is taken once no unread job's bound reaches its rate: the same offers in
+    /// the same order as ranking every job's, without reading every job (a job absent
+    /// from the kind's index has nothing the need lacks). Gives up (`None`) once the
     /// loss is sure to exceed `budget` (by more than rounding could explain): every
     /// later offer costs at least the lowest rate left per share of what is left.
     fn make_room(
@@ -264,7 +309,13 @@ impl<'a> State<'a> {
         budget: f64,
     ) -> Option<Room> {
         let covered = |left: &Capacity| left.gpus <= EPS && left.cpus <= EPS && left.mem <= 1e-6;
-        let mut unread = self.victims[group].iter().filter(|&&(_, k)| k != j && !protect(k)).peekable();
+        if self.exhaustive {
+            return self.make_room_ranking_all(j, group, need, protect);
+        }
+        let Some(kind) = kind_of(&need).filter(|_| !covered(&need)) else {
+            return covered(&need).then(|| (Vec::new(), 0.0));
+        };
+        let mut unread = self.victims[group][kind].iter().filter(|&&(_, k)| k != j && !protect(k)).peekable();
         let mut offers: BinaryHeap<ByRate> = BinaryHeap::new();
         let mut left = need;
         let mut moves = Vec::new();
@@ -277,17 +328,10 @@ impl<'a> State<'a> {
                 (None, Some(b)) => key_float(b),
                 (None, None) => break,
             };
-            if !self.exhaustive
-                && lowest >= 0.0
-                && lost + lowest * useful_share(&left, &left, &self.total) > budget + 1e-6
-            {
+            if lowest >= 0.0 && lost + lowest * useful_share(&left, &left, &self.total) > budget + 1e-6 {
                 return None;
             }
-            let take = offers.peek().is_some_and(|o| match next_bound {
-                None => true,
-                Some(_) if self.exhaustive => false,
-                Some(b) => float_key(o.0.0) < b,
-            });
+            let take = offers.peek().is_some_and(|o| next_bound.is_none_or(|b| float_key(o.0.0) < b));
             if take {
                 let Some(ByRate((_, k, opt, loss, freed))) = offers.pop() else { break };
                 if useful_share(&freed, &left, &self.total) <= EPS {
@@ -306,6 +350,40 @@ impl<'a> State<'a> {
             }
         }
         covered(&left).then_some((moves, lost))
+    }
+
+    /// [`State::make_room`] as first written: every running job's offer in the group,
+    /// ranked, taken in order until the need is met.
+    fn make_room_ranking_all(
+        &self,
+        j: usize,
+        group: usize,
+        need: Capacity,
+        protect: &dyn Fn(usize) -> bool,
+    ) -> Option<Room> {
+        let mut offers: Vec<Offer> = (0..self.book.jobs.len())
+            .filter(|&k| k != j && !protect(k))
+            .filter(|&k| self.choice[k].is_some_and(|c| self.cand(k, c).group == group))
+            .filter_map(|k| self.offer(k, &need))
+            .collect();
+        offers.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut left = need;
+        let mut moves = Vec::new();
+        let mut lost = 0.0;
+        for (_, k, opt, loss, freed) in offers {
+            if left.gpus <= EPS && left.cpus <= EPS && left.mem <= 1e-6 {
+                break;
+            }
+            if useful_share(&freed, &left, &self.total) <= EPS {
+                continue;
+            }
+            left.gpus -= freed.gpus;
+            left.cpus -= freed.cpus;
+            left.mem -= freed.mem;
+            moves.push((k, opt));
+            lost += loss;
+        }
+        (left.gpus <= EPS && left.cpus <= EPS && left.mem <= 1e-6).then_some((moves, lost))
     }
 }
 
@@ -380,9 +458,19 @@ fn solve_with(
         mem: a.mem + c.mem,
     });
     let n = book.jobs.len();
-    let victims = vec![BTreeSet::new(); book.capacity.len()];
+    let victims = (0..book.capacity.len()).map(|_| std::array::from_fn(|_| BTreeSet::new())).collect();
     let grown = vec![0; book.capacity.len()];
-    let mut st = State { book, choice: vec![None; n], free, total, victims, keyed: vec![None; n], grown, exhaustive };
+    let mut st = State {
+        book,
+        choice: vec![None; n],
+        free,
+        total,
+        victims,
+        keyed: vec![None; n],
+        gives: vec![Vec::new(); n],
+        grown,
+        exhaustive,
+    };
 
     // Running jobs keep their allocation to begin with (locked ones first).
     let mut order: Vec<usize> = (0..n).collect();
