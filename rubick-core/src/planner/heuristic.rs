@@ -55,29 +55,40 @@ struct State<'a> {
     /// Rank every victim and every move afresh (the plain algorithm the indexed one
     /// must equal: [`solve_exhaustive`]).
     exhaustive: bool,
-    /// Per node group, how many times its free resources grew (in any resource): a
-    /// move that did not fit cannot fit before this changes (or its job's choice does).
-    grown: Vec<u64>,
 }
 
 /// The kinds of need: which of GPUs (bit 0), cores (bit 1) and memory (bit 2) it
-/// lacks, less one (a need lacking nothing is met).
-const KINDS: usize = 7;
+/// lacks, less one (a need lacking nothing is met); then needs of GPUs alone of at
+/// most 1, 2, 4 and 8 GPUs (the common small deficits, whose bounds a victim's whole
+/// size would loosen).
+const KINDS: usize = 7 + SMALL_GPU_NEEDS;
+const SMALL_GPU_NEEDS: usize = 4;
 
-/// The resources of `c` in kind `kind` (the others zero).
-fn only(c: &Capacity, kind: usize) -> Capacity {
+/// The most of `freed` a need of kind `kind` can use: the resources it lacks (the
+/// others zero), at most its GPUs for the small GPU needs.
+fn ceiling(freed: &Capacity, kind: usize) -> Capacity {
+    if kind >= 7 {
+        return Capacity { gpus: f64::from(1u32 << (kind - 7)), cpus: 0.0, mem: 0.0 };
+    }
     let bits = kind + 1;
     Capacity {
-        gpus: if bits & 1 != 0 { c.gpus } else { 0.0 },
-        cpus: if bits & 2 != 0 { c.cpus } else { 0.0 },
-        mem: if bits & 4 != 0 { c.mem } else { 0.0 },
+        gpus: if bits & 1 != 0 { freed.gpus } else { 0.0 },
+        cpus: if bits & 2 != 0 { freed.cpus } else { 0.0 },
+        mem: if bits & 4 != 0 { freed.mem } else { 0.0 },
     }
 }
 
-/// The kind of a need: the resources it lacks (`None` when it lacks none).
+/// The kind of a need (`None` when it lacks nothing).
 fn kind_of(need: &Capacity) -> Option<usize> {
     let bits = usize::from(need.gpus > 0.0) | usize::from(need.cpus > 0.0) << 1 | usize::from(need.mem > 0.0) << 2;
-    bits.checked_sub(1)
+    let kind = bits.checked_sub(1)?;
+    if kind == 0 {
+        // GPUs alone: the smallest ceiling at least the need.
+        if let Some(level) = (0..SMALL_GPU_NEEDS).find(|&l| need.gpus <= f64::from(1u32 << l)) {
+            return Some(7 + level);
+        }
+    }
+    Some(kind)
 }
 
 /// A choice a victim could take instead of its own (or pause), what that frees, and
@@ -158,7 +169,6 @@ impl<'a> State<'a> {
     }
 
     fn set(&mut self, j: usize, c: Option<usize>) {
-        let before = self.choice[j].map(|old| (self.cand(j, old).group, self.free[self.cand(j, old).group]));
         if let Some(old) = self.choice[j] {
             let old = self.cand(j, old);
             self.free[old.group].give(old);
@@ -168,12 +178,6 @@ impl<'a> State<'a> {
             self.free[new.group].take(new);
         }
         self.choice[j] = c;
-        if let Some((group, was)) = before {
-            let now = self.free[group];
-            if now.gpus > was.gpus || now.cpus > was.cpus || now.mem > was.mem {
-                self.grown[group] += 1;
-            }
-        }
         self.reindex(j);
     }
 
@@ -243,13 +247,13 @@ impl<'a> State<'a> {
     }
 
     /// A lower bound of job `k`'s rate in any `make_room` for a need of kind `kind`:
-    /// its loss per share of the cluster freed of the resources the need lacks,
-    /// counting all of that as useful (the need can only make less of it useful).
-    /// `None` when it has none of them to give.
+    /// its loss per share of the cluster freed of the resources the need lacks (up to
+    /// the kind's ceiling), counting all of that as useful (the need can only make
+    /// less of it useful). `None` when it has none of them to give.
     fn bound(&self, k: usize, kind: usize) -> Option<f64> {
         let mut best: Option<f64> = None;
         for (_, freed, loss) in &self.gives[k] {
-            let share = useful_share(freed, &only(freed, kind), &self.total);
+            let share = useful_share(freed, &ceiling(freed, kind), &self.total);
             if share <= EPS {
                 continue; // useful to no need of this kind
             }
@@ -394,8 +398,33 @@ fn useful_share(freed: &Capacity, need: &Capacity, total: &Capacity) -> f64 {
         + freed.mem.min(need.mem).max(0.0) / total.mem.max(1.0)
 }
 
-/// A move found blocked, with its group's `grown` then.
-type Carried = (Move, u64);
+/// A move found blocked, with the GPUs it wants and its job holds in the group:
+/// while the group's free GPUs and the job's own are too few, it stays blocked (the
+/// same test as [`State::fits`]'s, read without looking up either candidate).
+type Carried = (Move, Gate);
+
+#[derive(Clone, Copy)]
+struct Gate {
+    group: usize,
+    wants: u32,
+    holds: u32,
+}
+
+impl Gate {
+    fn of(st: &State<'_>, m: &Move) -> Gate {
+        let cand = st.cand(m.job, m.to);
+        let holds = st.choice[m.job].map(|o| st.cand(m.job, o)).filter(|o| o.group == cand.group).map_or(0, |o| o.gpus);
+        Gate { group: cand.group, wants: cand.gpus, holds }
+    }
+
+    /// `false` when the move cannot fit (as [`State::fits`] would say), `true` when it
+    /// may.
+    fn may_fit(&self, st: &State<'_>) -> bool {
+        let mut room = st.free[self.group].gpus;
+        room += f64::from(self.holds);
+        f64::from(self.wants) <= room + 1e-9
+    }
+}
 
 #[derive(Clone, Copy, PartialEq)]
 struct Move {
@@ -459,7 +488,6 @@ fn solve_with(
     });
     let n = book.jobs.len();
     let victims = (0..book.capacity.len()).map(|_| std::array::from_fn(|_| BTreeSet::new())).collect();
-    let grown = vec![0; book.capacity.len()];
     let mut st = State {
         book,
         choice: vec![None; n],
@@ -468,7 +496,6 @@ fn solve_with(
         victims,
         keyed: vec![None; n],
         gives: vec![Vec::new(); n],
-        grown,
         exhaustive,
     };
 
@@ -621,8 +648,7 @@ fn improve(st: &mut State<'_>) {
     for j in 0..n {
         push_moves(st, &mut heap, j, 0);
     }
-    // The moves the last pass found blocked, best first, each with its group's
-    // `grown` when it was found blocked.
+    // The moves the last pass found blocked, best first, each with its gate.
     let mut carried: Vec<Carried> = Vec::new();
     let mut rounds = 0;
     loop {
@@ -631,7 +657,8 @@ fn improve(st: &mut State<'_>) {
         // heap (sorted among themselves), merged for the next pass.
         let mut from_cursor: Vec<Carried> = Vec::new();
         let mut from_heap: Vec<Carried> = Vec::new();
-        let mut blocked = Vec::new();
+        // The first blocked moves, in the order they came: the exchanges' candidates.
+        let mut blocked = Vec::with_capacity(64);
         let mut cursor = std::mem::take(&mut carried).into_iter().peekable();
         loop {
             let take_heap = match (heap.peek(), cursor.peek()) {
@@ -640,32 +667,33 @@ fn improve(st: &mut State<'_>) {
                 (None, Some(_)) => false,
                 (Some(h), Some((c, _))) => h > c,
             };
-            let (m, seen) = if take_heap {
+            let (m, gate) = if take_heap {
                 let Some(m) = heap.pop() else { break };
                 (m, None)
             } else {
-                let Some((m, seen)) = cursor.next() else { break };
-                (m, Some(seen))
+                let Some((m, gate)) = cursor.next() else { break };
+                (m, Some(gate))
             };
             if m.version != version[m.job] {
                 continue;
             }
-            let group = st.cand(m.job, m.to).group;
-            // Blocked before, and nothing grew since: still blocked.
-            let unchanged = seen.is_some_and(|g| g == st.grown[group]);
-            if !unchanged && st.fits(m.job, m.to) {
+            let may_fit = gate.is_none_or(|g| g.may_fit(st));
+            if may_fit && st.fits(m.job, m.to) {
                 st.set(m.job, Some(m.to));
                 version[m.job] += 1;
                 push_moves(st, &mut heap, m.job, version[m.job]);
             } else {
-                blocked.push(m);
-                if take_heap { &mut from_heap } else { &mut from_cursor }.push((m, st.grown[group]));
+                if blocked.len() < 64 {
+                    blocked.push(m);
+                }
+                let gate = gate.unwrap_or_else(|| Gate::of(st, &m));
+                if take_heap { &mut from_heap } else { &mut from_cursor }.push((m, gate));
             }
         }
         // Exchanges, best rate first; a few dozen tries per pass.
         let mut exchanged = false;
         let mut changed = Vec::new();
-        for m in blocked.iter().take(64) {
+        for m in &blocked {
             if m.version != version[m.job] {
                 continue;
             }

@@ -52,6 +52,112 @@ pub fn nodes_of(cluster: &Cluster) -> Vec<NodeState> {
     nodes
 }
 
+/// The nodes of each group by their free GPUs (`[group][free]`, node indices in
+/// order), kept beside the node list while [`place`] takes from it: best fit and the
+/// most-free-first spread read candidates in order instead of scanning every node.
+struct ByFree {
+    sets: Vec<Vec<std::collections::BTreeSet<usize>>>,
+    /// Where each group's nodes start in the node list.
+    offsets: Vec<usize>,
+}
+
+impl ByFree {
+    fn new(cluster: &Cluster, nodes: &[NodeState]) -> Self {
+        let mut sets: Vec<Vec<std::collections::BTreeSet<usize>>> = cluster
+            .node_groups
+            .iter()
+            .map(|g| vec![std::collections::BTreeSet::new(); g.gpus_per_node as usize + 1])
+            .collect();
+        for (i, n) in nodes.iter().enumerate() {
+            sets[n.group][n.free_gpus() as usize].insert(i);
+        }
+        let mut offsets = Vec::with_capacity(cluster.node_groups.len());
+        let mut at = 0;
+        for g in &cluster.node_groups {
+            offsets.push(at);
+            at += g.count as usize;
+        }
+        ByFree { sets, offsets }
+    }
+
+    /// The position of node `index` of `group` (nodes as [`nodes_of`] lists them).
+    fn position(&self, nodes: &[NodeState], group: usize, index: u32) -> Option<usize> {
+        let at = self.offsets.get(group)? + index as usize;
+        nodes.get(at).filter(|n| n.group == group && n.index == index).map(|_| at)
+    }
+
+    /// [`take`], keeping the index.
+    fn take(
+        &mut self,
+        nodes: &mut [NodeState],
+        node: usize,
+        gpus: u32,
+        cpus: u32,
+        mem: f64,
+        exact: Option<&[u32]>,
+    ) -> Share {
+        let before = nodes[node].free_gpus() as usize;
+        let share = take(nodes, node, gpus, cpus, mem, exact);
+        let after = nodes[node].free_gpus() as usize;
+        let sets = &mut self.sets[nodes[node].group];
+        sets[before].remove(&node);
+        sets[after].insert(node);
+        share
+    }
+
+    /// [`layout`] read from the index: the same choice.
+    fn layout(
+        &self,
+        nodes: &[NodeState],
+        group: usize,
+        per_node: &[u32],
+        cpus: u32,
+        mem: f64,
+        prefer: &[usize],
+    ) -> Option<Vec<(usize, u32, u32, f64)>> {
+        let total: u32 = per_node.iter().sum();
+        let cpu_parts = split(cpus, per_node);
+        let mut used: Vec<usize> = Vec::new();
+        let mut out = Vec::new();
+        for (part, &g) in per_node.iter().enumerate() {
+            let c = cpu_parts[part];
+            let m = mem * f64::from(g) / f64::from(total.max(1));
+            let ok = |i: usize| {
+                let n = &nodes[i];
+                n.group == group
+                    && !used.contains(&i)
+                    && n.free_gpus() >= g
+                    && n.cpus_free >= c
+                    && n.mem_free + 1e-6 >= m
+            };
+            // The preferred nodes first (best fit among them), then best fit among all.
+            let best =
+                prefer.iter().copied().filter(|&i| ok(i)).min_by_key(|&i| (nodes[i].free_gpus() - g, i)).or_else(
+                    || self.sets[group].iter().skip(g as usize).flat_map(|set| set.iter().copied()).find(|&i| ok(i)),
+                )?;
+            used.push(best);
+            out.push((best, g, c, m));
+        }
+        Some(out)
+    }
+
+    /// The order [`spread`] reads nodes in: the preferred ones, then the rest, most
+    /// free GPUs first (nodes with none are of no use to it).
+    fn spread_order<'s>(
+        &'s self,
+        nodes: &[NodeState],
+        group: usize,
+        prefer: &'s [usize],
+    ) -> impl Iterator<Item = usize> + 's {
+        let mut first: Vec<usize> = prefer.iter().copied().filter(|&i| nodes[i].group == group).collect();
+        first.sort_by_key(|&i| (std::cmp::Reverse(nodes[i].free_gpus()), i));
+        first.dedup();
+        let rest =
+            self.sets[group].iter().skip(1).rev().flat_map(|set| set.iter().copied()).filter(|i| !prefer.contains(i));
+        first.into_iter().chain(rest)
+    }
+}
+
 /// What one job receives on one node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Share {
@@ -141,18 +247,16 @@ pub fn layout(
     Some(out)
 }
 
-/// Spreads `gpus` over the group's nodes with the most free GPUs (current nodes
-/// first), each node's share of cores and memory proportional to its GPUs.
+/// Spreads `gpus` over the nodes of `order` (the group's, current nodes first, then
+/// those with the most free GPUs), each node's share of cores and memory
+/// proportional to its GPUs.
 fn spread(
     nodes: &[NodeState],
-    group: usize,
+    order: impl Iterator<Item = usize>,
     gpus: u32,
     cpus: u32,
     mem: f64,
-    prefer: &[usize],
 ) -> Option<Vec<(usize, u32, u32, f64)>> {
-    let mut order: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].group == group).collect();
-    order.sort_by_key(|&i| (!prefer.contains(&i), std::cmp::Reverse(nodes[i].free_gpus()), i));
     let cpu_per_gpu = f64::from(cpus) / f64::from(gpus.max(1));
     let mem_per_gpu = mem / f64::from(gpus.max(1));
     let mut left = gpus;
@@ -208,8 +312,7 @@ pub fn place(
 ) -> (Vec<Option<Placed>>, Vec<NodeState>) {
     let cluster = evaluator.cluster;
     let mut nodes = nodes_of(cluster);
-    let node_of =
-        |group: usize, index: u32, nodes: &[NodeState]| nodes.iter().position(|n| n.group == group && n.index == index);
+    let mut index = ByFree::new(cluster, &nodes);
     let mut out: Vec<Option<Placed>> = vec![None; inputs.len()];
 
     // Unchanged allocations stay where they are.
@@ -224,7 +327,7 @@ pub fn place(
         if !cand.is_current || cur.nodes.is_empty() || moves {
             continue;
         }
-        out[j] = keep_in_place(&mut nodes, cur, || cand.throughput, None);
+        out[j] = keep_in_place(&mut nodes, &mut index, cur, || cand.throughput, None);
     }
 
     // Everyone else: guaranteed first, then largest first.
@@ -240,7 +343,7 @@ pub fn place(
         let prefer: Vec<usize> = input
             .current
             .iter()
-            .flat_map(|cur| cur.nodes.iter().filter_map(|(idx, _)| node_of(cur.group, *idx, &nodes)))
+            .flat_map(|cur| cur.nodes.iter().filter_map(|(idx, _)| index.position(&nodes, cur.group, *idx)))
             .collect();
         // The chosen candidate, then cheaper ones of the same job, best value first.
         let mut tries = vec![c];
@@ -254,9 +357,10 @@ pub fn place(
                 (attempt > 0).then(|| format!("{what}: no node layout for the chosen {} GPUs", jc.candidates[c].gpus))
             };
             if let Some(parts) =
-                layout(&nodes, cand.group, cand.placement.per_node(), cand.cpus, cand.host_memory_gib, &prefer)
+                index.layout(&nodes, cand.group, cand.placement.per_node(), cand.cpus, cand.host_memory_gib, &prefer)
             {
-                let shares = parts.into_iter().map(|(node, g, cc, m)| take(&mut nodes, node, g, cc, m, None)).collect();
+                let shares =
+                    parts.into_iter().map(|(node, g, cc, m)| index.take(&mut nodes, node, g, cc, m, None)).collect();
                 out[j] = Some(Placed {
                     group: cand.group,
                     plan: cand.plan,
@@ -275,7 +379,8 @@ pub fn place(
             if jc.guaranteed && evaluator.config.guarantee_keeps_layout {
                 continue;
             }
-            if let Some(parts) = spread(&nodes, cand.group, cand.gpus, cand.cpus, cand.host_memory_gib, &prefer) {
+            let order = index.spread_order(&nodes, cand.group, &prefer);
+            if let Some(parts) = spread(&nodes, order, cand.gpus, cand.cpus, cand.host_memory_gib) {
                 let Some(placement) = Placement::new(parts.iter().map(|p| p.1).collect()) else { continue };
                 let restriction: Restriction = input.restriction();
                 let Some((plan, thr)) =
@@ -287,7 +392,8 @@ pub fn place(
                 if jc.guaranteed && thr < jc.request_throughput * (1.0 + margin) * (1.0 - 1e-9) {
                     continue;
                 }
-                let shares = parts.into_iter().map(|(node, g, cc, m)| take(&mut nodes, node, g, cc, m, None)).collect();
+                let shares =
+                    parts.into_iter().map(|(node, g, cc, m)| index.take(&mut nodes, node, g, cc, m, None)).collect();
                 out[j] = Some(Placed {
                     group: cand.group,
                     plan,
@@ -318,7 +424,7 @@ pub fn place(
         let throughput =
             || Evaluator::throughput(&input.job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref);
         let note = "kept where it runs: the resources the round freed went unused";
-        out[j] = keep_in_place(&mut nodes, cur, throughput, Some(note.into()));
+        out[j] = keep_in_place(&mut nodes, &mut index, cur, throughput, Some(note.into()));
     }
     (out, nodes)
 }
@@ -327,12 +433,13 @@ pub fn place(
 /// `throughput` is asked only then.
 fn keep_in_place(
     nodes: &mut [NodeState],
+    index: &mut ByFree,
     cur: &Current,
     throughput: impl FnOnce() -> f64,
     note: Option<String>,
 ) -> Option<Placed> {
-    let parts = current_parts(nodes, cur)?;
-    let shares = parts.into_iter().map(|(node, g, c, m, ix)| take(nodes, node, g, c, m, ix.as_deref())).collect();
+    let parts = current_parts(nodes, index, cur)?;
+    let shares = parts.into_iter().map(|(node, g, c, m, ix)| index.take(nodes, node, g, c, m, ix.as_deref())).collect();
     Some(Placed {
         group: cur.group,
         plan: cur.plan,
@@ -348,7 +455,11 @@ fn keep_in_place(
 /// Where a running job's current allocation lies on `nodes`, per node (node, GPUs,
 /// cores, memory, GPU indices), if all of it is free there.
 #[allow(clippy::type_complexity)]
-fn current_parts(nodes: &[NodeState], cur: &Current) -> Option<Vec<(usize, u32, u32, f64, Option<Vec<u32>>)>> {
+fn current_parts(
+    nodes: &[NodeState],
+    index: &ByFree,
+    cur: &Current,
+) -> Option<Vec<(usize, u32, u32, f64, Option<Vec<u32>>)>> {
     let weights: Vec<u32> = cur.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
     let counts: Vec<u32> = if weights.iter().all(|&w| w > 0) {
         weights
@@ -363,7 +474,7 @@ fn current_parts(nodes: &[NodeState], cur: &Current) -> Option<Vec<(usize, u32, 
     let total: u32 = counts.iter().sum();
     let mut parts = Vec::new();
     for (k, (idx, ix)) in cur.nodes.iter().enumerate() {
-        let node = nodes.iter().position(|n| n.group == cur.group && n.index == *idx)?;
+        let node = index.position(nodes, cur.group, *idx)?;
         let g = counts[k];
         let m = cur.host_memory_gib * f64::from(g) / f64::from(total.max(1));
         let n = &nodes[node];
