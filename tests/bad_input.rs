@@ -60,6 +60,8 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("jobs-env-key-equals.yaml", JOBS, &["jobs[0].launch.env.A=B", "no `=`"]),
     ("schedule-zero-cpus.yaml", CURRENT, &["assignments[0].nodes[0].cpus", "at least 1"]),
     ("schedule-nan-memory.yaml", CURRENT, &["assignments[0].nodes[0].hostMemoryGib", "got NaN"]),
+    ("summary-nan-beside-numbers.yaml", "rubick-plan check FILE", &["avgJctS", "finite", "all .nan"]),
+    ("summary-share-above-one.yaml", "rubick-plan check FILE", &["truth.measured.max", "at most 1"]),
 ];
 
 const CURRENT: &str = "rubick-plan schedule --cluster CLUSTER --jobs JOBS --current FILE -o OUT";

@@ -40,6 +40,37 @@ impl Spread {
     }
 }
 
+impl Spread {
+    /// A spread as [`Spread::of`] writes it: all NaN (no replica had the figure), or
+    /// finite with `0 <= min <= mean <= max` and `sd >= 0` (every figure of a summary
+    /// is a duration, a count or a share, none negative); `share`: at most 1 too.
+    fn check(&self, field: &str, share: bool) -> Result<(), ValidationError> {
+        let all = [self.mean, self.sd, self.min, self.max];
+        if all.iter().all(|x| x.is_nan()) {
+            return Ok(());
+        }
+        ensure(all.iter().all(|x| x.is_finite()), field, || {
+            "mean, sd, min and max must be finite numbers (or all .nan: no replica had the figure)".into()
+        })?;
+        ensure(self.sd >= 0.0, &format!("{field}.sd"), || format!("must be at least 0, not {}", self.sd))?;
+        ensure(self.min >= 0.0, &format!("{field}.min"), || format!("must be at least 0, not {}", self.min))?;
+        ensure(self.min <= self.mean && self.mean <= self.max, field, || {
+            format!("must have min <= mean <= max, not {} <= {} <= {}", self.min, self.mean, self.max)
+        })?;
+        ensure(!share || self.max <= 1.0, &format!("{field}.max"), || {
+            format!("is a share: at most 1, not {}", self.max)
+        })
+    }
+}
+
+impl TruthShares {
+    fn check(&self, field: &str) -> Result<(), ValidationError> {
+        self.measured.check(&format!("{field}.measured"), true)?;
+        self.interpolated.check(&format!("{field}.interpolated"), true)?;
+        self.extrapolated.check(&format!("{field}.extrapolated"), true)
+    }
+}
+
 /// Share of running time by how the truth of its configuration was known.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -130,6 +161,42 @@ impl Artifact for SimulationSummary {
         ensure(self.seeds >= 1, "seeds", || "must be at least 1".into())?;
         ensure(self.noise.is_finite() && self.noise >= 0.0, "noise", || "must be a non-negative number".into())?;
         ensure(self.jct_s.windows(2).all(|w| w[0] <= w[1]), "jctS", || "must be sorted".into())?;
+        ensure(self.jct_s.iter().all(|x| x.is_finite() && *x >= 0.0), "jctS", || {
+            "must be finite, non-negative seconds".into()
+        })?;
+        ensure(
+            self.extrapolated_slowdown.is_finite() && self.extrapolated_slowdown >= 0.0,
+            "extrapolatedSlowdown",
+            || "must be a non-negative number".into(),
+        )?;
+        let figures = [
+            ("unfinished", &self.unfinished),
+            ("avgJctS", &self.avg_jct_s),
+            ("avgJctAllS", &self.avg_jct_all_s),
+            ("medianJctS", &self.median_jct_s),
+            ("p99JctS", &self.p99_jct_s),
+            ("makespanS", &self.makespan_s),
+            ("restarts", &self.restarts),
+            ("planChanges", &self.plan_changes),
+            ("gpuHours", &self.gpu_hours),
+            ("guaranteeViolations", &self.guarantee_violations),
+            ("violationHours", &self.violation_hours),
+            ("rounds", &self.rounds),
+            ("decisions", &self.decisions),
+        ];
+        for (field, spread) in figures {
+            spread.check(field, false)?;
+        }
+        self.truth.check("truth")?;
+        for (i, m) in self.per_model.iter().enumerate() {
+            let at = format!("perModel[{i}]");
+            m.avg_jct_s.check(&format!("{at}.avgJctS"), false)?;
+            m.unfinished.check(&format!("{at}.unfinished"), false)?;
+            m.truth.check(&format!("{at}.truth"))?;
+            ensure(m.oracle_error.is_none_or(|e| e.is_finite() && e >= 0.0), &format!("{at}.oracleError"), || {
+                "must be a non-negative number".into()
+            })?;
+        }
         Ok(())
     }
 }
@@ -144,5 +211,22 @@ mod tests {
         assert_eq!((s.mean, s.sd, s.min, s.max), (2.0, 1.0, 1.0, 3.0));
         assert_eq!(Spread::of([5.0]).sd, 0.0);
         assert!(Spread::of([f64::NAN]).mean.is_nan());
+    }
+
+    #[test]
+    fn a_spread_is_all_nan_or_ordered_finite_figures() {
+        let ok = |s: Spread, share| s.check("f", share).is_ok();
+        assert!(ok(Spread::of([1.0, 2.0, 3.0]), false));
+        assert!(ok(Spread::of([f64::NAN]), false));
+        assert!(ok(Spread::of([0.25, 0.5]), true));
+        let nan = f64::NAN;
+        assert!(!ok(Spread { mean: nan, sd: 0.0, min: 1.0, max: 1.0 }, false), "NaN beside numbers");
+        assert!(!ok(Spread { mean: f64::INFINITY, sd: 0.0, min: 1.0, max: f64::INFINITY }, false));
+        assert!(!ok(Spread { mean: 1.0, sd: -0.5, min: 1.0, max: 1.0 }, false), "negative sd");
+        assert!(!ok(Spread { mean: -1.0, sd: 0.0, min: -1.0, max: -1.0 }, false), "negative figure");
+        assert!(!ok(Spread { mean: 5.0, sd: 0.0, min: 1.0, max: 2.0 }, false), "mean above max");
+        assert!(!ok(Spread { mean: 1.5, sd: 0.0, min: 1.5, max: 1.5 }, true), "a share above 1");
+        let e = Spread { mean: 1.0, sd: -1.0, min: 1.0, max: 1.0 }.check("avgJctS", false).unwrap_err();
+        assert_eq!(e.field, "avgJctS.sd");
     }
 }
