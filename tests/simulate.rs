@@ -368,3 +368,93 @@ fn a_trace_with_steps_0_duplicate_names_or_duration_inf() {
         assert!(!dir.path().join("s.yaml").exists());
     }
 }
+
+/// Issue 21: a real cluster's log becomes a trace the simulator replays. The Philly
+/// trace (82,247 jobs) maps reproducibly (the same seed: the same bytes; a job keeps
+/// its model whatever the selection), and a Slurm cluster's `sacct -P` history does too.
+#[test]
+fn real_cluster_logs_become_traces_the_simulator_replays() {
+    let Some(reference) = reference() else { return };
+    let philly = repo().join("../shared/reference/traces/philly.csv");
+    if !philly.is_file() {
+        rubick_io::testing::skip("../shared/reference/traces/philly.csv is absent (the Philly trace)");
+        return;
+    }
+    let dir = temp();
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let philly = philly.display().to_string();
+    let trace = |args: &[&str]| {
+        let mut all = vec!["trace", "--cluster", cluster.as_str(), "--reference", reference.as_str()];
+        all.extend_from_slice(args);
+        let run = run_in(dir.path(), "rubick-plan", &all);
+        assert_eq!(run.code, Some(0), "{args:?}: {}", run.stderr);
+        run
+    };
+    trace(&[&philly, "--format", "philly", "--limit", "150", "--guaranteed-share", "0.3", "-o", "a.csv"]);
+    trace(&[&philly, "--format", "philly", "--limit", "150", "--guaranteed-share", "0.3", "-o", "b.csv"]);
+    trace(&[&philly, "--format", "philly", "--limit", "60", "--guaranteed-share", "0.3", "-o", "short.csv"]);
+    trace(&[&philly, "--format", "philly", "--limit", "150", "--seed", "2", "-o", "seed2.csv"]);
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+    let (a, short) = (read("a.csv"), read("short.csv"));
+    assert_eq!(a, read("b.csv"), "the same seed, the same trace");
+    assert_ne!(a, read("seed2.csv"), "another seed maps jobs to other models");
+    assert_eq!(a.lines().count(), 151);
+    assert!(
+        a.starts_with("name,submission_time,duration,application,num_gpus,num_cpus,bandwidth,exec_plan,steps,is_sla\n")
+    );
+    assert!(short.lines().all(|l| a.contains(l)), "a job keeps its mapping whatever the limit");
+    let models: std::collections::BTreeSet<&str> = a.lines().skip(1).map(|l| l.split(',').nth(3).unwrap()).collect();
+    assert!(models.len() >= 4, "jobs map to several models: {models:?}");
+    assert!(a.lines().skip(1).any(|l| l.ends_with(",1")) && a.lines().skip(1).any(|l| l.ends_with(",0")));
+    // One virtual cluster, a time window.
+    let run = trace(&[&philly, "--format", "philly", "--virtual-cluster", "6214e9", "--to-s", "86400", "-o", "vc.csv"]);
+    assert!(run.stderr.is_empty() || !run.stderr.contains("ERROR"), "{}", run.stderr);
+    // A Slurm history: job steps, CPU-only and unfinished jobs left out.
+    std::fs::write(
+        dir.path().join("sacct.txt"),
+        "JobID|JobName|Partition|Submit|Elapsed|State|AllocTRES\n\
+         101|train|gpu|2026-11-30T08:00:00|02:00:00|COMPLETED|billing=8,cpu=8,gres/gpu=8,mem=64G,node=1\n\
+         101.batch|batch|gpu|2026-11-30T08:00:00|02:00:00|COMPLETED|cpu=8,gres/gpu=8,mem=64G,node=1\n\
+         102|prep|cpu|2026-11-30T08:10:00|00:05:00|COMPLETED|cpu=2,mem=4G,node=1\n\
+         103|ft|gpu|2026-11-30T08:20:00|00:45:00|FAILED|cpu=4,gres/gpu:a800=2,mem=32G,node=1\n\
+         104|big|gpu|2026-11-30T09:00:00|1-00:00:00|TIMEOUT|cpu=128,gres/gpu=16,mem=512G,node=2\n\
+         105|next|gpu|2026-11-30T09:30:00|00:00:00|PENDING|cpu=8,gres/gpu=8\n",
+    )
+    .unwrap();
+    trace(&["sacct.txt", "--format", "sacct", "-o", "slurm.csv"]);
+    let slurm = read("slurm.csv");
+    let names: Vec<&str> = slurm.lines().skip(1).map(|l| l.split(',').next().unwrap()).collect();
+    assert_eq!(names, ["slurm-2", "slurm-5", "slurm-6"], "{slurm}");
+    // Both replay.
+    for (t, out) in [("a.csv", "philly"), ("slurm.csv", "slurm")] {
+        let run = run_in(
+            dir.path(),
+            "rubick-plan",
+            &[
+                "simulate",
+                "--cluster",
+                &cluster,
+                "--reference",
+                &reference,
+                "--trace",
+                t,
+                "--summary",
+                &format!("{out}.yaml"),
+            ],
+        );
+        assert_eq!(run.code, Some(0), "{t}: {}", run.stderr);
+        let summary = read(&format!("{out}.yaml"));
+        assert!(summary.contains("kind: SimulationSummary"), "{summary}");
+    }
+    // A bad line is named.
+    std::fs::write(dir.path().join("bad.txt"), "JobID|Submit|Elapsed|AllocTRES\n7|tomorrow|01:00:00|gres/gpu=1\n")
+        .unwrap();
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["trace", "bad.txt", "--format", "sacct", "--cluster", &cluster, "--reference", &reference, "-o", "x.csv"],
+    );
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("bad.txt: line 2: Submit"), "{}", run.stderr);
+    assert!(!dir.path().join("x.csv").exists());
+}

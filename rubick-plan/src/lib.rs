@@ -25,6 +25,7 @@ pub mod sim;
 pub mod simulate;
 pub mod space;
 pub mod synth;
+pub mod trace;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -43,6 +44,16 @@ Examples:
   rubick-plan simulate --cluster data/cluster-a800-8x8.yaml --reference ../shared/reference/rubick-artifact \\
       --trace ../shared/reference/rubick-artifact/workloads/workload-base.csv --summary rubick.yaml --plot-dir plots/
   rubick-plan compare rubick.yaml static.yaml --plot jct-cdf.png
+
+  # The first 2,000 jobs of the Philly trace as a trace for a 64-GPU cluster, replayed
+  rubick-plan trace ../shared/reference/traces/philly.csv --format philly --cluster data/cluster-a800-8x8.yaml \\
+      --limit 2000 -o philly.csv
+  rubick-plan simulate --cluster data/cluster-a800-8x8.yaml --reference ../shared/reference/rubick-artifact \\
+      --trace philly.csv --summary philly-rubick.yaml
+
+  # A Slurm cluster's own last month, as a trace
+  sacct -a -P -S now-30days -o JobID,Partition,Submit,Elapsed,State,AllocTRES > sacct.txt
+  rubick-plan trace sacct.txt --format sacct --cluster cluster.yaml -o slurm.csv
 
   # A synthetic 64-GPU cluster with 60 jobs, for benchmarks
   rubick-plan synth --gpus 64 --jobs 60 --seed 1 --out-dir synth/
@@ -84,6 +95,9 @@ pub enum Command {
     Curves(curves::CurvesArgs),
     /// Write a synthetic cluster and job batch (DIR/cluster.yaml, DIR/jobs.yaml)
     Synth(synth::SynthArgs),
+    /// Turn a real cluster's job log (Philly, or Slurm's sacct) into a trace that
+    /// simulate replays, each job mapped to a model and a request
+    Trace(trace::TraceArgs),
     /// Replay a job trace against a policy: policies decide on fitted beliefs, jobs run at
     /// the truth (measured rows, an oracle elsewhere), over seeds with noise
     Simulate(simulate::SimulateArgs),
@@ -146,6 +160,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Schedule(args) => schedule::run(&args),
         Command::Curves(args) => curves::run(&args),
         Command::Synth(args) => synth::run(&args),
+        Command::Trace(args) => trace::run(&args),
         Command::Simulate(args) => simulate::run(&args),
         Command::Compare(args) => simulate::compare(&args),
         Command::Space(args) => space::run(&args),
