@@ -446,6 +446,18 @@ impl FromStr for PlanCode {
             "zero-offload" => return Ok(Self::ZeroOffload),
             _ => {}
         }
+        // The long form `Display` writes for degrees of 10 or more: ppP-tpT-dpD.
+        let long = code.strip_prefix("pp").and_then(|rest| {
+            let (pp, rest) = rest.split_once("-tp")?;
+            let (tp, dp) = rest.split_once("-dp")?;
+            Some((pp.parse::<u32>().ok()?, tp.parse::<u32>().ok()?, dp.parse::<u32>().ok()?))
+        });
+        if let Some((pp, tp, dp)) = long {
+            if pp == 0 || tp == 0 || dp == 0 {
+                return Err(ParseError::new("plan code", s, "a degree of 0 in ppP-tpT-dpD".into()));
+            }
+            return Ok(Self::ThreeD { pp, tp, dp });
+        }
         let digits: Vec<u32> = code.chars().filter_map(|c| c.to_digit(10)).collect();
         if code.len() == 3 && digits.len() == 3 {
             if digits.contains(&0) {
@@ -456,7 +468,8 @@ impl FromStr for PlanCode {
         Err(ParseError::new(
             "plan code",
             s,
-            "expected ga, gc, zero-dp, zero-offload or three digits P T D (e.g. 248)".into(),
+            "expected ga, gc, zero-dp, zero-offload, three digits P T D (e.g. 248) or ppP-tpT-dpD (e.g. pp2-tp4-dp16)"
+                .into(),
         ))
     }
 }
@@ -596,6 +609,24 @@ mod tests {
 #[cfg(test)]
 mod code_of_tests {
     use super::*;
+
+    #[test]
+    fn every_code_display_writes_parses_back() {
+        for code in [
+            PlanCode::Ga,
+            PlanCode::Gc,
+            PlanCode::ZeroDp,
+            PlanCode::ZeroOffload,
+            PlanCode::ThreeD { pp: 2, tp: 4, dp: 8 },
+            PlanCode::ThreeD { pp: 2, tp: 1, dp: 16 },
+            PlanCode::ThreeD { pp: 12, tp: 8, dp: 64 },
+        ] {
+            assert_eq!(code.to_string().parse::<PlanCode>().unwrap(), code, "{code}");
+        }
+        assert_eq!("pp2-tp1-dp16".parse::<PlanCode>().unwrap(), PlanCode::ThreeD { pp: 2, tp: 1, dp: 16 });
+        assert!("pp0-tp1-dp16".parse::<PlanCode>().is_err());
+        assert!("pp2-tp1".parse::<PlanCode>().is_err());
+    }
 
     #[test]
     fn a_codes_skeleton_maps_back_to_the_code() {

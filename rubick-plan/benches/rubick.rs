@@ -209,6 +209,7 @@ fn main() -> anyhow::Result<()> {
                 println!("bench: oracle_{model}_in_sample_error_pct {:.1} %", o.mean_error * 100.0);
             }
             println!("bench: fit_one_model_max_ms {:.2} ms", per_model.iter().copied().fold(0.0, f64::max));
+            philly_figures(&data, &dir)?;
             simulation_figures(&cluster, &data, &dir)?;
         }
     }
@@ -224,6 +225,31 @@ const NOISE: f64 = 0.02;
 /// with its standard deviation: avg JCT per policy and queue order, the ratios, per-model
 /// JCT and extrapolated shares, guarantees on a half-guaranteed trace, Rubick under the
 /// stricter and the old truths.
+/// Issue 21: the whole Philly trace (82,247 jobs) mapped onto a 4,096-GPU cluster and
+/// simulated once under Rubick (FIFO), one seed.
+fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::Result<()> {
+    let Some(philly) = reference.parent().map(|r| r.join("traces/philly.csv")).filter(|p| p.is_file()) else {
+        eprintln!("bench: skipping the Philly figures: ../shared/reference/traces/philly.csv is absent");
+        return Ok(());
+    };
+    let cluster = synth::cluster(4096);
+    let path = philly.display().to_string();
+    let start = Instant::now();
+    let (logged, _) = rubick_plan::trace::read_philly(&path, &std::fs::read_to_string(&philly)?)?;
+    let rows = rubick_plan::trace::map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
+    let dir = tempfile::tempdir()?;
+    let trace = dir.path().join("philly-4096.csv");
+    std::fs::write(&trace, rubick_plan::trace::to_csv(&rows))?;
+    println!("bench: trace_philly_82k_jobs_ms {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
+    let (jobs, truth) = load_trace(&trace, &cluster, data, TruthMode::Oracle)?;
+    let config = rubick_plan::sim::SimConfig::defaults(lookup("rubick")?, rubick_plan::sim::Queue::Fifo);
+    let start = Instant::now();
+    let r = rubick_plan::sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
+    println!("bench: sim_philly_82k_jobs_4096gpu_s {:.1} s", start.elapsed().as_secs_f64());
+    println!("bench: sim_philly_82k_jobs_4096gpu_rounds {} rounds", r.rounds);
+    Ok(())
+}
+
 fn simulation_figures(
     cluster: &rubick_core::Cluster,
     data: &ReferenceData,
