@@ -10,7 +10,8 @@
 //! amount, so the loop ends.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::ops::Bound;
 
 use crate::cluster::Cluster;
 
@@ -401,8 +402,6 @@ fn useful_share(freed: &Capacity, need: &Capacity, total: &Capacity) -> f64 {
 /// A move found blocked, with the GPUs it wants and its job holds in the group:
 /// while the group's free GPUs and the job's own are too few, it stays blocked (the
 /// same test as [`State::fits`]'s, read without looking up either candidate).
-type Carried = (Move, Gate);
-
 #[derive(Clone, Copy)]
 struct Gate {
     group: usize,
@@ -423,6 +422,80 @@ impl Gate {
         let mut room = st.free[self.group].gpus;
         room += f64::from(self.holds);
         f64::from(self.wants) <= room + 1e-9
+    }
+
+    /// GPUs beyond its own the move needs free.
+    fn need(&self) -> i64 {
+        i64::from(self.wants) - i64::from(self.holds)
+    }
+}
+
+/// A move's place in a pass: the order moves are tried in (best rate first), then
+/// its version (a job's moves of two versions can both be waiting).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Key(Move);
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.0.cmp(&self.0).then(self.0.version.cmp(&other.0.version))
+    }
+}
+
+/// The moves found blocked, carried from pass to pass in the order they are tried,
+/// each with its gate; a job's are dropped when it changes (they are stale). Per
+/// group, the least GPUs any of them needs beyond its own: while every group has
+/// fewer free (by more than rounding), no carried move can fit and a pass passes
+/// them without reading them.
+#[derive(Default)]
+struct Carry {
+    moves: std::collections::BTreeMap<Key, Gate>,
+    of_job: HashMap<usize, Vec<Key>>,
+    needs: Vec<std::collections::BTreeMap<i64, usize>>,
+}
+
+impl Carry {
+    fn new(groups: usize) -> Self {
+        Carry { needs: vec![Default::default(); groups], ..Default::default() }
+    }
+
+    fn insert(&mut self, m: Move, gate: Gate) {
+        if self.moves.insert(Key(m), gate).is_none() {
+            self.of_job.entry(m.job).or_default().push(Key(m));
+            *self.needs[gate.group].entry(gate.need()).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Some(gate) = self.moves.remove(key) {
+            let needs = &mut self.needs[gate.group];
+            if let Some(n) = needs.get_mut(&gate.need()) {
+                *n -= 1;
+                if *n == 0 {
+                    needs.remove(&gate.need());
+                }
+            }
+        }
+    }
+
+    /// Drops job `j`'s moves (it changed).
+    fn drop_job(&mut self, j: usize) {
+        for key in self.of_job.remove(&j).unwrap_or_default() {
+            self.remove(&key);
+        }
+    }
+
+    /// Whether some carried move may fit now (its GPUs, by the gate's test).
+    fn may_any(&self, st: &State<'_>) -> bool {
+        self.needs
+            .iter()
+            .zip(&st.free)
+            .any(|(needs, free)| needs.keys().next().is_some_and(|&n| n as f64 <= free.gpus + 0.5))
     }
 }
 
@@ -648,46 +721,73 @@ fn improve(st: &mut State<'_>) {
     for j in 0..n {
         push_moves(st, &mut heap, j, 0);
     }
-    // The moves the last pass found blocked, best first, each with its gate.
-    let mut carried: Vec<Carried> = Vec::new();
+    // The moves the last passes found blocked (none in an exhaustive pass).
+    let mut carry = Carry::new(st.free.len());
     let mut rounds = 0;
     loop {
         rounds += 1;
-        // Blocked moves in the order they came: from the cursor (sorted) and from the
-        // heap (sorted among themselves), merged for the next pass.
-        let mut from_cursor: Vec<Carried> = Vec::new();
-        let mut from_heap: Vec<Carried> = Vec::new();
         // The first blocked moves, in the order they came: the exchanges' candidates.
         let mut blocked = Vec::with_capacity(64);
-        let mut cursor = std::mem::take(&mut carried).into_iter().peekable();
+        // Carried moves before this were passed in this pass.
+        let mut passed: Bound<Key> = Bound::Unbounded;
         loop {
-            let take_heap = match (heap.peek(), cursor.peek()) {
+            let top = heap.peek().copied().map(Key);
+            let next = carry.moves.range((passed, Bound::Unbounded)).next().map(|(k, g)| (*k, *g));
+            let from_carry = match (top, next) {
                 (None, None) => break,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (Some(h), Some((c, _))) => h > c,
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (Some(t), Some((c, _))) => c < t,
             };
-            let (m, gate) = if take_heap {
+            if from_carry {
+                let Some((key, gate)) = next else { break };
+                if !carry.may_any(st) {
+                    // None of them fits: pass every carried move before the heap's next
+                    // (noting the first ones as blocked) without reading them.
+                    let upto = top.map_or(Bound::Unbounded, Bound::Excluded);
+                    if blocked.len() < 64 {
+                        let room = 64 - blocked.len();
+                        blocked.extend(carry.moves.range((passed, upto)).take(room).map(|(k, _)| k.0));
+                    }
+                    match top {
+                        Some(t) => passed = Bound::Included(t),
+                        None => break,
+                    }
+                    continue;
+                }
+                passed = Bound::Excluded(key);
+                let m = key.0;
+                if gate.may_fit(st) && st.fits(m.job, m.to) {
+                    st.set(m.job, Some(m.to));
+                    version[m.job] += 1;
+                    carry.drop_job(m.job);
+                    push_moves(st, &mut heap, m.job, version[m.job]);
+                } else if blocked.len() < 64 {
+                    blocked.push(m);
+                }
+            } else {
                 let Some(m) = heap.pop() else { break };
-                (m, None)
-            } else {
-                let Some((m, gate)) = cursor.next() else { break };
-                (m, Some(gate))
-            };
-            if m.version != version[m.job] {
-                continue;
-            }
-            let may_fit = gate.is_none_or(|g| g.may_fit(st));
-            if may_fit && st.fits(m.job, m.to) {
-                st.set(m.job, Some(m.to));
-                version[m.job] += 1;
-                push_moves(st, &mut heap, m.job, version[m.job]);
-            } else {
+                if m.version != version[m.job] {
+                    continue;
+                }
+                if st.fits(m.job, m.to) {
+                    st.set(m.job, Some(m.to));
+                    version[m.job] += 1;
+                    carry.drop_job(m.job);
+                    push_moves(st, &mut heap, m.job, version[m.job]);
+                    continue;
+                }
                 if blocked.len() < 64 {
                     blocked.push(m);
                 }
-                let gate = gate.unwrap_or_else(|| Gate::of(st, &m));
-                if take_heap { &mut from_heap } else { &mut from_cursor }.push((m, gate));
+                if !st.exhaustive {
+                    carry.insert(m, Gate::of(st, &m));
+                }
+                // In order: nothing carried lies between; one that ranks above what was
+                // passed (a job's next moves) waits for the next pass.
+                if passed_before(&passed, &Key(m)) {
+                    passed = Bound::Excluded(Key(m));
+                }
             }
         }
         // Exchanges, best rate first; a few dozen tries per pass.
@@ -718,6 +818,10 @@ fn improve(st: &mut State<'_>) {
                 version[m.job] += 1;
                 changed.push(m.job);
                 exchanged = true;
+                for &(k, _) in &moves {
+                    carry.drop_job(k);
+                }
+                carry.drop_job(m.job);
             } else {
                 st.choice = before;
                 st.free = old_free;
@@ -740,29 +844,14 @@ fn improve(st: &mut State<'_>) {
         for j in changed {
             push_moves(st, &mut heap, j, version[j]);
         }
-        // Moves pushed during the pass (a job's next moves after it moved) may rank
-        // above those popped before them: those from the heap are sorted (few), then
-        // merged with those from the cursor (in order).
-        let current = |(m, _): &Carried| m.version == version[m.job];
-        from_cursor.retain(current);
-        from_heap.retain(current);
-        from_heap.sort_by_key(|&(m, _)| std::cmp::Reverse(m));
-        carried = merge(from_cursor, from_heap);
     }
 }
 
-/// Two lists of blocked moves, each best first, as one.
-fn merge(a: Vec<Carried>, b: Vec<Carried>) -> Vec<Carried> {
-    let mut out = Vec::with_capacity(a.len() + b.len());
-    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
-    loop {
-        let from_b = match (a.peek(), b.peek()) {
-            (None, None) => break,
-            (Some(_), None) => false,
-            (None, Some(_)) => true,
-            (Some(x), Some(y)) => y.0 > x.0,
-        };
-        out.extend(if from_b { b.next() } else { a.next() });
+/// Whether `key` comes after what `passed` bounds (it is next in order).
+fn passed_before(passed: &Bound<Key>, key: &Key) -> bool {
+    match passed {
+        Bound::Unbounded => true,
+        Bound::Included(p) => p <= key,
+        Bound::Excluded(p) => p < key,
     }
-    out
 }
