@@ -169,6 +169,17 @@ pub fn parse_gpus(text: &str) -> Option<u32> {
     Some(untyped.unwrap_or(typed))
 }
 
+/// Keeps a job that used GPUs for some time; counts the others in `left`.
+fn keep(jobs: &mut Vec<LoggedJob>, left: &mut LeftOut, job: LoggedJob) {
+    if job.gpus == 0 {
+        *left.entry("no GPUs").or_default() += 1;
+    } else if job.duration_s <= 0.0 {
+        *left.entry("a duration of 0 (never started)").or_default() += 1;
+    } else {
+        jobs.push(job);
+    }
+}
+
 fn bad(path: &str, line: usize, what: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("{path}: line {line}: {what}")
 }
@@ -204,13 +215,7 @@ pub fn read_philly(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, Le
             .filter(|g: &f64| g.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(g))
             .ok_or_else(|| bad(path, line, "num_gpus: expected a whole number of GPUs"))?;
         let group = vc.and_then(|k| f.get(k)).map(|s| (*s).to_owned());
-        if n == 0.0 {
-            *left.entry("no GPUs").or_default() += 1;
-        } else if duration_s <= 0.0 {
-            *left.entry("a duration of 0").or_default() += 1;
-        } else {
-            jobs.push(LoggedJob { line, submit_s, duration_s, gpus: n as u32, group });
-        }
+        keep(&mut jobs, &mut left, LoggedJob { line, submit_s, duration_s, gpus: n as u32, group });
     }
     Ok((jobs, left))
 }
@@ -266,14 +271,8 @@ pub fn read_sacct(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, Lef
         let Some(gpus) = gpus else {
             return Err(bad(path, line, "AllocTRES: expected gres/gpu=N among its entries"));
         };
-        if gpus == 0 {
-            *left.entry("no GPUs").or_default() += 1;
-        } else if duration_s <= 0.0 {
-            *left.entry("a duration of 0 (never started)").or_default() += 1;
-        } else {
-            let group = partition.map(|k| get(k).to_owned());
-            jobs.push(LoggedJob { line, submit_s, duration_s, gpus, group });
-        }
+        let group = partition.map(|k| get(k).to_owned());
+        keep(&mut jobs, &mut left, LoggedJob { line, submit_s, duration_s, gpus, group });
     }
     Ok((jobs, left))
 }

@@ -62,27 +62,35 @@ struct ByFree {
 }
 
 impl ByFree {
-    fn new(cluster: &Cluster, nodes: &[NodeState]) -> Self {
-        let mut sets: Vec<Vec<std::collections::BTreeSet<usize>>> = cluster
-            .node_groups
-            .iter()
-            .map(|g| vec![std::collections::BTreeSet::new(); g.gpus_per_node as usize + 1])
-            .collect();
+    fn of(nodes: &[NodeState]) -> Self {
+        let groups = nodes.iter().map(|n| n.group + 1).max().unwrap_or(0);
+        let mut sizes = vec![0; groups];
+        let mut offsets = vec![usize::MAX; groups];
+        for (i, n) in nodes.iter().enumerate() {
+            sizes[n.group] = sizes[n.group].max(n.gpu_free.len());
+            offsets[n.group] = offsets[n.group].min(i);
+        }
+        let mut sets: Vec<Vec<std::collections::BTreeSet<usize>>> =
+            sizes.iter().map(|&s| vec![std::collections::BTreeSet::new(); s + 1]).collect();
         for (i, n) in nodes.iter().enumerate() {
             sets[n.group][n.free_gpus() as usize].insert(i);
-        }
-        let mut offsets = Vec::with_capacity(cluster.node_groups.len());
-        let mut at = 0;
-        for g in &cluster.node_groups {
-            offsets.push(at);
-            at += g.count as usize;
         }
         ByFree { sets, offsets }
     }
 
+    /// The group's nodes with at least `least` free GPUs, fewest first (then in order).
+    fn by_free(&self, group: usize, least: u32) -> impl Iterator<Item = usize> + '_ {
+        self.sets.get(group).into_iter().flat_map(move |sets| sets.iter().skip(least as usize).flatten().copied())
+    }
+
+    /// The group's nodes with a free GPU, most free first (then in order).
+    fn most_free_first(&self, group: usize) -> impl Iterator<Item = usize> + '_ {
+        self.sets.get(group).into_iter().flat_map(|sets| sets.iter().skip(1).rev().flatten().copied())
+    }
+
     /// The position of node `index` of `group` (nodes as [`nodes_of`] lists them).
     fn position(&self, nodes: &[NodeState], group: usize, index: u32) -> Option<usize> {
-        let at = self.offsets.get(group)? + index as usize;
+        let at = self.offsets.get(group)?.checked_add(index as usize)?;
         nodes.get(at).filter(|n| n.group == group && n.index == index).map(|_| at)
     }
 
@@ -105,7 +113,7 @@ impl ByFree {
         share
     }
 
-    /// [`layout`] read from the index: the same choice.
+    /// [`layout`]: best fit read from the index (the preferred nodes first).
     fn layout(
         &self,
         nodes: &[NodeState],
@@ -131,10 +139,12 @@ impl ByFree {
                     && n.mem_free + 1e-6 >= m
             };
             // The preferred nodes first (best fit among them), then best fit among all.
-            let best =
-                prefer.iter().copied().filter(|&i| ok(i)).min_by_key(|&i| (nodes[i].free_gpus() - g, i)).or_else(
-                    || self.sets[group].iter().skip(g as usize).flat_map(|set| set.iter().copied()).find(|&i| ok(i)),
-                )?;
+            let best = prefer
+                .iter()
+                .copied()
+                .filter(|&i| ok(i))
+                .min_by_key(|&i| (nodes[i].free_gpus() - g, i))
+                .or_else(|| self.by_free(group, g).find(|&i| ok(i)))?;
             used.push(best);
             out.push((best, g, c, m));
         }
@@ -152,8 +162,7 @@ impl ByFree {
         let mut first: Vec<usize> = prefer.iter().copied().filter(|&i| nodes[i].group == group).collect();
         first.sort_by_key(|&i| (std::cmp::Reverse(nodes[i].free_gpus()), i));
         first.dedup();
-        let rest =
-            self.sets[group].iter().skip(1).rev().flat_map(|set| set.iter().copied()).filter(|i| !prefer.contains(i));
+        let rest = self.most_free_first(group).filter(|i| !prefer.contains(i));
         first.into_iter().chain(rest)
     }
 }
@@ -223,28 +232,7 @@ pub fn layout(
     mem: f64,
     prefer: &[usize],
 ) -> Option<Vec<(usize, u32, u32, f64)>> {
-    let total: u32 = per_node.iter().sum();
-    let cpu_parts = split(cpus, per_node);
-    let mut used: Vec<usize> = Vec::new();
-    let mut out = Vec::new();
-    for (part, &g) in per_node.iter().enumerate() {
-        let c = cpu_parts[part];
-        let m = mem * f64::from(g) / f64::from(total.max(1));
-        let best = nodes
-            .iter()
-            .enumerate()
-            .filter(|(i, n)| {
-                n.group == group
-                    && !used.contains(i)
-                    && n.free_gpus() >= g
-                    && n.cpus_free >= c
-                    && n.mem_free + 1e-6 >= m
-            })
-            .min_by_key(|(i, n)| (!prefer.contains(i), n.free_gpus() - g, *i))?;
-        used.push(best.0);
-        out.push((best.0, g, c, m));
-    }
-    Some(out)
+    ByFree::of(nodes).layout(nodes, group, per_node, cpus, mem, prefer)
 }
 
 /// Spreads `gpus` over the nodes of `order` (the group's, current nodes first, then
@@ -312,7 +300,7 @@ pub fn place(
 ) -> (Vec<Option<Placed>>, Vec<NodeState>) {
     let cluster = evaluator.cluster;
     let mut nodes = nodes_of(cluster);
-    let mut index = ByFree::new(cluster, &nodes);
+    let mut index = ByFree::of(&nodes);
     let mut out: Vec<Option<Placed>> = vec![None; inputs.len()];
 
     // Unchanged allocations stay where they are.
