@@ -97,6 +97,7 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// Turn a real cluster's job log (Philly, or Slurm's sacct) into a trace that
     /// simulate replays, each job mapped to a model and a request
+    #[command(after_help = trace::MAPPING)]
     Trace(trace::TraceArgs),
     /// Replay a job trace against a policy: policies decide on fitted beliefs, jobs run at
     /// the truth (measured rows, an oracle elsewhere), over seeds with noise

@@ -47,6 +47,26 @@ use crate::round::{ModelSource, job_params};
 
 static PAPER_JOBS: &str = include_str!("../../data/jobs-paper.yaml");
 
+/// How jobs are mapped, for `trace --help`.
+pub const MAPPING: &str = "\
+How a job is mapped (neither log says what a job trained):
+  GPUs   the job's, at most the cluster's; else the next count some model has a plan on
+  model  one of the reference models with a plan there, drawn with weight
+         2^-|log2(gpus / typical)| (typical: the model's GPUs in data/jobs-paper.yaml), by a
+         generator seeded with --seed and the job's line (a job keeps its model under any
+         window or limit)
+  plan   the best plan of the reference's families on the packed GPUs (the model fitted on
+         the reference's profiled rows); cores: the node's fair share per GPU
+  steps  duration x that throughput / global batch: alone at its request, the job takes
+         about as long as it did
+Left out and counted: jobs without GPUs, of duration 0, Slurm job steps, unfinished jobs.
+
+Examples:
+  rubick-plan trace ../shared/reference/traces/philly.csv --format philly \\
+      --cluster data/cluster-a800-8x8.yaml --virtual-cluster 6214e9 --to-s 604800 -o week.csv
+  sacct -a -P -S now-30days -o JobID,Partition,Submit,Elapsed,State,AllocTRES > sacct.txt
+  rubick-plan trace sacct.txt --format sacct --cluster cluster.yaml -o slurm.csv";
+
 /// Where the job log comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
