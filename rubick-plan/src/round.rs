@@ -208,11 +208,10 @@ pub fn plan_round_with(
         tracing::debug!("round {round}, attempt {attempt}: placed in {:.1} ms (guarantees held: {held})", ms(placing));
         let stranded = stranded(&outcome.nodes, cluster, config);
         let progress = stranded.iter().any(|s| s.gpus > 0.0 || s.cpus > 0.0 || s.mem > 1e-6);
-        let result = RoundResult { outcome, book: book.clone(), heuristic_objective, wall: start.elapsed() };
         if held || attempt >= 4 || !progress {
-            return Ok(result);
+            return Ok(RoundResult { outcome, book, heuristic_objective, wall: start.elapsed() });
         }
-        previous = Some(result);
+        previous = Some(RoundResult { outcome, book: book.clone(), heuristic_objective, wall: start.elapsed() });
         tracing::debug!(
             "attempt {attempt}: a guaranteed job could not be placed; deciding again without stranded resources"
         );

@@ -10,7 +10,7 @@
 //! amount, so the loop ends.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap};
 use std::ops::Bound;
 
 use crate::cluster::Cluster;
@@ -53,6 +53,9 @@ struct State<'a> {
     /// What each running job could give up ([`State::options`] that free something),
     /// with the value it would lose: kept with its choice, read by every `make_room`.
     gives: Vec<Vec<Give>>,
+    /// Jobs whose choice changed since they were last indexed ([`State::flush`]).
+    stale: Vec<bool>,
+    restale: Vec<usize>,
     /// Rank every victim and every move afresh (the plain algorithm the indexed one
     /// must equal: [`solve_exhaustive`]).
     exhaustive: bool,
@@ -179,7 +182,19 @@ impl<'a> State<'a> {
             self.free[new.group].take(new);
         }
         self.choice[j] = c;
-        self.reindex(j);
+        if !self.stale[j] {
+            self.stale[j] = true;
+            self.restale.push(j);
+        }
+    }
+
+    /// Re-indexes the jobs whose choice changed since the last time (once each, however
+    /// often they changed): `make_room` reads the indexes, nothing else does.
+    fn flush(&mut self) {
+        for j in std::mem::take(&mut self.restale) {
+            self.stale[j] = false;
+            self.reindex(j);
+        }
     }
 
     /// Puts job `j` in `victims` by its current choice, with what it could give.
@@ -455,19 +470,26 @@ impl Ord for Key {
 #[derive(Default)]
 struct Carry {
     moves: std::collections::BTreeMap<Key, Gate>,
-    of_job: HashMap<usize, Vec<Key>>,
+    of_job: Vec<Vec<Key>>,
     needs: Vec<std::collections::BTreeMap<i64, usize>>,
 }
 
 impl Carry {
-    fn new(groups: usize) -> Self {
-        Carry { needs: vec![Default::default(); groups], ..Default::default() }
+    fn new(groups: usize, jobs: usize) -> Self {
+        Carry { needs: vec![Default::default(); groups], of_job: vec![Vec::new(); jobs], ..Default::default() }
     }
 
-    fn insert(&mut self, m: Move, gate: Gate) {
-        if self.moves.insert(Key(m), gate).is_none() {
-            self.of_job.entry(m.job).or_default().push(Key(m));
+    /// Adds the moves a pass found blocked (built at once when there are none yet).
+    fn extend(&mut self, mut fresh: Vec<(Move, Gate)>) {
+        fresh.sort_by_key(|&(m, _)| Key(m));
+        for &(m, gate) in &fresh {
+            self.of_job[m.job].push(Key(m));
             *self.needs[gate.group].entry(gate.need()).or_default() += 1;
+        }
+        if self.moves.is_empty() {
+            self.moves = fresh.into_iter().map(|(m, g)| (Key(m), g)).collect();
+        } else {
+            self.moves.extend(fresh.into_iter().map(|(m, g)| (Key(m), g)));
         }
     }
 
@@ -485,7 +507,7 @@ impl Carry {
 
     /// Drops job `j`'s moves (it changed).
     fn drop_job(&mut self, j: usize) {
-        for key in self.of_job.remove(&j).unwrap_or_default() {
+        for key in std::mem::take(&mut self.of_job[j]) {
             self.remove(&key);
         }
     }
@@ -569,6 +591,8 @@ fn solve_with(
         victims,
         keyed: vec![None; n],
         gives: vec![Vec::new(); n],
+        stale: vec![false; n],
+        restale: Vec::new(),
         exhaustive,
     };
 
@@ -612,6 +636,7 @@ fn solve_with(
         if !placed {
             for &c in &by_cost {
                 let need = st.deficit(j, c);
+                st.flush();
                 if let Some((moves, _)) = st.make_room(j, st.cand(j, c).group, need, &guaranteed, f64::INFINITY) {
                     for (k, opt) in moves {
                         st.set(k, opt);
@@ -662,6 +687,7 @@ fn solve_with(
         } else {
             let need = st.deficit(j, c);
             let protect = |k: usize| book.jobs[k].guaranteed || book.jobs[k].locked || inputs[k].starving(config);
+            st.flush();
             if let Some((moves, lost)) = st.make_room(j, st.cand(j, c).group, need, &protect, st.cand(j, c).value)
                 && lost < st.cand(j, c).value
             {
@@ -697,7 +723,7 @@ fn solve_with(
 fn improve(st: &mut State<'_>) {
     let n = st.book.jobs.len();
     let mut version = vec![0u32; n];
-    let push_moves = |st: &State<'_>, heap: &mut BinaryHeap<Move>, j: usize, version: u32| {
+    let moves_of = |st: &State<'_>, j: usize, version: u32, out: &mut dyn FnMut(Move)| {
         let jc = &st.book.jobs[j];
         if jc.locked {
             return;
@@ -714,24 +740,38 @@ fn improve(st: &mut State<'_>) {
             }
             let dcost = st.cost(cand) - c0;
             let rate = if dcost <= EPS { 1e12 + gain } else { gain / dcost };
-            heap.push(Move { rate, gain, job: j, to, version });
+            out(Move { rate, gain, job: j, to, version });
         }
     };
-    let mut heap = BinaryHeap::new();
+    let push_moves = |st: &State<'_>, heap: &mut BinaryHeap<Move>, j: usize, version: u32| {
+        moves_of(st, j, version, &mut |m| heap.push(m));
+    };
+    // Every job's first moves, sorted once (the first pass reads them in order beside
+    // the heap of the moves jobs make next).
+    let mut first: Vec<Move> = Vec::new();
     for j in 0..n {
-        push_moves(st, &mut heap, j, 0);
+        moves_of(st, j, 0, &mut |m| first.push(m));
     }
+    first.sort_unstable_by(|a, b| b.cmp(a));
+    let mut first = first.into_iter().peekable();
+    let mut heap = BinaryHeap::new();
     // The moves the last passes found blocked (none in an exhaustive pass).
-    let mut carry = Carry::new(st.free.len());
+    let mut carry = Carry::new(st.free.len(), n);
     let mut rounds = 0;
     loop {
         rounds += 1;
         // The first blocked moves, in the order they came: the exchanges' candidates.
         let mut blocked = Vec::with_capacity(64);
+        // Moves from the heap found blocked: carried once the pass is over.
+        let mut fresh: Vec<(Move, Gate)> = Vec::new();
         // Carried moves before this were passed in this pass.
         let mut passed: Bound<Key> = Bound::Unbounded;
         loop {
-            let top = heap.peek().copied().map(Key);
+            let top = match (heap.peek(), first.peek()) {
+                (Some(h), Some(f)) => Some(if f > h { *f } else { *h }),
+                (h, f) => h.or(f).copied(),
+            }
+            .map(Key);
             let next = carry.moves.range((passed, Bound::Unbounded)).next().map(|(k, g)| (*k, *g));
             let from_carry = match (top, next) {
                 (None, None) => break,
@@ -766,7 +806,12 @@ fn improve(st: &mut State<'_>) {
                     blocked.push(m);
                 }
             } else {
-                let Some(m) = heap.pop() else { break };
+                let m = if first.peek().is_some_and(|f| heap.peek().is_none_or(|h| f > h)) {
+                    first.next()
+                } else {
+                    heap.pop()
+                };
+                let Some(m) = m else { break };
                 if m.version != version[m.job] {
                     continue;
                 }
@@ -781,7 +826,7 @@ fn improve(st: &mut State<'_>) {
                     blocked.push(m);
                 }
                 if !st.exhaustive {
-                    carry.insert(m, Gate::of(st, &m));
+                    fresh.push((m, Gate::of(st, &m)));
                 }
                 // In order: nothing carried lies between; one that ranks above what was
                 // passed (a job's next moves) waits for the next pass.
@@ -800,11 +845,14 @@ fn improve(st: &mut State<'_>) {
             let group = st.cand(m.job, m.to).group;
             let need = st.deficit(m.job, m.to);
             let locked = |k: usize| st.book.jobs[k].locked;
+            st.flush();
             let Some((moves, lost)) = st.make_room(m.job, group, need, &locked, m.gain) else { continue };
             if m.gain - lost <= EPS {
                 continue;
             }
-            let before = st.choice.clone();
+            // Only the victims change: what they held, and the free resources, are
+            // all there is to restore.
+            let before: Vec<(usize, Option<usize>)> = moves.iter().map(|&(k, _)| (k, st.choice[k])).collect();
             let old_free = st.free.clone();
             for &(k, opt) in &moves {
                 st.set(k, opt);
@@ -823,16 +871,24 @@ fn improve(st: &mut State<'_>) {
                 }
                 carry.drop_job(m.job);
             } else {
-                st.choice = before;
+                // In reverse: a job named twice gets back what it held first.
+                for &(k, held) in before.iter().rev() {
+                    st.choice[k] = held;
+                }
                 st.free = old_free;
                 for &(k, _) in &moves {
-                    st.reindex(k);
+                    if !st.stale[k] {
+                        st.stale[k] = true;
+                        st.restale.push(k);
+                    }
                 }
             }
         }
         if !exchanged || rounds >= 50 {
             break;
         }
+        fresh.retain(|(m, _)| m.version == version[m.job]);
+        carry.extend(fresh);
         if st.exhaustive {
             for (j, &v) in version.iter().enumerate() {
                 push_moves(st, &mut heap, j, v);
