@@ -200,27 +200,33 @@ fn keep(jobs: &mut Vec<LoggedJob>, left: &mut LeftOut, job: LoggedJob) {
     }
 }
 
+/// A row of a delimited table: its line number and fields.
+type Row<'t> = (usize, Vec<&'t str>);
+
+/// A delimited table's header and its non-empty rows.
+fn table<'t>(path: &str, text: &'t str, sep: char) -> anyhow::Result<(Vec<&'t str>, impl Iterator<Item = Row<'t>>)> {
+    let mut lines = text.lines().enumerate();
+    let Some((_, header)) = lines.next() else { bail!("{path}: empty") };
+    let rows = lines
+        .filter(|(_, row)| !row.trim().is_empty())
+        .map(move |(i, row)| (i + 1, row.split(sep).map(str::trim).collect()));
+    Ok((header.split(sep).map(str::trim).collect(), rows))
+}
+
 fn bad(path: &str, line: usize, what: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("{path}: line {line}: {what}")
 }
 
 /// The jobs of a Philly CSV, and what it left out.
 pub fn read_philly(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, LeftOut)> {
-    let mut lines = text.lines().enumerate();
-    let Some((_, header)) = lines.next() else { bail!("{path}: empty") };
-    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
+    let (cols, rows) = table(path, text, ',')?;
     let at = |name: &str| {
         cols.iter().position(|c| *c == name).with_context(|| format!("{path}: line 1: no `{name}` column"))
     };
     let (ts, dur, gpus, vc) = (at("timestamp")?, at("duration")?, at("num_gpus")?, at("cluster").ok());
     let mut jobs = Vec::new();
     let mut left = LeftOut::new();
-    for (i, row) in lines {
-        let line = i + 1;
-        if row.trim().is_empty() {
-            continue;
-        }
-        let f: Vec<&str> = row.split(',').map(str::trim).collect();
+    for (line, f) in rows {
         let field = |k: usize, name: &str| f.get(k).copied().ok_or_else(|| bad(path, line, format!("no {name}")));
         let submit_s = parse_time(field(ts, "timestamp")?)
             .ok_or_else(|| bad(path, line, "timestamp: expected YYYY-MM-DD HH:MM:SS"))?;
@@ -242,9 +248,7 @@ pub fn read_philly(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, Le
 
 /// The jobs of `sacct -P` output (with its header), and what it left out.
 pub fn read_sacct(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, LeftOut)> {
-    let mut lines = text.lines().enumerate();
-    let Some((_, header)) = lines.next() else { bail!("{path}: empty") };
-    let cols: Vec<&str> = header.split('|').map(str::trim).collect();
+    let (cols, rows) = table(path, text, '|')?;
     let at = |name: &str| cols.iter().position(|c| c.eq_ignore_ascii_case(name));
     let id =
         at("JobID").with_context(|| format!("{path}: line 1: no `JobID` column (run sacct with -P and a header)"))?;
@@ -262,12 +266,7 @@ pub fn read_sacct(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, Lef
     let partition = at("Partition");
     let mut jobs = Vec::new();
     let mut left = LeftOut::new();
-    for (i, row) in lines {
-        let line = i + 1;
-        if row.trim().is_empty() {
-            continue;
-        }
-        let f: Vec<&str> = row.split('|').map(str::trim).collect();
+    for (line, f) in rows {
         let get = |k: usize| f.get(k).copied().unwrap_or("");
         if get(id).contains('.') {
             *left.entry("job steps").or_default() += 1;
