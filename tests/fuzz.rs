@@ -220,11 +220,11 @@ fn round(cluster: &Cluster, jobs: &[Job]) {
     else {
         return;
     };
-    let _ = rubick_plan::round::plan_round(
+    let _ = rubick_core::planner::round::plan_round(
         cluster,
         &config,
         &inputs,
-        rubick_plan::round::Solver::Heuristic,
+        rubick_core::planner::round::Solver::Heuristic,
         Duration::from_secs(1),
         0,
     );

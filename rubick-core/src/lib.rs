@@ -29,7 +29,6 @@ pub mod select;
 pub mod simulation;
 pub mod space;
 pub mod tables;
-pub mod truth;
 
 pub use artifact::{ApiVersion, Artifact, Kind};
 pub use cluster::{Cluster, NodeGroup};

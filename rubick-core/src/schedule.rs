@@ -123,6 +123,80 @@ pub struct SolverStats {
     pub status: String,
 }
 
+impl Schedule {
+    /// The one way a round's schedule is made: assignments are pushed in job order
+    /// (each running one with its host memory and throughput normalised by its request)
+    /// and totals summed from them.
+    pub fn builder(cluster: &crate::Cluster, round: u64, policy: &str, solver: SolverStats) -> ScheduleBuilder {
+        ScheduleBuilder {
+            schedule: Schedule {
+                api_version: Some(ApiVersion::CURRENT),
+                kind: Some(Kind::Schedule),
+                cluster: cluster.name.clone(),
+                round,
+                policy: policy.to_owned(),
+                assignments: Vec::new(),
+                totals: Totals {
+                    gpus_used: 0,
+                    gpus_total: cluster.total_gpus(),
+                    cpus_used: 0,
+                    host_memory_gib_used: 0.0,
+                    normalized_throughput: 0.0,
+                },
+                objective: 0.0,
+                solver,
+            },
+            host_memory_gib: Vec::new(),
+            normalized: Vec::new(),
+        }
+    }
+}
+
+/// What a running job's assignment uses, for the totals.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Uses {
+    pub gpus: u32,
+    pub cpus: u32,
+    /// GiB, unrounded.
+    pub host_memory_gib: f64,
+    /// Its throughput over its request's.
+    pub normalized_throughput: f64,
+}
+
+/// A schedule being made (see [`Schedule::builder`]).
+#[derive(Debug)]
+pub struct ScheduleBuilder {
+    schedule: Schedule,
+    host_memory_gib: Vec<f64>,
+    normalized: Vec<f64>,
+}
+
+impl ScheduleBuilder {
+    /// The next job's assignment, with what it uses when it runs.
+    pub fn push(&mut self, assignment: Assignment, uses: Option<Uses>) {
+        if let Some(u) = uses {
+            let totals = &mut self.schedule.totals;
+            totals.gpus_used += u.gpus;
+            totals.cpus_used += u.cpus;
+            self.host_memory_gib.push(u.host_memory_gib);
+            self.normalized.push(u.normalized_throughput);
+        }
+        self.schedule.assignments.push(assignment);
+    }
+
+    /// The schedule, its figures rounded to six decimals (the same on every platform).
+    pub fn build(mut self, objective: f64) -> Schedule {
+        use crate::planner::round::round6;
+        let totals = &mut self.schedule.totals;
+        // From +0.0 (an empty `sum` is -0.0, printed `-0.0`).
+        let sum = |xs: &[f64]| xs.iter().fold(0.0, |a, b| a + b);
+        totals.host_memory_gib_used = round6(sum(&self.host_memory_gib));
+        totals.normalized_throughput = round6(sum(&self.normalized));
+        self.schedule.objective = round6(objective);
+        self.schedule
+    }
+}
+
 impl Artifact for Schedule {
     crate::artifact_header!(Kind::Schedule);
 

@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::artifact::{ApiVersion, Artifact, Kind};
 use crate::error::{ValidationError, ensure};
-use crate::truth::TruthMode;
 
 /// A figure over the replicas: mean, sample standard deviation, least and most.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -228,5 +227,24 @@ mod tests {
         assert!(!ok(Spread { mean: 1.5, sd: 0.0, min: 1.5, max: 1.5 }, true), "a share above 1");
         let e = Spread { mean: 1.0, sd: -1.0, min: 1.0, max: 1.0 }.check("avgJctS", false).unwrap_err();
         assert_eq!(e.field, "avgJctS.sd");
+    }
+}
+
+/// Which rule gives the truth of an unmeasured configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TruthMode {
+    /// Measured rows, scaled by an oracle fitted on all of them; the oracle elsewhere.
+    Oracle,
+    /// Measured rows as they are; the policy's own belief elsewhere (the old rule).
+    Belief,
+}
+
+impl TruthMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TruthMode::Oracle => "oracle",
+            TruthMode::Belief => "belief",
+        }
     }
 }

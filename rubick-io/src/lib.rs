@@ -7,6 +7,7 @@
 //! * [`plot`]: figures as PNG or SVG with a bundled font;
 //! * [`cli`]: conventions every rubick binary shares (logging, exit codes, formats).
 
+pub mod beliefs;
 pub mod cli;
 pub mod external;
 pub mod files;

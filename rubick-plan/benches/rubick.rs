@@ -6,15 +6,15 @@
 use std::time::Instant;
 
 use rubick_core::planner::PlannerConfig;
+use rubick_core::planner::round::{Solver, plan_round};
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
-use rubick_core::truth::TruthMode;
 use rubick_core::{MemoryEstimator, PlanSpace};
 use rubick_io::reference::{ReferenceData, locate};
-use rubick_plan::round::{Solver, plan_round};
-use rubick_plan::sim::trace::load_trace;
+use rubick_sim::trace::load_trace;
+use rubick_sim::truth::TruthMode;
 
-fn lookup(name: &str) -> anyhow::Result<&'static rubick_plan::policies::Registration> {
-    rubick_plan::policies::lookup(name).map_err(anyhow::Error::msg)
+fn lookup(name: &str) -> anyhow::Result<&'static rubick_sim::policies::Registration> {
+    rubick_sim::policies::lookup(name).map_err(anyhow::Error::msg)
 }
 use rubick_plan::synth;
 use std::time::Duration;
@@ -194,11 +194,11 @@ fn main() -> anyhow::Result<()> {
             // One simulation of the 406-job base trace with Rubick (FIFO admission).
             let trace = dir.join("workloads/workload-base.csv");
             let (jobs, truth) = load_trace(&trace, &cluster, &data, TruthMode::Oracle)?;
-            let config = rubick_plan::sim::SimConfig::defaults(lookup("rubick")?, rubick_plan::sim::Queue::Fifo);
+            let config = rubick_sim::SimConfig::defaults(lookup("rubick")?, rubick_sim::Queue::Fifo);
             let mut samples = Vec::new();
             for _ in 0..5 {
                 let start = Instant::now();
-                rubick_plan::sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
+                rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
                 samples.push(start.elapsed().as_secs_f64());
             }
             println!("bench: simulate_base_rubick_s {:.3} s", median(samples));
@@ -235,16 +235,16 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
     let cluster = synth::cluster(4096);
     let path = philly.display().to_string();
     let start = Instant::now();
-    let (logged, _) = rubick_plan::trace::read_philly(&path, &std::fs::read_to_string(&philly)?)?;
-    let rows = rubick_plan::trace::map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
+    let (logged, _) = rubick_sim::logs::read_philly(&path, &std::fs::read_to_string(&philly)?)?;
+    let rows = rubick_sim::logs::map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
     let dir = tempfile::tempdir()?;
     let trace = dir.path().join("philly-4096.csv");
-    std::fs::write(&trace, rubick_plan::trace::to_csv(&rows))?;
+    std::fs::write(&trace, rubick_sim::logs::to_csv(&rows))?;
     println!("bench: trace_philly_82k_jobs_ms {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
     let (jobs, truth) = load_trace(&trace, &cluster, data, TruthMode::Oracle)?;
-    let config = rubick_plan::sim::SimConfig::defaults(lookup("rubick")?, rubick_plan::sim::Queue::Fifo);
+    let config = rubick_sim::SimConfig::defaults(lookup("rubick")?, rubick_sim::Queue::Fifo);
     let start = Instant::now();
-    let r = rubick_plan::sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
+    let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
     println!("bench: sim_philly_82k_jobs_4096gpu_s {:.1} s", start.elapsed().as_secs_f64());
     println!("bench: sim_philly_82k_jobs_4096gpu_rounds {} rounds", r.rounds);
     Ok(())
@@ -255,10 +255,11 @@ fn simulation_figures(
     data: &ReferenceData,
     dir: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use rubick_plan::sim::{Queue, SimConfig, simulate_seeds, summary::summarize};
+    use rubick_sim::summary::summarize;
+    use rubick_sim::{Queue, SimConfig, simulate_seeds};
     let trace = dir.join("workloads/workload-base.csv");
     let (jobs, truth) = load_trace(&trace, cluster, data, TruthMode::Oracle)?;
-    let run = |jobs: &[rubick_plan::sim::SimJob], truth: &rubick_core::truth::Truth, mut config: SimConfig| {
+    let run = |jobs: &[rubick_sim::SimJob], truth: &rubick_sim::truth::Truth, mut config: SimConfig| {
         config.noise_sigma = NOISE;
         config.seed = 1;
         let results = simulate_seeds(cluster, jobs, truth, &config, SEEDS, |_, _| {});
@@ -324,7 +325,7 @@ fn simulation_figures(
     for queue in [Queue::Fifo, Queue::Srpt] {
         let q = queue.as_str();
         let mut config = SimConfig::defaults(lookup("rubick")?, queue);
-        config.planner.measured_only = Some(std::sync::Arc::clone(&truth.table));
+        config.measured_only = true;
         print(&format!("sim_base_measured_only_rubick_{q}_avg_jct_s"), &run(&jobs, &truth, config).avg_jct_s, "s");
         let s = run(&jobs, &slow, SimConfig::defaults(lookup("rubick")?, queue));
         print(&format!("sim_base_extrapolated_30pct_slower_rubick_{q}_avg_jct_s"), &s.avg_jct_s, "s");

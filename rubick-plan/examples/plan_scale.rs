@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use rubick_core::planner::PlannerConfig;
-use rubick_plan::round::{Solver, plan_round};
+use rubick_core::planner::round::{Solver, plan_round};
 use rubick_plan::synth;
 
 fn main() -> anyhow::Result<()> {

@@ -10,8 +10,9 @@ use rubick_io::cli::Outcome;
 use rubick_io::files::write_output;
 use rubick_io::plot::{Figure, PALETTE, drawing_error, legend, write_figure};
 
-use crate::round::{ModelSource, job_inputs, job_params};
+use crate::round::job_inputs;
 use crate::schedule::PlannerArgs;
+use rubick_io::beliefs::{ModelSource, job_params};
 
 #[derive(Debug, clap::Args)]
 pub struct CurvesArgs {

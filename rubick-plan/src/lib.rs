@@ -15,13 +15,11 @@ use rubick_core::artifact::{self, Kind};
 use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator, PlanSpace};
 use rubick_io::cli::{ListFormat, LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::{load_artifact, parse_artifact, read_text};
+use rubick_sim::policies;
 
 pub mod curves;
-pub mod milp;
-pub mod policies;
 pub mod round;
 pub mod schedule;
-pub mod sim;
 pub mod simulate;
 pub mod space;
 pub mod synth;

@@ -9,11 +9,12 @@ use rubick_io::cli::Outcome;
 use rubick_io::files::{load_artifact, write_output};
 use rubick_io::reference::ReferenceData;
 
-use crate::policies::planner::RoundReport;
-use crate::policies::{
+use crate::round::job_inputs;
+use rubick_io::beliefs::ModelSource;
+use rubick_sim::policies::planner::RoundReport;
+use rubick_sim::policies::{
     PolicyJob, PolicyOptions, Queue, Registration, View, request_config, schedule_of, work_per_iteration,
 };
-use crate::round::{ModelSource, job_inputs};
 
 /// Knobs of the planner shared by `schedule` and `curves`.
 #[derive(Debug, Clone, clap::Args)]
@@ -151,7 +152,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     // A job whose model cannot be read is left out of the round with why; the others
     // are planned (one bad job never blocks the rest). When no job can be planned,
     // that is the answer: an error naming the first. Each perfModel is read once.
-    let beliefs = crate::round::job_beliefs(&jobs, &cluster, &source)?;
+    let beliefs = rubick_io::beliefs::job_beliefs(&jobs, &cluster, &source)?;
     if let Some((i, Err(why))) =
         beliefs.iter().enumerate().find(|(_, b)| b.is_err()).filter(|_| beliefs.iter().all(Result::is_err))
     {

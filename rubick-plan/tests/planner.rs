@@ -9,10 +9,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 use rubick_core::artifact::to_yaml;
 use rubick_core::planner::curves;
+use rubick_core::planner::round::{RoundResult, Solver, plan_round};
 use rubick_core::planner::{JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_core::{Artifact, Cluster};
-use rubick_plan::round::{RoundResult, Solver, plan_round};
 use rubick_plan::synth;
 
 /// A small random instance: `nodes` nodes of `per_node` GPUs with random cores and

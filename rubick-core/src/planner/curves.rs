@@ -249,11 +249,11 @@ impl<'a> Evaluator<'a> {
         }
         let g = &self.cluster.node_groups[group];
         let (model, _, supports, refused) = &self.models[key];
-        let reference_only = self.config.reference_plans_only;
+        let candidates = &self.config.candidates;
         let plans: Vec<Plan> = valid_plans(model, gpus, g.gpus_per_node)
             .into_iter()
             .filter(|p| supports.as_ref().is_none_or(|s| s.allows(p)) && !refused.contains(p))
-            .filter(|p| !reference_only || crate::plan::PlanCode::of(p).is_some())
+            .filter(|p| candidates.plan(model, p))
             .filter(|p| self.estimator.fits(model, p, g.gpu_memory_gib).0)
             .collect();
         let plans = Rc::new(plans);
@@ -357,8 +357,8 @@ impl<'a> Evaluator<'a> {
         let g = &self.cluster.node_groups[group];
         let cpu_ref = self.config.cpu_reference(g);
         let mut best: Option<(Plan, f64)> = None;
-        let measured = self.config.measured_only.clone();
-        let ok = |p: &Plan| measured.as_ref().is_none_or(|m| m.contains(&model.name, p, placement));
+        let candidates = &self.config.candidates;
+        let ok = |p: &Plan| candidates.config(model, p, placement);
         for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
             let thr = Self::throughput(model, params, g, plan, placement, cpus, cpu_ref);
             if best.as_ref().is_none_or(|(_, b)| thr > *b) {
@@ -420,8 +420,8 @@ impl<'a> Evaluator<'a> {
                 let cpu_ref = self.config.cpu_reference(&g);
                 let levels = self.offload_cpu_levels(&g, placement.max_per_node());
                 let mut best: Vec<Option<(Plan, f64, u32)>> = vec![None; 1 + levels.len()];
-                let measured = self.config.measured_only.as_deref();
-                let ok = |p: &Plan| measured.is_none_or(|m| m.contains(&model.name, p, &placement));
+                let candidates = &self.config.candidates;
+                let ok = |p: &Plan| candidates.config(model, p, &placement);
                 for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
                     if plan.offload == Offload::None {
                         let thr = Self::throughput(model, params, &g, plan, &placement, base_cpus, cpu_ref);

@@ -18,6 +18,7 @@
 pub mod brute;
 pub mod curves;
 pub mod heuristic;
+pub mod milp;
 pub mod place;
 pub mod rng;
 pub mod round;
@@ -56,10 +57,10 @@ pub struct PlannerConfig {
     pub host_gib_per_gpu: f64,
     /// Time of the round (seconds, the jobs' clock), for waiting times.
     pub now_s: f64,
-    /// Only plans the authors' reference data has a kind of (see
-    /// [`crate::plan::PlanCode::of`]): what a simulation replaying their measurements
-    /// can take the truth of.
-    pub reference_plans_only: bool,
+    /// Which configurations may be offered at all (besides a job's request and current
+    /// allocation): every one unless filters say otherwise (e.g. only the plan kinds a
+    /// reference measured, [`ReferencePlans`], or only measured configurations).
+    pub candidates: Candidates,
     /// Every job keeps the GPU count it asked for (plans and cores still change).
     pub fixed_gpus: bool,
     /// A configuration other than the job's own request meets a guarantee only when
@@ -69,9 +70,6 @@ pub struct PlannerConfig {
     /// requested plan's layout (TP, PP, ZeRO, offload; data parallelism, accumulation
     /// and checkpointing may change): where the model extrapolates least.
     pub guarantee_keeps_layout: bool,
-    /// When set, only (plan, placement) configurations in this set are offered (besides
-    /// a job's request and current allocation): a simulation whose truth must be measured.
-    pub measured_only: Option<std::sync::Arc<crate::truth::MeasuredTable>>,
     /// Cores are not a decision: every job gets the node's fair share of cores per GPU
     /// (a GPU-only scheduler's allocation, e.g. Pollux/Sia's elastic data parallelism).
     pub fair_cores_only: bool,
@@ -82,6 +80,68 @@ pub struct PlannerConfig {
     /// CPU cores per GPU the jobs' performance models were profiled with (their CPU
     /// optimizer's time is scaled from it); `None`: each group's fair share.
     pub profiled_cpus_per_gpu: Option<u32>,
+}
+
+/// A rule on which configurations the planner may offer.
+pub trait CandidateFilter: Send + Sync + std::fmt::Debug {
+    /// Whether `plan` may be offered to a job of `model` at all.
+    fn plan(&self, model: &crate::ModelSpec, plan: &Plan) -> bool {
+        let _ = (model, plan);
+        true
+    }
+
+    /// Whether `plan` on `placement` may be offered to a job of `model`.
+    fn config(&self, model: &crate::ModelSpec, plan: &Plan, placement: &Placement) -> bool {
+        let _ = (model, plan, placement);
+        true
+    }
+}
+
+/// The filters a configuration must pass (all of them; none: every one passes).
+#[derive(Debug, Clone, Default)]
+pub struct Candidates(Vec<std::sync::Arc<dyn CandidateFilter>>);
+
+/// The same filters (the same objects, in the same order).
+impl PartialEq for Candidates {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|(a, b)| std::sync::Arc::ptr_eq(a, b))
+    }
+}
+
+impl Candidates {
+    /// These filters and `filter`.
+    #[must_use]
+    pub fn and(mut self, filter: std::sync::Arc<dyn CandidateFilter>) -> Self {
+        self.0.push(filter);
+        self
+    }
+
+    /// Whether any filter applies.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether every filter lets `plan` be offered to a job of `model`.
+    pub fn plan(&self, model: &crate::ModelSpec, plan: &Plan) -> bool {
+        self.0.iter().all(|f| f.plan(model, plan))
+    }
+
+    /// Whether every filter lets `plan` on `placement` be offered to a job of `model`.
+    pub fn config(&self, model: &crate::ModelSpec, plan: &Plan, placement: &Placement) -> bool {
+        self.0.iter().all(|f| f.config(model, plan, placement))
+    }
+}
+
+/// Only plans the authors' reference data has a kind of (see
+/// [`crate::plan::PlanCode::of`]): what a simulation replaying their measurements can
+/// take the truth of.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReferencePlans;
+
+impl CandidateFilter for ReferencePlans {
+    fn plan(&self, _model: &crate::ModelSpec, plan: &Plan) -> bool {
+        crate::plan::PlanCode::of(plan).is_some()
+    }
 }
 
 impl PlannerConfig {
@@ -118,12 +178,11 @@ impl Default for PlannerConfig {
             min_cpus_per_gpu: 4,
             host_gib_per_gpu: 16.0,
             now_s: 0.0,
-            reference_plans_only: false,
+            candidates: Candidates::default(),
             fixed_gpus: false,
             queue_guaranteed: false,
             guarantee_margin: 0.0,
             guarantee_keeps_layout: false,
-            measured_only: None,
             fair_cores_only: false,
             profiled_cpus_per_gpu: None,
         }

@@ -1,11 +1,15 @@
-//! A round's outcome as a `Schedule` artifact, with a per-job explanation.
+//! One round end to end, the one place a round is assembled: jobs (with their
+//! performance models and current allocations) in, curves, a decision (the heuristic
+//! or the exact MILP), placement, and a `Schedule` with a per-job explanation out.
 
-use crate::artifact::{ApiVersion, Kind};
-use crate::schedule::{Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, Totals};
+use std::time::{Duration, Instant};
 
-use super::JobInput;
+use crate::Cluster;
+use crate::schedule::{Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, Uses};
+
 use super::curves::{CurveBook, Evaluator};
-use super::place::{NodeState, place};
+use super::place::{NodeState, Repack, place, stranded};
+use super::{Infeasible, JobInput, PlannerConfig, heuristic, milp};
 
 /// The schedule of a decision, and one explanation line per job.
 #[derive(Debug)]
@@ -35,7 +39,7 @@ pub fn assemble(
 ) -> Outcome {
     let (placed, nodes) = place(evaluator, book, inputs, choice, repack);
     let cluster = evaluator.cluster;
-    let mut assignments = Vec::with_capacity(inputs.len());
+    let mut schedule = Schedule::builder(cluster, round, policy, solver);
     let mut explain = Vec::with_capacity(inputs.len());
     for (j, input) in inputs.iter().enumerate() {
         let jc = &book.jobs[j];
@@ -102,56 +106,255 @@ pub fn assemble(
             "{}: {change:?}: {old} -> {new}; {throughput:.3} samples/s{guarantee_text}; {reason}",
             input.job.name
         ));
-        assignments.push(Assignment {
-            job: input.job.name.clone(),
-            plan: p.map(|p| p.plan),
-            nodes: p.map_or_else(Vec::new, |p| {
-                p.shares
-                    .iter()
-                    .map(|s| NodeShare {
-                        node: nodes[s.node].name.clone(),
-                        gpus: s.gpus.clone(),
-                        cpus: s.cpus,
-                        host_memory_gib: round6(s.mem),
-                    })
-                    .collect()
-            }),
-            predicted_throughput: round6(throughput),
-            guarantee,
-            change,
-            rounds_since_change,
-            reason,
+        let uses = p.map(|p| Uses {
+            gpus: p.placement.gpus(),
+            cpus: p.cpus,
+            host_memory_gib: p.host_memory_gib,
+            normalized_throughput: p.throughput / jc.request_throughput,
         });
+        schedule.push(
+            Assignment {
+                job: input.job.name.clone(),
+                plan: p.map(|p| p.plan),
+                nodes: p.map_or_else(Vec::new, |p| {
+                    p.shares
+                        .iter()
+                        .map(|s| NodeShare {
+                            node: nodes[s.node].name.clone(),
+                            gpus: s.gpus.clone(),
+                            cpus: s.cpus,
+                            host_memory_gib: round6(s.mem),
+                        })
+                        .collect()
+                }),
+                predicted_throughput: round6(throughput),
+                guarantee,
+                change,
+                rounds_since_change,
+                reason,
+            },
+            uses,
+        );
     }
-    let gpus_used = placed.iter().flatten().map(|p| p.placement.gpus()).sum();
-    let cpus_used = placed.iter().flatten().map(|p| p.cpus).sum();
-    let mem_used: f64 = placed.iter().flatten().map(|p| p.host_memory_gib).sum();
-    let normalized: f64 = placed
-        .iter()
-        .zip(&book.jobs)
-        .filter_map(|(p, jc)| p.as_ref().map(|p| p.throughput / jc.request_throughput))
-        .sum();
-    let schedule = Schedule {
-        api_version: Some(ApiVersion::CURRENT),
-        kind: Some(Kind::Schedule),
-        cluster: cluster.name.clone(),
-        round,
-        policy: policy.to_string(),
-        assignments,
-        totals: Totals {
-            gpus_used,
-            gpus_total: cluster.total_gpus(),
-            cpus_used,
-            host_memory_gib_used: round6(mem_used),
-            normalized_throughput: round6(normalized),
-        },
-        objective: round6(objective),
-        solver,
-    };
+    let schedule = schedule.build(objective);
     Outcome { schedule, explain, nodes }
 }
 
 /// Six significant decimals: plans print the same on every platform.
 pub fn round6(x: f64) -> f64 {
     if x.is_finite() { (x * 1e6).round() / 1e6 } else { x }
+}
+
+/// How a round decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Solver {
+    /// Rubick's greedy heuristic (the MILP only when the greedy misses a guarantee).
+    Heuristic,
+    /// The exact MILP over the Pareto candidates, warm-started from the heuristic.
+    Milp,
+}
+
+impl Solver {
+    /// The policy this solver is on its own (the schedule's `policy`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Solver::Heuristic => "rubick",
+            Solver::Milp => "rubick-milp",
+        }
+    }
+}
+
+/// A round's result with what was computed on the way.
+#[derive(Debug)]
+pub struct RoundResult {
+    pub outcome: Outcome,
+    pub book: CurveBook,
+    /// Objective of the heuristic's decision, when it found one.
+    pub heuristic_objective: Option<f64>,
+    pub wall: Duration,
+}
+
+/// A decision: the choice, its objective, and how it was reached.
+struct Decided {
+    choice: Vec<Option<usize>>,
+    objective: f64,
+    method: &'static str,
+    gap: Option<f64>,
+    status: String,
+}
+
+fn decide(
+    book: &CurveBook,
+    cluster: &Cluster,
+    config: &PlannerConfig,
+    inputs: &[JobInput],
+    policy: Solver,
+    time_limit: Duration,
+    milp_fallback: bool,
+) -> (Result<Decided, Infeasible>, Option<f64>) {
+    let greedy = heuristic::solve(book, cluster, inputs, config);
+    let heuristic_objective = greedy.as_ref().ok().map(|d| d.objective);
+    let decided = match (policy, greedy) {
+        (Solver::Heuristic, Ok(d)) => Ok(Decided {
+            choice: d.choice,
+            objective: d.objective,
+            method: "heuristic",
+            gap: None,
+            status: "heuristic".into(),
+        }),
+        (Solver::Milp, greedy) => {
+            let warm = greedy.as_ref().ok().map(|d| d.choice.clone());
+            match milp::solve(book, cluster, warm.as_deref(), time_limit) {
+                Ok(s) if greedy.as_ref().is_ok_and(|d| d.objective > s.objective + 1e-9) => greedy.map(|d| Decided {
+                    choice: d.choice,
+                    objective: d.objective,
+                    method: "heuristic",
+                    gap: Some(s.gap),
+                    status: format!("fallback: MILP {}", s.status),
+                }),
+                Ok(s) => Ok(Decided {
+                    choice: s.choice,
+                    objective: s.objective,
+                    method: "milp",
+                    gap: Some(s.gap),
+                    status: s.status.into(),
+                }),
+                Err(milp::MilpError::Infeasible) => Err(greedy.err().unwrap_or_else(|| infeasible(book))),
+                Err(e) => greedy.map(|d| {
+                    tracing::warn!("{e}; using the heuristic's schedule");
+                    Decided {
+                        choice: d.choice,
+                        objective: d.objective,
+                        method: "heuristic",
+                        gap: None,
+                        status: "fallback".into(),
+                    }
+                }),
+            }
+        }
+        // The greedy missed a guarantee: let the exact search decide feasibility.
+        (Solver::Heuristic, Err(why)) if !milp_fallback => Err(why),
+        (Solver::Heuristic, Err(why)) => match milp::solve(book, cluster, None, time_limit) {
+            Ok(s) => Ok(Decided {
+                choice: s.choice,
+                objective: s.objective,
+                method: "milp",
+                gap: Some(s.gap),
+                status: "heuristic-missed-guarantee".into(),
+            }),
+            Err(_) => Err(why),
+        },
+    };
+    (decided, heuristic_objective)
+}
+
+/// Plans one round. The decision sees each node group's totals; when placement then
+/// cannot give a guaranteed job its resources (cores or memory stranded beside GPUs
+/// on different nodes), the stranded resources are taken out and the round decided
+/// again, a few times at most.
+pub fn plan_round(
+    cluster: &Cluster,
+    config: &PlannerConfig,
+    inputs: &[JobInput],
+    policy: Solver,
+    time_limit: Duration,
+    round: u64,
+) -> Result<RoundResult, Infeasible> {
+    let mut evaluator = Evaluator::new(cluster, config);
+    plan_round_with(&mut evaluator, inputs, policy, time_limit, round)
+}
+
+/// [`plan_round`] with an evaluator kept across rounds (its caches of plan spaces and
+/// curves stay warm; set `evaluator.config.now_s` for each round).
+pub fn plan_round_with(
+    evaluator: &mut Evaluator<'_>,
+    inputs: &[JobInput],
+    policy: Solver,
+    time_limit: Duration,
+    round: u64,
+) -> Result<RoundResult, Infeasible> {
+    let start = Instant::now();
+    let cluster = evaluator.cluster;
+    let config = &evaluator.config.clone();
+    let jobs = inputs.iter().map(|i| evaluator.job_curves(i, None)).collect();
+    let mut book = CurveBook::new(jobs, cluster);
+    tracing::debug!("round {round}: curves of {} jobs in {:.1} ms", inputs.len(), ms(start));
+    let mut attempt = 0;
+    let mut previous: Option<RoundResult> = None;
+    loop {
+        attempt += 1;
+        // With jobs locked in their cooldown, a failed greedy first softens the locks
+        // (cheap) before the exact search decides feasibility.
+        let hard_locks = book.jobs.iter().any(|j| j.locked && j.must_run);
+        let deciding = Instant::now();
+        let (mut decided, mut heuristic_objective) =
+            decide(&book, cluster, config, inputs, policy, time_limit, !hard_locks);
+        if decided.is_err() && hard_locks {
+            // Guarantees need resources of jobs in their cooldown: let those be paused.
+            tracing::debug!("guarantees cannot be met with every job in its cooldown kept; softening the locks");
+            book.soften_locks();
+            (decided, heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit, true);
+        }
+        let d = match (decided, previous) {
+            (Ok(d), _) => d,
+            // Without the stranded resources there is no decision: keep the last one.
+            (Err(_), Some(prev)) => return Ok(prev),
+            (Err(e), None) => return Err(e),
+        };
+        tracing::debug!("round {round}, attempt {attempt}: decided in {:.1} ms", ms(deciding));
+        let placing = Instant::now();
+        let solver = SolverStats { method: d.method.into(), gap: d.gap, wall_s: None, status: d.status };
+        // Guarantees that must hold: of running jobs, and of every guaranteed job
+        // unless guaranteed jobs may wait in the queue.
+        let holds = |o: &Outcome| {
+            o.schedule
+                .assignments
+                .iter()
+                .zip(&book.jobs)
+                .all(|(a, jc)| a.guarantee.as_ref().is_none_or(|g| g.holds || (a.plan.is_none() && !jc.must_run)))
+        };
+        let place = |evaluator: &mut Evaluator<'_>, repack| {
+            assemble(evaluator, &book, inputs, &d.choice, d.objective, round, policy.as_str(), solver.clone(), repack)
+        };
+        let mut outcome = place(evaluator, Repack::None);
+        // Keeping running jobs in place left no room for a guarantee: let them move,
+        // those in their cooldown only as the last resort.
+        for repack in [Repack::Unlocked, Repack::All] {
+            if holds(&outcome) {
+                break;
+            }
+            let repacked = place(evaluator, repack);
+            if holds(&repacked) {
+                outcome = repacked;
+            }
+        }
+        let held = holds(&outcome);
+        tracing::debug!("round {round}, attempt {attempt}: placed in {:.1} ms (guarantees held: {held})", ms(placing));
+        let stranded = stranded(&outcome.nodes, cluster, config);
+        let progress = stranded.iter().any(|s| s.gpus > 0.0 || s.cpus > 0.0 || s.mem > 1e-6);
+        if held || attempt >= 4 || !progress {
+            return Ok(RoundResult { outcome, book, heuristic_objective, wall: start.elapsed() });
+        }
+        previous = Some(RoundResult { outcome, book: book.clone(), heuristic_objective, wall: start.elapsed() });
+        tracing::debug!(
+            "attempt {attempt}: a guaranteed job could not be placed; deciding again without stranded resources"
+        );
+        for (cap, s) in book.capacity.iter_mut().zip(&stranded) {
+            cap.gpus -= s.gpus;
+            cap.cpus -= s.cpus;
+            cap.mem -= s.mem;
+        }
+    }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+fn infeasible(book: &CurveBook) -> Infeasible {
+    let jobs: Vec<String> = book.jobs.iter().filter(|j| j.guaranteed).map(|j| j.name.clone()).collect();
+    Infeasible {
+        reason: format!("the guaranteed jobs ({}) cannot all get their guarantee on this cluster", jobs.join(", ")),
+        jobs,
+    }
 }

@@ -1,6 +1,6 @@
 //! `rubick-plan simulate` and `rubick-plan compare`: the command line of the simulator
 //! (the simulator itself, its policies, truth and summary are library code in
-//! [`crate::sim`]).
+//! [`rubick_sim`]).
 
 mod plots;
 
@@ -13,16 +13,17 @@ use rubick_core::artifact::to_yaml;
 use rubick_core::planner::PlannerConfig;
 use rubick_core::simulation::{SimulationSummary, Spread};
 use rubick_core::tables::{SIM_JOBS, SimJobRow};
-use rubick_core::truth::TruthMode;
 use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
 use rubick_io::plot::write_figure;
 use rubick_io::reference::ReferenceData;
+use rubick_sim::truth::TruthMode;
 
-use crate::policies::Registration;
-use crate::sim::trace::load_trace;
-use crate::sim::{Queue, SimConfig, SimJob, SimResult, simulate_seeds, summary::summarize};
 use plots::{CdfFigure, GanttFigure, UsageFigure};
+use rubick_sim::policies::Registration;
+use rubick_sim::summary::summarize;
+use rubick_sim::trace::load_trace;
+use rubick_sim::{Queue, SimConfig, SimJob, SimResult, simulate_seeds};
 
 const SIMULATE_EXAMPLES: &str = "\
 Examples:
@@ -230,9 +231,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     config.milp_time_limit = rubick_core::launch::duration(args.time_limit);
     config.planner.guarantee_margin = args.guarantee_margin;
     config.planner.guarantee_keeps_layout = args.guarantee_keeps_layout;
-    if args.measured_only {
-        config.planner.measured_only = Some(std::sync::Arc::clone(&truth.table));
-    }
+    config.measured_only = args.measured_only;
     config.noise_sigma = args.noise;
     config.seed = args.seed;
     config.planner.change_min_gain = args.change_min_gain;

@@ -51,7 +51,7 @@ impl Figure for CdfFigure {
 
 /// One bar per job: queueing (thin, grey) then running (by model), in submit order.
 pub(super) struct GanttFigure<'a> {
-    pub jobs: &'a [crate::sim::JobResult],
+    pub jobs: &'a [rubick_sim::JobResult],
 }
 
 impl Figure for GanttFigure<'_> {
@@ -61,7 +61,7 @@ impl Figure for GanttFigure<'_> {
     {
         let err = drawing_error::<DB::ErrorType>;
         root.fill(&WHITE).map_err(err)?;
-        let mut order: Vec<&crate::sim::JobResult> = self.jobs.iter().collect();
+        let mut order: Vec<&rubick_sim::JobResult> = self.jobs.iter().collect();
         order.sort_by(|a, b| a.submit_s.total_cmp(&b.submit_s).then(a.name.cmp(&b.name)));
         let end = order.iter().filter_map(|j| j.finish_s).fold(1.0, f64::max) / 3600.0;
         let n = order.len().max(1) as f64;

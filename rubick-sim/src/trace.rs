@@ -2,17 +2,17 @@
 
 use std::path::Path;
 
+use crate::truth::{Truth, TruthMode};
 use anyhow::Context;
 use rubick_core::job::{JobRequest, Resharding};
 use rubick_core::perfmodel::Links;
 use rubick_core::reference::TESTBED_PROFILED_CPUS_PER_GPU;
-use rubick_core::truth::{Truth, TruthMode};
 use rubick_core::{Cluster, Job, JobBatch, PlanRequest};
 use rubick_io::files::{parse_artifact, read_text};
 use rubick_io::reference::{ReferenceData, read_trace};
 
-use super::SimJob;
-use crate::round::{ModelSource, job_params};
+use crate::SimJob;
+use rubick_io::beliefs::{ModelSource, job_params};
 
 /// The jobs of a trace (the reference's workload CSV, or a `JobBatch` whose jobs carry
 /// `submitTimeS` and `iterations`), each with its belief (a model fitted on 8 reference

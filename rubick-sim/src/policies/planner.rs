@@ -12,7 +12,7 @@ use rubick_core::{Cluster, PlanRequest};
 
 use super::queue::queue_order;
 use super::{PolicyOptions, Queue, View, request_plan, traced_plan};
-use crate::round::{Solver, plan_round_with};
+use rubick_core::planner::round::{Solver, plan_round_with};
 
 /// The last round of a planner-family policy, for `schedule`.
 #[derive(Debug, Clone)]

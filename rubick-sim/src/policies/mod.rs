@@ -13,11 +13,11 @@
 
 use std::time::Duration;
 
+use crate::truth::MeasuredTable;
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::Evaluator;
 use rubick_core::planner::{Current, PlannerConfig, Restriction};
 use rubick_core::space::resolve_code;
-use rubick_core::truth::MeasuredTable;
 use rubick_core::{Cluster, Job, MemoryEstimator, Placement, Plan, PlanCode, PlanRequest};
 
 mod antman;
@@ -302,11 +302,11 @@ pub fn schedule_of(
     allocations: &[Option<Current>],
 ) -> (rubick_core::schedule::Schedule, Vec<String>) {
     use rubick_core::planner::round::round6;
-    use rubick_core::schedule::{Assignment, Change, NodeShare, Schedule, SolverStats, Totals};
+    use rubick_core::schedule::{Assignment, Change, NodeShare, Schedule, SolverStats, Uses};
     let cluster = evaluator.cluster;
-    let mut assignments = Vec::with_capacity(jobs.len());
+    let solver = SolverStats { method: "queue".into(), gap: None, wall_s: None, status: "allocated".into() };
+    let mut schedule = Schedule::builder(cluster, round, policy, solver);
     let mut explain = Vec::with_capacity(jobs.len());
-    let (mut gpus_used, mut cpus_used, mut mem_used) = (0, 0, 0.0);
     for (pj, alloc) in jobs.iter().zip(allocations) {
         let change = Current::change(pj.current, alloc.as_ref());
         let throughput = alloc.as_ref().map_or(0.0, |c| {
@@ -320,11 +320,13 @@ pub fn schedule_of(
             Change::Preempted => "preempted for a guaranteed job".to_owned(),
             _ => "kept: this policy never reconfigures".to_owned(),
         };
-        if let Some(c) = alloc {
-            gpus_used += c.placement.gpus();
-            cpus_used += c.cpus;
-            mem_used += c.host_memory_gib;
-        }
+        // Every running job runs its request: it counts 1 in the objective.
+        let uses = alloc.as_ref().map(|c| Uses {
+            gpus: c.placement.gpus(),
+            cpus: c.cpus,
+            host_memory_gib: c.host_memory_gib,
+            normalized_throughput: 1.0,
+        });
         let nodes = alloc.as_ref().map_or_else(Vec::new, |c| {
             let g = &cluster.node_groups[c.group];
             let counts: Vec<u32> = c.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
@@ -348,38 +350,23 @@ pub fn schedule_of(
                 .as_ref()
                 .map_or_else(|| "-".to_owned(), |c| format!("{} on {} with {} cores", c.plan, c.placement, c.cpus))
         ));
-        assignments.push(Assignment {
-            job: pj.job.name.clone(),
-            plan: alloc.as_ref().map(|c| c.plan),
-            nodes,
-            predicted_throughput: round6(throughput),
-            guarantee: None,
-            change,
-            rounds_since_change: match (change, pj.current) {
-                (Change::Kept, Some(c)) => c.rounds_since_change.saturating_add(1),
-                _ => 0,
+        schedule.push(
+            Assignment {
+                job: pj.job.name.clone(),
+                plan: alloc.as_ref().map(|c| c.plan),
+                nodes,
+                predicted_throughput: round6(throughput),
+                guarantee: None,
+                change,
+                rounds_since_change: match (change, pj.current) {
+                    (Change::Kept, Some(c)) => c.rounds_since_change.saturating_add(1),
+                    _ => 0,
+                },
+                reason,
             },
-            reason,
-        });
+            uses,
+        );
     }
     let running = allocations.iter().flatten().count() as f64;
-    let schedule = Schedule {
-        api_version: Some(rubick_core::ApiVersion::CURRENT),
-        kind: Some(rubick_core::Kind::Schedule),
-        cluster: cluster.name.clone(),
-        round,
-        policy: policy.to_owned(),
-        assignments,
-        totals: Totals {
-            gpus_used,
-            gpus_total: cluster.total_gpus(),
-            cpus_used,
-            host_memory_gib_used: round6(mem_used),
-            // Every running job runs its request.
-            normalized_throughput: running,
-        },
-        objective: running,
-        solver: SolverStats { method: "queue".into(), gap: None, wall_s: None, status: "allocated".into() },
-    };
-    (schedule, explain)
+    (schedule.build(running), explain)
 }

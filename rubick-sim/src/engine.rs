@@ -20,18 +20,16 @@
 
 use std::time::Duration;
 
+use crate::truth::{Basis, Truth};
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{Current, PlannerConfig};
+use rubick_core::planner::{Candidates, Current, PlannerConfig, ReferencePlans};
 use rubick_core::schedule::Change;
-use rubick_core::truth::{Basis, Truth};
 use rubick_core::{Cluster, Job, Placement, Plan, PlanCode};
 
-pub mod summary;
-pub mod trace;
-
-pub use crate::policies::Queue;
-use crate::policies::{Policy, PolicyJob, PolicyOptions, Registration, View, request_config, work_per_iteration};
+use crate::policies::{
+    Policy, PolicyJob, PolicyOptions, Queue, Registration, View, request_config, work_per_iteration,
+};
 
 /// Knobs of a simulation.
 #[derive(Debug, Clone)]
@@ -42,6 +40,9 @@ pub struct SimConfig {
     pub policy: &'static Registration,
     pub queue: Queue,
     pub planner: PlannerConfig,
+    /// Only configurations the truth measured are offered (besides a job's request and
+    /// current allocation): the truth stays measured.
+    pub measured_only: bool,
     pub milp_time_limit: Duration,
     /// Log-normal noise on true iteration times: each allocation of a job runs
     /// `exp(sigma * z)` times its truth, `z` standard normal (0: none).
@@ -63,7 +64,7 @@ impl SimConfig {
             policy,
             queue,
             planner: PlannerConfig {
-                reference_plans_only: true,
+                candidates: Candidates::default().and(std::sync::Arc::new(ReferencePlans)),
                 queue_guaranteed: true,
                 guarantee_margin: 0.3,
                 guarantee_keeps_layout: true,
@@ -73,6 +74,7 @@ impl SimConfig {
                 ..PlannerConfig::default()
             },
             milp_time_limit: Duration::from_secs(2),
+            measured_only: false,
             noise_sigma: 0.0,
             seed: 0,
         }
@@ -194,51 +196,284 @@ pub fn simulate(
     config: &SimConfig,
     progress: impl FnMut(usize, usize),
 ) -> SimResult {
-    let planner = planner_config(config);
+    let planner = planner_config(config, truth);
     let options =
         PolicyOptions { queue: config.queue, planner: planner.clone(), milp_time_limit: config.milp_time_limit };
     let mut policy = config.policy.build(cluster, &options);
-    simulate_with(cluster, jobs, truth, config, &planner, policy.as_mut(), progress)
+    Simulation::new(cluster, jobs, truth, config, &planner, policy.reconfigures()).run(policy.as_mut(), progress)
 }
 
 /// The planner knobs of a simulation: a job must be able to progress between two
 /// changes (a cooldown shorter than the restart penalty lets a policy restart it
-/// forever), and a restart costs the penalty.
-fn planner_config(config: &SimConfig) -> PlannerConfig {
+/// forever), a restart costs the penalty, and with `measured_only` only configurations
+/// the truth measured are offered.
+pub fn planner_config(config: &SimConfig, truth: &Truth) -> PlannerConfig {
     let mut planner = config.planner.clone();
     let min_cooldown = (config.restart_penalty_s / config.round_s).ceil() as u32 + 1;
     planner.cooldown_rounds = planner.cooldown_rounds.max(min_cooldown);
     planner.default_restart_s = config.restart_penalty_s;
+    if config.measured_only {
+        planner.candidates = planner.candidates.and(std::sync::Arc::clone(&truth.table) as _);
+    }
     planner
 }
 
-fn simulate_with(
-    cluster: &Cluster,
-    jobs: &[SimJob],
-    truth: &Truth,
-    config: &SimConfig,
-    planner_config: &PlannerConfig,
-    policy: &mut dyn Policy,
-    mut progress: impl FnMut(usize, usize),
-) -> SimResult {
-    let n = jobs.len();
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|a, b| jobs[*a].job.submit_time_s.total_cmp(&jobs[*b].job.submit_time_s).then(a.cmp(b)));
-    let mut state: Vec<State> =
-        jobs.iter().map(|j| State { remaining: j.job.iterations as f64, noise: 1.0, ..State::default() }).collect();
-    let g0 = &cluster.node_groups[0];
-    let mut evaluator = Evaluator::new(cluster, &config.planner);
-    for (j, sj) in jobs.iter().enumerate() {
+/// A simulation in progress, as steps: [`Simulation::arrive`] (submitted jobs join;
+/// the clock skips idle time), [`Simulation::decide`] (the policy decides when a job
+/// arrived or finished, or a cooldown ended), [`Simulation::advance`] (one round under
+/// the truth) and [`Simulation::results`]. [`Simulation::run`] drives them.
+#[derive(Debug)]
+pub struct Simulation<'a> {
+    cluster: &'a Cluster,
+    jobs: &'a [SimJob],
+    truth: &'a Truth,
+    config: &'a SimConfig,
+    /// Rounds after a change before a reconfiguring policy is asked again.
+    cooldown: u32,
+    reconfigures: bool,
+    /// Jobs by submission time (then index).
+    order: Vec<usize>,
+    state: Vec<State>,
+    /// Submitted, unfinished jobs, in submission order.
+    active: Vec<usize>,
+    /// Index into `order` of the next job to arrive.
+    next_arrival: usize,
+    finished: usize,
+    /// The clock: the start of the current round.
+    t: f64,
+    deadline: f64,
+    usage: Vec<(f64, u32)>,
+    rounds: u64,
+    decisions: u64,
+    /// Decisions asked of the policy so far (the round number it sees).
+    round_no: u64,
+    /// Rounds since the last decision.
+    since_plan: u32,
+    /// A job arrived or finished since the last decision.
+    changed: bool,
+}
+
+impl<'a> Simulation<'a> {
+    /// A simulation of `jobs` on `cluster`, nothing submitted yet: each job's request
+    /// and (for guaranteed jobs) the truth of its request resolved once. `planner` is
+    /// the policy's (see [`planner_config`]); `reconfigures`: whether the policy also
+    /// decides when cooldowns end.
+    pub fn new(
+        cluster: &'a Cluster,
+        jobs: &'a [SimJob],
+        truth: &'a Truth,
+        config: &'a SimConfig,
+        planner: &PlannerConfig,
+        reconfigures: bool,
+    ) -> Self {
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.sort_by(|a, b| jobs[*a].job.submit_time_s.total_cmp(&jobs[*b].job.submit_time_s).then(a.cmp(b)));
+        let mut evaluator = Evaluator::new(cluster, planner);
+        let state = jobs.iter().map(|sj| State::of(sj, cluster, truth, &mut evaluator)).collect();
+        let round = config.round_s;
+        Simulation {
+            cluster,
+            jobs,
+            truth,
+            config,
+            cooldown: planner.cooldown_rounds,
+            reconfigures,
+            t: order.first().map_or(0.0, |&j| (jobs[j].job.submit_time_s / round).ceil() * round),
+            deadline: jobs.iter().map(|j| j.job.submit_time_s).fold(0.0, f64::max) + 90.0 * 86_400.0,
+            order,
+            state,
+            active: Vec::new(),
+            next_arrival: 0,
+            finished: 0,
+            usage: Vec::new(),
+            rounds: 0,
+            decisions: 0,
+            round_no: 0,
+            since_plan: 0,
+            changed: true,
+        }
+    }
+
+    /// Every step until every job finished, none can, or 90 days passed after the last
+    /// submission; `progress` after each round with (finished, total).
+    pub fn run(mut self, policy: &mut dyn Policy, mut progress: impl FnMut(usize, usize)) -> SimResult {
+        while self.arrive() {
+            self.decide(policy);
+            if !self.advance() {
+                break;
+            }
+            progress(self.finished, self.jobs.len());
+        }
+        self.results()
+    }
+
+    /// The jobs submitted by the current round join; while none is active, the clock
+    /// jumps to the round of the next submission. `false`: the simulation is over.
+    pub fn arrive(&mut self) -> bool {
+        let (jobs, n, round) = (self.jobs, self.jobs.len(), self.config.round_s);
+        loop {
+            if self.finished >= n {
+                return false;
+            }
+            if self.t > self.deadline {
+                tracing::warn!("{} jobs unfinished 90 days after the last submission; stopping", n - self.finished);
+                return false;
+            }
+            while self.next_arrival < n && jobs[self.order[self.next_arrival]].job.submit_time_s <= self.t + 1e-9 {
+                self.active.push(self.order[self.next_arrival]);
+                self.next_arrival += 1;
+                self.changed = true;
+            }
+            if !self.active.is_empty() {
+                self.rounds += 1;
+                return true;
+            }
+            if self.next_arrival >= n {
+                return false;
+            }
+            // Idle: jump to the round of the next submission.
+            self.t = (jobs[self.order[self.next_arrival]].job.submit_time_s / round).ceil() * round;
+        }
+    }
+
+    /// The policy decides, when a job arrived or finished since it last did, or (a
+    /// policy that reconfigures) when cooldowns end; any change restarts a job.
+    pub fn decide(&mut self, policy: &mut dyn Policy) {
+        if !(self.changed || (self.reconfigures && self.since_plan == self.cooldown)) {
+            self.since_plan += 1;
+            for &j in &self.active {
+                if let Some(a) = &mut self.state[j].alloc {
+                    a.rounds_since_change = a.rounds_since_change.saturating_add(1);
+                }
+            }
+            return;
+        }
+        self.decisions += 1;
+        self.since_plan = 0;
+        self.changed = false;
+        let (jobs, t) = (self.jobs, self.t);
+        let seen: Vec<PolicyJob<'_>> = self
+            .active
+            .iter()
+            .map(|&j| {
+                let s = &self.state[j];
+                PolicyJob {
+                    evidence: None,
+                    job: &jobs[j].job,
+                    params: &jobs[j].params,
+                    trace_code: jobs[j].trace_code,
+                    current: s.alloc.as_ref(),
+                    remaining: s.remaining,
+                    remaining_work: s.remaining_work(),
+                    attained_gpu_s: s.gpu_s,
+                    first_start_s: s.first_start,
+                }
+            })
+            .collect();
+        let view = View { cluster: self.cluster, jobs: &seen, now_s: t, measured: Some(&self.truth.table) };
+        let new = policy.decide(&view, self.round_no);
+        drop(seen);
+        self.round_no += 1;
+        for (&j, alloc) in self.active.iter().zip(new) {
+            self.state[j].apply(j, &jobs[j], alloc, t, self.cluster, self.truth, self.config);
+        }
+    }
+
+    /// One round under the truth: jobs progress at their allocation's true speed after
+    /// any restart penalty, guarantees are checked, finished jobs leave. `false`: nothing
+    /// runs and nothing will arrive, so the rest can never start.
+    pub fn advance(&mut self) -> bool {
+        let (jobs, round, t) = (self.jobs, self.config.round_s, self.t);
+        let end = t + round;
+        let mut in_use = 0;
+        let mut left = 0;
+        for &j in &self.active {
+            let (running, gpus) = self.state[j].advance(&jobs[j], t, round, self.cluster, self.truth);
+            in_use += gpus;
+            if running == Running::Finished {
+                left += 1;
+            }
+        }
+        if left > 0 {
+            let state = &self.state;
+            self.active.retain(|&j| state[j].finish.is_none());
+            self.finished += left;
+            self.changed = true;
+        }
+        if in_use == 0 && self.next_arrival == jobs.len() && !self.changed {
+            // Nothing runs and nothing will arrive: the rest can never start.
+            tracing::warn!(
+                "{} jobs can never start on this cluster under {}",
+                jobs.len() - self.finished,
+                self.config.policy.name
+            );
+            self.usage.push((t, 0));
+            self.t = end;
+            return false;
+        }
+        self.usage.push((t, in_use));
+        self.t = end;
+        true
+    }
+
+    /// Every job's outcome, the makespan and the usage over time.
+    pub fn results(self) -> SimResult {
+        let round = self.config.round_s;
+        let results: Vec<JobResult> = self
+            .jobs
+            .iter()
+            .zip(&self.state)
+            .map(|(j, s)| JobResult {
+                name: j.job.name.clone(),
+                model: j.job.model.name.clone(),
+                submit_s: j.job.submit_time_s,
+                first_start_s: s.first_start,
+                finish_s: s.finish,
+                restarts: s.restarts,
+                plan_changes: s.plan_changes,
+                gpu_hours: s.gpu_s / 3600.0,
+                guaranteed: j.job.guaranteed,
+                violation_s: if j.job.guaranteed { s.violation_s } else { 0.0 },
+                basis_s: s.basis_s,
+            })
+            .collect();
+        let last = results.iter().filter_map(|r| r.finish_s).fold(0.0, f64::max);
+        let makespan_s = (last / round).ceil() * round;
+        SimResult {
+            jobs: results,
+            makespan_s,
+            end_s: self.t,
+            usage: self.usage,
+            rounds: self.rounds,
+            decisions: self.decisions,
+        }
+    }
+}
+
+/// Whether a job ran on in a round, or finished in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Running {
+    No,
+    Yes,
+    Finished,
+}
+
+impl State {
+    /// A job not yet submitted: its remaining work as the policies see it, and for a
+    /// guaranteed job its request and the truth of the request's throughput.
+    fn of(sj: &SimJob, cluster: &Cluster, truth: &Truth, evaluator: &mut Evaluator<'_>) -> State {
         let job = &sj.job;
-        let request = request_config(job, &sj.params, sj.trace_code, &mut evaluator, Some(&truth.table));
+        let mut s = State { remaining: job.iterations as f64, noise: 1.0, ..State::default() };
+        let request = request_config(job, &sj.params, sj.trace_code, evaluator, Some(&truth.table));
         // Remaining work as the policies see it: iterations x predicted GPU-seconds per
         // iteration on the request.
-        state[j].work_per_iter = work_per_iteration(job, &sj.params, request.as_ref(), &evaluator);
+        s.work_per_iter = work_per_iteration(job, &sj.params, request.as_ref(), evaluator);
         // Required throughput of a guaranteed job: the truth of its request.
         if let (true, Some((plan, placement, cpus))) = (job.guaranteed, request) {
             let mut on = vec![placement.clone()];
+            let g0 = &cluster.node_groups[0];
             on.extend(Placement::packed(job.request.gpus, g0.gpus_per_node).filter(|p| *p != placement));
-            state[j].request = Some((plan, on, cpus));
+            s.request = Some((plan, on, cpus));
             let c = Current {
                 group: 0,
                 plan,
@@ -249,206 +484,126 @@ fn simulate_with(
                 rounds_since_change: 0,
             };
             let (t, _) = true_iter_s(sj, truth, cluster, &c);
-            state[j].required = job.model.global_batch as f64 / t;
+            s.required = job.model.global_batch as f64 / t;
         }
+        s
     }
-    let round = config.round_s;
-    let cooldown = planner_config.cooldown_rounds;
-    let deadline = jobs.iter().map(|j| j.job.submit_time_s).fold(0.0, f64::max) + 90.0 * 86_400.0;
-    let reconfigures = policy.reconfigures();
-    let mut t = order.first().map_or(0.0, |&j| (jobs[j].job.submit_time_s / round).ceil() * round);
-    let mut next_arrival = 0; // index into `order`
-    let mut finished = 0;
-    let mut usage = Vec::new();
-    let (mut rounds, mut decisions) = (0u64, 0u64);
-    let mut changed = true;
-    let mut since_plan = 0u32;
-    let mut round_no = 0u64;
-    while finished < n {
-        if t > deadline {
-            tracing::warn!("{} jobs unfinished 90 days after the last submission; stopping", n - finished);
-            break;
-        }
-        while next_arrival < n && jobs[order[next_arrival]].job.submit_time_s <= t + 1e-9 {
-            next_arrival += 1;
-            changed = true;
-        }
-        let active: Vec<usize> = order[..next_arrival].iter().copied().filter(|&j| state[j].finish.is_none()).collect();
-        if active.is_empty() {
-            // Idle: jump to the round of the next submission.
-            if next_arrival < n {
-                t = (jobs[order[next_arrival]].job.submit_time_s / round).ceil() * round;
-                continue;
+
+    /// The policy's decision for job `j` at `t`: kept (its rounds since the change
+    /// count on), or a change that restarts it (noise drawn anew) or pauses it.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &mut self,
+        j: usize,
+        sj: &SimJob,
+        alloc: Option<Current>,
+        t: f64,
+        cluster: &Cluster,
+        truth: &Truth,
+        config: &SimConfig,
+    ) {
+        let change = Current::change(self.alloc.as_ref(), alloc.as_ref());
+        if matches!(change, Change::Kept | Change::Pending) {
+            if let Some(a) = &mut self.alloc {
+                a.rounds_since_change = a.rounds_since_change.saturating_add(1);
             }
-            break;
+            return;
         }
-        rounds += 1;
-        // Re-plan on arrivals and completions, and when cooldowns end.
-        if changed || (reconfigures && since_plan == cooldown) {
-            decisions += 1;
-            since_plan = 0;
-            changed = false;
-            let seen: Vec<PolicyJob<'_>> = active
-                .iter()
-                .map(|&j| PolicyJob {
-                    evidence: None,
-                    job: &jobs[j].job,
-                    params: &jobs[j].params,
-                    trace_code: jobs[j].trace_code,
-                    current: state[j].alloc.as_ref(),
-                    remaining: state[j].remaining,
-                    remaining_work: state[j].remaining_work(),
-                    attained_gpu_s: state[j].gpu_s,
-                    first_start_s: state[j].first_start,
-                })
-                .collect();
-            let view = View { cluster, jobs: &seen, now_s: t, measured: Some(&truth.table) };
-            let new = policy.decide(&view, round_no);
-            drop(seen);
-            round_no += 1;
-            for (&j, alloc) in active.iter().zip(new) {
-                let s = &mut state[j];
-                let change = Current::change(s.alloc.as_ref(), alloc.as_ref());
-                if matches!(change, Change::Kept | Change::Pending) {
-                    if let Some(a) = &mut s.alloc {
-                        a.rounds_since_change = a.rounds_since_change.saturating_add(1);
-                    }
-                    continue;
-                }
-                if let Some(new) = &alloc {
-                    if tracing::enabled!(tracing::Level::DEBUG) {
-                        let (iter_s, basis) = true_iter_s(&jobs[j], truth, cluster, new);
-                        tracing::debug!(
-                            "t={t}: {} {change:?} -> {} on {} with {} cores ({:.3} samples/s, {basis:?}; request {} GPUs)",
-                            jobs[j].job.name,
-                            new.plan,
-                            new.placement,
-                            new.cpus,
-                            jobs[j].job.model.global_batch as f64 / iter_s,
-                            jobs[j].job.request.gpus
-                        );
-                    }
-                    if s.alloc.is_some() || s.first_start.is_some() {
-                        s.restarts += 1;
-                    }
-                    if s.alloc.as_ref().is_some_and(|a| a.plan != new.plan) {
-                        s.plan_changes += 1;
-                    }
-                    s.first_start.get_or_insert(t);
-                    s.penalty_until = t + config.restart_penalty_s;
-                    s.allocations += 1;
-                    s.noise = if config.noise_sigma > 0.0 {
-                        (config.noise_sigma * normal(config.seed, j, s.allocations)).exp()
-                    } else {
-                        1.0
-                    };
-                } else {
-                    tracing::debug!("t={t}: {} paused", jobs[j].job.name);
-                }
-                s.truth = alloc.as_ref().map(|a| true_iter_s(&jobs[j], truth, cluster, a));
-                s.alloc = alloc.map(|mut a| {
-                    a.rounds_since_change = 0;
-                    a
-                });
+        if let Some(new) = &alloc {
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let (iter_s, basis) = true_iter_s(sj, truth, cluster, new);
+                tracing::debug!(
+                    "t={t}: {} {change:?} -> {} on {} with {} cores ({:.3} samples/s, {basis:?}; request {} GPUs)",
+                    sj.job.name,
+                    new.plan,
+                    new.placement,
+                    new.cpus,
+                    sj.job.model.global_batch as f64 / iter_s,
+                    sj.job.request.gpus
+                );
             }
-        } else {
-            since_plan += 1;
-            for &j in &active {
-                if let Some(a) = &mut state[j].alloc {
-                    a.rounds_since_change = a.rounds_since_change.saturating_add(1);
-                }
+            if self.alloc.is_some() || self.first_start.is_some() {
+                self.restarts += 1;
             }
-        }
-        // Advance the round under the truth.
-        let end = t + round;
-        let mut in_use = 0;
-        for &j in &active {
-            let s = &mut state[j];
-            let guaranteed = jobs[j].job.guaranteed && s.first_start.is_some();
-            let Some(a) = &s.alloc else {
-                if guaranteed {
-                    // Admitted, then paused: the guarantee does not hold.
-                    s.violation_s += round;
-                }
-                continue;
+            if self.alloc.as_ref().is_some_and(|a| a.plan != new.plan) {
+                self.plan_changes += 1;
+            }
+            self.first_start.get_or_insert(t);
+            self.penalty_until = t + config.restart_penalty_s;
+            self.allocations += 1;
+            self.noise = if config.noise_sigma > 0.0 {
+                (config.noise_sigma * normal(config.seed, j, self.allocations)).exp()
+            } else {
+                1.0
             };
-            let gpus = a.placement.gpus();
-            in_use += gpus;
-            let (true_s, basis) = s.truth.unwrap_or_else(|| true_iter_s(&jobs[j], truth, cluster, a));
-            let iter_s = true_s * s.noise;
-            let start = s.penalty_until.max(t);
-            let mut stop = end;
-            if start < end {
-                let can = (end - start) / iter_s;
-                if s.remaining <= can {
-                    stop = start + s.remaining * iter_s;
-                    s.remaining = 0.0;
-                    s.finish = Some(stop);
-                } else {
-                    s.remaining -= can;
-                }
-            }
-            let held = stop - t;
-            s.gpu_s += f64::from(gpus) * held;
-            s.basis_s[basis as usize] += held;
-            // A guarantee compares configurations: the truth of this one against the
-            // truth of the request (the noise is the environment's luck, and would have
-            // hit the request alike).
-            let speed = jobs[j].job.model.global_batch as f64 / true_s;
-            let as_requested = s
-                .request
-                .as_ref()
-                .is_some_and(|(plan, on, cpus)| a.plan == *plan && on.contains(&a.placement) && a.cpus >= *cpus);
-            if guaranteed && !as_requested && speed < s.required * 0.99 {
-                if s.violation_s <= 0.0 {
-                    tracing::debug!(
-                        "{}: {} on {} runs at {speed:.3} samples/s ({basis:?}), below its guarantee {:.3}",
-                        jobs[j].job.name,
-                        a.plan,
-                        a.placement,
-                        s.required
-                    );
-                }
-                s.violation_s += held;
-            }
-            if s.finish.is_some() {
-                s.alloc = None;
-                s.truth = None;
-                finished += 1;
-                changed = true;
-            }
+        } else {
+            tracing::debug!("t={t}: {} paused", sj.job.name);
         }
-        if in_use == 0 && next_arrival == n && !changed {
-            // Nothing runs and nothing will arrive: the rest can never start.
-            tracing::warn!("{} jobs can never start on this cluster under {}", n - finished, config.policy.name);
-            usage.push((t, 0));
-            t = end;
-            break;
-        }
-        usage.push((t, in_use));
-        progress(finished, n);
-        t = end;
+        self.truth = alloc.as_ref().map(|a| true_iter_s(sj, truth, cluster, a));
+        self.alloc = alloc.map(|mut a| {
+            a.rounds_since_change = 0;
+            a
+        });
     }
-    let results: Vec<JobResult> = jobs
-        .iter()
-        .zip(&state)
-        .map(|(j, s)| JobResult {
-            name: j.job.name.clone(),
-            model: j.job.model.name.clone(),
-            submit_s: j.job.submit_time_s,
-            first_start_s: s.first_start,
-            finish_s: s.finish,
-            restarts: s.restarts,
-            plan_changes: s.plan_changes,
-            gpu_hours: s.gpu_s / 3600.0,
-            guaranteed: j.job.guaranteed,
-            violation_s: if j.job.guaranteed { s.violation_s } else { 0.0 },
-            basis_s: s.basis_s,
-        })
-        .collect();
-    let last = results.iter().filter_map(|r| r.finish_s).fold(0.0, f64::max);
-    let makespan_s = (last / round).ceil() * round;
-    SimResult { jobs: results, makespan_s, end_s: t, usage, rounds, decisions }
+
+    /// The round from `t` to `t + round` under the truth: progress after the restart
+    /// penalty, GPU-seconds, the basis of the truth, a guarantee's violation. Returns
+    /// whether it ran (or finished) and on how many GPUs.
+    fn advance(&mut self, sj: &SimJob, t: f64, round: f64, cluster: &Cluster, truth: &Truth) -> (Running, u32) {
+        let end = t + round;
+        let guaranteed = sj.job.guaranteed && self.first_start.is_some();
+        let Some(a) = &self.alloc else {
+            if guaranteed {
+                // Admitted, then paused: the guarantee does not hold.
+                self.violation_s += round;
+            }
+            return (Running::No, 0);
+        };
+        let gpus = a.placement.gpus();
+        let (true_s, basis) = self.truth.unwrap_or_else(|| true_iter_s(sj, truth, cluster, a));
+        let iter_s = true_s * self.noise;
+        let start = self.penalty_until.max(t);
+        let mut stop = end;
+        if start < end {
+            let can = (end - start) / iter_s;
+            if self.remaining <= can {
+                stop = start + self.remaining * iter_s;
+                self.remaining = 0.0;
+                self.finish = Some(stop);
+            } else {
+                self.remaining -= can;
+            }
+        }
+        let held = stop - t;
+        self.gpu_s += f64::from(gpus) * held;
+        self.basis_s[basis as usize] += held;
+        // A guarantee compares configurations: the truth of this one against the truth
+        // of the request (the noise is the environment's luck, and would have hit the
+        // request alike).
+        let speed = sj.job.model.global_batch as f64 / true_s;
+        let as_requested = self
+            .request
+            .as_ref()
+            .is_some_and(|(plan, on, cpus)| a.plan == *plan && on.contains(&a.placement) && a.cpus >= *cpus);
+        if guaranteed && !as_requested && speed < self.required * 0.99 {
+            if self.violation_s <= 0.0 {
+                tracing::debug!(
+                    "{}: {} on {} runs at {speed:.3} samples/s ({basis:?}), below its guarantee {:.3}",
+                    sj.job.name,
+                    a.plan,
+                    a.placement,
+                    self.required
+                );
+            }
+            self.violation_s += held;
+        }
+        if self.finish.is_some() {
+            self.alloc = None;
+            self.truth = None;
+            return (Running::Finished, gpus);
+        }
+        (Running::Yes, gpus)
+    }
 }
 
 /// Runs `seeds` replicas of the simulation (seeds `config.seed`, `+1`, ...), two at a
@@ -486,7 +641,7 @@ mod tests {
     use rubick_core::perfmodel::Links;
 
     use crate::policies::request_plan;
-    use rubick_core::truth::TruthMode;
+    use crate::truth::TruthMode;
 
     use super::*;
 
@@ -555,8 +710,9 @@ mod tests {
     fn run(jobs: &[SimJob], script: Vec<Option<Current>>) -> SimResult {
         let cluster = Cluster::example();
         let config = SimConfig::defaults(crate::policies::lookup("rubick").unwrap(), Queue::Fifo);
-        let planner = planner_config(&config);
-        simulate_with(&cluster, jobs, &no_rows(), &config, &planner, &mut Scripted(script), |_, _| {})
+        let truth = no_rows();
+        let planner = planner_config(&config, &truth);
+        Simulation::new(&cluster, jobs, &truth, &config, &planner, true).run(&mut Scripted(script), |_, _| {})
     }
 
     /// A guaranteed job paused after admission was once reported as holding its
@@ -593,7 +749,7 @@ mod tests {
         let config = SimConfig::defaults(crate::policies::lookup("synergy").unwrap(), Queue::Fifo);
         let options = PolicyOptions {
             queue: config.queue,
-            planner: planner_config(&config),
+            planner: planner_config(&config, &no_rows()),
             milp_time_limit: config.milp_time_limit,
         };
         let mut policy = config.policy.build(&cluster, &options);

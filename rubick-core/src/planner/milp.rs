@@ -16,9 +16,9 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use super::CurveBook;
+use crate::Cluster;
 use highs::{HighsModelStatus, RowProblem, Sense};
-use rubick_core::Cluster;
-use rubick_core::planner::CurveBook;
 
 /// A solved round.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,7 +127,7 @@ pub fn solve(
             choice[j] = Some(c);
         }
     }
-    let objective = rubick_core::planner::objective(book, &choice);
+    let objective = super::objective(book, &choice);
     let gap = solved.mip_gap();
     Ok(MilpSolution { choice, objective, gap: if gap.is_finite() { gap.max(0.0) } else { 0.0 }, status })
 }

@@ -1,9 +1,9 @@
 //! The summary of a simulation's replicas: every figure as mean and spread.
 
+use crate::truth::Truth;
 use rubick_core::simulation::{ModelOutcome, SimulationSummary, Spread, TruthShares};
-use rubick_core::truth::Truth;
 
-use super::{SimConfig, SimResult};
+use crate::engine::{SimConfig, SimResult};
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -22,7 +22,7 @@ fn mean(v: &[f64]) -> f64 {
 }
 
 /// Shares of running time by basis, of the jobs `keep` selects, per replica.
-fn shares(results: &[SimResult], keep: impl Fn(&super::JobResult) -> bool) -> TruthShares {
+fn shares(results: &[SimResult], keep: impl Fn(&crate::JobResult) -> bool) -> TruthShares {
     let per: Vec<[f64; 3]> = results
         .iter()
         .map(|r| {
@@ -80,7 +80,7 @@ pub fn summarize(trace: &str, config: &SimConfig, truth: &Truth, results: &[SimR
         policy: config.policy.name.to_owned(),
         queue: config.queue.as_str().to_owned(),
         truth_mode: truth.mode,
-        measured_only: config.planner.measured_only.is_some(),
+        measured_only: config.measured_only,
         extrapolated_slowdown: truth.extrapolated_slowdown,
         noise: config.noise_sigma,
         seeds: results.len() as u32,

@@ -17,9 +17,9 @@
 //!   (code, placement) was measured, whatever the micro-batch, accumulation or cores,
 //!   else the policy's own belief.
 //!
-//! The [`MeasuredTable`] is the one record of what was measured: the planner's
-//! `measured_only` restriction asks it which configurations exist, the truth reads
-//! their times.
+//! The [`MeasuredTable`] is the one record of what was measured: as a
+//! [`CandidateFilter`] it keeps the planner to the configurations that exist (a
+//! simulation whose truth must be measured), the truth reads their times.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -27,15 +27,17 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::NodeGroup;
-use crate::fit::{FitError, FitOptions, Observation, fit};
-use crate::memory::MemoryEstimator;
-use crate::model::ModelSpec;
-use crate::perfmodel::{Links, Params};
-use crate::placement::Placement;
-use crate::plan::{Plan, PlanCode, PlanFamily};
-use crate::planner::curves::{Evaluator, iter_time_with_cpus};
-use crate::reference::{MeasuredRow, resolve_rows};
+use rubick_core::cluster::NodeGroup;
+use rubick_core::fit::{FitError, FitOptions, Observation, fit};
+use rubick_core::memory::MemoryEstimator;
+use rubick_core::model::ModelSpec;
+use rubick_core::perfmodel::{Links, Params};
+use rubick_core::placement::Placement;
+use rubick_core::plan::{Plan, PlanCode, PlanFamily};
+use rubick_core::planner::CandidateFilter;
+use rubick_core::planner::curves::{Evaluator, iter_time_with_cpus};
+use rubick_core::reference::{MeasuredRow, resolve_rows};
+pub use rubick_core::simulation::TruthMode;
 
 /// How the truth of a configuration was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
@@ -53,25 +55,6 @@ impl Basis {
     pub const ALL: [Basis; 3] = [Basis::Measured, Basis::Interpolated, Basis::Extrapolated];
 }
 
-/// Which rule gives the truth of an unmeasured configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum TruthMode {
-    /// Measured rows, scaled by an oracle fitted on all of them; the oracle elsewhere.
-    Oracle,
-    /// Measured rows as they are; the policy's own belief elsewhere (the old rule).
-    Belief,
-}
-
-impl TruthMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TruthMode::Oracle => "oracle",
-            TruthMode::Belief => "belief",
-        }
-    }
-}
-
 /// One measured configuration: its iteration time and the complete plan it ran (the
 /// code resolved on the measured GPUs; `None` when no plan of the code fits).
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +67,13 @@ pub struct MeasuredEntry {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MeasuredTable {
     rows: HashMap<(String, PlanCode, Placement), MeasuredEntry>,
+}
+
+/// Only configurations the table measured.
+impl CandidateFilter for MeasuredTable {
+    fn config(&self, model: &ModelSpec, plan: &Plan, placement: &Placement) -> bool {
+        self.contains(&model.name, plan, placement)
+    }
 }
 
 impl MeasuredTable {
@@ -168,7 +158,7 @@ impl Oracle {
         let errors: Vec<f64> = observations
             .iter()
             .map(|o| {
-                let t = crate::perfmodel::predict(model, &o.plan, &o.placement, &links, &fitted.params).total;
+                let t = rubick_core::perfmodel::predict(model, &o.plan, &o.placement, &links, &fitted.params).total;
                 (t / o.iter_time_s - 1.0).abs()
             })
             .collect();
@@ -293,7 +283,7 @@ impl Truth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Cluster;
+    use rubick_core::cluster::Cluster;
 
     fn group() -> NodeGroup {
         Cluster::example().node_groups[0].clone()
@@ -305,7 +295,7 @@ mod tests {
         let model = ModelSpec::example();
         let g = group();
         let links = Links::from(&g);
-        let params = crate::planner::curves::default_params(&model);
+        let params = rubick_core::planner::curves::default_params(&model);
         let mut rows = Vec::new();
         let codes = [PlanCode::ZeroDp, PlanCode::ZeroOffload, PlanCode::ThreeD { pp: 2, tp: 2, dp: 1 }];
         for code in codes {
@@ -314,8 +304,9 @@ mod tests {
                     continue;
                 }
                 let placement = Placement::new(vec![gpus]).unwrap();
-                let plan = crate::space::resolve_code(&code, &model, gpus, 80.0, &MemoryEstimator::default()).unwrap();
-                let t = crate::perfmodel::predict(&model, &plan, &placement, &links, &params).total;
+                let plan =
+                    rubick_core::space::resolve_code(&code, &model, gpus, 80.0, &MemoryEstimator::default()).unwrap();
+                let t = rubick_core::perfmodel::predict(&model, &plan, &placement, &links, &params).total;
                 rows.push(MeasuredRow { code, placement, iter_time_s: t * 1.1, phases: None });
             }
         }
@@ -335,7 +326,7 @@ mod tests {
     #[test]
     fn a_measured_configuration_runs_at_its_row() {
         let (model, row, plan, truth) = measured_row(PlanCode::ZeroDp);
-        let belief = crate::planner::curves::default_params(&model);
+        let belief = rubick_core::planner::curves::default_params(&model);
         let (t, basis) = truth.iter_time_s(&model, &belief, &group(), &plan, &row.placement, 16);
         assert_eq!(basis, Basis::Measured);
         assert!((t / row.iter_time_s - 1.0).abs() < 1e-9, "{t} vs {}", row.iter_time_s);
@@ -348,7 +339,7 @@ mod tests {
     fn the_truth_of_a_measured_row_follows_its_accumulation_and_micro_batch() {
         // A pipeline: its bubble shrinks with more micro-batches.
         let (model, row, plan, truth) = measured_row(PlanCode::ThreeD { pp: 2, tp: 2, dp: 1 });
-        let (g, belief) = (group(), crate::planner::curves::default_params(&model));
+        let (g, belief) = (group(), rubick_core::planner::curves::default_params(&model));
         let t = truth.iter_time_s(&model, &belief, &g, &plan, &row.placement, 16).0;
         let mut ga = plan;
         (ga.micro_batch, ga.ga) = (1, plan.ga * plan.micro_batch);
@@ -357,7 +348,7 @@ mod tests {
         assert_eq!(basis, Basis::Measured);
         assert!((t2 / t - 1.0).abs() > 1e-3, "accumulation changes the truth: {t2} vs {t}");
         let o = &truth.oracles[&model.name].params;
-        let oracle = |p: &Plan| crate::perfmodel::predict(&model, p, &row.placement, &Links::from(&g), o).total;
+        let oracle = |p: &Plan| rubick_core::perfmodel::predict(&model, p, &row.placement, &Links::from(&g), o).total;
         assert!((t2 / t - oracle(&ga) / oracle(&plan)).abs() < 1e-9, "{t2} vs {t}");
         // The old rule ignores it.
         let old = Truth { mode: TruthMode::Belief, ..truth.clone() };
@@ -369,7 +360,7 @@ mod tests {
     #[test]
     fn the_truth_of_an_offload_row_follows_its_cores() {
         let (model, row, plan, truth) = measured_row(PlanCode::ZeroOffload);
-        let (g, belief) = (group(), crate::planner::curves::default_params(&model));
+        let (g, belief) = (group(), rubick_core::planner::curves::default_params(&model));
         // Taken with 4 cores per GPU: 16 cores is the row, more is faster, fewer slower.
         let at = |cpus| truth.iter_time_s(&model, &belief, &g, &plan, &row.placement, cpus).0;
         assert!((at(16) / row.iter_time_s - 1.0).abs() < 1e-9);
@@ -380,15 +371,18 @@ mod tests {
     fn unmeasured_configurations_are_interpolated_or_extrapolated() {
         let (model, _, truth) = fixture();
         let three = Placement::new(vec![3]).unwrap();
-        if let Some(p3) = crate::space::resolve_code(&PlanCode::ZeroDp, &model, 3, 80.0, &MemoryEstimator::default()) {
+        if let Some(p3) =
+            rubick_core::space::resolve_code(&PlanCode::ZeroDp, &model, 3, 80.0, &MemoryEstimator::default())
+        {
             assert_eq!(truth.basis(&model.name, &p3, &three), Basis::Interpolated);
         }
         // Sixteen GPUs over two nodes: beyond every measured count.
         let sixteen = Placement::new(vec![8, 8]).unwrap();
-        let p16 = crate::space::resolve_code(&PlanCode::ZeroDp, &model, 16, 80.0, &MemoryEstimator::default()).unwrap();
+        let p16 =
+            rubick_core::space::resolve_code(&PlanCode::ZeroDp, &model, 16, 80.0, &MemoryEstimator::default()).unwrap();
         assert_eq!(truth.basis(&model.name, &p16, &sixteen), Basis::Extrapolated);
         let slow = Truth { extrapolated_slowdown: 0.3, ..truth.clone() };
-        let belief = crate::planner::curves::default_params(&model);
+        let belief = rubick_core::planner::curves::default_params(&model);
         let (a, b) = (
             truth.iter_time_s(&model, &belief, &group(), &p16, &sixteen, 64).0,
             slow.iter_time_s(&model, &belief, &group(), &p16, &sixteen, 64).0,

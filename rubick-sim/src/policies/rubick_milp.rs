@@ -5,7 +5,7 @@ use rubick_core::Cluster;
 
 use super::planner::PlannerFamily;
 use super::{Policy, PolicyOptions};
-use crate::round::Solver;
+use rubick_core::planner::round::Solver;
 
 pub(super) const SUMMARY: &str = "Rubick with the exact MILP each round (HiGHS)";
 

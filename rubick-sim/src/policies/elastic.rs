@@ -7,7 +7,7 @@ use rubick_core::Cluster;
 
 use super::planner::PlannerFamily;
 use super::{Policy, PolicyOptions};
-use crate::round::Solver;
+use rubick_core::planner::round::Solver;
 
 pub(super) const SUMMARY: &str =
     "Pollux/Sia-style (OSDI 2021, SOSP 2023): elastic GPU count, the user's plan layout, fair-share cores";

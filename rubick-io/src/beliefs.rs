@@ -1,0 +1,99 @@
+//! What the planner believes of each job: its performance model's parameters, read
+//! from the job's `perfModel` file, else fitted on the authors' reference data, else
+//! the FLOPs-based default.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::Context;
+use rubick_core::perf::PerfModel;
+use rubick_core::perfmodel::{Links, Params};
+use rubick_core::planner::curves::default_params;
+use rubick_core::{Cluster, Job, MemoryEstimator};
+
+use crate::files::load_artifact;
+use crate::reference::ReferenceData;
+
+/// Where jobs' performance models come from.
+#[derive(Debug, Default)]
+pub struct ModelSource<'a> {
+    /// The jobs file: relative `perfModel` paths start from its directory.
+    pub jobs_path: Option<&'a Path>,
+    /// The authors' reference data: jobs of its models without a `perfModel` get one
+    /// fitted from 8 profiled rows.
+    pub reference: Option<&'a ReferenceData>,
+}
+
+/// What the planner believes of one job: its model's parameters and, when its
+/// `PerfModel` lists measured rows, what they rest on.
+pub type Belief = (Params, Option<std::sync::Arc<rubick_core::planner::Evidence>>);
+
+/// Each job's belief, reading every `perfModel` once: from its file, else a fit on the
+/// reference data when that has the model, else the FLOPs-based default. A job whose
+/// `perfModel` cannot be used (missing, unreadable, another form) is `Err` with why
+/// (`perfModel: ...`); a reference fit that fails is the error of the whole.
+pub fn job_beliefs(
+    jobs: &[Job],
+    cluster: &Cluster,
+    source: &ModelSource<'_>,
+) -> anyhow::Result<Vec<Result<Belief, String>>> {
+    let mut fitted: HashMap<String, Params> = HashMap::new();
+    let links = cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from);
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        if let Some(path) = perf_model_path(job, source) {
+            out.push(match load_artifact::<PerfModel>(&path) {
+                Err(e) => Err(format!("perfModel: {e}")),
+                Ok(model) => match model.params() {
+                    Err(e) => Err(format!("perfModel: {}: {e}", path.display())),
+                    Ok(params) => {
+                        Ok((params, rubick_core::planner::Evidence::of_model(&model).map(std::sync::Arc::new)))
+                    }
+                },
+            });
+            continue;
+        }
+        let name = &job.model.name;
+        let from_reference = match (source.reference, links) {
+            (Some(data), Some(links)) if data.facts(name).is_some() => {
+                if let Some(p) = fitted.get(name) {
+                    Some(p.clone())
+                } else {
+                    let params = fit_reference(data, name, links)
+                        .with_context(|| format!("fitting `{name}` on the reference data"))?;
+                    fitted.insert(name.clone(), params.clone());
+                    Some(params)
+                }
+            }
+            _ => None,
+        };
+        out.push(Ok((from_reference.unwrap_or_else(|| default_params(&job.model)), None)));
+    }
+    Ok(out)
+}
+
+/// Performance-model parameters of every job ([`job_beliefs`]); a job whose
+/// `perfModel` cannot be used is an error naming it.
+pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> anyhow::Result<Vec<Params>> {
+    let file = source.jobs_path.map_or_else(|| "jobs".into(), crate::files::display);
+    job_beliefs(jobs, cluster, source)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, belief)| belief.map(|(params, _)| params).map_err(|why| anyhow::anyhow!("{file}: jobs[{i}].{why}")))
+        .collect()
+}
+
+/// Where a job's `perfModel` is: relative to the jobs file.
+pub fn perf_model_path(job: &Job, source: &ModelSource<'_>) -> Option<std::path::PathBuf> {
+    let base = source.jobs_path.filter(|p| !crate::files::is_std(p)).and_then(Path::parent);
+    let path = job.perf_model.as_deref()?;
+    Some(base.map_or_else(|| Path::new(path).to_path_buf(), |b| b.join(path)))
+}
+
+fn fit_reference(data: &ReferenceData, model: &str, links: Links) -> anyhow::Result<Params> {
+    let spec = data.model_spec(model)?.context("listed model")?;
+    let measured = data.measured_rows(model)?;
+    let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &MemoryEstimator::default());
+    let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);
+    Ok(rubick_core::fit::fit(&spec, &obs, &rubick_core::fit::FitOptions::default())?.params)
+}
