@@ -28,7 +28,7 @@ use rubick_core::schedule::Change;
 use rubick_core::{Cluster, Job, Placement, Plan, PlanCode};
 
 use crate::policies::{
-    Policy, PolicyJob, PolicyOptions, Queue, Registration, View, request_config, work_per_iteration,
+    Policy, PolicyJob, PolicyOptions, Queue, Registration, Request, View, request_config, work_per_iteration,
 };
 
 /// Knobs of a simulation.
@@ -111,7 +111,7 @@ struct State {
     required: f64,
     /// The request of a guaranteed job: its plan, the placements it counts on (packed,
     /// or where it was measured) and its cores. Running it is meeting the guarantee.
-    request: Option<(Plan, Vec<Placement>, u32)>,
+    request: Option<(usize, Plan, Vec<Placement>, u32)>,
     /// Predicted GPU-seconds per iteration on the request (belief): remaining work.
     work_per_iter: f64,
     /// The noise factor of the current allocation, and how many allocations it had.
@@ -469,13 +469,13 @@ impl State {
         // iteration on the request.
         s.work_per_iter = work_per_iteration(job, &sj.params, request.as_ref(), evaluator);
         // Required throughput of a guaranteed job: the truth of its request.
-        if let (true, Some((plan, placement, cpus))) = (job.guaranteed, request) {
+        if let (true, Some(Request { group, plan, placement, cpus })) = (job.guaranteed, request) {
             let mut on = vec![placement.clone()];
-            let g0 = &cluster.node_groups[0];
-            on.extend(Placement::packed(job.request.gpus, g0.gpus_per_node).filter(|p| *p != placement));
-            s.request = Some((plan, on, cpus));
+            let g = &cluster.node_groups[group];
+            on.extend(Placement::packed(job.request.gpus, g.gpus_per_node).filter(|p| *p != placement));
+            s.request = Some((group, plan, on, cpus));
             let c = Current {
-                group: 0,
+                group,
                 plan,
                 placement,
                 nodes: Vec::new(),
@@ -581,10 +581,9 @@ impl State {
         // of the request (the noise is the environment's luck, and would have hit the
         // request alike).
         let speed = sj.job.model.global_batch as f64 / true_s;
-        let as_requested = self
-            .request
-            .as_ref()
-            .is_some_and(|(plan, on, cpus)| a.plan == *plan && on.contains(&a.placement) && a.cpus >= *cpus);
+        let as_requested = self.request.as_ref().is_some_and(|(group, plan, on, cpus)| {
+            a.group == *group && a.plan == *plan && on.contains(&a.placement) && a.cpus >= *cpus
+        });
         if guaranteed && !as_requested && speed < self.required * 0.99 {
             if self.violation_s <= 0.0 {
                 tracing::debug!(
@@ -684,7 +683,7 @@ mod tests {
         let gpus = sj.job.request.gpus;
         Current {
             group: 0,
-            plan: request_plan(&sj.job, cluster).unwrap(),
+            plan: request_plan(&sj.job, cluster, 0).unwrap(),
             placement: Placement::new(vec![gpus]).unwrap(),
             nodes: vec![(0, (0..gpus).collect())],
             cpus,

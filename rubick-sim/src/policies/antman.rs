@@ -11,8 +11,9 @@ use super::{Policy, PolicyJob, PolicyOptions};
 
 pub(super) const SUMMARY: &str = "AntMan (OSDI 2020): guaranteed jobs first, preempting best-effort ones; GPUs only";
 
-fn cores(evaluator: &Evaluator<'_>, job: &PolicyJob<'_>, plan: &Plan, placement: &Placement, fair: u32) -> Vec<u32> {
-    let mut out = super::queue::requested_cores(evaluator, job, plan, placement, fair);
+fn cores(evaluator: &Evaluator<'_>, job: &PolicyJob<'_>, plan: &Plan, on: (usize, &Placement), fair: u32) -> Vec<u32> {
+    let placement = on.1;
+    let mut out = super::queue::requested_cores(evaluator, job, plan, on, fair);
     out.push(placement.gpus());
     out
 }

@@ -183,9 +183,16 @@ pub fn lookup(name: &str) -> Result<&'static Registration, String> {
     })
 }
 
-/// The user's request as a concrete plan: its code resolved on its GPUs.
-pub fn request_plan(job: &Job, cluster: &Cluster) -> Option<Plan> {
-    let g = &cluster.node_groups[0];
+/// The node group a job's request is resolved on: the first of its requested GPU type
+/// (the first group when it names none, or none matches). What its remaining work and
+/// its guarantee are measured by.
+pub fn home_group(job: &Job, cluster: &Cluster) -> usize {
+    rubick_core::planner::eligible_groups(job, cluster).next().map_or(0, |(i, _)| i)
+}
+
+/// The user's request as a concrete plan: its code resolved on its GPUs of `group`.
+pub fn request_plan(job: &Job, cluster: &Cluster, group: usize) -> Option<Plan> {
+    let g = &cluster.node_groups[group];
     match job.request.plan {
         Some(PlanRequest::Exact(p)) => Some(p),
         Some(PlanRequest::Code(code)) => {
@@ -197,9 +204,9 @@ pub fn request_plan(job: &Job, cluster: &Cluster) -> Option<Plan> {
 
 /// The plan a trace job ran with, taken literally from its code when the model's
 /// shape (as the reference describes it) rejects it: the measured row is the truth.
-/// Its micro-batch is the largest that fits the GPUs of `cluster` (accumulation makes
-/// up the rest of the batch), as for a code that resolves.
-pub fn traced_plan(job: &Job, code: Option<PlanCode>, cluster: &Cluster) -> Option<Plan> {
+/// Its micro-batch is the largest that fits the GPUs of `group` (accumulation makes up
+/// the rest of the batch), as for a code that resolves.
+pub fn traced_plan(job: &Job, code: Option<PlanCode>, cluster: &Cluster, group: usize) -> Option<Plan> {
     let code = code?;
     let gpus = job.request.gpus;
     let mut plan = code.skeleton(gpus);
@@ -207,7 +214,7 @@ pub fn traced_plan(job: &Job, code: Option<PlanCode>, cluster: &Cluster) -> Opti
         return None;
     }
     let per_replica = u32::try_from((job.model.global_batch / u64::from(plan.dp.max(1))).max(1)).ok()?;
-    let memory = cluster.node_groups[0].gpu_memory_gib;
+    let memory = cluster.node_groups[group].gpu_memory_gib;
     let estimator = MemoryEstimator::default();
     let fitting = rubick_core::space::divisors(u64::from(per_replica)).rev().find_map(|mb| {
         let mb = u32::try_from(mb).ok()?;
@@ -219,21 +226,21 @@ pub fn traced_plan(job: &Job, code: Option<PlanCode>, cluster: &Cluster) -> Opti
     Some(plan)
 }
 
-/// The plan a job runs as its user asked, on `placement` (its requested GPUs) with
-/// `cpus`: the request's plan, else the trace's code taken literally, else (no plan
-/// requested) the best plan the belief finds there.
+/// The plan a job runs as its user asked, on `placement` (its requested GPUs) of
+/// `group` with `cpus`: the request's plan, else the trace's code taken literally, else
+/// (no plan requested) the best plan the belief finds there.
 pub fn users_plan(
     job: &Job,
     params: &Params,
     trace_code: Option<PlanCode>,
     evaluator: &mut Evaluator<'_>,
-    placement: &Placement,
+    (group, placement): (usize, &Placement),
     cpus: u32,
 ) -> Option<Plan> {
     let cluster = evaluator.cluster;
-    request_plan(job, cluster)
-        .or_else(|| traced_plan(job, trace_code, cluster))
-        .or_else(|| evaluator.best_plan(job, params, 0, placement, cpus, Restriction::Any).map(|(plan, _)| plan))
+    request_plan(job, cluster, group)
+        .or_else(|| traced_plan(job, trace_code, cluster, group))
+        .or_else(|| evaluator.best_plan(job, params, group, placement, cpus, Restriction::Any).map(|(plan, _)| plan))
 }
 
 /// Where the user's request runs: the requested GPUs packed onto nodes, unless the
@@ -243,14 +250,14 @@ pub fn users_plan(
 pub fn request_placement(
     job: &Job,
     trace_code: Option<PlanCode>,
-    cluster: &Cluster,
+    (cluster, group): (&Cluster, usize),
     measured: Option<&MeasuredTable>,
 ) -> Option<Placement> {
     let gpus = job.request.gpus;
-    let g = &cluster.node_groups[0];
+    let g = &cluster.node_groups[group];
     let packed = Placement::packed(gpus, g.gpus_per_node)?;
     let Some(table) = measured else { return Some(packed) };
-    let code = request_plan(job, cluster).and_then(|p| PlanCode::of(&p)).or(trace_code);
+    let code = request_plan(job, cluster, group).and_then(|p| PlanCode::of(&p)).or(trace_code);
     let Some(code) = code else { return Some(packed) };
     let placements = table.placements_of(&job.model.name, code, gpus);
     if placements.is_empty() || placements.contains(&packed) {
@@ -261,33 +268,40 @@ pub fn request_placement(
 
 /// The user's request as a concrete configuration: the plan (see [`users_plan`]) on
 /// the placement it runs on (see [`request_placement`]) with its cores (the node's
-/// fair share per GPU when it did not say).
+/// fair share per GPU when it did not say), on its [`home_group`].
 pub fn request_config(
     job: &Job,
     params: &Params,
     trace_code: Option<PlanCode>,
     evaluator: &mut Evaluator<'_>,
     measured: Option<&MeasuredTable>,
-) -> Option<(Plan, Placement, u32)> {
+) -> Option<Request> {
     let cluster = evaluator.cluster;
-    let cpus = job.request.cpus.unwrap_or(cluster.node_groups[0].fair_cpus_per_gpu() * job.request.gpus);
-    let placement = request_placement(job, trace_code, cluster, measured)?;
-    let plan = users_plan(job, params, trace_code, evaluator, &placement, cpus)?;
-    Some((plan, placement, cpus))
+    let group = home_group(job, cluster);
+    let cpus = job.request.cpus.unwrap_or(cluster.node_groups[group].fair_cpus_per_gpu() * job.request.gpus);
+    let placement = request_placement(job, trace_code, (cluster, group), measured)?;
+    let plan = users_plan(job, params, trace_code, evaluator, (group, &placement), cpus)?;
+    Some(Request { group, plan, placement, cpus })
+}
+
+/// The user's request as a concrete configuration (see [`request_config`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub group: usize,
+    pub plan: Plan,
+    pub placement: Placement,
+    pub cpus: u32,
 }
 
 /// Predicted GPU-seconds of one iteration of `job` on its `request` configuration (the
 /// belief): what remaining work is measured in (`srpt`). 1 GPU-second per sample when
 /// there is no request to evaluate.
-pub fn work_per_iteration(
-    job: &Job,
-    params: &Params,
-    request: Option<&(Plan, Placement, u32)>,
-    evaluator: &Evaluator<'_>,
-) -> f64 {
-    let g = &evaluator.cluster.node_groups[0];
-    let cpu_ref = evaluator.config.cpu_reference(g);
-    let thr = request.map(|(plan, p, cpus)| Evaluator::throughput(&job.model, params, g, plan, p, *cpus, cpu_ref));
+pub fn work_per_iteration(job: &Job, params: &Params, request: Option<&Request>, evaluator: &Evaluator<'_>) -> f64 {
+    let thr = request.map(|r| {
+        let g = &evaluator.cluster.node_groups[r.group];
+        let cpu_ref = evaluator.config.cpu_reference(g);
+        Evaluator::throughput(&job.model, params, g, &r.plan, &r.placement, r.cpus, cpu_ref)
+    });
     let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
     job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1))
 }

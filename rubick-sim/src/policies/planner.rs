@@ -11,7 +11,7 @@ use rubick_core::schedule::Schedule;
 use rubick_core::{Cluster, PlanRequest};
 
 use super::queue::queue_order;
-use super::{PolicyOptions, Queue, View, request_plan, traced_plan};
+use super::{PolicyOptions, Queue, View, home_group, request_plan, traced_plan};
 use rubick_core::planner::round::{Solver, plan_round_with};
 
 /// The last round of a planner-family policy, for `schedule`.
@@ -89,14 +89,16 @@ impl super::Policy for PlannerFamily<'_> {
                 let mut job = pj.job.clone();
                 job.iterations = pj.remaining.ceil().max(1.0) as u64;
                 let allowed = if self.keep_layout {
-                    request_plan(&job, cluster).map_or(Restriction::Any, |p| Restriction::layout_of(&p))
+                    request_plan(&job, cluster, home_group(&job, cluster))
+                        .map_or(Restriction::Any, |p| Restriction::layout_of(&p))
                 } else {
                     Restriction::Any
                 };
                 // A request the model's shape rejects is still what the user ran: the
                 // planner's guarantee is its throughput.
                 if job.request.plan.is_none() {
-                    job.request.plan = traced_plan(pj.job, pj.trace_code, cluster).map(PlanRequest::Exact);
+                    job.request.plan = traced_plan(pj.job, pj.trace_code, cluster, home_group(pj.job, cluster))
+                        .map(PlanRequest::Exact);
                 }
                 let priority = match self.queue {
                     // Shortest remaining work first: every job, running ones too, weighs

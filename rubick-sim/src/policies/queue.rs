@@ -3,14 +3,15 @@
 //! of the queue does not fit and in how they hand out CPU cores.
 
 use rubick_core::Placement;
-use rubick_core::planner::Current;
 use rubick_core::planner::curves::{Evaluator, host_memory_gib};
 use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
+use rubick_core::planner::{Current, eligible_groups};
 
 use super::{PolicyJob, PolicyOptions, Queue, View, request_placement, users_plan};
 
-/// How a queue policy hands out cores (per GPU), given the job's plan and placement.
-pub(super) type CoreRule = fn(&Evaluator<'_>, &PolicyJob<'_>, &rubick_core::Plan, &Placement, u32) -> Vec<u32>;
+/// How a queue policy hands out cores (per GPU),
+/// given the job's plan and placement on a group, and the group's fair share per GPU.
+pub(super) type CoreRule = fn(&Evaluator<'_>, &PolicyJob<'_>, &rubick_core::Plan, (usize, &Placement), u32) -> Vec<u32>;
 
 /// A node allocator in queue order.
 pub(super) struct QueuePolicy<'a> {
@@ -39,21 +40,38 @@ impl<'a> QueuePolicy<'a> {
 
 /// The cores the job asked for (the node's fair share per GPU when it did not say).
 pub(super) fn requested_cores(
-    evaluator: &Evaluator<'_>,
+    _evaluator: &Evaluator<'_>,
     job: &PolicyJob<'_>,
     _plan: &rubick_core::Plan,
-    placement: &Placement,
-    _fair: u32,
+    (_, placement): (usize, &Placement),
+    fair: u32,
 ) -> Vec<u32> {
-    let g = &evaluator.cluster.node_groups[0];
-    vec![job.job.request.cpus.unwrap_or(g.fair_cpus_per_gpu() * placement.gpus())]
+    vec![job.job.request.cpus.unwrap_or(fair * placement.gpus())]
 }
 
-/// Places `per_node` (decreasing) best-fit on the nodes of group 0, with `cpus` and
+/// Places `per_node` (decreasing) best-fit on the nodes of `group`, with `cpus` and
 /// `mem` split by GPUs; `None` when it does not fit.
-fn place_shape(nodes: &mut [NodeState], per_node: &[u32], cpus: u32, mem: f64) -> Option<Vec<(u32, Vec<u32>)>> {
-    let parts = layout(nodes, 0, per_node, cpus, mem, &[])?;
+fn place_shape(
+    nodes: &mut [NodeState],
+    group: usize,
+    per_node: &[u32],
+    cpus: u32,
+    mem: f64,
+) -> Option<Vec<(u32, Vec<u32>)>> {
+    let parts = layout(nodes, group, per_node, cpus, mem, &[])?;
     Some(parts.into_iter().map(|(node, g, c, m)| (nodes[node].index, take(nodes, node, g, c, m, None).gpus)).collect())
+}
+
+/// The job's allocation: `plan` on `placement` of `group`, on `nodes` with `cpus`.
+fn on_nodes(
+    group: usize,
+    plan: rubick_core::Plan,
+    placement: &Placement,
+    nodes: Vec<(u32, Vec<u32>)>,
+    cpus: u32,
+    host_memory_gib: f64,
+) -> Current {
+    Current { group, plan, placement: placement.clone(), nodes, cpus, host_memory_gib, rounds_since_change: 0 }
 }
 
 /// Marks a running job's resources as used (cores and memory split as placement does).
@@ -109,38 +127,43 @@ impl super::Policy for QueuePolicy<'_> {
             // Guaranteed jobs first (stable: queue order within each class).
             waiting.sort_by_key(|&j| !jobs[j].job.guaranteed);
         }
-        let g = &cluster.node_groups[0];
-        let fair = g.fair_cpus_per_gpu();
         for j in waiting {
             let pj = &jobs[j];
             let job = pj.job;
-            let placement = request_placement(job, pj.trace_code, cluster, measured);
-            let requested_cpus = job.request.cpus.unwrap_or(fair * job.request.gpus);
-            // The user's plan (the trace's code as measured when our model of the job
-            // rejects it; the best plan on the requested GPUs when there is none).
-            let plan = placement
-                .as_ref()
-                .and_then(|p| users_plan(job, pj.params, pj.trace_code, evaluator, p, requested_cpus));
-            let (Some(plan), Some(placement)) = (plan, placement) else { continue };
-            let mem = host_memory_gib(&evaluator.config, g, &job.model, &plan);
-            let on_nodes = |nodes: Vec<(u32, Vec<u32>)>, cpus: u32| Current {
-                group: 0,
-                plan,
-                placement: placement.clone(),
-                nodes,
-                cpus,
-                host_memory_gib: mem,
-                rounds_since_change: 0,
-            };
+            // The first group of its GPU type where its request fits now; a guaranteed
+            // job that fits none preempts on the first where its request resolves.
             let mut placed = None;
-            for cpus in (self.cores)(evaluator, pj, &plan, &placement, fair) {
-                if let Some(ix) = place_shape(&mut nodes, placement.per_node(), cpus, mem) {
-                    placed = Some(on_nodes(ix, cpus));
+            let mut first: Option<(usize, rubick_core::Plan, Placement, f64, u32)> = None;
+            for (group, g) in eligible_groups(job, cluster) {
+                let fair = g.fair_cpus_per_gpu();
+                let placement = request_placement(job, pj.trace_code, (cluster, group), measured);
+                let requested_cpus = job.request.cpus.unwrap_or(fair * job.request.gpus);
+                // The user's plan (the trace's code as measured when our model of the job
+                // rejects it; the best plan on the requested GPUs when there is none).
+                let plan = placement
+                    .as_ref()
+                    .and_then(|p| users_plan(job, pj.params, pj.trace_code, evaluator, (group, p), requested_cpus));
+                let (Some(plan), Some(placement)) = (plan, placement) else { continue };
+                let mem = host_memory_gib(&evaluator.config, g, &job.model, &plan);
+                for cpus in (self.cores)(evaluator, pj, &plan, (group, &placement), fair) {
+                    if let Some(ix) = place_shape(&mut nodes, group, placement.per_node(), cpus, mem) {
+                        placed = Some(on_nodes(group, plan, &placement, ix, cpus, mem));
+                        break;
+                    }
+                }
+                if placed.is_some() {
                     break;
                 }
+                tracing::trace!("{}: {plan} on {placement} of group {group} does not fit now", job.name);
+                first.get_or_insert((group, plan, placement, mem, requested_cpus));
+            }
+            if placed.is_none() && first.is_none() {
+                continue; // no plan of its own on any group
             }
             // A guaranteed job preempts best-effort jobs, latest started first.
-            if placed.is_none() && self.guaranteed_first && job.guaranteed {
+            if let (None, true, true, Some((group, plan, placement, mem, cpus))) =
+                (&placed, self.guaranteed_first, job.guaranteed, &first)
+            {
                 let before = out.clone();
                 let mut victims: Vec<usize> =
                     (0..jobs.len()).filter(|&k| out[k].is_some() && !jobs[k].job.guaranteed).collect();
@@ -151,8 +174,8 @@ impl super::Policy for QueuePolicy<'_> {
                 for k in victims {
                     out[k] = None;
                     nodes = occupied(cluster, &out);
-                    if let Some(ix) = place_shape(&mut nodes, placement.per_node(), requested_cpus, mem) {
-                        placed = Some(on_nodes(ix, requested_cpus));
+                    if let Some(ix) = place_shape(&mut nodes, *group, placement.per_node(), *cpus, *mem) {
+                        placed = Some(on_nodes(*group, *plan, placement, ix, *cpus, *mem));
                         break;
                     }
                 }
@@ -161,9 +184,6 @@ impl super::Policy for QueuePolicy<'_> {
                     out = before;
                     nodes = occupied(cluster, &out);
                 }
-            }
-            if placed.is_none() {
-                tracing::trace!("{}: {plan} on {placement} does not fit now", job.name);
             }
             match placed {
                 Some(current) => out[j] = Some(current),

@@ -18,10 +18,10 @@ pub(super) fn cores(
     evaluator: &Evaluator<'_>,
     job: &PolicyJob<'_>,
     plan: &Plan,
-    placement: &Placement,
+    (group, placement): (usize, &Placement),
     fair: u32,
 ) -> Vec<u32> {
-    let g = &evaluator.cluster.node_groups[0];
+    let g = &evaluator.cluster.node_groups[group];
     let (gpus, widest) = (placement.gpus(), placement.max_per_node().max(1));
     let mut levels: Vec<u32> = [evaluator.config.base_cpus_per_gpu(g), fair, fair * 2]
         .into_iter()

@@ -1,0 +1,108 @@
+//! Simulated clusters of several GPU types: the queue policies place a job on any
+//! group of its GPU type, the planner's on the best one, and the truth on another GPU
+//! type is the measured hardware's scaled by the model (and called extrapolated).
+
+use rubick_core::job::{JobRequest, Resharding};
+use rubick_core::perfmodel::Links;
+use rubick_core::{Cluster, Job, ModelSpec, PlanCode, PlanRequest};
+use rubick_sim::policies::lookup;
+use rubick_sim::truth::{Basis, Truth, TruthMode};
+use rubick_sim::{Queue, SimConfig, SimJob, SimResult, simulate};
+
+/// 2 nodes of the testbed's A800s and 2 of a GPU twice as fast.
+fn mixed() -> Cluster {
+    let mut c = Cluster::example();
+    c.name = "mixed".into();
+    c.node_groups[0].count = 2;
+    let mut fast = c.node_groups[0].clone();
+    fast.name = "h800".into();
+    fast.gpu_type = "H800-80GB".into();
+    fast.compute_speed = 2.0;
+    c.node_groups.push(fast);
+    c
+}
+
+/// `n` LLaMA-2-7B-like ZeRO-DP jobs of 8 GPUs, all submitted at 0, of `gpu_type`.
+fn jobs(n: usize, gpu_type: Option<&str>) -> Vec<SimJob> {
+    (0..n)
+        .map(|i| {
+            let model = ModelSpec::example();
+            let params = rubick_core::planner::curves::default_params(&model);
+            let job = Job {
+                api_version: None,
+                kind: None,
+                name: format!("j{i}"),
+                model,
+                perf_model: None,
+                submit_time_s: 0.0,
+                iterations: 2_000,
+                request: JobRequest {
+                    gpus: 8,
+                    cpus: Some(32),
+                    host_memory_gib: None,
+                    plan: Some(PlanRequest::Code(PlanCode::ZeroDp)),
+                    gpu_type: gpu_type.map(str::to_owned),
+                },
+                guaranteed: false,
+                resharding: Resharding::Full,
+                restart_cost_s: None,
+                current: None,
+                launch: None,
+                unsupported_plans: Vec::new(),
+            };
+            SimJob { job, params, trace_code: None }
+        })
+        .collect()
+}
+
+/// No measured rows: the truth is the belief, on the testbed's links.
+fn truth(cluster: &Cluster) -> Truth {
+    Truth::new(TruthMode::Oracle, &[], Links::from(&cluster.node_groups[0]), 4).unwrap()
+}
+
+fn run(policy: &str, cluster: &Cluster, jobs: &[SimJob]) -> SimResult {
+    let config = SimConfig::defaults(lookup(policy).unwrap(), Queue::Fifo);
+    simulate(cluster, jobs, &truth(cluster), &config, |_, _| {})
+}
+
+fn peak(r: &SimResult) -> u32 {
+    r.usage.iter().map(|(_, g)| *g).max().unwrap_or(0)
+}
+
+#[test]
+fn a_queue_policy_runs_jobs_on_every_group_of_their_type() {
+    let cluster = mixed();
+    let any = run("static", &cluster, &jobs(4, None));
+    assert_eq!(peak(&any), 32, "4 jobs of 8 GPUs on 2 + 2 nodes: all at once");
+    assert!(any.jobs.iter().all(|j| j.finish_s.is_some()));
+    // The two on the faster GPUs take about half the GPU-hours.
+    let mut hours: Vec<f64> = any.jobs.iter().map(|j| j.gpu_hours).collect();
+    hours.sort_by(f64::total_cmp);
+    assert!(hours[1] < hours[2] * 0.75, "{hours:?}");
+    let typed = run("static", &cluster, &jobs(4, Some("H800-80GB")));
+    assert_eq!(peak(&typed), 16, "jobs asking for H800s only run on the 2 H800 nodes");
+    assert!(typed.jobs.iter().all(|j| j.finish_s.is_some()));
+}
+
+#[test]
+fn the_planner_family_uses_every_group_too() {
+    let cluster = mixed();
+    for policy in ["rubick", "elastic", "synergy", "antman", "static-backfill"] {
+        let r = run(policy, &cluster, &jobs(6, None));
+        assert!(r.jobs.iter().all(|j| j.finish_s.is_some()), "{policy}: unfinished");
+        assert!(peak(&r) > 16, "{policy}: used at most one group ({} GPUs)", peak(&r));
+    }
+}
+
+#[test]
+fn the_truth_on_other_hardware_is_scaled_and_extrapolated() {
+    let cluster = mixed();
+    let truth = truth(&cluster);
+    let sj = &jobs(1, None)[0];
+    let plan = rubick_sim::policies::request_plan(&sj.job, &cluster, 0).unwrap();
+    let placement = rubick_core::Placement::new(vec![8]).unwrap();
+    let (slow, _) = truth.iter_time_s(&sj.job.model, &sj.params, &cluster.node_groups[0], &plan, &placement, 32);
+    let (fast, basis) = truth.iter_time_s(&sj.job.model, &sj.params, &cluster.node_groups[1], &plan, &placement, 32);
+    assert!(fast < slow * 0.8, "twice the compute speed: {fast} vs {slow}");
+    assert_eq!(basis, Basis::Extrapolated);
+}
