@@ -225,8 +225,9 @@ const NOISE: f64 = 0.02;
 /// with its standard deviation: avg JCT per policy and queue order, the ratios, per-model
 /// JCT and extrapolated shares, guarantees on a half-guaranteed trace, Rubick under the
 /// stricter and the old truths.
-/// Issue 21: the whole Philly trace (82,247 jobs) mapped onto a 4,096-GPU cluster and
-/// simulated once under Rubick (FIFO), one seed.
+/// Issue 21: the whole Philly trace (82,247 jobs) mapped onto a 4,096-GPU cluster, and
+/// a 100,000-job trace (the Philly log replayed once more after its end, from its first
+/// job, until 100,000) simulated once under Rubick (FIFO), one seed.
 fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::Result<()> {
     let Some(philly) = reference.parent().map(|r| r.join("traces/philly.csv")).filter(|p| p.is_file()) else {
         eprintln!("bench: skipping the Philly figures: ../shared/reference/traces/philly.csv is absent");
@@ -235,18 +236,35 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
     let cluster = synth::cluster(4096);
     let path = philly.display().to_string();
     let start = Instant::now();
-    let (logged, _) = rubick_sim::logs::read_philly(&path, &std::fs::read_to_string(&philly)?)?;
+    let (mut logged, _) = rubick_sim::logs::read_philly(&path, &std::fs::read_to_string(&philly)?)?;
+    let rows = rubick_sim::logs::map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
+    println!("bench: trace_philly_82k_jobs_ms {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
+    drop(rows);
+    rubick_sim::logs::Window::default().select(&mut logged);
+    let (first, last) = (logged[0].submit_s, logged[logged.len() - 1].submit_s);
+    let lines = logged.iter().map(|j| j.line).max().unwrap_or(0);
+    let again: Vec<_> = logged
+        .iter()
+        .take(100_000usize.saturating_sub(logged.len()))
+        .map(|j| rubick_sim::logs::LoggedJob {
+            line: j.line + lines,
+            submit_s: j.submit_s - first + last + 3600.0,
+            ..j.clone()
+        })
+        .collect();
+    logged.extend(again);
     let rows = rubick_sim::logs::map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
     let dir = tempfile::tempdir()?;
-    let trace = dir.path().join("philly-4096.csv");
+    let trace = dir.path().join("philly-100k.csv");
     std::fs::write(&trace, rubick_sim::logs::to_csv(&rows))?;
-    println!("bench: trace_philly_82k_jobs_ms {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
     let (jobs, truth) = load_trace(&trace, &cluster, data, TruthMode::Oracle)?;
     let config = rubick_sim::SimConfig::defaults(lookup("rubick")?, rubick_sim::Queue::Fifo);
     let start = Instant::now();
     let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
-    println!("bench: sim_philly_82k_jobs_4096gpu_s {:.1} s", start.elapsed().as_secs_f64());
-    println!("bench: sim_philly_82k_jobs_4096gpu_rounds {} rounds", r.rounds);
+    println!("bench: sim_100k_jobs_4096gpu_s {:.1} s", start.elapsed().as_secs_f64());
+    println!("bench: sim_100k_jobs_4096gpu_jobs {} jobs", jobs.len());
+    println!("bench: sim_100k_jobs_4096gpu_rounds {} rounds", r.rounds);
+    println!("bench: sim_100k_jobs_4096gpu_decisions {} decisions", r.decisions);
     Ok(())
 }
 

@@ -57,11 +57,11 @@ fn jobs(n: usize, gpu_type: Option<&str>) -> Vec<SimJob> {
 
 /// No measured rows: the truth is the belief, on the testbed's links.
 fn truth(cluster: &Cluster) -> Truth {
-    Truth::new(TruthMode::Oracle, &[], Links::from(&cluster.node_groups[0]), 4).unwrap()
+    Truth::new(TruthMode::Oracle, &[], Links::from(&cluster.node_groups[0]), 4).expect("a truth without rows")
 }
 
 fn run(policy: &str, cluster: &Cluster, jobs: &[SimJob]) -> SimResult {
-    let config = SimConfig::defaults(lookup(policy).unwrap(), Queue::Fifo);
+    let config = SimConfig::defaults(lookup(policy).expect("a registered policy"), Queue::Fifo);
     simulate(cluster, jobs, &truth(cluster), &config, |_, _| {})
 }
 
