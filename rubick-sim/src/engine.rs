@@ -212,6 +212,7 @@ pub fn planner_config(config: &SimConfig, truth: &Truth) -> PlannerConfig {
     let min_cooldown = (config.restart_penalty_s / config.round_s).ceil() as u32 + 1;
     planner.cooldown_rounds = planner.cooldown_rounds.max(min_cooldown);
     planner.default_restart_s = config.restart_penalty_s;
+    planner.explain = false;
     if config.measured_only {
         planner.candidates = planner.candidates.and(std::sync::Arc::clone(&truth.table) as _);
     }

@@ -80,6 +80,9 @@ pub struct PlannerConfig {
     /// CPU cores per GPU the jobs' performance models were profiled with (their CPU
     /// optimizer's time is scaled from it); `None`: each group's fair share.
     pub profiled_cpus_per_gpu: Option<u32>,
+    /// Write the round's reasons (each assignment's `reason`, an explanation line per
+    /// job); a simulation, which reads only the allocations, leaves them out.
+    pub explain: bool,
 }
 
 /// A rule on which configurations the planner may offer.
@@ -185,6 +188,7 @@ impl Default for PlannerConfig {
             guarantee_keeps_layout: false,
             fair_cores_only: false,
             profiled_cpus_per_gpu: None,
+            explain: true,
         }
     }
 }

@@ -19,9 +19,8 @@ use super::{Capacity, Current, JobInput, PlannerConfig, Restriction};
 #[derive(Debug, Clone)]
 pub struct NodeState {
     pub group: usize,
-    /// Index within the group; the node is called `<group>-<index>`.
+    /// Index within the group; the node is called `<group>-<index>` ([`NodeState::name`]).
     pub index: u32,
-    pub name: String,
     /// `true` where the GPU is free.
     pub gpu_free: Vec<bool>,
     pub cpus_free: u32,
@@ -29,6 +28,11 @@ pub struct NodeState {
 }
 
 impl NodeState {
+    /// The node's name: `<group>-<index>`.
+    pub fn name(&self, cluster: &Cluster) -> String {
+        format!("{}-{}", cluster.node_groups[self.group].name, self.index)
+    }
+
     pub fn free_gpus(&self) -> u32 {
         self.gpu_free.iter().filter(|&&f| f).count() as u32
     }
@@ -42,7 +46,6 @@ pub fn nodes_of(cluster: &Cluster) -> Vec<NodeState> {
             nodes.push(NodeState {
                 group: gi,
                 index: i,
-                name: format!("{}-{i}", g.name),
                 gpu_free: vec![true; g.gpus_per_node as usize],
                 cpus_free: g.cpu_cores,
                 mem_free: g.host_memory_gib,

@@ -60,52 +60,61 @@ pub fn assemble(
             holds: throughput >= jc.request_throughput * (1.0 - 1e-9),
         });
         let normalized = throughput / jc.request_throughput;
-        // With the model's evidence: how the prediction rests on measurements, and its
-        // ~95 % interval; a gain is claimed only as far as the interval's low end goes.
-        let evidence = p.and_then(|p| evaluator.uncertainty(input, p.group, &p.plan, &p.placement));
-        let (low, high) =
-            evidence.map_or((normalized, normalized), |(_, h)| (normalized * (-h).exp(), normalized * h.exp()));
-        let gain = |x: f64| match evidence {
-            Some((_, h)) if h > 0.0 => format!("{x:.2}x (95 %: {low:.2}-{high:.2}x)"),
-            _ => format!("{x:.2}x"),
-        };
-        let mut reason = match change {
-            Change::Pending if jc.candidates.is_empty() => "no feasible plan on this cluster".to_string(),
-            Change::Pending => "waits: the resources are worth more to other jobs this round".to_string(),
-            Change::Started if evidence.is_some() && low < 1.0 && normalized > 1.0 => {
-                format!("starts at {}: no faster than its request as far as the data show", gain(normalized))
+        // Reasons are words for people: a simulation, which reads only the allocations,
+        // asks for none.
+        let reason = if evaluator.config.explain {
+            // With the model's evidence: how the prediction rests on measurements, and its
+            // ~95 % interval; a gain is claimed only as far as the interval's low end goes.
+            let evidence = p.and_then(|p| evaluator.uncertainty(input, p.group, &p.plan, &p.placement));
+            let (low, high) =
+                evidence.map_or((normalized, normalized), |(_, h)| (normalized * (-h).exp(), normalized * h.exp()));
+            let gain = |x: f64| match evidence {
+                Some((_, h)) if h > 0.0 => format!("{x:.2}x (95 %: {low:.2}-{high:.2}x)"),
+                _ => format!("{x:.2}x"),
+            };
+            let mut reason = match change {
+                Change::Pending if jc.candidates.is_empty() => "no feasible plan on this cluster".to_string(),
+                Change::Pending => "waits: the resources are worth more to other jobs this round".to_string(),
+                Change::Started if evidence.is_some() && low < 1.0 && normalized > 1.0 => {
+                    format!("starts at {}: no faster than its request as far as the data show", gain(normalized))
+                }
+                Change::Started => format!("starts at {} its request's throughput", gain(normalized)),
+                Change::Kept if jc.locked => "kept: in its cooldown after a change".to_string(),
+                Change::Kept => "kept: no change pays for its restart".to_string(),
+                Change::Preempted => "paused: its resources are worth more to other jobs".to_string(),
+                Change::Resized | Change::Replanned | Change::Moved | Change::Recored => {
+                    let old = cur.and_then(|_| jc.current.map(|c| jc.candidates[c].normalized)).unwrap_or(0.0);
+                    format!("{old:.2}x -> {} its request's throughput, worth a restart", gain(normalized))
+                }
+            };
+            if let Some((support, _)) = evidence {
+                reason = format!("{reason}; {}", support.as_str());
             }
-            Change::Started => format!("starts at {} its request's throughput", gain(normalized)),
-            Change::Kept if jc.locked => "kept: in its cooldown after a change".to_string(),
-            Change::Kept => "kept: no change pays for its restart".to_string(),
-            Change::Preempted => "paused: its resources are worth more to other jobs".to_string(),
-            Change::Resized | Change::Replanned | Change::Moved | Change::Recored => {
-                let old = cur.and_then(|_| jc.current.map(|c| jc.candidates[c].normalized)).unwrap_or(0.0);
-                format!("{old:.2}x -> {} its request's throughput, worth a restart", gain(normalized))
+            if let Some(note) = p.and_then(|p| p.note.as_ref()) {
+                reason = format!("{reason}; {note}");
             }
+            reason
+        } else {
+            String::new()
         };
-        if let Some((support, _)) = evidence {
-            reason = format!("{reason}; {}", support.as_str());
-        }
-        if let Some(note) = p.and_then(|p| p.note.as_ref()) {
-            reason = format!("{reason}; {note}");
-        }
         let rounds_since_change = match (change, cur) {
             (Change::Kept, Some(c)) => c.rounds_since_change.saturating_add(1),
             _ => 0,
         };
-        let old = cur.map_or("-".to_string(), |c| describe(&c.plan, &c.placement, c.cpus));
-        let new = p.map_or("-".to_string(), |p| describe(&p.plan, &p.placement, p.cpus));
-        let guarantee_text = match &guarantee {
-            Some(g) => {
-                format!(", guarantee {:.3} {}", g.required_throughput, if g.holds { "held" } else { "NOT held" })
-            }
-            None => String::new(),
-        };
-        explain.push(format!(
-            "{}: {change:?}: {old} -> {new}; {throughput:.3} samples/s{guarantee_text}; {reason}",
-            input.job.name
-        ));
+        if evaluator.config.explain {
+            let old = cur.map_or("-".to_string(), |c| describe(&c.plan, &c.placement, c.cpus));
+            let new = p.map_or("-".to_string(), |p| describe(&p.plan, &p.placement, p.cpus));
+            let guarantee_text = match &guarantee {
+                Some(g) => {
+                    format!(", guarantee {:.3} {}", g.required_throughput, if g.holds { "held" } else { "NOT held" })
+                }
+                None => String::new(),
+            };
+            explain.push(format!(
+                "{}: {change:?}: {old} -> {new}; {throughput:.3} samples/s{guarantee_text}; {reason}",
+                input.job.name
+            ));
+        }
         let uses = p.map(|p| Uses {
             gpus: p.placement.gpus(),
             cpus: p.cpus,
@@ -120,7 +129,7 @@ pub fn assemble(
                     p.shares
                         .iter()
                         .map(|s| NodeShare {
-                            node: nodes[s.node].name.clone(),
+                            node: nodes[s.node].name(cluster),
                             gpus: s.gpus.clone(),
                             cpus: s.cpus,
                             host_memory_gib: round6(s.mem),
