@@ -257,7 +257,8 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
     let dir = tempfile::tempdir()?;
     let trace = dir.path().join("philly-100k.csv");
     std::fs::write(&trace, rubick_sim::logs::to_csv(&rows))?;
-    let (jobs, truth) = load_trace(&trace, &cluster, data, TruthMode::Oracle)?;
+    // Jobs made as the simulation reaches them (as `rubick-plan simulate` does).
+    let (jobs, truth) = rubick_sim::trace::open_trace(&trace, &cluster, data, TruthMode::Oracle)?;
     let config = rubick_sim::SimConfig::defaults(lookup("rubick")?, rubick_sim::Queue::Fifo);
     let start = Instant::now();
     let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});

@@ -18,6 +18,7 @@
 //! have hit the request alike), unless it runs exactly as requested (its plan on its
 //! GPUs, packed or where the request was measured, with its cores).
 
+use std::borrow::Borrow;
 use std::time::Duration;
 
 use crate::truth::{Basis, Truth};
@@ -187,11 +188,54 @@ fn normal(seed: u64, job: usize, allocation: u64) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
+/// Where a simulation's jobs come from: each job with its index in the trace, by
+/// submission time (then index), made as the simulation reaches them. A slice of jobs
+/// lends them; a [`crate::trace::Trace`] makes each when it arrives, so memory holds
+/// the jobs present, not the whole trace.
+pub trait JobSource: Sync {
+    /// A job as the simulation holds it while present.
+    type Job<'s>: Borrow<SimJob>
+    where
+        Self: 's;
+
+    /// How many jobs there are.
+    fn count(&self) -> usize;
+
+    /// The jobs by submission time (then index), each with its index.
+    fn arrivals(&self) -> impl Iterator<Item = (usize, Self::Job<'_>)>;
+}
+
+impl JobSource for [SimJob] {
+    type Job<'s> = &'s SimJob;
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn arrivals(&self) -> impl Iterator<Item = (usize, &SimJob)> {
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.sort_by(|a, b| self[*a].job.submit_time_s.total_cmp(&self[*b].job.submit_time_s).then(a.cmp(b)));
+        order.into_iter().map(|j| (j, &self[j]))
+    }
+}
+
+impl JobSource for Vec<SimJob> {
+    type Job<'s> = &'s SimJob;
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn arrivals(&self) -> impl Iterator<Item = (usize, &SimJob)> {
+        self.as_slice().arrivals()
+    }
+}
+
 /// Runs the simulation under `config.policy`. `progress` is called after each round
 /// with (finished, total).
-pub fn simulate(
+pub fn simulate<S: JobSource + ?Sized>(
     cluster: &Cluster,
-    jobs: &[SimJob],
+    jobs: &S,
     truth: &Truth,
     config: &SimConfig,
     progress: impl FnMut(usize, usize),
@@ -200,7 +244,9 @@ pub fn simulate(
     let options =
         PolicyOptions { queue: config.queue, planner: planner.clone(), milp_time_limit: config.milp_time_limit };
     let mut policy = config.policy.build(cluster, &options);
-    Simulation::new(cluster, jobs, truth, config, &planner, policy.reconfigures()).run(policy.as_mut(), progress)
+    let reconfigures = policy.reconfigures();
+    Simulation::new(cluster, (jobs.count(), jobs.arrivals()), truth, config, &planner, reconfigures)
+        .run(policy.as_mut(), progress)
 }
 
 /// The planner knobs of a simulation: a job must be able to progress between two
@@ -219,30 +265,40 @@ pub fn planner_config(config: &SimConfig, truth: &Truth) -> PlannerConfig {
     planner
 }
 
+/// A job present in a simulation: submitted, not finished.
+struct Present<J> {
+    /// Its index in the trace.
+    index: usize,
+    job: J,
+    state: State,
+}
+
 /// A simulation in progress, as steps: [`Simulation::arrive`] (submitted jobs join;
 /// the clock skips idle time), [`Simulation::decide`] (the policy decides when a job
 /// arrived or finished, or a cooldown ended), [`Simulation::advance`] (one round under
-/// the truth) and [`Simulation::results`]. [`Simulation::run`] drives them.
-#[derive(Debug)]
-pub struct Simulation<'a> {
+/// the truth) and [`Simulation::results`]. [`Simulation::run`] drives them. Only the
+/// jobs present are held (and one line of outcome per finished job).
+pub struct Simulation<'a, J, I: Iterator<Item = (usize, J)>> {
     cluster: &'a Cluster,
-    jobs: &'a [SimJob],
     truth: &'a Truth,
     config: &'a SimConfig,
+    /// Resolves each arriving job's request (its own caches).
+    evaluator: Evaluator<'a>,
     /// Rounds after a change before a reconfiguring policy is asked again.
     cooldown: u32,
     reconfigures: bool,
-    /// Jobs by submission time (then index).
-    order: Vec<usize>,
-    state: Vec<State>,
+    /// Jobs still to arrive, by submission time (then index).
+    pending: std::iter::Peekable<I>,
+    /// How many jobs in all.
+    total: usize,
     /// Submitted, unfinished jobs, in submission order.
-    active: Vec<usize>,
-    /// Index into `order` of the next job to arrive.
-    next_arrival: usize,
-    finished: usize,
+    active: Vec<Present<J>>,
+    /// Outcomes of the jobs that left, with their index.
+    done: Vec<(usize, JobResult)>,
+    /// The latest submission so far (from 0).
+    last_submit_s: f64,
     /// The clock: the start of the current round.
     t: f64,
-    deadline: f64,
     usage: Vec<(f64, u32)>,
     rounds: u64,
     decisions: u64,
@@ -254,38 +310,50 @@ pub struct Simulation<'a> {
     changed: bool,
 }
 
-impl<'a> Simulation<'a> {
-    /// A simulation of `jobs` on `cluster`, nothing submitted yet: each job's request
-    /// and (for guaranteed jobs) the truth of its request resolved once. `planner` is
-    /// the policy's (see [`planner_config`]); `reconfigures`: whether the policy also
-    /// decides when cooldowns end.
+impl<J, I: Iterator<Item = (usize, J)>> std::fmt::Debug for Simulation<'_, J, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulation")
+            .field("t", &self.t)
+            .field("total", &self.total)
+            .field("active", &self.active.len())
+            .field("done", &self.done.len())
+            .field("rounds", &self.rounds)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A simulation is stopped this long after the last submission.
+const GIVE_UP_AFTER_S: f64 = 90.0 * 86_400.0;
+
+impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I> {
+    /// A simulation of `total` jobs arriving from `arrivals` (by submission time, then
+    /// index) on `cluster`, nothing submitted yet. `planner` is the policy's (see
+    /// [`planner_config`]); `reconfigures`: whether the policy also decides when
+    /// cooldowns end.
     pub fn new(
         cluster: &'a Cluster,
-        jobs: &'a [SimJob],
+        (total, arrivals): (usize, I),
         truth: &'a Truth,
         config: &'a SimConfig,
         planner: &PlannerConfig,
         reconfigures: bool,
     ) -> Self {
-        let mut order: Vec<usize> = (0..jobs.len()).collect();
-        order.sort_by(|a, b| jobs[*a].job.submit_time_s.total_cmp(&jobs[*b].job.submit_time_s).then(a.cmp(b)));
-        let mut evaluator = Evaluator::new(cluster, planner);
-        let state = jobs.iter().map(|sj| State::of(sj, cluster, truth, &mut evaluator)).collect();
+        let mut pending = arrivals.peekable();
         let round = config.round_s;
+        let t = pending.peek().map_or(0.0, |(_, j)| (j.borrow().job.submit_time_s / round).ceil() * round);
         Simulation {
             cluster,
-            jobs,
             truth,
             config,
+            evaluator: Evaluator::new(cluster, planner),
             cooldown: planner.cooldown_rounds,
             reconfigures,
-            t: order.first().map_or(0.0, |&j| (jobs[j].job.submit_time_s / round).ceil() * round),
-            deadline: jobs.iter().map(|j| j.job.submit_time_s).fold(0.0, f64::max) + 90.0 * 86_400.0,
-            order,
-            state,
+            pending,
+            total,
             active: Vec::new(),
-            next_arrival: 0,
-            finished: 0,
+            done: Vec::new(),
+            last_submit_s: 0.0,
+            t,
             usage: Vec::new(),
             rounds: 0,
             decisions: 0,
@@ -303,37 +371,41 @@ impl<'a> Simulation<'a> {
             if !self.advance() {
                 break;
             }
-            progress(self.finished, self.jobs.len());
+            progress(self.done.len(), self.total);
         }
         self.results()
     }
 
-    /// The jobs submitted by the current round join; while none is active, the clock
-    /// jumps to the round of the next submission. `false`: the simulation is over.
+    /// The jobs submitted by the current round join (each job's request, and for a
+    /// guaranteed job the truth of its request, resolved once); while none is active,
+    /// the clock jumps to the round of the next submission. `false`: the simulation is
+    /// over.
     pub fn arrive(&mut self) -> bool {
-        let (jobs, n, round) = (self.jobs, self.jobs.len(), self.config.round_s);
+        let round = self.config.round_s;
         loop {
-            if self.finished >= n {
+            // Before the last arrival the clock cannot pass the give-up time (it only
+            // ever runs a round past a submission).
+            if self.pending.peek().is_none() && self.t > self.last_submit_s + GIVE_UP_AFTER_S {
+                if !self.active.is_empty() {
+                    tracing::warn!("{} jobs unfinished 90 days after the last submission; stopping", self.active.len());
+                }
                 return false;
             }
-            if self.t > self.deadline {
-                tracing::warn!("{} jobs unfinished 90 days after the last submission; stopping", n - self.finished);
-                return false;
-            }
-            while self.next_arrival < n && jobs[self.order[self.next_arrival]].job.submit_time_s <= self.t + 1e-9 {
-                self.active.push(self.order[self.next_arrival]);
-                self.next_arrival += 1;
+            while let Some((index, job)) = self.pending.next_if(|(_, j)| j.borrow().job.submit_time_s <= self.t + 1e-9)
+            {
+                let sj = job.borrow();
+                self.last_submit_s = self.last_submit_s.max(sj.job.submit_time_s);
+                let state = State::of(sj, self.cluster, self.truth, &mut self.evaluator);
+                self.active.push(Present { index, job, state });
                 self.changed = true;
             }
             if !self.active.is_empty() {
                 self.rounds += 1;
                 return true;
             }
-            if self.next_arrival >= n {
-                return false;
-            }
+            let Some((_, next)) = self.pending.peek() else { return false };
             // Idle: jump to the round of the next submission.
-            self.t = (jobs[self.order[self.next_arrival]].job.submit_time_s / round).ceil() * round;
+            self.t = (next.borrow().job.submit_time_s / round).ceil() * round;
         }
     }
 
@@ -342,8 +414,8 @@ impl<'a> Simulation<'a> {
     pub fn decide(&mut self, policy: &mut dyn Policy) {
         if !(self.changed || (self.reconfigures && self.since_plan == self.cooldown)) {
             self.since_plan += 1;
-            for &j in &self.active {
-                if let Some(a) = &mut self.state[j].alloc {
+            for p in &mut self.active {
+                if let Some(a) = &mut p.state.alloc {
                     a.rounds_since_change = a.rounds_since_change.saturating_add(1);
                 }
             }
@@ -352,17 +424,17 @@ impl<'a> Simulation<'a> {
         self.decisions += 1;
         self.since_plan = 0;
         self.changed = false;
-        let (jobs, t) = (self.jobs, self.t);
+        let t = self.t;
         let seen: Vec<PolicyJob<'_>> = self
             .active
             .iter()
-            .map(|&j| {
-                let s = &self.state[j];
+            .map(|p| {
+                let (sj, s) = (p.job.borrow(), &p.state);
                 PolicyJob {
                     evidence: None,
-                    job: &jobs[j].job,
-                    params: &jobs[j].params,
-                    trace_code: jobs[j].trace_code,
+                    job: &sj.job,
+                    params: &sj.params,
+                    trace_code: sj.trace_code,
                     current: s.alloc.as_ref(),
                     remaining: s.remaining,
                     remaining_work: s.remaining_work(),
@@ -375,8 +447,8 @@ impl<'a> Simulation<'a> {
         let new = policy.decide(&view, self.round_no);
         drop(seen);
         self.round_no += 1;
-        for (&j, alloc) in self.active.iter().zip(new) {
-            self.state[j].apply(j, &jobs[j], alloc, t, self.cluster, self.truth, self.config);
+        for (p, alloc) in self.active.iter_mut().zip(new) {
+            p.state.apply(p.index, p.job.borrow(), alloc, t, self.cluster, self.truth, self.config);
         }
     }
 
@@ -384,28 +456,31 @@ impl<'a> Simulation<'a> {
     /// any restart penalty, guarantees are checked, finished jobs leave. `false`: nothing
     /// runs and nothing will arrive, so the rest can never start.
     pub fn advance(&mut self) -> bool {
-        let (jobs, round, t) = (self.jobs, self.config.round_s, self.t);
+        let (round, t) = (self.config.round_s, self.t);
         let end = t + round;
         let mut in_use = 0;
-        let mut left = 0;
-        for &j in &self.active {
-            let (running, gpus) = self.state[j].advance(&jobs[j], t, round, self.cluster, self.truth);
+        let mut left = false;
+        for p in &mut self.active {
+            let (running, gpus) = p.state.advance(p.job.borrow(), t, round, self.cluster, self.truth);
             in_use += gpus;
-            if running == Running::Finished {
-                left += 1;
-            }
+            left |= running == Running::Finished;
         }
-        if left > 0 {
-            let state = &self.state;
-            self.active.retain(|&j| state[j].finish.is_none());
-            self.finished += left;
+        if left {
+            let (active, done) = (std::mem::take(&mut self.active), &mut self.done);
+            for p in active {
+                if p.state.finish.is_some() {
+                    done.push((p.index, p.state.result(p.job.borrow())));
+                } else {
+                    self.active.push(p);
+                }
+            }
             self.changed = true;
         }
-        if in_use == 0 && self.next_arrival == jobs.len() && !self.changed {
+        if in_use == 0 && self.pending.peek().is_none() && !self.changed {
             // Nothing runs and nothing will arrive: the rest can never start.
             tracing::warn!(
                 "{} jobs can never start on this cluster under {}",
-                jobs.len() - self.finished,
+                self.active.len(),
                 self.config.policy.name
             );
             self.usage.push((t, 0));
@@ -417,27 +492,15 @@ impl<'a> Simulation<'a> {
         true
     }
 
-    /// Every job's outcome, the makespan and the usage over time.
+    /// Every job's outcome (in trace order), the makespan and the usage over time.
     pub fn results(self) -> SimResult {
         let round = self.config.round_s;
-        let results: Vec<JobResult> = self
-            .jobs
-            .iter()
-            .zip(&self.state)
-            .map(|(j, s)| JobResult {
-                name: j.job.name.clone(),
-                model: j.job.model.name.clone(),
-                submit_s: j.job.submit_time_s,
-                first_start_s: s.first_start,
-                finish_s: s.finish,
-                restarts: s.restarts,
-                plan_changes: s.plan_changes,
-                gpu_hours: s.gpu_s / 3600.0,
-                guaranteed: j.job.guaranteed,
-                violation_s: if j.job.guaranteed { s.violation_s } else { 0.0 },
-                basis_s: s.basis_s,
-            })
-            .collect();
+        let mut results = self.done;
+        results.extend(self.active.iter().map(|p| (p.index, p.state.result(p.job.borrow()))));
+        // Jobs that never arrived (none do, unless a caller stops early): never started.
+        results.extend(self.pending.map(|(index, job)| (index, State::default().result(job.borrow()))));
+        results.sort_by_key(|(j, _)| *j);
+        let results: Vec<JobResult> = results.into_iter().map(|(_, r)| r).collect();
         let last = results.iter().filter_map(|r| r.finish_s).fold(0.0, f64::max);
         let makespan_s = (last / round).ceil() * round;
         SimResult {
@@ -460,6 +523,23 @@ enum Running {
 }
 
 impl State {
+    /// The outcome of `sj` so far.
+    fn result(&self, sj: &SimJob) -> JobResult {
+        JobResult {
+            name: sj.job.name.clone(),
+            model: sj.job.model.name.clone(),
+            submit_s: sj.job.submit_time_s,
+            first_start_s: self.first_start,
+            finish_s: self.finish,
+            restarts: self.restarts,
+            plan_changes: self.plan_changes,
+            gpu_hours: self.gpu_s / 3600.0,
+            guaranteed: sj.job.guaranteed,
+            violation_s: if sj.job.guaranteed { self.violation_s } else { 0.0 },
+            basis_s: self.basis_s,
+        }
+    }
+
     /// A job not yet submitted: its remaining work as the policies see it, and for a
     /// guaranteed job its request and the truth of the request's throughput.
     fn of(sj: &SimJob, cluster: &Cluster, truth: &Truth, evaluator: &mut Evaluator<'_>) -> State {
@@ -608,9 +688,9 @@ impl State {
 
 /// Runs `seeds` replicas of the simulation (seeds `config.seed`, `+1`, ...), two at a
 /// time; results in seed order, each as deterministic as one run.
-pub fn simulate_seeds(
+pub fn simulate_seeds<S: JobSource + ?Sized>(
     cluster: &Cluster,
-    jobs: &[SimJob],
+    jobs: &S,
     truth: &Truth,
     config: &SimConfig,
     seeds: u32,
@@ -712,7 +792,8 @@ mod tests {
         let config = SimConfig::defaults(crate::policies::lookup("rubick").unwrap(), Queue::Fifo);
         let truth = no_rows();
         let planner = planner_config(&config, &truth);
-        Simulation::new(&cluster, jobs, &truth, &config, &planner, true).run(&mut Scripted(script), |_, _| {})
+        Simulation::new(&cluster, (jobs.len(), jobs.arrivals()), &truth, &config, &planner, true)
+            .run(&mut Scripted(script), |_, _| {})
     }
 
     /// A guaranteed job paused after admission was once reported as holding its
@@ -782,7 +863,7 @@ mod tests {
         let mut young = job("young", PlanCode::ZeroDp, 64, 512, false);
         young.job.submit_time_s = 120.0;
         let config = SimConfig::defaults(crate::policies::lookup("rubick-no-resize").unwrap(), Queue::Fifo);
-        let r = simulate(&cluster, &[old, young], &no_rows(), &config, |_, _| {});
+        let r = simulate(&cluster, &[old, young][..], &no_rows(), &config, |_, _| {});
         let (o, y) = (&r.jobs[0], &r.jobs[1]);
         assert_eq!(o.restarts, 0, "the running job was paused");
         assert!(o.finish_s.unwrap() <= y.first_start_s.unwrap(), "{o:?} {y:?}");

@@ -1,17 +1,21 @@
 //! Loading a trace for simulation: its jobs with their beliefs, and the truth.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use crate::truth::{Truth, TruthMode};
 use anyhow::Context;
 use rubick_core::job::{JobRequest, Resharding};
 use rubick_core::perfmodel::Links;
+use rubick_core::perfmodel::Params;
 use rubick_core::reference::TESTBED_PROFILED_CPUS_PER_GPU;
-use rubick_core::{Cluster, Job, JobBatch, PlanRequest};
+use rubick_core::reference::TraceJob;
+use rubick_core::{Cluster, Job, JobBatch, ModelSpec, PlanCode, PlanRequest};
 use rubick_io::files::{parse_artifact, read_text};
 use rubick_io::reference::{ReferenceData, read_trace};
 
 use crate::SimJob;
+use crate::engine::JobSource;
 use rubick_io::beliefs::{ModelSource, job_params};
 
 /// The jobs of a trace (the reference's workload CSV, or a `JobBatch` whose jobs carry
@@ -23,63 +27,169 @@ pub fn load_trace(
     reference: &ReferenceData,
     mode: TruthMode,
 ) -> anyhow::Result<(Vec<SimJob>, Truth)> {
-    let mut trace_codes = Vec::new();
-    let jobs: Vec<Job> = if trace.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-        let text = read_text(trace)?;
-        parse_artifact::<JobBatch>(trace, &text)?.jobs
+    let (trace, truth) = open_trace(trace, cluster, reference, mode)?;
+    Ok((trace.jobs(), truth))
+}
+
+/// A trace whose jobs are made when a simulation reaches them (a [`JobSource`]): of a
+/// workload CSV only its rows are held (each checked when opened), one model and belief
+/// per application; a `JobBatch`'s jobs are held as they are.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// A `JobBatch`'s jobs.
+    made: Vec<SimJob>,
+    /// A workload CSV's rows: the row, its model (in `models`), and the plan code its
+    /// model rejects (the job then asks for its GPUs only).
+    rows: Vec<(TraceJob, usize, Option<PlanCode>)>,
+    models: Vec<(ModelSpec, Params)>,
+    /// Share of jobs marked guaranteed on top of the trace's (see [`marked`]).
+    guaranteed_share: f64,
+}
+
+/// Whether job `i` is among `share` of the jobs marked guaranteed, evenly spread over
+/// the trace's order (deterministic).
+pub fn marked(i: usize, share: f64) -> bool {
+    share > 0.0 && (i as f64 * share).floor() != ((i + 1) as f64 * share).floor()
+}
+
+impl Trace {
+    /// How many jobs.
+    pub fn len(&self) -> usize {
+        self.made.len() + self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Marks `share` of the jobs guaranteed (see [`marked`]), on top of those the
+    /// trace marks.
+    pub fn mark_guaranteed(&mut self, share: f64) {
+        self.guaranteed_share = share;
+        for (i, j) in self.made.iter_mut().enumerate() {
+            j.job.guaranteed |= marked(i, share);
+        }
+    }
+
+    /// Job `i` (in trace order).
+    pub fn job(&self, i: usize) -> Cow<'_, SimJob> {
+        if let Some(j) = self.made.get(i) {
+            return Cow::Borrowed(j);
+        }
+        let (row, model, code) = &self.rows[i];
+        let (spec, params) = &self.models[*model];
+        let mut job = job_of(row, spec);
+        if code.is_some() {
+            job.request.plan = None;
+        }
+        job.guaranteed |= marked(i, self.guaranteed_share);
+        Cow::Owned(SimJob { job, params: params.clone(), trace_code: *code })
+    }
+
+    /// Every job, in trace order.
+    pub fn jobs(&self) -> Vec<SimJob> {
+        (0..self.len()).map(|i| self.job(i).into_owned()).collect()
+    }
+
+    fn submit_s(&self, i: usize) -> f64 {
+        self.made.get(i).map_or_else(|| self.rows[i].0.submission_time_s, |j| j.job.submit_time_s)
+    }
+}
+
+impl JobSource for Trace {
+    type Job<'s> = Cow<'s, SimJob>;
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn arrivals(&self) -> impl Iterator<Item = (usize, Cow<'_, SimJob>)> {
+        let mut order: Vec<usize> = (0..self.len()).collect();
+        order.sort_by(|&a, &b| self.submit_s(a).total_cmp(&self.submit_s(b)).then(a.cmp(&b)));
+        order.into_iter().map(|i| (i, self.job(i)))
+    }
+}
+
+/// The job of a workload CSV's row, of model `spec`.
+fn job_of(r: &TraceJob, spec: &ModelSpec) -> Job {
+    Job {
+        api_version: None,
+        kind: None,
+        name: r.name.clone(),
+        model: spec.clone(),
+        perf_model: None,
+        submit_time_s: r.submission_time_s,
+        // The authors' convention: a job ends after steps + 1 iterations.
+        iterations: r.steps + 1,
+        request: JobRequest {
+            gpus: r.num_gpus,
+            cpus: Some(r.num_cpus),
+            host_memory_gib: None,
+            plan: Some(PlanRequest::Code(r.exec_plan)),
+            gpu_type: None,
+        },
+        guaranteed: r.is_sla,
+        resharding: Resharding::Full,
+        restart_cost_s: None,
+        current: None,
+        launch: None,
+        unsupported_plans: Vec::new(),
+    }
+}
+
+/// [`load_trace`] with the jobs made as a simulation reaches them: every row is checked
+/// now, and the beliefs fitted, but only one model and belief per application is held.
+pub fn open_trace(
+    path: &Path,
+    cluster: &Cluster,
+    reference: &ReferenceData,
+    mode: TruthMode,
+) -> anyhow::Result<(Trace, Truth)> {
+    let mut trace = Trace { made: Vec::new(), rows: Vec::new(), models: Vec::new(), guaranteed_share: 0.0 };
+    let source = ModelSource { jobs_path: Some(path), reference: Some(reference) };
+    if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+        let text = read_text(path)?;
+        let jobs = parse_artifact::<JobBatch>(path, &text)?.jobs;
+        let params = job_params(&jobs, cluster, &source)?;
+        trace.made =
+            jobs.into_iter().zip(params).map(|(job, params)| SimJob { job, params, trace_code: None }).collect();
     } else {
-        let rows = read_trace(trace)?;
-        let mut specs = std::collections::BTreeMap::new();
+        let rows = read_trace(path)?;
+        let mut models: std::collections::BTreeMap<String, usize> = Default::default();
+        let mut specs: Vec<ModelSpec> = Vec::new();
         // Requested plans the job's model rejects, by reason: the lines.
         let mut unusable_plans: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
-        let mut jobs = Vec::with_capacity(rows.len());
-        for (i, r) in rows.iter().enumerate() {
+        let mut kept = Vec::with_capacity(rows.len());
+        for (i, r) in rows.into_iter().enumerate() {
             let line = i + 2;
-            if !specs.contains_key(&r.application) {
-                let spec = reference.model_spec(&r.application)?.with_context(|| {
-                    format!(
-                        "{}: line {line}: application `{}` is not a model of the reference data",
-                        trace.display(),
-                        r.application
-                    )
-                })?;
-                specs.insert(r.application.clone(), spec);
-            }
-            let mut job = Job {
-                api_version: None,
-                kind: None,
-                name: r.name.clone(),
-                model: specs[&r.application].clone(),
-                perf_model: None,
-                submit_time_s: r.submission_time_s,
-                // The authors' convention: a job ends after steps + 1 iterations.
-                iterations: r.steps + 1,
-                request: JobRequest {
-                    gpus: r.num_gpus,
-                    cpus: Some(r.num_cpus),
-                    host_memory_gib: None,
-                    plan: Some(PlanRequest::Code(r.exec_plan)),
-                    gpu_type: None,
-                },
-                guaranteed: r.is_sla,
-                resharding: Resharding::Full,
-                restart_cost_s: None,
-                current: None,
-                launch: None,
-                unsupported_plans: Vec::new(),
+            let model = match models.get(&r.application) {
+                Some(&m) => m,
+                None => {
+                    let spec = reference.model_spec(&r.application)?.with_context(|| {
+                        format!(
+                            "{}: line {line}: application `{}` is not a model of the reference data",
+                            path.display(),
+                            r.application
+                        )
+                    })?;
+                    specs.push(spec);
+                    models.insert(r.application.clone(), specs.len() - 1);
+                    specs.len() - 1
+                }
             };
-            trace_codes.push(None);
+            let mut job = job_of(&r, &specs[model]);
+            let mut code = None;
             if let Err(e) = job.check() {
                 // The reference's model shapes disagree with a few of its own plans
                 // (GPT-2's `151`: TP 5 of 19 heads): the job asks for its GPUs only.
                 if e.field == "request.plan" {
                     unusable_plans.entry(e.to_string()).or_default().push(line);
                     job.request.plan = None;
-                    trace_codes[i] = Some(r.exec_plan);
+                    code = Some(r.exec_plan);
                 }
-                job.check().map_err(|e| anyhow::anyhow!("{}: line {line}: {e}", trace.display()))?;
+                job.check().map_err(|e| anyhow::anyhow!("{}: line {line}: {e}", path.display()))?;
             }
-            jobs.push(job);
+            kept.push((r, model, code));
         }
         for (reason, lines) in &unusable_plans {
             let shown: Vec<String> = lines.iter().take(6).map(ToString::to_string).collect();
@@ -87,15 +197,27 @@ pub fn load_trace(
             tracing::warn!(
                 "{}: {} job(s) (line {}{more}): {reason}; they keep their GPUs, not their plan (static policies run \
                  the plan as measured)",
-                trace.display(),
+                path.display(),
                 lines.len(),
                 shown.join(", ")
             );
         }
-        jobs
-    };
-    let params = job_params(&jobs, cluster, &ModelSource { jobs_path: Some(trace), reference: Some(reference) })?;
-    let mut names: Vec<&str> = jobs.iter().map(|j| j.model.name.as_str()).collect();
+        // One belief per model: a job of the model stands for all of them.
+        let typical: Vec<Job> = specs
+            .iter()
+            .enumerate()
+            .filter_map(|(m, _)| kept.iter().find(|(_, k, _)| *k == m).map(|(r, _, _)| job_of(r, &specs[m])))
+            .collect();
+        let params = job_params(&typical, cluster, &source)?;
+        trace.models = specs.into_iter().zip(params).collect();
+        trace.rows = kept;
+    }
+    let mut names: Vec<&str> = trace
+        .made
+        .iter()
+        .map(|j| j.job.model.name.as_str())
+        .chain(trace.models.iter().map(|(m, _)| m.name.as_str()))
+        .collect();
     names.sort_unstable();
     names.dedup();
     let mut models = Vec::new();
@@ -121,12 +243,5 @@ pub fn load_trace(
             o.max_error * 100.0
         );
     }
-    trace_codes.resize(jobs.len(), None);
-    let sim_jobs = jobs
-        .into_iter()
-        .zip(params)
-        .zip(trace_codes)
-        .map(|((job, params), trace_code)| SimJob { job, params, trace_code })
-        .collect();
-    Ok((sim_jobs, truth))
+    Ok((trace, truth))
 }

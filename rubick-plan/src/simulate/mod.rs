@@ -22,7 +22,7 @@ use rubick_sim::truth::TruthMode;
 use plots::{CdfFigure, GanttFigure, UsageFigure};
 use rubick_sim::policies::Registration;
 use rubick_sim::summary::summarize;
-use rubick_sim::trace::load_trace;
+use rubick_sim::trace::open_trace;
 use rubick_sim::{Queue, SimConfig, SimJob, SimResult, simulate_seeds};
 
 const SIMULATE_EXAMPLES: &str = "\
@@ -176,9 +176,7 @@ fn truth_label(s: &SimulationSummary) -> String {
 /// (deterministic), on top of those the trace marks.
 pub fn mark_guaranteed(jobs: &mut [SimJob], share: f64) {
     for (i, j) in jobs.iter_mut().enumerate() {
-        if share > 0.0 && (i as f64 * share).floor() != ((i + 1) as f64 * share).floor() {
-            j.job.guaranteed = true;
-        }
+        j.job.guaranteed |= rubick_sim::trace::marked(i, share);
     }
 }
 
@@ -222,9 +220,10 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
         "--guarantee-share: must be between 0 and 1, got {}",
         args.guarantee_share
     );
-    let (mut jobs, mut truth) = load_trace(&args.trace, &cluster, &reference, args.truth.into())?;
+    // Jobs are made as the simulation reaches them: memory holds the jobs present.
+    let (mut jobs, mut truth) = open_trace(&args.trace, &cluster, &reference, args.truth.into())?;
     truth.extrapolated_slowdown = args.extrapolated_slowdown;
-    mark_guaranteed(&mut jobs, args.guarantee_share);
+    jobs.mark_guaranteed(args.guarantee_share);
     let mut config = SimConfig::defaults(args.policy, args.queue);
     config.round_s = args.round_s;
     config.restart_penalty_s = args.restart_penalty;
