@@ -458,3 +458,91 @@ fn real_cluster_logs_become_traces_the_simulator_replays() {
     assert!(run.stderr.contains("bad.txt: line 2: Submit"), "{}", run.stderr);
     assert!(!dir.path().join("x.csv").exists());
 }
+
+/// Whether this machine's Slurm keeps accounting (`sacct` answers without `-c`):
+/// `scripts/slurm-up.sh` with `SLURM_ACCOUNTING=1`.
+fn slurm_accounting() -> Result<(), String> {
+    rubick_launch::slurm::available()?;
+    let out = std::process::Command::new("sacct")
+        .args(["-n", "-P", "-o", "JobID", "-S", "now-1minutes"])
+        .output()
+        .map_err(|e| format!("cannot run sacct: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "this Slurm keeps no accounting (`SLURM_ACCOUNTING=1 scripts/slurm-up.sh` starts slurmdbd): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// Issue 21: an operator replays their own cluster. Jobs run on the project's test
+/// Slurm (1, 2 and 3 fake GPUs, and one without), its `sacct -P` history becomes a
+/// trace (the GPU jobs, with their GPUs and run times), and the simulator replays it.
+#[test]
+fn the_test_slurms_own_history_becomes_a_trace_the_simulator_replays() {
+    let Some(reference) = reference() else { return };
+    if let Err(reason) = slurm_accounting() {
+        let required = std::env::var("RUBICK_REQUIRE_SLURM_ACCOUNTING").as_deref() == Ok("1");
+        assert!(!required, "RUBICK_REQUIRE_SLURM_ACCOUNTING=1 but {reason}");
+        rubick_io::testing::skip(&reason);
+        return;
+    }
+    let dir = temp();
+    let mut ids = Vec::new();
+    for (gpus, secs) in [(1, 2), (2, 3), (3, 4), (0, 1)] {
+        let mut sbatch = std::process::Command::new("sbatch");
+        sbatch.args(["--parsable", "-c", "1", "-o", "/dev/null", "-J", "rubick-sacct-test"]);
+        if gpus > 0 {
+            sbatch.arg(format!("--gres=gpu:{gpus}"));
+        }
+        let out = sbatch.arg("--wrap").arg(format!("sleep {secs}")).output().unwrap();
+        assert!(out.status.success(), "sbatch: {}", String::from_utf8_lossy(&out.stderr));
+        ids.push(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    }
+    let jobs = ids.join(",");
+    let sacct = |fields: &str| {
+        let out = std::process::Command::new("sacct").args(["-a", "-P", "-j", &jobs, "-o", fields]).output().unwrap();
+        assert!(out.status.success(), "sacct: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Every job (steps aside) completed, as the accounting records it.
+    let start = std::time::Instant::now();
+    loop {
+        let states = sacct("JobID,State");
+        let done = states.lines().skip(1).filter(|l| !l.contains('.')).filter(|l| l.ends_with("|COMPLETED")).count();
+        if done == ids.len() {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 240, "the jobs did not complete in 240 s:\n{states}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    std::fs::write(dir.path().join("sacct.txt"), sacct("JobID,Partition,Submit,Elapsed,State,AllocTRES")).unwrap();
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["trace", "sacct.txt", "--format", "sacct", "--cluster", &cluster, "--reference", &reference, "-o", "own.csv"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let trace = std::fs::read_to_string(dir.path().join("own.csv")).unwrap();
+    // name,submission_time,duration,application,num_gpus,...: the three GPU jobs.
+    let rows: Vec<Vec<&str>> = trace.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 3, "the CPU-only job and the job steps are left out:\n{trace}");
+    let mut gpus: Vec<&str> = rows.iter().map(|r| r[4]).collect();
+    gpus.sort_unstable();
+    assert_eq!(gpus, ["1", "2", "3"], "{trace}");
+    for r in &rows {
+        let duration: f64 = r[2].parse().unwrap();
+        let slept = f64::from(r[4].parse::<u32>().unwrap() + 1);
+        assert!(duration >= slept && duration < slept + 30.0, "a job's duration is its run time: {r:?}");
+    }
+    let run = run_in(
+        dir.path(),
+        "rubick-plan",
+        &["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", "own.csv", "--summary", "own.yaml"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let summary = std::fs::read_to_string(dir.path().join("own.yaml")).unwrap();
+    assert!(summary.contains("jobs: 3"), "{summary}");
+}
