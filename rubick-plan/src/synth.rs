@@ -153,7 +153,7 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
                 job.current = Some(CurrentAllocation {
                     plan,
                     placement: placement.clone(),
-                    nodes: chosen.iter().map(|&k| nodes[k].name(&cluster)).collect(),
+                    nodes: chosen.iter().map(|&k| nodes[k].name(cluster)).collect(),
                     cpus: Some(fair * gpus),
                     rounds_since_change: rng.below(8) as u32,
                 });
