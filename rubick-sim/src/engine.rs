@@ -94,6 +94,39 @@ pub struct SimJob {
     pub trace_code: Option<PlanCode>,
 }
 
+impl SimJob {
+    /// An example: a LLaMA-2-7B-like job of 5,000 iterations submitted at 0, asking
+    /// for `code` on `gpus` GPUs with `cpus` cores, its belief the FLOPs-based default
+    /// (for tests and examples).
+    pub fn example(name: &str, code: PlanCode, gpus: u32, cpus: u32, guaranteed: bool) -> SimJob {
+        let model = rubick_core::ModelSpec::example();
+        let params = rubick_core::planner::curves::default_params(&model);
+        let job = Job {
+            api_version: None,
+            kind: None,
+            name: name.into(),
+            model,
+            perf_model: None,
+            submit_time_s: 0.0,
+            iterations: 5_000,
+            request: rubick_core::job::JobRequest {
+                gpus,
+                cpus: Some(cpus),
+                host_memory_gib: None,
+                plan: Some(rubick_core::PlanRequest::Code(code)),
+                gpu_type: None,
+            },
+            guaranteed,
+            resharding: rubick_core::job::Resharding::Full,
+            restart_cost_s: None,
+            current: None,
+            launch: None,
+            unsupported_plans: Vec::new(),
+        };
+        SimJob { job, params, trace_code: None }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct State {
     remaining: f64,
@@ -716,8 +749,6 @@ pub fn simulate_seeds<S: JobSource + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use rubick_core::PlanRequest;
-    use rubick_core::job::{JobRequest, Resharding};
     use rubick_core::perfmodel::Links;
 
     use crate::policies::request_plan;
@@ -727,31 +758,7 @@ mod tests {
 
     /// A LLaMA-2-7B-like job on `gpus` GPUs of the testbed asking `cpus` cores.
     fn job(name: &str, code: PlanCode, gpus: u32, cpus: u32, guaranteed: bool) -> SimJob {
-        let model = rubick_core::ModelSpec::example();
-        let params = rubick_core::planner::curves::default_params(&model);
-        let job = Job {
-            api_version: None,
-            kind: None,
-            name: name.into(),
-            model,
-            perf_model: None,
-            submit_time_s: 0.0,
-            iterations: 5_000,
-            request: JobRequest {
-                gpus,
-                cpus: Some(cpus),
-                host_memory_gib: None,
-                plan: Some(PlanRequest::Code(code)),
-                gpu_type: None,
-            },
-            guaranteed,
-            resharding: Resharding::Full,
-            restart_cost_s: None,
-            current: None,
-            launch: None,
-            unsupported_plans: Vec::new(),
-        };
-        SimJob { job, params, trace_code: None }
+        SimJob::example(name, code, gpus, cpus, guaranteed)
     }
 
     /// No measured rows: the truth is the belief.

@@ -2,9 +2,8 @@
 //! group of its GPU type, the planner's on the best one, and the truth on another GPU
 //! type is the measured hardware's scaled by the model (and called extrapolated).
 
-use rubick_core::job::{JobRequest, Resharding};
 use rubick_core::perfmodel::Links;
-use rubick_core::{Cluster, Job, ModelSpec, PlanCode, PlanRequest};
+use rubick_core::{Cluster, PlanCode};
 use rubick_sim::policies::lookup;
 use rubick_sim::truth::{Basis, Truth, TruthMode};
 use rubick_sim::{Queue, SimConfig, SimJob, SimResult, simulate};
@@ -26,31 +25,10 @@ fn mixed() -> Cluster {
 fn jobs(n: usize, gpu_type: Option<&str>) -> Vec<SimJob> {
     (0..n)
         .map(|i| {
-            let model = ModelSpec::example();
-            let params = rubick_core::planner::curves::default_params(&model);
-            let job = Job {
-                api_version: None,
-                kind: None,
-                name: format!("j{i}"),
-                model,
-                perf_model: None,
-                submit_time_s: 0.0,
-                iterations: 2_000,
-                request: JobRequest {
-                    gpus: 8,
-                    cpus: Some(32),
-                    host_memory_gib: None,
-                    plan: Some(PlanRequest::Code(PlanCode::ZeroDp)),
-                    gpu_type: gpu_type.map(str::to_owned),
-                },
-                guaranteed: false,
-                resharding: Resharding::Full,
-                restart_cost_s: None,
-                current: None,
-                launch: None,
-                unsupported_plans: Vec::new(),
-            };
-            SimJob { job, params, trace_code: None }
+            let mut sj = SimJob::example(&format!("j{i}"), PlanCode::ZeroDp, 8, 32, false);
+            sj.job.iterations = 2_000;
+            sj.job.request.gpu_type = gpu_type.map(str::to_owned);
+            sj
         })
         .collect()
 }
