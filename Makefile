@@ -37,6 +37,13 @@ test: setup
 	  echo "test: no PyTorch environment (scripts/python-env.sh failed); its tests skip" >&2; \
 	skipped=$$(mktemp) && export RUBICK_SKIPPED="$$skipped"; \
 	$(CARGO) test --workspace --locked; rc=$$?; \
+	if [ -n "$${RUBICK_VENV:-}" ] && "$$RUBICK_VENV/bin/python" -c 'import pytest' 2>/dev/null; then \
+	  "$$RUBICK_VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests || rc=1; \
+	elif [ "$${RUBICK_REQUIRE_PYTORCH:-}" = 1 ]; then \
+	  echo "test: RUBICK_REQUIRE_PYTORCH=1 but no venv with pytest for python/tests" >&2; rc=1; \
+	else \
+	  echo "python/tests: no virtual environment with pytest (scripts/python-env.sh)" >> "$$skipped"; \
+	fi; \
 	if [ -s "$$skipped" ]; then \
 	  echo "test: $$(sort -u "$$skipped" | wc -l) test(s) did not run what they test:" >&2; \
 	  sort -u "$$skipped" | sed 's/^/  /' >&2; \

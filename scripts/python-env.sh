@@ -40,9 +40,9 @@ esac
 
 marker=$venv/.rubick-ok
 deepspeed=${RUBICK_VENV_DEEPSPEED:-0}
-check='import torch, numpy, kubernetes_validate'
+check='import torch, numpy, kubernetes_validate, pytest'
 if [[ $deepspeed == 1 ]]; then
-    check='import torch, numpy, kubernetes_validate, deepspeed'
+    check='import torch, numpy, kubernetes_validate, pytest, deepspeed'
 fi
 
 venv_ok() {
@@ -106,8 +106,9 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 
 rm -f "$marker"
-# kubernetes-validate: the published Kubernetes schemas, to check rubick-run's manifests.
-packages=(torch numpy kubernetes-validate)
+# kubernetes-validate: the published Kubernetes schemas, to check rubick-run's manifests;
+# pytest: the tests of the contract's Python package (python/).
+packages=(torch numpy kubernetes-validate pytest)
 if [[ $deepspeed == 1 ]]; then
     packages+=(deepspeed)
 fi

@@ -1,0 +1,45 @@
+"""rubick: the training-script side of rubick's job contract.
+
+A script launched by ``rubick-profile run`` or ``rubick-run apply`` gets its execution
+plan in ``RUBICK_*`` variables and owes the launcher four things: metric lines (one
+JSON line per iteration from rank 0), a clean stop on the stop signal (finish the
+step, checkpoint atomically, the ``checkpointed`` event, exit 0), a resume from the
+newest checkpoint at whatever plan the new run has, and, out of memory, the ``oom``
+event with exit 3. This package is that, once:
+
+* :class:`Plan` — the plan and resources from the environment;
+* :class:`Reporter` — iteration timing (forward / backward+sync / optimizer) and
+  metric lines;
+* :class:`StopFlag` — the stop signal as a flag, agreed by all ranks;
+* :mod:`rubick.checkpoint` — atomic save and load;
+* :func:`exit_on_oom` — the ``oom`` event and exit 3;
+* :class:`Run` — all of it around a plain loop.
+
+Standard library only; torch is used when the script imported it.
+"""
+
+from . import checkpoint
+from .loop import Run
+from .metrics import Iteration, Reporter, peak_memory_gib
+from .oom import EXIT_OOM, exit_on_oom, is_oom
+from .plan import Plan, PlanError, parse_plan
+from .rank import is_main, rank, world_size
+from .stop import StopFlag
+
+__all__ = [
+    "EXIT_OOM",
+    "Iteration",
+    "Plan",
+    "PlanError",
+    "Reporter",
+    "Run",
+    "StopFlag",
+    "checkpoint",
+    "exit_on_oom",
+    "is_main",
+    "is_oom",
+    "parse_plan",
+    "peak_memory_gib",
+    "rank",
+    "world_size",
+]

@@ -1,0 +1,75 @@
+"""The stop signal: a flag set by the signal, checked between steps.
+
+The launcher asks a run to stop (a reconfiguration, a preemption) with the plan's
+stop signal (``RUBICK_STOP_SIGNAL``, SIGUSR1 by default). The handler only sets a
+flag; the run finishes the step it is in, checkpoints and exits 0. A second signal
+while it saves changes nothing (the signal is blocked during the save, and the save
+replaces the old checkpoint in one rename).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+
+class StopFlag:
+    """Set once the stop signal arrived. Install it before anything slow (``import
+    torch`` takes seconds): a signal before it would kill the run."""
+
+    def __init__(self, sig: signal.Signals = signal.SIGUSR1):
+        self.signal = sig
+        self._set = False
+        self._previous = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002
+        self._set = True
+
+    @property
+    def requested(self) -> bool:
+        """Whether this process got the stop signal."""
+        return self._set
+
+    def request(self) -> None:
+        """Sets the flag as the signal would (tests, or a script's own reasons)."""
+        self._set = True
+
+    def agreed(self) -> bool:
+        """Whether *any* rank got the signal, agreed by all ranks (one all-reduce when
+        ``torch.distributed`` is initialised): every rank then stops after the same
+        step, even when the signal reached only some of them."""
+        torch = sys.modules.get("torch")
+        dist = getattr(torch, "distributed", None) if torch is not None else None
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return self._set
+        device = "cpu"
+        if dist.get_backend() == "nccl":
+            device = f"cuda:{torch.cuda.current_device()}"
+        flag = torch.tensor([1.0 if self._set else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self._set = bool(flag.item() > 0)
+        return self._set
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """The stop signal blocked (queued, not lost) inside: for a save."""
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {self.signal})
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def uninstall(self) -> None:
+        """Restores the handler that was there before."""
+        signal.signal(self.signal, self._previous if self._previous is not None else signal.SIG_DFL)
+
+
+def install(sig: Optional[signal.Signals] = None) -> StopFlag:
+    """A :class:`StopFlag` for ``sig`` (default: the plan's, from ``RUBICK_STOP_SIGNAL``)."""
+    if sig is None:
+        from .plan import Plan
+
+        sig = Plan.from_env().stop_signal
+    return StopFlag(sig)
