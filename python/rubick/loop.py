@@ -26,8 +26,9 @@ run exits 0. The last iteration saves too. Numbering continues across resumes.
 
 from __future__ import annotations
 
+import signal
 import sys
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import checkpoint as _checkpoint
 from . import rank as _rank
@@ -40,11 +41,14 @@ from .stop import StopFlag
 class Run:
     """One run of a training script under the contract (see the module's example)."""
 
-    def __init__(self, plan: Optional[Plan] = None, *, stop: Optional[StopFlag] = None):
+    def __init__(self, plan: Optional[Plan] = None, *, stop: Optional[StopFlag] = None,
+                 stop_also: Iterable[signal.Signals] = ()):
         #: The plan this run was launched with.
         self.plan = plan if plan is not None else Plan.from_env()
-        #: The stop flag (installed now: before anything slow).
-        self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal)
+        #: The stop flag (installed now: before anything slow), on the plan's stop
+        #: signal and on ``stop_also`` (e.g. SIGTERM under torchrun, which shuts its
+        #: workers down with it after relaying the stop signal).
+        self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal, *stop_also)
         self.reporter = Reporter(self.plan)
         #: The global iteration the checkpoint was saved at (0: a fresh start).
         self.resumed_at = 0

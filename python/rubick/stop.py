@@ -19,10 +19,13 @@ class StopFlag:
     """Set once the stop signal arrived. Install it before anything slow (``import
     torch`` takes seconds): a signal before it would kill the run."""
 
-    def __init__(self, sig: signal.Signals = signal.SIGUSR1):
+    def __init__(self, sig: signal.Signals = signal.SIGUSR1, *also: signal.Signals):
+        #: The stop signal, and others that ask the same (e.g. SIGTERM from a launcher
+        #: that shuts its workers down).
+        self.signals = (sig, *[s for s in also if s != sig])
         self.signal = sig
         self._set = False
-        self._previous = signal.signal(sig, self._handle)
+        self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         self._set = True
@@ -55,15 +58,16 @@ class StopFlag:
     @contextmanager
     def held(self) -> Iterator[None]:
         """The stop signal blocked (queued, not lost) inside: for a save."""
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {self.signal})
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(self.signals))
         try:
             yield
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def uninstall(self) -> None:
-        """Restores the handler that was there before."""
-        signal.signal(self.signal, self._previous if self._previous is not None else signal.SIG_DFL)
+        """Restores the handlers that were there before."""
+        for s, previous in self._previous.items():
+            signal.signal(s, previous if previous is not None else signal.SIG_DFL)
 
 
 def install(sig: Optional[signal.Signals] = None) -> StopFlag:
