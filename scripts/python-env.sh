@@ -40,9 +40,9 @@ esac
 
 marker=$venv/.rubick-ok
 deepspeed=${RUBICK_VENV_DEEPSPEED:-0}
-check='import torch, numpy, kubernetes_validate, pytest'
+check='import torch, numpy, kubernetes_validate, pytest, transformers, accelerate'
 if [[ $deepspeed == 1 ]]; then
-    check='import torch, numpy, kubernetes_validate, pytest, deepspeed'
+    check="$check, deepspeed"
 fi
 
 venv_ok() {
@@ -107,8 +107,10 @@ fi
 
 rm -f "$marker"
 # kubernetes-validate: the published Kubernetes schemas, to check rubick-run's manifests;
-# pytest: the tests of the contract's Python package (python/).
-packages=(torch numpy kubernetes-validate pytest)
+# pytest: the tests of the contract's Python package (python/); transformers and
+# accelerate: its Hugging Face Trainer adapter and examples/hf-trainer (no model is
+# downloaded: the example builds its GPT-2 configuration).
+packages=(torch numpy kubernetes-validate pytest transformers accelerate)
 if [[ $deepspeed == 1 ]]; then
     packages+=(deepspeed)
 fi
