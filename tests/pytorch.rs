@@ -93,10 +93,15 @@ fn check_profile(csv: &str, stderr: &str) {
 }
 
 fn fit(dir: &Path, profile: &Path) {
+    fit_job(dir, profile, "examples/pytorch/job.yaml");
+}
+
+/// `rubick-fit fit PROFILE --job JOB` into `DIR/model.yaml`, which must be a PerfModel.
+fn fit_job(dir: &Path, profile: &Path, job: &str) {
     let out = Command::new(binary("rubick-fit"))
         .args(["fit"])
         .arg(profile)
-        .args(["--job", "examples/pytorch/job.yaml", "--cluster"])
+        .args(["--job", job, "--cluster"])
         .arg(dir.join("local.yaml"))
         .arg("-o")
         .arg(dir.join("model.yaml"))
@@ -215,9 +220,39 @@ fn workload_processes(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// A training script adopting the contract, as a job of the rounds below.
+struct Workload {
+    /// Its Job YAML (in the repository).
+    job: &'static str,
+    /// The Job's `name:` line and `iterations:` line (replaced per copy).
+    name: &'static str,
+    iterations: &'static str,
+    /// Its plan on one worker slot, and at DP 2 on two (the same global batch).
+    dp1: &'static str,
+    dp2: &'static str,
+}
+
+const REFERENCE: Workload = Workload {
+    job: "examples/pytorch/job.yaml",
+    name: "name: gpt-tiny\n",
+    iterations: "iterations: 200\n",
+    dp1: "dp1-tp1-pp1-mb4-ga4",
+    dp2: "dp2-tp1-pp1-mb4-ga2",
+};
+
+/// Issue 20: a Hugging Face Trainer under torchrun, adopting the contract with the
+/// `rubick` Python package (`examples/hf-trainer`).
+const HF_TRAINER: Workload = Workload {
+    job: "examples/hf-trainer/job.yaml",
+    name: "name: hf-gpt2\n",
+    iterations: "iterations: 200\n",
+    dp1: "dp1-tp1-pp1-mb4-ga2",
+    dp2: "dp2-tp1-pp1-mb4-ga1",
+};
+
 #[test]
 fn rubick_run_starts_reconfigures_and_stops_the_pytorch_workload() {
-    rubick_run_rounds("local");
+    rubick_run_rounds(&REFERENCE, "local");
 }
 
 #[test]
@@ -225,11 +260,44 @@ fn the_same_rubick_run_rounds_pass_through_a_real_slurm() {
     if let Err(reason) = rubick_launch::slurm::available() {
         return skip("RUBICK_REQUIRE_SLURM", &reason);
     }
-    rubick_run_rounds("slurm");
+    rubick_run_rounds(&REFERENCE, "slurm");
 }
 
-/// Three rounds of rubick-run on `backend` with the PyTorch workload.
-fn rubick_run_rounds(backend: &str) {
+/// Issue 20: the Hugging Face Trainer example is profiled (4 configurations), fitted,
+/// and run through three rounds: reconfigured from DP 1 to DP 2 (the Trainer resumes at
+/// the next global step, the loss continuing), preempted and resumed, stopped, nothing
+/// left (torchrun's workers live in sessions of their own).
+#[test]
+fn a_hugging_face_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
+    let venv = match venv() {
+        Ok(v) => v,
+        Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
+    };
+    {
+        let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let dir = temp();
+        let _reaper = Reaper(dir.path().to_path_buf());
+        cluster_of_this_machine(dir.path());
+        let configs = "plan,placement\ndp1-tp1-pp1-mb4-ga2,1\ndp1-tp1-pp1-mb8-ga1,1\ndp1-tp1-pp1-mb2-ga4,1\n\
+                       dp2-tp1-pp1-mb4-ga1,2\ndp2-tp1-pp1-mb2-ga2,2\n";
+        std::fs::write(dir.path().join("configs.csv"), configs).unwrap();
+        let out = dir.path().join("profile.csv");
+        let (code, stderr) = profile(
+            dir.path(),
+            &venv,
+            Path::new(HF_TRAINER.job),
+            &["--configs", dir.path().join("configs.csv").to_str().unwrap(), "-o", out.to_str().unwrap()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        let csv = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(column(&csv, "status"), vec!["ok"; 5], "every configuration measured: {csv}\n{stderr}");
+        fit_job(dir.path(), &out, HF_TRAINER.job);
+    }
+    rubick_run_rounds(&HF_TRAINER, "local");
+}
+
+/// Three rounds of rubick-run on `backend` with `workload`.
+fn rubick_run_rounds(workload: &Workload, backend: &str) {
     let venv = match venv() {
         Ok(v) => v,
         Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
@@ -238,11 +306,11 @@ fn rubick_run_rounds(backend: &str) {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
-    let job = std::fs::read_to_string(repo().join("examples/pytorch/job.yaml")).unwrap();
+    let job = std::fs::read_to_string(repo().join(workload.job)).unwrap();
     for name in ["a", "b"] {
         let text = job
-            .replace("name: gpt-tiny\n", &format!("name: {name}\n"))
-            .replace("iterations: 200\n", "iterations: 5000\n");
+            .replace(workload.name, &format!("name: {name}\n"))
+            .replace(workload.iterations, "iterations: 5000\n");
         assert!(text.contains(&format!("name: {name}\n")) && text.contains("iterations: 5000"), "{text}");
         std::fs::write(d.join(format!("{name}.yaml")), text).unwrap();
     }
@@ -287,13 +355,13 @@ fn rubick_run_rounds(backend: &str) {
     // Round 1: two jobs, one worker slot each.
     rr(&[
         "apply",
-        &schedule(1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]),
+        &schedule(1, &[("a", workload.dp1, &[0]), ("b", workload.dp1, &[1])]),
         "--backend",
         backend,
     ]);
     wait("a and b training", &|| losses(&metrics("a", 1)).len() >= 6 && !losses(&metrics("b", 1)).is_empty());
     // Round 2: a to DP 2 on both slots (checkpoint, relaunch, resume); b preempted.
-    let (_, err) = rr(&["apply", &schedule(2, &[("a", "dp2-tp1-pp1-mb4-ga2", &[0, 1])]), "--backend", backend]);
+    let (_, err) = rr(&["apply", &schedule(2, &[("a", workload.dp2, &[0, 1])]), "--backend", backend]);
     assert!(err.contains("a: stopped (to reconfigure)") && err.contains("b: stopped (preempted)"), "{err}");
     let before = losses(&metrics("a", 1));
     let (stopped_iter, stopped_loss) = *before.last().unwrap();
@@ -311,11 +379,11 @@ fn rubick_run_rounds(backend: &str) {
         "the loss continues where it stopped ({stopped_loss} at {stopped_iter}), not from the start ({initial}): {first_loss}"
     );
     let (table, _) = rr(&["status"]);
-    assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("dp2-tp1-pp1-mb4-ga2")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("a ") && l.contains(workload.dp2)), "{table}");
     // Round 3: b back on one slot, a down to one; then both stopped for good.
     rr(&[
         "apply",
-        &schedule(3, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]),
+        &schedule(3, &[("a", workload.dp1, &[0]), ("b", workload.dp1, &[1])]),
         "--backend",
         backend,
     ]);

@@ -17,7 +17,8 @@ the launcher's DeepSpeed JSON when DeepSpeed imports, else FSDP (ZeRO 2 ->
 ``shard_grad_op``, 3 -> ``full_shard``, offload -> ``offload``; ZeRO 1 has no FSDP
 counterpart and runs as ``shard_grad_op``), the checkpoint directory ->
 ``output_dir`` (the Trainer's own checkpoints, resumed by the Trainer at the next
-global step, at any data parallelism), ``RUBICK_TOTAL_ITERATIONS`` -> ``max_steps``.
+global step, at any data parallelism), ``RUBICK_TOTAL_ITERATIONS`` (else a profile's
+``RUBICK_ITERATIONS``) -> ``max_steps``.
 What cannot be: tensor and pipeline parallelism (the Trainer has no switch for them):
 a plan with tp or pp > 1 is a :class:`~rubick.PlanError` (exit 2 for the launcher).
 
@@ -69,9 +70,12 @@ def training_arguments(plan: Optional[Plan] = None, **overrides) -> TrainingArgu
     )
     if cpu and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         kwargs["ddp_backend"] = "gloo"
-    total = os.environ.get("RUBICK_TOTAL_ITERATIONS", "").strip()
-    if total.isdigit():
-        overrides["max_steps"] = int(total)
+    # rubick-run: the job's iterations in all; rubick-profile: warm-up + measured.
+    for var in ("RUBICK_TOTAL_ITERATIONS", "RUBICK_ITERATIONS"):
+        total = os.environ.get(var, "").strip()
+        if total.isdigit():
+            overrides["max_steps"] = int(total)
+            break
     kwargs.update(overrides)
     # Transformers 5 renamed `gradient_checkpointing` to `activation_checkpointing`.
     fields = inspect.signature(TrainingArguments.__init__).parameters
