@@ -40,7 +40,7 @@ esac
 
 marker=$venv/.rubick-ok
 deepspeed=${RUBICK_VENV_DEEPSPEED:-0}
-check='import torch, numpy, kubernetes_validate, pytest, transformers, accelerate'
+check='import torch, numpy, kubernetes_validate, pytest, transformers, accelerate, lightning'
 if [[ $deepspeed == 1 ]]; then
     check="$check, deepspeed"
 fi
@@ -109,8 +109,8 @@ rm -f "$marker"
 # kubernetes-validate: the published Kubernetes schemas, to check rubick-run's manifests;
 # pytest: the tests of the contract's Python package (python/); transformers and
 # accelerate: its Hugging Face Trainer adapter and examples/hf-trainer (no model is
-# downloaded: the example builds its GPT-2 configuration).
-packages=(torch numpy kubernetes-validate pytest transformers accelerate)
+# downloaded: the example builds its GPT-2 configuration); lightning: its Lightning adapter.
+packages=(torch numpy kubernetes-validate pytest transformers accelerate lightning)
 if [[ $deepspeed == 1 ]]; then
     packages+=(deepspeed)
 fi

@@ -23,7 +23,7 @@ from .loop import Run
 from .metrics import Iteration, Reporter, peak_memory_gib
 from .oom import EXIT_OOM, exit_on_oom, is_oom
 from .plan import Plan, PlanError, parse_plan
-from .rank import is_main, rank, world_size
+from .ranks import is_main, rank, world_size
 from .stop import StopFlag
 
 __all__ = [

@@ -31,7 +31,7 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import checkpoint as _checkpoint
-from . import rank as _rank
+from . import ranks as _rank
 from .metrics import Iteration, Reporter
 from .oom import EXIT_OOM, is_oom, report_oom
 from .plan import Plan

@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
-from . import rank as _rank
+from . import ranks as _rank
 
 PHASES = ("forward", "backward_sync", "optimizer")
 
