@@ -250,6 +250,23 @@ const HF_TRAINER: Workload = Workload {
     dp2: "dp2-tp1-pp1-mb4-ga1",
 };
 
+/// Issue 20: a plain DDP loop under torchrun adopting the contract with the `rubick`
+/// Python package (`examples/torchrun-ddp`).
+const TORCHRUN_DDP: Workload = Workload {
+    job: "examples/torchrun-ddp/job.yaml",
+    name: "name: torchrun-ddp\n",
+    iterations: "iterations: 60\n",
+    dp1: "dp1-tp1-pp1-mb16-ga1",
+    dp2: "dp2-tp1-pp1-mb8-ga1",
+};
+
+/// Issue 20: the torchrun example stops cleanly (every worker, in sessions of their
+/// own, found by the launcher's process tracking) and resumes at DP 2 and back.
+#[test]
+fn a_plain_ddp_loop_under_torchrun_is_reconfigured_through_rounds() {
+    rubick_run_rounds(&TORCHRUN_DDP, "local");
+}
+
 #[test]
 fn rubick_run_starts_reconfigures_and_stops_the_pytorch_workload() {
     rubick_run_rounds(&REFERENCE, "local");
