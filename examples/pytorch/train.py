@@ -38,10 +38,19 @@ import subprocess
 import sys
 import time
 
-EXIT_OK, EXIT_BAD, EXIT_OOM = 0, 2, 3
-CHECKPOINT_FILE = "checkpoint.pt"
+try:
+    import rubick  # the contract's script side (python/): stdlib only, imports fast
+except ImportError:  # not installed: the package of this checkout
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import rubick
+import rubick.checkpoint
+import rubick.metrics
+import rubick.oom
+import rubick.plan
+
+EXIT_OK, EXIT_BAD, EXIT_OOM = 0, 2, rubick.EXIT_OOM
+CHECKPOINT_FILE = rubick.checkpoint.FILE
 STOP_REQUESTED = [False]  # set by the stop signal's handler (installed before torch loads)
-OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
 def log(msg):
@@ -134,20 +143,10 @@ OFFLOAD_NAMES = {"none": "none", "optimizer": "optimizer", "offopt": "optimizer"
 
 def parse_plan_string(text):
     """`dp2-tp1-pp1-mb4-ga2-z1-offopt-gc` -> dict of the fields it names."""
-    out = {}
-    for token in filter(None, (text or "").split("-")):
-        for prefix, key in (("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("mb", "micro_batch"),
-                            ("ga", "ga"), ("z", "zero")):
-            rest = token[len(prefix):]
-            if token.startswith(prefix) and rest.isdigit():
-                out[key] = int(rest)
-                break
-        else:
-            if token in ("offopt", "offall"):
-                out["offload"] = OFFLOAD_NAMES[token]
-            elif token == "gc":
-                out["gc"] = 1
-    return out
+    try:
+        return rubick.parse_plan(text)
+    except rubick.PlanError as e:
+        fail(str(e))
 
 
 def resolve_plan(args, world):
@@ -223,15 +222,10 @@ def plan_name(plan):
 
 
 def stop_signal():
-    name = (os.environ.get("RUBICK_STOP_SIGNAL") or "SIGUSR1").strip().upper()
-    if name.isdigit():
-        return signal.Signals(int(name))
-    if not name.startswith("SIG"):
-        name = "SIG" + name
     try:
-        return signal.Signals[name]
-    except KeyError:
-        fail(f"RUBICK_STOP_SIGNAL={name!r} is not a signal")
+        return rubick.plan.stop_signal()
+    except rubick.PlanError as e:
+        fail(str(e))
 
 
 def set_parent_death_signal(sig=signal.SIGKILL):
@@ -421,32 +415,13 @@ def synthetic_batch(seed, iteration, rows, seq_len, vocab):
 # ---------------------------------------------------------------------------
 
 class Metrics:
+    """Rank 0's metric lines (the package's writer: one append per line)."""
+
     def __init__(self, path):
         self.path = path
-        self.file = open(path, "a", buffering=1) if path else sys.stdout
 
     def write(self, obj):
-        self.file.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self.file.flush()
-
-
-def emit_oom(path):
-    """Any rank may run out of memory: it writes the event itself."""
-    line = json.dumps({"rubick": 1, "event": "oom"}, separators=(",", ":")) + "\n"
-    if path:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, line.encode())
-        os.close(fd)
-    else:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-
-
-def is_oom(exc):
-    import torch
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MARKERS)
+        rubick.metrics.write_line(self.path, obj)
 
 
 def peak_rss_gib():
@@ -786,17 +761,10 @@ class Trainer:
         model, optim = self._full_state()
         if self.rank == 0:
             os.makedirs(self.args.checkpoint_dir, exist_ok=True)
-            path = self._ckpt_path()
-            tmp = f"{path}.tmp.{os.getpid()}"
-            self.torch.save({"version": 1, "iteration": iteration, "model_config": self.cfg,
-                             "plan": plan_name(self.plan), "seed": self.args.seed,
-                             "model": model, "optim": optim}, tmp)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous one
-            dfd = os.open(self.args.checkpoint_dir, os.O_RDONLY)
-            os.fsync(dfd)
-            os.close(dfd)
+            state = {"version": 1, "iteration": iteration, "model_config": self.cfg,
+                     "plan": plan_name(self.plan), "seed": self.args.seed, "model": model, "optim": optim}
+            # Atomic: a kill mid-save leaves the previous one.
+            rubick.checkpoint.write_atomic(self._ckpt_path(), lambda f: self.torch.save(state, f))
         self.dist.barrier()
         if self.rank == 0:
             self.metrics.write({"rubick": 1, "event": "checkpointed", "iter": iteration})
@@ -897,10 +865,10 @@ def worker_main(args):
         trainer = Trainer(args, plan)
         code = trainer.run()
     except Exception as exc:  # noqa: BLE001
-        if not is_oom(exc):
+        if not rubick.is_oom(exc):
             raise
         log(f"out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
-        emit_oom(metrics_path)
+        rubick.oom.report_oom(metrics_path)
         sys.stderr.flush()
         os._exit(EXIT_OOM)  # peers may be blocked in a collective: no teardown
     if code == EXIT_OOM:

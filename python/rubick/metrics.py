@@ -26,6 +26,11 @@ from . import ranks as _rank
 PHASES = ("forward", "backward_sync", "optimizer")
 
 
+def write_line(path: Optional[str], obj: dict) -> None:
+    """Appends one JSON line to ``path`` (stdout when ``None``) in one write."""
+    _write_line(path, obj)
+
+
 def _write_line(path: Optional[str], obj: dict) -> None:
     line = json.dumps(obj, separators=(",", ":")) + "\n"
     if path:

@@ -12,7 +12,13 @@ from .metrics import _write_line
 #: The exit status of a run that ran out of memory.
 EXIT_OOM = 3
 
-_MARKERS = ("out of memory", "cuda error: out of memory", "cudnn_status_alloc_failed", "cublas_status_alloc_failed")
+_MARKERS = (
+    "out of memory",
+    "cudnn_status_alloc_failed",
+    "cublas_status_alloc_failed",
+    "can't allocate memory",  # the CPU allocator's
+    "cannot allocate memory",
+)
 
 
 def is_oom(exc: BaseException) -> bool:

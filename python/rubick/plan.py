@@ -57,6 +57,13 @@ def _int(env: Mapping[str, str], name: str, default: Optional[int], minimum: int
     return value
 
 
+def stop_signal(env: Optional[Mapping[str, str]] = None) -> signal.Signals:
+    """The stop signal ``RUBICK_STOP_SIGNAL`` names (``SIGUSR1`` by default; ``USR2``,
+    ``SIGTERM`` and numbers also work), without reading the rest of the plan."""
+    env = os.environ if env is None else env
+    return _stop_signal(env.get("RUBICK_STOP_SIGNAL", ""))
+
+
 def _stop_signal(raw: str) -> signal.Signals:
     name = (raw or "SIGUSR1").strip().upper()
     if name.isdigit():
