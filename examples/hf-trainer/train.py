@@ -5,7 +5,7 @@ on deterministic synthetic token sequences.
     torchrun --standalone --nproc-per-node 2 \
         --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 train.py --max-steps 50
 
-The lines marked `# rubick` are all the contract needed (6 of them).
+The lines marked `# rubick` are all the contract needed (15 of them).
 """
 
 import argparse
@@ -13,10 +13,10 @@ import os
 import signal
 import sys
 
-try:
+try:  # rubick
     import rubick  # rubick
 except ImportError:  # not installed: the package of this checkout
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
 import rubick.hf  # rubick
 
@@ -57,14 +57,14 @@ def main():
                         n_ctx=64)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
-    try:
+    try:  # rubick
         targs = rubick.hf.training_arguments(max_steps=args.max_steps, learning_rate=1e-3, seed=0)  # rubick
-    except rubick.PlanError as e:
-        print(e, file=sys.stderr)
-        sys.exit(2)
-    trainer = Trainer(model=model, args=targs, train_dataset=Tokens(100_000, 64, 256), callbacks=[callback])
-    with rubick.exit_on_oom():
-        trainer.train(resume_from_checkpoint=rubick.hf.last_checkpoint(targs.output_dir))
+    except rubick.PlanError as e:  # rubick
+        print(e, file=sys.stderr)  # rubick
+        sys.exit(2)  # rubick
+    trainer = Trainer(model=model, args=targs, train_dataset=Tokens(100_000, 64, 256), callbacks=[callback])  # rubick
+    with rubick.exit_on_oom():  # rubick
+        trainer.train(resume_from_checkpoint=rubick.hf.last_checkpoint(targs.output_dir))  # rubick
 
 
 if __name__ == "__main__":
