@@ -113,6 +113,22 @@ fn fit_job(dir: &Path, profile: &Path, job: &str) {
     assert!(model.contains("kind: PerfModel") && model.contains("parameters:"), "{model}");
 }
 
+/// `job` profiled on this machine's cluster (`DIR/local.yaml`) at `configs` (a CSV of
+/// plan,placement) into `DIR/profile.csv`: the table and the profiler's stderr.
+fn profile_configs(dir: &Path, venv: &Path, job: &str, configs: &str) -> (String, String) {
+    cluster_of_this_machine(dir);
+    std::fs::write(dir.join("configs.csv"), configs).unwrap();
+    let out = dir.join("profile.csv");
+    let (code, stderr) = profile(
+        dir,
+        venv,
+        Path::new(job),
+        &["--configs", dir.join("configs.csv").to_str().unwrap(), "-o", out.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    (std::fs::read_to_string(&out).unwrap(), stderr)
+}
+
 #[test]
 fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
     let venv = match venv() {
@@ -122,19 +138,9 @@ fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
-    cluster_of_this_machine(dir.path());
-    std::fs::write(dir.path().join("configs.csv"), CONFIGS).unwrap();
-    let out = dir.path().join("profile.csv");
-    let (code, stderr) = profile(
-        dir.path(),
-        &venv,
-        Path::new("examples/pytorch/job.yaml"),
-        &["--configs", dir.path().join("configs.csv").to_str().unwrap(), "-o", out.to_str().unwrap()],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    let csv = std::fs::read_to_string(&out).unwrap();
+    let (csv, stderr) = profile_configs(dir.path(), &venv, "examples/pytorch/job.yaml", CONFIGS);
     check_profile(&csv, &stderr);
-    fit(dir.path(), &out);
+    fit(dir.path(), &dir.path().join("profile.csv"));
 
     // A memory cap the workload cannot meet: the configuration is infeasible, recorded
     // as such, and the profile goes on (exit 0: out of memory is an answer).
@@ -320,20 +326,10 @@ fn profiled_fitted_and_reconfigured(workload: &Workload, configs: &str) {
         let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let dir = temp();
         let _reaper = Reaper(dir.path().to_path_buf());
-        cluster_of_this_machine(dir.path());
-        std::fs::write(dir.path().join("configs.csv"), configs).unwrap();
-        let out = dir.path().join("profile.csv");
-        let (code, stderr) = profile(
-            dir.path(),
-            &venv,
-            Path::new(workload.job),
-            &["--configs", dir.path().join("configs.csv").to_str().unwrap(), "-o", out.to_str().unwrap()],
-        );
-        assert_eq!(code, Some(0), "{stderr}");
-        let csv = std::fs::read_to_string(&out).unwrap();
+        let (csv, stderr) = profile_configs(dir.path(), &venv, workload.job, configs);
         let rows = configs.lines().count() - 1;
         assert_eq!(column(&csv, "status"), vec!["ok"; rows], "every configuration measured: {csv}\n{stderr}");
-        fit_job(dir.path(), &out, workload.job);
+        fit_job(dir.path(), &dir.path().join("profile.csv"), workload.job);
     }
     rubick_run_rounds(workload, "local");
 }

@@ -1,0 +1,53 @@
+"""What the tests of the adapters and examples share: the modules they need, metric
+lines, and a training script under torchrun at DP 2 stopped by the signal."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def need(*modules):
+    """Skips (or, under RUBICK_REQUIRE_PYTORCH=1, fails) unless every module imports."""
+    for name in modules:
+        try:
+            __import__(name)
+        except ImportError as e:
+            if os.environ.get("RUBICK_REQUIRE_PYTORCH") == "1":
+                pytest.fail(f"RUBICK_REQUIRE_PYTORCH=1 but {e}")
+            pytest.skip(f"{e} (scripts/python-env.sh installs it)")
+
+
+def metric_lines(path):
+    """The JSON lines of a metrics file (none when it does not exist yet)."""
+    if not os.path.exists(path):
+        return []
+    return [json.loads(line) for line in open(path).read().splitlines()]
+
+
+def iterations(path):
+    """The iteration lines (not the events) of a metrics file."""
+    return [x for x in metric_lines(path) if "iter_time_s" in x]
+
+
+def stopped_under_torchrun(script_and_args, env, metrics, after=8, timeout=180):
+    """Runs the script under torchrun with 2 workers until `after` iteration lines, sends
+    torchrun the stop signal (it relays it), and returns (the metric lines, stderr)
+    once it exited; the last line must be the `checkpointed` event."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", *script_and_args]
+    proc = subprocess.Popen(launcher, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = time.time()
+    while len(iterations(metrics)) < after:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() - start < timeout, f"no {after} metric lines in {timeout} s"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    lines = metric_lines(metrics)
+    assert lines[-1].get("event") == "checkpointed", (lines[-3:], err[-3000:])
+    return lines, err
