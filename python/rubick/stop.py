@@ -25,7 +25,13 @@ class StopFlag:
         self.signals = (sig, *[s for s in also if s != sig])
         self.signal = sig
         self._set = False
-        self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
+        self._previous = {}
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._handle)
+            # Python installs handlers without SA_RESTART: a system call the signal
+            # interrupts in *any* thread fails with EINTR, and a communication library's
+            # thread (gloo's, NCCL's) may take that for a broken connection. Restart them.
+            signal.siginterrupt(s, False)
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002
         self._set = True
@@ -52,8 +58,12 @@ class StopFlag:
             device = f"cuda:{torch.cuda.current_device()}"
         flag = torch.tensor([1.0 if self._set else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self._set = bool(flag.item() > 0)
-        return self._set
+        agreed = bool(flag.item() > 0)
+        # Never clear the flag here: a signal that arrived during the all-reduce set it
+        # after this rank's vote was taken, and votes at the next step.
+        if agreed:
+            self._set = True
+        return agreed
 
     @contextmanager
     def held(self) -> Iterator[None]:

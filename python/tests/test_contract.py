@@ -139,3 +139,34 @@ def test_only_rank_0_writes_metric_lines(tmp_path, monkeypatch):
         pass
     line = json.loads(path.read_text())
     assert (line["iter"], line["samples"], line["loss"]) == (7, 4, 0.5)
+
+
+def test_a_signal_during_the_agreement_is_not_lost(monkeypatch):
+    # A stub torch.distributed whose all-reduce is where the signal lands: this step's
+    # vote was already taken (no stop), the flag must survive to vote at the next step.
+    # (It was overwritten with the all-reduce's 0: the stop signal was lost, and
+    # torchrun killed the workers 30 s later without a checkpoint.)
+    import types
+
+    flag = __import__("rubick").StopFlag(signal.SIGUSR1)
+
+    class Tensor:
+        def __init__(self, values, device=None):
+            self.values = list(values)
+
+        def item(self):
+            return self.values[0]
+
+    def all_reduce(t, op=None):
+        flag._handle(signal.SIGUSR1, None)  # the signal arrives mid-collective
+
+    dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
+                                 get_backend=lambda: "gloo", all_reduce=all_reduce,
+                                 ReduceOp=types.SimpleNamespace(MAX="max"))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(distributed=dist, tensor=Tensor))
+    try:
+        assert flag.agreed() is False, "every rank voted 0 at this step"
+        assert flag.requested, "the signal is kept"
+        assert flag.agreed() is True, "and stops every rank at the next step"
+    finally:
+        flag.uninstall()
