@@ -60,15 +60,22 @@ fn main() -> anyhow::Result<()> {
         files.push(file.display().to_string());
         jobs.push((name, "dp1-tp1-pp1-mb4-ga4", i));
     }
+    // The schedules' cluster (one node `n-0` of 100 worker slots): without one, apply
+    // refuses a schedule asking for more cores than this machine has.
+    std::fs::write(
+        d.join("cluster.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: bench\nnodeGroups:\n  - { name: n, count: 1, gpuType: slot, gpusPerNode: 100, gpuMemoryGib: 80, cpuCores: 100, hostMemoryGib: 1000, nvlinkGBps: 100, interNodeGBps: 10, pcieGBps: 10 }\n",
+    )?;
+    let cluster = d.join("cluster.yaml").display().to_string();
     let mut args = vec!["submit"];
     args.extend(files.iter().map(String::as_str));
     rr(d, &args)?;
     let round1 = schedule(d, 1, &jobs)?;
-    rr(d, &["apply", &round1])?;
+    rr(d, &["apply", &round1, "--cluster", &cluster])?;
     let mut noop = Vec::new();
     for _ in 0..5 {
         let start = Instant::now();
-        rr(d, &["apply", &round1])?;
+        rr(d, &["apply", &round1, "--cluster", &cluster])?;
         noop.push(start.elapsed().as_secs_f64() * 1e3);
     }
     println!("bench: apply_noop_ms {:.1} ms", median(noop));
@@ -81,7 +88,7 @@ fn main() -> anyhow::Result<()> {
         let path = schedule(d, 2 + k, &next)?;
         std::thread::sleep(std::time::Duration::from_millis(500));
         let start = Instant::now();
-        rr(d, &["apply", &path])?;
+        rr(d, &["apply", &path, "--cluster", &cluster])?;
         let wall = start.elapsed().as_secs_f64();
         let state: serde_yaml_ng::Value =
             serde_yaml_ng::from_str(&std::fs::read_to_string(d.join("state/state.yaml"))?)?;
