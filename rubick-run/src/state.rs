@@ -170,6 +170,10 @@ impl Default for State {
 pub struct StateDir {
     pub root: PathBuf,
     _lock: File,
+    /// The state file's text as this process last read or wrote it (under the lock,
+    /// nobody else writes it): a save of the same text writes nothing (a no-op round
+    /// spends no temporary file and no fsyncs).
+    on_disk: std::sync::Mutex<Option<String>>,
 }
 
 impl StateDir {
@@ -213,7 +217,7 @@ impl StateDir {
                 }
             }
         }
-        Ok(Ok(StateDir { root: root.to_path_buf(), _lock: lock }))
+        Ok(Ok(StateDir { root: root.to_path_buf(), _lock: lock, on_disk: std::sync::Mutex::new(None) }))
     }
 
     pub fn state_path(&self) -> PathBuf {
@@ -252,12 +256,22 @@ impl StateDir {
                 version.version
             );
         }
-        serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a rubick-run state", path.display()))
+        let state =
+            serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a rubick-run state", path.display()))?;
+        *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(text);
+        Ok(state)
     }
 
     /// Writes the state atomically and durably.
     pub fn save(&self, state: &State) -> anyhow::Result<()> {
-        write_durably(&self.state_path(), serde_yaml_ng::to_string(state)?.as_bytes())
+        let text = serde_yaml_ng::to_string(state)?;
+        let mut on_disk = self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if on_disk.as_deref() == Some(text.as_str()) {
+            return Ok(());
+        }
+        write_durably(&self.state_path(), text.as_bytes())?;
+        *on_disk = Some(text);
+        Ok(())
     }
 }
 
