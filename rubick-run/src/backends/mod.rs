@@ -281,8 +281,6 @@ impl Backend for Local {
 /// A run's metric lines so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Progress {
-    /// Iteration lines written.
-    pub iterations: usize,
     /// The last iteration's number.
     pub last: Option<u64>,
     /// Mean time of the last ten iterations.
@@ -291,22 +289,87 @@ pub struct Progress {
     pub checkpointed: Option<u64>,
 }
 
-/// What a run's metric lines (in its directory) say so far.
+/// How much of the end of a metrics file a round reads: the last iterations' lines.
+const TAIL_BYTES: usize = 64 * 1024;
+
+/// What a run's metric lines (in its directory) say so far. Every round asks this of
+/// every running job, and a job that has run for a week wrote a hundred thousand lines:
+/// only the file's tail is parsed (the whole file only when the tail holds fewer than
+/// ten iterations, and, for a checkpoint event older than the tail, only the lines that
+/// name one).
 pub fn progress(dir: &Path) -> Progress {
     use rubick_core::launch::{MetricLine, iteration_times, mean_sd};
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
-    let lines: Vec<MetricLine> = text.lines().filter_map(MetricLine::parse).collect();
+    let mut start = text.len().saturating_sub(TAIL_BYTES);
+    while start > 0 && !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    // The first whole line of the tail.
+    let start = if start == 0 { 0 } else { text[start..].find('\n').map_or(text.len(), |i| start + i + 1) };
+    let mut lines: Vec<MetricLine> = text[start..].lines().filter_map(MetricLine::parse).collect();
+    let mut head = &text[..start];
+    if start > 0 && iteration_times(&lines).len() < 10 {
+        lines = text.lines().filter_map(MetricLine::parse).collect();
+        head = "";
+    }
     let times = iteration_times(&lines);
+    fn checkpointed(mut lines: impl Iterator<Item = MetricLine>) -> Option<u64> {
+        lines.find_map(|m| match m {
+            MetricLine::Event { event, iter, .. } if event == "checkpointed" => iter,
+            _ => None,
+        })
+    }
     Progress {
-        iterations: times.len(),
         last: lines
             .iter()
             .rev()
             .find_map(|m| if let MetricLine::Iteration { iter, .. } = m { Some(*iter) } else { None }),
         recent_iter_time_s: mean_sd(&times[times.len().saturating_sub(10)..]).map(|(mean, _)| mean),
-        checkpointed: lines.iter().rev().find_map(|m| match m {
-            MetricLine::Event { event, iter, .. } if event == "checkpointed" => *iter,
-            _ => None,
+        checkpointed: checkpointed(lines.iter().rev().cloned()).or_else(|| {
+            checkpointed(head.lines().rev().filter(|l| l.contains("checkpointed")).filter_map(MetricLine::parse))
         }),
+    }
+}
+
+/// How many iteration lines a run's metrics file holds (the whole file is read).
+pub fn iterations_written(dir: &Path) -> usize {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    let lines: Vec<rubick_core::launch::MetricLine> =
+        text.lines().filter_map(rubick_core::launch::MetricLine::parse).collect();
+    rubick_core::launch::iteration_times(&lines).len()
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    fn line(i: u64, t: f64) -> String {
+        format!("{{\"rubick\":1,\"iter\":{i},\"iter_time_s\":{t}}}\n")
+    }
+
+    /// A week-long run's file: the tail answers, as the whole file would.
+    #[test]
+    fn a_long_metrics_file_reads_its_tail_and_finds_an_old_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = String::from("{\"rubick\":1,\"event\":\"checkpointed\",\"iter\":7}\n");
+        for i in 8..50_000u64 {
+            text.push_str(&line(i, 0.1 + (i % 10) as f64 / 100.0));
+        }
+        text.push_str("not json\n");
+        std::fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
+        let p = progress(dir.path());
+        assert_eq!(p.last, Some(49_999));
+        assert_eq!(p.checkpointed, Some(7), "an event older than the tail is found");
+        let recent: f64 = (49_990..50_000u64).map(|i| 0.1 + (i % 10) as f64 / 100.0).sum::<f64>() / 10.0;
+        assert!((p.recent_iter_time_s.unwrap() - recent).abs() < 1e-12);
+        assert_eq!(iterations_written(dir.path()), 49_992);
+        // A newer checkpoint in the tail wins; a short file is read whole.
+        text.push_str("{\"rubick\":1,\"event\":\"checkpointed\",\"iter\":49999}\n");
+        std::fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
+        assert_eq!(progress(dir.path()).checkpointed, Some(49_999));
+        std::fs::write(dir.path().join("metrics.jsonl"), line(1, 0.5) + &line(2, 0.7)).unwrap();
+        let p = progress(dir.path());
+        assert_eq!((p.last, p.checkpointed), (Some(2), None));
+        assert!((p.recent_iter_time_s.unwrap() - 0.6).abs() < 1e-12);
     }
 }
