@@ -16,7 +16,6 @@
 #
 # Options (environment):
 #   RUBICK_VENV=DIR            venv location
-#   RUBICK_VENV_DEEPSPEED=1    also install deepspeed (optional engine)
 #   RUBICK_PYTHON=python3.x    interpreter used to create the venv
 #   RUBICK_PIP_ARGS="..."      extra arguments for pip install
 set -euo pipefail
@@ -39,11 +38,7 @@ case $venv in
 esac
 
 marker=$venv/.rubick-ok
-deepspeed=${RUBICK_VENV_DEEPSPEED:-0}
-check='import torch, numpy, kubernetes_validate, pytest, transformers, accelerate, lightning'
-if [[ $deepspeed == 1 ]]; then
-    check="$check, deepspeed"
-fi
+check='import torch, numpy, kubernetes_validate, pytest, transformers, accelerate, lightning, deepspeed'
 
 venv_ok() {
     [[ -f $marker && -x $venv/bin/python ]] &&
@@ -109,11 +104,10 @@ rm -f "$marker"
 # kubernetes-validate: the published Kubernetes schemas, to check rubick-run's manifests;
 # pytest: the tests of the contract's Python package (python/); transformers and
 # accelerate: its Hugging Face Trainer adapter and examples/hf-trainer (no model is
-# downloaded: the example builds its GPT-2 configuration); lightning: its Lightning adapter.
-packages=(torch numpy kubernetes-validate pytest transformers accelerate lightning)
-if [[ $deepspeed == 1 ]]; then
-    packages+=(deepspeed)
-fi
+# downloaded: the example builds its GPT-2 configuration); lightning: its Lightning adapter;
+# deepspeed: examples/deepspeed (its engine runs CPU workers where there is no GPU) with
+# ninja, which builds DeepSpeed's CPU communication op the first time an engine starts.
+packages=(torch numpy kubernetes-validate pytest transformers accelerate lightning deepspeed ninja)
 log "pip install ${packages[*]} (the default torch wheel is ~3 GB; takes minutes)"
 # shellcheck disable=SC2086 # RUBICK_PIP_ARGS is a list of words on purpose
 "$venv/bin/python" -m pip install --disable-pip-version-check ${RUBICK_PIP_ARGS:-} \

@@ -276,6 +276,17 @@ const TORCHRUN_DDP: Workload = Workload {
     dp2: "dp2-tp1-pp1-mb8-ga1",
 };
 
+/// Issue 20: a DeepSpeed engine loop under DeepSpeed's own launcher, adopting the
+/// contract with the `rubick` Python package (`examples/deepspeed`); its DP 2 plan also
+/// changes the ZeRO stage, so the resume crosses both.
+const DEEPSPEED: Workload = Workload {
+    job: "examples/deepspeed/job.yaml",
+    name: "name: deepspeed-mlp\n",
+    iterations: "iterations: 60\n",
+    dp1: "dp1-tp1-pp1-mb8-ga2",
+    dp2: "dp2-tp1-pp1-mb8-ga1-z2",
+};
+
 /// Issue 20: the torchrun example stops cleanly (every worker, in sessions of their
 /// own, found by the launcher's process tracking) and resumes at DP 2 and back.
 #[test]
@@ -313,6 +324,15 @@ fn a_lightning_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
     let configs = "plan,placement\ndp1-tp1-pp1-mb16-ga2,1\ndp1-tp1-pp1-mb32-ga1,1\ndp1-tp1-pp1-mb8-ga4,1\n\
                    dp2-tp1-pp1-mb16-ga1,2\ndp2-tp1-pp1-mb8-ga2,2\n";
     profiled_fitted_and_reconfigured(&LIGHTNING, configs);
+}
+
+/// Issue 20: the DeepSpeed engine example, profiled across ZeRO stages, optimizer
+/// offload and activation checkpointing, fitted, and run through the same rounds.
+#[test]
+fn a_deepspeed_engine_loop_is_profiled_fitted_and_reconfigured_through_rounds() {
+    let configs = "plan,placement\ndp1-tp1-pp1-mb8-ga2,1\ndp1-tp1-pp1-mb16-ga1,1\ndp1-tp1-pp1-mb4-ga4-gc,1\n\
+                   dp2-tp1-pp1-mb8-ga1-z2,2\ndp2-tp1-pp1-mb4-ga2-z1-offopt,2\n";
+    profiled_fitted_and_reconfigured(&DEEPSPEED, configs);
 }
 
 /// `workload` profiled on this machine (`configs`: a CSV of plan,placement; all must

@@ -572,7 +572,7 @@ class Trainer:
         try:
             import deepspeed
         except ImportError:
-            fail("--engine deepspeed but deepspeed is not importable (RUBICK_VENV_DEEPSPEED=1)")
+            fail("--engine deepspeed but deepspeed is not importable (scripts/python-env.sh installs it)")
         if self.plan["tp"] > 1 or self.plan["pp"] > 1:
             fail("--engine deepspeed supports DP/ZeRO plans only (tp = pp = 1)")
         path = os.environ.get("RUBICK_DEEPSPEED_CONFIG")
