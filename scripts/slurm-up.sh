@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Start (or check) a single-node Slurm on this machine: Debian 12's slurm-wlm 22.05,
-# controller and node both `localhost`, no systemd, no cgroups, fake GPUs. The Slurm
-# backend of rubick-launch is tested against it (.ci/run starts it).
+# Start (or check) a Slurm on this machine: Debian 12's slurm-wlm 22.05, no systemd,
+# no cgroups, fake GPUs. The Slurm backends of rubick-launch and rubick-run are tested
+# against it (.ci/run starts it with --nodes 3).
+#
+#   scripts/slurm-up.sh                      one node, `localhost` (controller and node)
+#   scripts/slurm-up.sh --nodes N [--gpus-per-node G]
+#                                            N nodes mn1..mnN: each slurmd in a UTS and
+#                                            mount namespace of its own (hostname mnK, a
+#                                            private /etc/hosts naming every node),
+#                                            address 127.0.1.K, its own port; jobs on a
+#                                            node see that node's hostname, so a run
+#                                            spanning nodes works as on a real cluster
 #
 # stdout: exactly one line at the end, `ready: <partition> <avail> <nodes> <state>
 # <cpus> cpus <gres>`.  Progress goes to stderr.  Exit status non-zero when Slurm
@@ -13,7 +22,7 @@
 # configuration changed. A second run on a healthy Slurm changes nothing (~0.2 s).
 #
 # Run as root. Environment:
-#   SLURM_FAKE_GPUS=N   fake GPUs on the node (default 4; 0 for none)
+#   SLURM_FAKE_GPUS=N   fake GPUs per node (default 4; 0 for none; --gpus-per-node wins)
 #   SLURM_RESTART=1     restart slurmctld and slurmd even when healthy
 #   SLURM_ACCOUNTING=1  full accounting: MariaDB and slurmdbd (GPUs in AllocTRES), so
 #                       `sacct` answers as on a real cluster (+~45 s the first time).
@@ -24,10 +33,13 @@
 # is refused, so each fake GPU is a character device aliasing /dev/null; the node is
 # named localhost, so slurmd needs `-N localhost`; requeued jobs wait cred_expire
 # seconds (default 120) before they may run again; Debian's package scripts would
-# start the services themselves.
+# start the services themselves. Several nodes on one machine: see
+# shared/reference/engines/slurm-multi-node.md (several slurmd on loopback, each in its
+# own UTS + mount namespace; proctrack/linuxproc, no cgroup plugins).
 set -euo pipefail
 
 NGPU="${SLURM_FAKE_GPUS:-4}"
+NODES=0
 ACCOUNTING="${SLURM_ACCOUNTING:-0}"
 CPUS="$(nproc)"
 MEM_MB="$(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 1024))"
@@ -38,6 +50,26 @@ T0="$(date +%s%N)"
 
 log() { printf '[slurm-up +%dms] %s\n' "$((($(date +%s%N) - T0) / 1000000))" "$*" >&2; }
 die() { log "$*"; exit 1; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes) NODES="${2:-}"; shift 2 || die "--nodes needs a number" ;;
+    --nodes=*) NODES="${1#*=}"; shift ;;
+    --gpus-per-node) NGPU="${2:-}"; shift 2 || die "--gpus-per-node needs a number" ;;
+    --gpus-per-node=*) NGPU="${1#*=}"; shift ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (--nodes N, --gpus-per-node G)" ;;
+  esac
+done
+case "$NODES" in '' | *[!0-9]*) die "--nodes must be a number, got '$NODES'" ;; esac
+((NODES <= 200)) || die "--nodes $NODES: at most 200 (addresses 127.0.1.1-200)"
+# The nodes: `localhost` alone, or mn1..mnN.
+if ((NODES == 0)); then
+  names=(localhost)
+else
+  names=()
+  for ((k = 1; k <= NODES; k++)); do names+=("mn$k"); done
+fi
 
 # alive PIDFILE NAME: the pid file names a running process called NAME (a pid file
 # left by a killed daemon may name a pid reused by something else, or a zombie that
@@ -64,10 +96,11 @@ stop() {
 
 munge_ok() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
 ctld_ok() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
-node_state() { sinfo -h -n localhost -o %T 2>/dev/null || true; }
+# node_state NAME: the node's state as sinfo says it (empty when unknown).
+node_state() { sinfo -h -n "$1" -o %T 2>/dev/null || true; }
 
 [ "$(id -u)" = 0 ] || die "must run as root"
-case "$NGPU" in '' | *[!0-9]*) die "SLURM_FAKE_GPUS must be a number, got '$NGPU'" ;; esac
+case "$NGPU" in '' | *[!0-9]*) die "the GPUs per node must be a number, got '$NGPU'" ;; esac
 
 # ---- 1. packages (apt only when one is missing) ----
 need=()
@@ -111,12 +144,26 @@ munge_ok || die "munge does not work: $(tail -5 /var/log/munge/munged.log 2>/dev
 # ---- 3. configuration ----
 install -d -m 0755 "$CONF_DIR"
 install -d -o slurm -g slurm -m 0755 "$LOG_DIR" "$SPOOL" "$SPOOL/ctld"
-install -d -o root -g root -m 0755 "$SPOOL/d" "$SPOOL/fakegpu"
-# Fake GPUs: character devices aliasing /dev/null (major 1, minor 3).
-for ((i = 0; i < NGPU; i++)); do
-  dev="$SPOOL/fakegpu/nvidia$i"
-  [ -c "$dev" ] || { rm -f "$dev"; mknod "$dev" c 1 3; }
+install -d -o root -g root -m 0755 "$SPOOL/fakegpu"
+for name in "${names[@]}"; do install -d -o root -g root -m 0755 "$SPOOL/d-$name"; done
+# Fake GPUs: character devices aliasing /dev/null (major 1, minor 3), per node.
+for name in "${names[@]}"; do
+  for ((i = 0; i < NGPU; i++)); do
+    dev="$SPOOL/fakegpu/$name-nvidia$i"
+    [ -c "$dev" ] || { rm -f "$dev"; mknod "$dev" c 1 3; }
+  done
 done
+# Each node's /etc/hosts (bind-mounted in its namespace): the controller and every node.
+if ((NODES > 0)); then
+  hosts_new="$(mktemp)"
+  {
+    echo "# generated by rubick's scripts/slurm-up.sh: the nodes' /etc/hosts"
+    echo "127.0.0.1 localhost"
+    for ((k = 1; k <= NODES; k++)); do echo "127.0.1.$k mn$k"; done
+  } >"$hosts_new"
+  cmp -s "$hosts_new" "$SPOOL/hosts" || install -m 0644 "$hosts_new" "$SPOOL/hosts"
+  rm -f "$hosts_new"
+fi
 if [ "$ACCOUNTING" = 1 ]; then
   accounting="# slurmdbd (MariaDB) keeps the accounting: sacct answers as on a real cluster
 AccountingStorageType=accounting_storage/slurmdbd
@@ -128,6 +175,16 @@ AccountingStorageType=accounting_storage/none"
 fi
 gres_node="" gres_types=""
 if ((NGPU > 0)); then gres_node=" Gres=gpu:$NGPU" gres_types="GresTypes=gpu"; fi
+node_lines=""
+if ((NODES == 0)); then
+  node_lines="NodeName=localhost CPUs=$CPUS RealMemory=$MEM_MB$gres_node State=UNKNOWN"
+else
+  # One slurmd per node on this machine: its own address and port (slurmd binds every
+  # address); every node declares the machine's cores and memory (they share them).
+  for ((k = 1; k <= NODES; k++)); do
+    node_lines+="NodeName=mn$k NodeAddr=127.0.1.$k Port=$((7000 + k)) CPUs=$CPUS RealMemory=$MEM_MB$gres_node State=UNKNOWN"$'\n'
+  done
+fi
 new_conf="$(mktemp)"
 new_gres="$(mktemp)"
 cat >"$new_conf" <<EOF
@@ -151,27 +208,30 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 ReturnToService=2
 SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
+SlurmdPidFile=/run/slurmd-%n.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
-SlurmdLogFile=$LOG_DIR/slurmd.log
+SlurmdLogFile=$LOG_DIR/slurmd-%n.log
 StateSaveLocation=$SPOOL/ctld
-SlurmdSpoolDir=$SPOOL/d
+SlurmdSpoolDir=$SPOOL/d-%n
 $accounting
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOG_DIR/jobcomp.log
 MinJobAge=300
 SlurmctldTimeout=30
-SlurmdTimeout=30
+# a node whose slurmd died is noticed in 14-23 s, DOWN in 26-42 s; back by itself
+SlurmdTimeout=20
 SchedulerParameters=sched_interval=2
 $gres_types
-NodeName=localhost CPUs=$CPUS RealMemory=$MEM_MB$gres_node State=UNKNOWN
+$node_lines
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 {
   echo "# generated by rubick's scripts/slurm-up.sh: fake GPUs, no NVML"
   echo "AutoDetect=off"
   if ((NGPU > 0)); then
-    echo "NodeName=localhost Name=gpu File=$SPOOL/fakegpu/nvidia[0-$((NGPU - 1))]"
+    for name in "${names[@]}"; do
+      echo "NodeName=$name Name=gpu File=$SPOOL/fakegpu/$name-nvidia[0-$((NGPU - 1))]"
+    done
   fi
 } >"$new_gres"
 changed=0
@@ -228,7 +288,10 @@ if [ "$ACCOUNTING" = 1 ]; then
 fi
 if [ "$changed" = 1 ] || [ "${SLURM_RESTART:-0}" = 1 ]; then
   log "configuration changed (or restart asked): restarting the daemons"
-  stop /run/slurmd.pid slurmd
+  # Every slurmd, of this layout or an earlier one (/run/slurmd.pid: before per-node files).
+  for pidfile in /run/slurmd.pid /run/slurmd-*.pid; do
+    [ -e "$pidfile" ] && stop "$pidfile" slurmd
+  done
   stop /run/slurmctld.pid slurmctld
 fi
 if ! alive /run/slurmctld.pid slurmctld; then
@@ -238,26 +301,35 @@ if ! alive /run/slurmctld.pid slurmctld; then
 fi
 for _ in $(seq 75); do ctld_ok && break; sleep 0.2; done
 ctld_ok || { tail -20 "$LOG_DIR/slurmctld.log" >&2; die "slurmctld does not answer"; }
-if ! alive /run/slurmd.pid slurmd; then
-  log "starting slurmd"
-  rm -f /run/slurmd.pid
-  /usr/sbin/slurmd -N localhost
-fi
+for name in "${names[@]}"; do
+  alive "/run/slurmd-$name.pid" slurmd && continue
+  log "starting slurmd $name"
+  rm -f "/run/slurmd-$name.pid"
+  if [ "$name" = localhost ]; then
+    /usr/sbin/slurmd -N localhost
+  else
+    # Its own hostname and hosts file; the network stays the machine's (loopback).
+    unshare --mount --uts --propagation private sh -c \
+      'hostname "$1" && mount --bind "$2" /etc/hosts && exec /usr/sbin/slurmd -N "$1"' \
+      slurmd-up "$name" "$SPOOL/hosts"
+  fi
+done
 
-# ---- 5. the node up and schedulable ----
+# ---- 5. the nodes up and schedulable ----
 ready_state() { case "$1" in idle | mixed | allocated | completing) return 0 ;; esac; return 1; }
-st="$(node_state)"
-if ! ready_state "$st"; then
-  log "waiting for the node (state '${st:-none}')"
+for name in "${names[@]}"; do
+  st="$(node_state "$name")"
+  ready_state "$st" && continue
+  log "waiting for node $name (state '${st:-none}')"
   for _ in $(seq 100); do
-    st="$(node_state)"
+    st="$(node_state "$name")"
     ready_state "$st" && break
     case "$st" in
-      down* | drain* | fail* | inval*) scontrol update nodename=localhost state=resume 2>/dev/null || true ;;
+      down* | drain* | fail* | inval*) scontrol update nodename="$name" state=resume 2>/dev/null || true ;;
     esac
     sleep 0.3
   done
-fi
-ready_state "$st" || { tail -20 "$LOG_DIR/slurmd.log" >&2; die "node state '$st'"; }
+  ready_state "$st" || { tail -20 "$LOG_DIR/slurmd-$name.log" >&2; die "node $name: state '$st'"; }
+done
 log "up"
-echo "ready: $(sinfo -h -o '%P %a %D %T %c cpus %G')"
+echo "ready: $(sinfo -h -o '%P %a %D %T %c cpus %G' | paste -sd ';')"

@@ -286,6 +286,224 @@ fn rounds(backend: &str) {
     assert_eq!(state(d)["jobs"]["b"]["status"].as_str(), Some("stopped"));
 }
 
+/// A stand-in for a run across nodes: every node's launcher says where it runs (host
+/// name, node rank, nodes, DP) in `node-RANK`; rank 0 alone writes the metric lines and
+/// the checkpoint (the contract); all stop on SIGUSR1.
+const MULTI_NODE_WORKLOAD: &str = r#"#!/bin/sh
+ckpt="$RUBICK_CHECKPOINT_DIR/iter"
+i=0
+[ -f "$ckpt" ] && read -r i < "$ckpt"
+here="$RUBICK_CHECKPOINT_DIR/../node-$RUBICK_NODE_RANK"
+echo "$(hostname) $RUBICK_NODE_RANK $RUBICK_NODES $RUBICK_DP" > "$here.$$" && mv "$here.$$" "$here"
+stop=0
+trap 'stop=1' USR1
+while :; do
+  i=$((i + 1))
+  [ "$RUBICK_NODE_RANK" = 0 ] && echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.1}" >> "$RUBICK_METRICS"
+  sleep 0.1
+  if [ "$stop" = 1 ]; then
+    if [ "$RUBICK_NODE_RANK" = 0 ]; then
+      echo "$i" > "$ckpt.tmp" && mv "$ckpt.tmp" "$ckpt"
+      echo "{\"rubick\":1,\"event\":\"checkpointed\",\"iter\":$i}" >> "$RUBICK_METRICS"
+    fi
+    exit 0
+  fi
+done
+"#;
+
+/// Resumes the drained nodes when dropped (a failed test leaves none drained).
+struct Undrain(Vec<String>);
+
+impl Drop for Undrain {
+    fn drop(&mut self) {
+        for node in &self.0 {
+            let _ = Command::new("scontrol").args(["update", &format!("nodename={node}"), "state=resume"]).status();
+        }
+    }
+}
+
+/// Issue 19, multi-node on Slurm: on the 3-node test Slurm (`scripts/slurm-up.sh --nodes
+/// 3`), the cron loop plans each round on `rubick-run cluster --backend slurm`: a job
+/// runs across two nodes (one launcher per node, each with its rank; rank 0's host the
+/// master); a drained node moves it to the other two, draining one more shrinks it to
+/// one node, resuming both grows it back; every run resumes from the checkpoint; a stop
+/// leaves no process on any node.
+#[test]
+fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
+    if let Err(reason) = rubick_launch::slurm::available() {
+        assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
+        rubick_io::testing::skip(&reason);
+        return;
+    }
+    let usable: Vec<_> =
+        rubick_launch::slurm::nodes().unwrap().into_iter().filter(|n| n.usable() && n.gpus > 0).collect();
+    if usable.len() < 3 {
+        let reason = format!(
+            "{} usable Slurm node(s) with GPUs, 3 needed (scripts/slurm-up.sh --nodes 3 --gpus-per-node 2)",
+            usable.len()
+        );
+        assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
+        rubick_io::testing::skip(&reason);
+        return;
+    }
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 1_000_000);
+    std::fs::write(d.join("work.sh"), MULTI_NODE_WORKLOAD).unwrap();
+    // A model whose compute scales with GPUs (a 1.3B GPT), so the planner uses as many
+    // as the nodes up offer (the stand-in itself computes nothing).
+    let job = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace(
+        "model: { name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }",
+        "model: { name: gpt-1.3b, parameters: 1300000000, layers: 24, hidden: 2048, heads: 16, seqLen: 1024, globalBatch: 64 }",
+    );
+    assert!(job.contains("gpt-1.3b"), "{job}");
+    std::fs::write(d.join("a.yaml"), job).unwrap();
+    ok(d, &["submit", "a.yaml"]);
+    let round = |what: &str| {
+        let script = "\"$RR\" cluster --backend slurm -o cluster.yaml \
+            && \"$RR\" jobs --state state \
+            | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml --cooldown 0 \
+            | \"$RR\" apply - --state state --backend slurm";
+        let out = Command::new("sh")
+            .args(["-c", script])
+            .current_dir(d)
+            .env("RR", binary("rubick-run"))
+            .env("RP", binary("rubick-plan"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{what}: {err}");
+        let s = state(d);
+        let run = &s["jobs"]["a"]["run"];
+        let nodes: Vec<String> =
+            run["nodes"].as_sequence().unwrap().iter().map(|n| n["node"].as_str().unwrap().to_owned()).collect();
+        (run["attempt"].as_u64().unwrap(), nodes, err)
+    };
+    // Where each node's launcher of `attempt` says it runs: (host, rank, nodes), by rank.
+    let launchers = |nodes: usize| -> Vec<(String, String, String)> {
+        (0..nodes)
+            .filter_map(|k| {
+                let text = std::fs::read_to_string(d.join(format!("state/jobs/a/node-{k}"))).ok()?;
+                let f: Vec<&str> = text.split_whitespace().collect();
+                Some((f.first()?.to_string(), f.get(1)?.to_string(), f.get(2)?.to_string()))
+            })
+            .collect()
+    };
+    let slow = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}:\n{:?}", state(d));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let expect = |what: &str, attempt: u64, nodes: &[String], previous: Option<u64>| {
+        let n = nodes.len();
+        slow(what, &|| {
+            let l = launchers(n);
+            l.len() == n
+                && l.iter().zip(nodes).all(|((host, _, count), node)| host == node && *count == n.to_string())
+                && last_iter(d, "a", attempt) >= 3
+        });
+        if let Some(stopped) = previous {
+            assert_eq!(first_iter(d, "a", attempt), Some(stopped + 1), "{what}: resumed from the checkpoint");
+        }
+        for k in 0..n {
+            std::fs::remove_file(d.join(format!("state/jobs/a/node-{k}"))).unwrap();
+        }
+    };
+    let checkpointed =
+        || state(d)["jobs"]["a"]["reconfigurations"].as_sequence().and_then(|r| r.last()?["checkpointedIter"].as_u64());
+    // Round 1: every node up: the job spans two of them.
+    let (attempt, nodes, log) = round("round 1");
+    assert_eq!(nodes.len(), 2, "the job spans two nodes: {nodes:?}\n{log}");
+    expect("round 1's run on two nodes", attempt, &nodes, None);
+    // One of its nodes drained: it moves to the other two.
+    let _undrain = Undrain(usable.iter().map(|n| n.name.clone()).collect());
+    let drain = |node: &str| {
+        let ok = Command::new("scontrol")
+            .args(["update", &format!("nodename={node}"), "state=drain", "reason=rubick-test"])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    drain(&nodes[1]);
+    let (attempt2, nodes2, log) = round("round 2");
+    assert!(
+        attempt2 > attempt && nodes2.len() == 2 && !nodes2.contains(&nodes[1]),
+        "moved off {}: {nodes2:?}\n{log}",
+        nodes[1]
+    );
+    assert!(log.contains(&format!("{}: left out (drain", nodes[1])), "{log}");
+    expect("the run on the two nodes left", attempt2, &nodes2, checkpointed());
+    // One more drained: one node left, the job shrinks onto it.
+    drain(&nodes2[1]);
+    let (attempt3, nodes3, log) = round("round 3");
+    assert!(
+        attempt3 > attempt2 && nodes3.len() == 1 && nodes3[0] == nodes2[0],
+        "shrunk onto {}: {nodes3:?}\n{log}",
+        nodes2[0]
+    );
+    expect("the run on the last node", attempt3, &nodes3, checkpointed());
+    // Both back (once the controller hears from them again): it grows to two nodes.
+    drop(_undrain);
+    slow("the nodes resumed", &|| {
+        let up = rubick_launch::slurm::nodes().unwrap_or_default();
+        usable.iter().all(|u| up.iter().any(|n| n.name == u.name && n.usable()))
+    });
+    let (attempt4, nodes4, log) = round("round 4");
+    assert!(attempt4 > attempt3 && nodes4.len() == 2, "grown back: {nodes4:?}\n{log}");
+    expect("the run on two nodes again", attempt4, &nodes4, checkpointed());
+    ok(d, &["stop", "a"]);
+    slow("no process left on any node", &|| workers(d).is_empty());
+}
+
+/// Issue 19, concurrent reconfiguration: one apply asks every run it stops at once and
+/// waits for them together. Two jobs whose checkpoint takes 2 s each (one per core of
+/// a 2-core machine): both were signalled before either finished its checkpoint (one
+/// after another, the second would be signalled after the first's 2 s).
+#[test]
+fn an_apply_stops_its_runs_together_not_one_after_another() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    // The stand-in, with a slow checkpoint that says when it began and ended.
+    let slow = WORKLOAD.replace(
+        "  if [ \"$stop\" = 1 ]; then\n",
+        "  if [ \"$stop\" = 1 ]; then\n    date +%s.%N > \"$RUBICK_CHECKPOINT_DIR/../signalled\"; sleep 2\n    date +%s.%N > \"$RUBICK_CHECKPOINT_DIR/../saved\"\n",
+    );
+    assert_ne!(slow, WORKLOAD);
+    std::fs::write(d.join("work.sh"), slow).unwrap();
+    ok(d, &["submit", "a.yaml", "b.yaml"]);
+    let jobs = ["a", "b"];
+    let gpus: [&[u32]; 2] = [&[0], &[1]];
+    let at = |plan| jobs.iter().zip(gpus).map(|(j, g)| (*j, plan, g)).collect::<Vec<_>>();
+    schedule(d, "r1.yaml", 1, &at("dp1-tp1-pp1-mb4-ga4"));
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("both jobs iterating", || jobs.iter().all(|j| last_iter(d, j, 1) >= 2));
+    schedule(d, "r2.yaml", 2, &at("dp1-tp1-pp1-mb2-ga8"));
+    let (code, _, err) = rr(d, &["apply", "r2.yaml"], None);
+    assert_eq!(code, Some(0), "{err}");
+    let time = |job: &str, what: &str| -> f64 {
+        let text = std::fs::read_to_string(d.join(format!("state/jobs/{job}/{what}"))).unwrap_or_default();
+        text.trim().parse().unwrap_or_else(|_| panic!("{job}/{what}: {text:?}\n{err}"))
+    };
+    let last_signalled = jobs.iter().map(|j| time(j, "signalled")).fold(f64::MIN, f64::max);
+    let first_saved = jobs.iter().map(|j| time(j, "saved")).fold(f64::MAX, f64::min);
+    assert!(
+        last_signalled < first_saved,
+        "a stop waited for another: signalled by {last_signalled}, one saved at {first_saved}\n{err}"
+    );
+    for job in jobs {
+        assert!(err.contains(&format!("{job}: stopped (to reconfigure)")), "{err}");
+        wait_for("the relaunch", || first_iter(d, job, 2).is_some());
+    }
+    schedule(d, "r3.yaml", 3, &[]);
+    ok(d, &["apply", "r3.yaml"]);
+    wait_for("no process left", || workers(d).is_empty());
+}
+
 #[test]
 fn an_apply_killed_at_any_phase_of_a_reconfiguration_is_repaired_by_the_next() {
     kill_matrix("local");

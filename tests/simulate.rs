@@ -490,9 +490,12 @@ fn the_test_slurms_own_history_becomes_a_trace_the_simulator_replays() {
     }
     let dir = temp();
     let mut ids = Vec::new();
-    for (gpus, secs) in [(1, 2), (2, 3), (3, 4), (0, 1)] {
+    // (nodes, GPUs per node, seconds): the last GPU job spans two nodes of the test
+    // Slurm (`scripts/slurm-up.sh --nodes 3 --gpus-per-node 2`): 4 GPUs in all.
+    for (nodes, gpus, secs) in [(1, 1, 2), (1, 2, 3), (2, 2, 5), (1, 0, 1)] {
         let mut sbatch = std::process::Command::new("sbatch");
         sbatch.args(["--parsable", "-c", "1", "-o", "/dev/null", "-J", "rubick-sacct-test"]);
+        sbatch.arg(format!("--nodes={nodes}"));
         if gpus > 0 {
             sbatch.arg(format!("--gres=gpu:{gpus}"));
         }
@@ -531,7 +534,7 @@ fn the_test_slurms_own_history_becomes_a_trace_the_simulator_replays() {
     assert_eq!(rows.len(), 3, "the CPU-only job and the job steps are left out:\n{trace}");
     let mut gpus: Vec<&str> = rows.iter().map(|r| r[4]).collect();
     gpus.sort_unstable();
-    assert_eq!(gpus, ["1", "2", "3"], "{trace}");
+    assert_eq!(gpus, ["1", "2", "4"], "{trace}");
     for r in &rows {
         let duration: f64 = r[2].parse().unwrap();
         let slept = f64::from(r[4].parse::<u32>().unwrap() + 1);

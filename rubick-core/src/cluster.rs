@@ -16,7 +16,8 @@ pub struct Cluster {
     pub kind: Option<Kind>,
     /// A name for humans and logs.
     pub name: String,
-    /// Groups of identical nodes. Node `i` of group `g` is called `g-i`.
+    /// Groups of identical nodes. Node `i` of group `g` is called `g-i`, or by its
+    /// host name when the group lists them (`hosts`).
     pub node_groups: Vec<NodeGroup>,
 }
 
@@ -53,6 +54,11 @@ pub struct NodeGroup {
     /// fitted on (1 = the same; 2 = twice as fast).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub compute_speed: f64,
+    /// The nodes' own names (host names, a batch system's node names), one per node:
+    /// schedules name node `i` by `hosts[i]` instead of `<name>-<i>`, so that a backend
+    /// can place runs on them (`rubick-run cluster --backend slurm` writes them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 fn one() -> f64 {
@@ -66,6 +72,24 @@ fn is_one(x: &f64) -> bool {
 impl NodeGroup {
     pub fn total_gpus(&self) -> u32 {
         self.count.saturating_mul(self.gpus_per_node)
+    }
+
+    /// The name of node `index`: its host name when the group lists them, else
+    /// `<name>-<index>`.
+    pub fn node_name(&self, index: u32) -> String {
+        match self.hosts.get(index as usize) {
+            Some(host) => host.clone(),
+            None => format!("{}-{index}", self.name),
+        }
+    }
+
+    /// The index of the node called `name` in this group, if it is one of its nodes.
+    pub fn node_index(&self, name: &str) -> Option<u32> {
+        if !self.hosts.is_empty() {
+            return self.hosts.iter().position(|h| h == name).map(|i| i as u32);
+        }
+        let index: u32 = name.strip_prefix(self.name.as_str())?.strip_prefix('-')?.parse().ok()?;
+        (index < self.count).then_some(index)
     }
 
     /// A GPU's fair share of its node's CPU cores (at least 1).
@@ -90,6 +114,20 @@ impl NodeGroup {
             ("computeSpeed", self.compute_speed, limits::MAX_COMPUTE_SPEED),
         ] {
             check_real(value, 0.0, max, true).map_err(at(field))?;
+        }
+        if !self.hosts.is_empty() {
+            ensure(self.hosts.len() == self.count as usize, "hosts", || {
+                format!("{} host names for {} nodes: one per node, or none", self.hosts.len(), self.count)
+            })?;
+            for (i, host) in self.hosts.iter().enumerate() {
+                let field = || format!("hosts[{i}]");
+                if host.is_empty() || !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+                    return Err(ValidationError::new(field(), format!("`{host}`: a host name is [A-Za-z0-9._-]+")));
+                }
+                if self.hosts[..i].contains(host) {
+                    return Err(ValidationError::new(field(), format!("`{host}` is named twice")));
+                }
+            }
         }
         let gpus = u64::from(self.count) * u64::from(self.gpus_per_node);
         ensure(gpus <= limits::MAX_GPUS, "count", || {
@@ -146,6 +184,7 @@ impl Cluster {
                 inter_node_gbps: 25.0,
                 pcie_gbps: 25.0,
                 compute_speed: 1.0,
+                hosts: Vec::new(),
             }],
         }
     }
@@ -164,6 +203,17 @@ impl Artifact for Cluster {
                     format!("nodeGroups[{i}].name"),
                     format!("`{}` is used by an earlier group", group.name),
                 ));
+            }
+            // Every node's name once in the cluster (a host of one group may not be
+            // another group's `<name>-<index>`).
+            for (k, host) in group.hosts.iter().enumerate() {
+                if self.node_groups[..i].iter().chain(&self.node_groups[i + 1..]).any(|g| g.node_index(host).is_some())
+                {
+                    return Err(ValidationError::new(
+                        format!("nodeGroups[{i}].hosts[{k}]"),
+                        format!("`{host}` names a node of another group too"),
+                    ));
+                }
             }
         }
         let total: u64 = self.node_groups.iter().map(|g| u64::from(g.count) * u64::from(g.gpus_per_node)).sum::<u64>();

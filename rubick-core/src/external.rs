@@ -316,6 +316,7 @@ pub fn parse(set: &str, text: &str) -> Result<ExternalSet, ExternalError> {
                         inter_node_gbps: hw.network_gbps,
                         pcie_gbps: 25.0,
                         compute_speed: 1.0,
+                        hosts: Vec::new(),
                     }],
                 };
                 index.insert(key, jobs.len());

@@ -22,7 +22,7 @@ use crate::plan::{Offload, Plan};
 pub const LAUNCH_VERSION: u32 = 1;
 
 /// Every placeholder an argv element may hold.
-pub const PLACEHOLDERS: [&str; 17] = [
+pub const PLACEHOLDERS: [&str; 18] = [
     "dp",
     "tp",
     "pp",
@@ -33,6 +33,7 @@ pub const PLACEHOLDERS: [&str; 17] = [
     "micro_batch",
     "gpus",
     "nodes",
+    "node_rank",
     "gpus_per_node",
     "cpus",
     "master_addr",
@@ -322,6 +323,9 @@ pub struct LaunchContext {
     pub job: String,
     pub plan: Plan,
     pub nodes: u32,
+    /// This node's rank among `nodes` (0 on one node; one launcher per node, each
+    /// with its own, on several).
+    pub node_rank: u32,
     pub gpus_per_node: u32,
     pub cpus: u32,
     pub master_addr: String,
@@ -349,6 +353,7 @@ impl LaunchContext {
             "micro_batch" => p.micro_batch.to_string(),
             "gpus" => p.gpus().to_string(),
             "nodes" => self.nodes.to_string(),
+            "node_rank" => self.node_rank.to_string(),
             "gpus_per_node" => self.gpus_per_node.to_string(),
             "cpus" => self.cpus.to_string(),
             "master_addr" => self.master_addr.clone(),
@@ -373,7 +378,7 @@ impl LaunchContext {
 }
 
 /// The environment every job gets: `RUBICK_JOB`, `RUBICK_PLAN` (readable form), one
-/// variable per plan field, `RUBICK_GPUS`, `RUBICK_NODES`, `RUBICK_CPUS`,
+/// variable per plan field, `RUBICK_GPUS`, `RUBICK_NODES`, `RUBICK_NODE_RANK`, `RUBICK_CPUS`,
 /// `RUBICK_METRICS`, `RUBICK_CHECKPOINT_DIR`, `RUBICK_DEEPSPEED_CONFIG`,
 /// `CUDA_VISIBLE_DEVICES` (when the context names devices), `RUBICK_STOP_SIGNAL` (with a
 /// launch section); then the launch section's own `env` (substituted).
@@ -384,6 +389,7 @@ pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTree
         ("RUBICK_PLAN", p.to_string()),
         ("RUBICK_GPUS", p.gpus().to_string()),
         ("RUBICK_NODES", ctx.nodes.to_string()),
+        ("RUBICK_NODE_RANK", ctx.node_rank.to_string()),
         ("RUBICK_CPUS", ctx.cpus.to_string()),
         ("RUBICK_METRICS", ctx.metrics.clone()),
         ("RUBICK_CHECKPOINT_DIR", ctx.checkpoint_dir.clone()),
@@ -531,6 +537,7 @@ mod tests {
             job: "$(touch x)".into(),
             plan: "dp2-tp2-pp1-mb2-ga4-z1".parse().unwrap(),
             nodes: 1,
+            node_rank: 0,
             gpus_per_node: 4,
             cpus: 16,
             master_addr: "127.0.0.1".into(),

@@ -41,6 +41,7 @@ fn node_group() -> impl Strategy<Value = NodeGroup> {
             inter_node_gbps: inter,
             pcie_gbps: pcie,
             compute_speed: 1.0,
+            hosts: Vec::new(),
         },
     )
 }

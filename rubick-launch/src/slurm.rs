@@ -30,13 +30,20 @@
 //! `CUDA_VISIBLE_DEVICES` is Slurm's, from the `--gres=gpu:N` allocation: give the
 //! request's context no `visible_devices`.
 //!
+//! Several nodes: the run names them (`nodelist`, in rank order: `--nodelist`), so the
+//! first one is `{master_addr}` before the job is submitted. The batch script then
+//! starts one launcher per node, `srun --nodes=1 --ntasks=1 --nodelist=NODE` with that
+//! node's `{node_rank}` / `RUBICK_NODE_RANK` (and its per-node GPUs and cores), and
+//! waits for all of them; its own exit status is the first failing node's (rank order).
+//! The stop signal reaches every node's processes through Slurm (`scancel --signal
+//! --full`); the batch shell traps it only to outlive it. Metric lines and checkpoints
+//! come from rank 0 (the contract), into paths every node must see (a shared file
+//! system).
+//!
 //! Limitations:
-//! - One node only: `nodes > 1` is refused. A multi-node run would `srun
-//!   --ntasks-per-node=1` the argv once per node, but the contract's `{master_addr}` is
-//!   substituted before submission and the first node of the allocation is only known
-//!   after it (the caller would have to pin the nodes).
-//! - The argv runs once, as the batch step; `ntasks_per_node` only sizes the allocation
-//!   (a launcher like `torchrun` starts its workers itself).
+//! - On one node the argv runs once, as the batch step; on several, once per node.
+//!   `ntasks_per_node` only sizes the allocation (a launcher like `torchrun` starts its
+//!   workers itself).
 //! - With `proctrack/linuxproc` (no cgroups) Slurm finds a job's processes by their
 //!   parent pids: a signal reaches every process of the tree, but a process orphaned
 //!   *before* the signal (daemonized, or left behind by a job that exited) is no longer
@@ -53,8 +60,11 @@ use crate::supervise::{Guard, LaunchError, Prepared, RunOutcome, RunRequest, col
 /// Resources of one sbatch job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlurmResources {
-    /// Only 1 is supported (see the module's limitations).
+    /// Nodes of the allocation; more than one needs `nodelist`.
     pub nodes: u32,
+    /// The nodes, in rank order (`--nodelist`; the first is `{master_addr}`): `nodes`
+    /// of them, or none (one node, Slurm's choice).
+    pub nodelist: Vec<String>,
     pub ntasks_per_node: u32,
     /// GPUs per node (`--gres=gpu:N`); 0: none asked, no `--gres`.
     pub gpus_per_node: u32,
@@ -80,6 +90,7 @@ impl Default for SlurmResources {
     fn default() -> Self {
         SlurmResources {
             nodes: 1,
+            nodelist: Vec::new(),
             ntasks_per_node: 1,
             gpus_per_node: 0,
             cpus_per_task: 1,
@@ -240,7 +251,22 @@ pub fn submit(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<St
 /// Writes the batch script and submits it: the job id, the log and the script paths.
 fn submit_job(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<(String, PathBuf, PathBuf), LaunchError> {
     check_resources(resources)?;
-    let prepared = prepare(request)?;
+    // Several nodes: the first named is the master; each node's launcher its own rank.
+    let mut request = request.clone();
+    if let Some(first) = resources.nodelist.first() {
+        request.context.nodes = resources.nodes;
+        if resources.nodes > 1 {
+            request.context.master_addr = first.clone();
+        }
+    }
+    let request = &request;
+    let mut ranks = vec![prepare(request)?];
+    for rank in 1..resources.nodes {
+        let mut ctx = request.context.clone();
+        ctx.node_rank = rank;
+        let (argv, env) = crate::supervise::resolve(&ctx, request.launch)?;
+        ranks.push(Prepared { argv, env, workdir: ranks[0].workdir.clone() });
+    }
     let cwd = std::env::current_dir().map_err(|source| LaunchError::Io { path: ".".into(), source })?;
     let log = cwd.join(&request.log);
     // A fresh log, as the local backend's: a job that never starts leaves no stale one.
@@ -250,7 +276,7 @@ fn submit_job(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<(S
         name.push(".sbatch");
         PathBuf::from(name)
     };
-    let script = batch_script(&request.context.job, &prepared, resources, request.launch, &log, &cwd)?;
+    let script = batch_script(&request.context.job, &ranks, resources, request.launch, &log, &cwd)?;
     std::fs::write(&script_path, script).map_err(|source| LaunchError::Io { path: script_path.clone(), source })?;
     let mut sbatch = Command::new("sbatch");
     sbatch.arg("--parsable").arg(&script_path).stdin(Stdio::null());
@@ -279,6 +305,105 @@ pub fn job_state(job: &str) -> Result<Option<(String, Option<i32>)>, LaunchError
         let code = i.exit_code();
         (i.state, code)
     }))
+}
+
+/// One node as `sinfo` describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    pub name: String,
+    /// Its partitions (`*`: the default one's mark dropped).
+    pub partitions: Vec<String>,
+    /// Whether it is in the cluster's default partition.
+    pub in_default: bool,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    /// GPUs from its generic resources (`gpu:4`, `gpu:a100:4(S:0-1)`).
+    pub gpus: u32,
+    /// The GPUs' type when the gres names one (`gpu:a100:4`).
+    pub gpu_type: Option<String>,
+    /// Slurm's state, e.g. `idle`, `mixed`, `drained`, `down*`.
+    pub state: String,
+}
+
+impl NodeInfo {
+    /// Whether new jobs may start on it: responding (no `*`), neither drained nor
+    /// draining, down, failing or in maintenance (a powered-down node, `~`, is started
+    /// on demand).
+    pub fn usable(&self) -> bool {
+        if self.state.ends_with('*') {
+            return false;
+        }
+        let base = self.state.trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']);
+        matches!(base, "idle" | "mixed" | "allocated" | "completing" | "planned")
+    }
+}
+
+/// Every node Slurm knows, once each (`sinfo -N`: a node of several partitions lists
+/// them all), in Slurm's order.
+pub fn nodes() -> Result<Vec<NodeInfo>, LaunchError> {
+    let mut sinfo = Command::new("sinfo");
+    sinfo.args(["-N", "-h", "-o", "%N|%P|%c|%m|%G|%T"]).stdin(Stdio::null());
+    Ok(parse_sinfo(&output(&mut sinfo, "sinfo")?))
+}
+
+/// `sinfo -N -h -o '%N|%P|%c|%m|%G|%T'`'s lines as nodes (lines it cannot read are
+/// skipped).
+fn parse_sinfo(text: &str) -> Vec<NodeInfo> {
+    let mut nodes: Vec<NodeInfo> = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.trim().split('|').collect();
+        let [name, partition, cpus, memory, gres, state] = f[..] else { continue };
+        let (partition, default) = match partition.strip_suffix('*') {
+            Some(p) => (p, true),
+            None => (partition, false),
+        };
+        if let Some(known) = nodes.iter_mut().find(|n| n.name == name) {
+            known.partitions.push(partition.to_owned());
+            known.in_default |= default;
+            continue;
+        }
+        let (gpus, gpu_type) = gpus_of(gres);
+        nodes.push(NodeInfo {
+            name: name.to_owned(),
+            partitions: vec![partition.to_owned()],
+            in_default: default,
+            cpus: cpus.trim_end_matches('+').parse().unwrap_or(0),
+            memory_mb: memory.trim_end_matches('+').parse().unwrap_or(0),
+            gpus,
+            gpu_type,
+            state: state.to_owned(),
+        });
+    }
+    nodes
+}
+
+/// The GPUs of a gres list (`gpu:2`, `gpu:a100:4(S:0-1),mps:100`, `(null)`): count and
+/// type (the first typed entry's).
+fn gpus_of(gres: &str) -> (u32, Option<String>) {
+    let mut count = 0;
+    let mut kind = None;
+    for entry in gres.split(',') {
+        let entry = entry.split('(').next().unwrap_or_default();
+        let parts: Vec<&str> = entry.split(':').collect();
+        match parts[..] {
+            ["gpu", n] => count += n.parse::<u32>().unwrap_or(0),
+            ["gpu", t, n] => {
+                count += n.parse::<u32>().unwrap_or(0);
+                kind.get_or_insert_with(|| t.to_owned());
+            }
+            _ => {}
+        }
+    }
+    (count, kind)
+}
+
+/// The cluster's name (`ClusterName` of `scontrol show config`), if it has one.
+pub fn cluster_name() -> Option<String> {
+    let out = Command::new("scontrol").args(["show", "config"]).stdin(Stdio::null()).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "ClusterName").then(|| v.trim().to_owned()).filter(|v| !v.is_empty() && v != "(null)")
+    })
 }
 
 /// Whether a state is final (the job will not run again).
@@ -310,9 +435,16 @@ fn check_resources(r: &SlurmResources) -> Result<(), LaunchError> {
     let bad = |what: &str| Err(LaunchError::Contract(format!("slurm: {what}")));
     match r {
         SlurmResources { nodes: 0, .. } => bad("nodes must be at least 1"),
-        SlurmResources { nodes: 2.., .. } => {
-            bad("more than one node is not supported: the master address is only known after the allocation \
-             (run one node per job)")
+        SlurmResources { nodes: 2.., nodelist, .. } if nodelist.len() != r.nodes as usize => bad(&format!(
+            "a run on {} nodes names them, in rank order (nodelist: {} given): the first is its master address",
+            r.nodes,
+            nodelist.len()
+        )),
+        SlurmResources { nodes: 1, nodelist, .. } if nodelist.len() > 1 => {
+            bad(&format!("one node, {} named in nodelist", nodelist.len()))
+        }
+        SlurmResources { nodelist, .. } if nodelist.iter().any(|n| n.is_empty() || sanitise_name(n) != *n) => {
+            bad(&format!("nodelist {nodelist:?}: node names are [A-Za-z0-9._-]"))
         }
         SlurmResources { ntasks_per_node: 0, .. } => bad("ntasks_per_node must be at least 1"),
         SlurmResources { cpus_per_task: 0, .. } => bad("cpus_per_task must be at least 1"),
@@ -342,12 +474,13 @@ fn append(path: &Path, line: &str) {
 /// The batch script of a run.
 fn batch_script(
     job_name: &str,
-    prepared: &Prepared,
+    ranks: &[Prepared],
     r: &SlurmResources,
     launch: &rubick_core::launch::Launch,
     log: &Path,
     cwd: &Path,
 ) -> Result<String, LaunchError> {
+    let prepared = ranks.first().ok_or_else(|| LaunchError::Contract("slurm: no node to run on".into()))?;
     let mut s = String::from("#!/bin/sh\n# generated by rubick (rubick-launch, Slurm backend)\n");
     let mut directive = |option: &str, value: &str| -> Result<(), LaunchError> {
         let _ = writeln!(s, "#SBATCH --{option}={}", directive_value(option, value)?);
@@ -355,6 +488,9 @@ fn batch_script(
     };
     directive("job-name", &sanitise_name(r.job_name.as_deref().unwrap_or(job_name)))?;
     directive("nodes", &r.nodes.to_string())?;
+    if !r.nodelist.is_empty() {
+        directive("nodelist", &r.nodelist.join(","))?;
+    }
     directive("ntasks-per-node", &r.ntasks_per_node.to_string())?;
     directive("cpus-per-task", &r.cpus_per_task.to_string())?;
     if r.gpus_per_node > 0 {
@@ -387,14 +523,50 @@ fn batch_script(
         s.push_str("#SBATCH --requeue\n");
     }
     s.push('\n');
-    for (k, v) in &prepared.env {
+    for (k, _) in ranks.iter().flat_map(|p| &p.env) {
         if !is_env_name(k) {
             return Err(LaunchError::Contract(format!("env: `{k}` is not a valid variable name")));
         }
+    }
+    // The variables every node shares are exported; a node's own go on its line.
+    let shared = |k: &str| ranks.iter().all(|p| p.env.get(k) == prepared.env.get(k));
+    for (k, v) in prepared.env.iter().filter(|(k, _)| shared(k)) {
         let _ = writeln!(s, "export {k}={}", sh_quote(v));
     }
-    let argv: Vec<String> = prepared.argv.iter().map(|a| sh_quote(a)).collect();
-    let _ = writeln!(s, "exec {}", argv.join(" "));
+    let quoted = |argv: &[String]| argv.iter().map(|a| sh_quote(a)).collect::<Vec<_>>().join(" ");
+    if let [only] = ranks {
+        let _ = writeln!(s, "exec {}", quoted(&only.argv));
+        return Ok(s);
+    }
+    if ranks.len() != r.nodelist.len() {
+        return Err(LaunchError::Contract(format!("slurm: {} launchers for {} nodes", ranks.len(), r.nodelist.len())));
+    }
+    let sig = launch.stop_signal.name().trim_start_matches("SIG");
+    let _ = writeln!(
+        s,
+        "# One launcher per node, each with its node rank, all waited for. The stop signal\n\
+         # reaches them through Slurm (scancel --full); this shell only outlives it.\n\
+         trap : {sig}\npids="
+    );
+    for (p, node) in ranks.iter().zip(&r.nodelist) {
+        let own: Vec<String> =
+            p.env.iter().filter(|(k, _)| !shared(k)).map(|(k, v)| sh_quote(&format!("{k}={v}"))).collect();
+        let gres = if r.gpus_per_node > 0 { format!(" --gres=gpu:{}", r.gpus_per_node) } else { String::new() };
+        let _ = writeln!(
+            s,
+            "srun --nodes=1 --ntasks=1 --nodelist={} --cpus-per-task={}{gres} env {} {} &\npids=\"$pids $!\"",
+            sh_quote(node),
+            r.cpus_per_task,
+            own.join(" "),
+            quoted(&p.argv)
+        );
+    }
+    s.push_str(
+        "rc=0\nfor pid in $pids; do\n  while :; do\n    wait \"$pid\"; status=$?\n    \
+         # a trapped signal ended the wait, not the launcher: wait again\n    \
+         [ \"$status\" -gt 128 ] && kill -0 \"$pid\" 2>/dev/null && continue\n    break\n  done\n  \
+         [ \"$rc\" -ne 0 ] || rc=$status\ndone\nexit \"$rc\"\n",
+    );
     Ok(s)
 }
 
@@ -767,13 +939,77 @@ echo "cpus=$SLURM_CPUS_PER_TASK gpus=$CUDA_VISIBLE_DEVICES plan=$RUBICK_PLAN job
     }
 
     #[test]
-    fn more_than_one_node_is_refused_before_anything_is_written() {
+    fn more_than_one_node_without_their_names_is_refused_before_anything_is_written() {
         let dir = tempdir();
         let l = launch("true", 30.0);
-        let r = SlurmResources { nodes: 2, ..SlurmResources::default() };
-        let e = run(&request(dir.path(), &l), &r).unwrap_err();
-        assert!(matches!(e, LaunchError::Contract(_)) && e.to_string().contains("more than one node"), "{e}");
-        assert!(!dir.path().join("log.txt.sbatch").exists());
+        for r in [
+            SlurmResources { nodes: 2, ..SlurmResources::default() },
+            SlurmResources { nodes: 2, nodelist: vec!["mn1".into()], ..SlurmResources::default() },
+            SlurmResources { nodes: 1, nodelist: vec!["mn1".into(), "mn2".into()], ..SlurmResources::default() },
+            SlurmResources { nodes: 1, nodelist: vec!["$(x)".into()], ..SlurmResources::default() },
+        ] {
+            let e = run(&request(dir.path(), &l), &r).unwrap_err();
+            assert!(matches!(e, LaunchError::Contract(_)) && e.to_string().contains("nodelist"), "{e}");
+            assert!(!dir.path().join("log.txt.sbatch").exists());
+        }
+    }
+
+    #[test]
+    fn a_run_on_two_nodes_starts_one_launcher_per_node_with_its_rank() {
+        let p0 = prepared(&[("A", "same"), ("RUBICK_NODE_RANK", "0")], &["python", "t.py", "--rank=0"], None);
+        let p1 = prepared(&[("A", "same"), ("RUBICK_NODE_RANK", "1")], &["python", "t.py", "--rank=1"], None);
+        let r = SlurmResources {
+            nodes: 2,
+            nodelist: vec!["mn2".into(), "mn1".into()],
+            gpus_per_node: 1,
+            cpus_per_task: 2,
+            ..SlurmResources::default()
+        };
+        let l = launch("true", 61.0);
+        let s = batch_script("j", &[p0, p1], &r, &l, Path::new("/l"), Path::new("/")).unwrap();
+        assert!(s.contains("#SBATCH --nodes=\"2\"\n#SBATCH --nodelist=\"mn2,mn1\"\n"), "{s}");
+        assert!(s.contains("export A='same'\n") && !s.contains("export RUBICK_NODE_RANK"), "{s}");
+        assert!(
+            s.contains("srun --nodes=1 --ntasks=1 --nodelist='mn2' --cpus-per-task=2 --gres=gpu:1 env 'RUBICK_NODE_RANK=0' 'python' 't.py' '--rank=0' &"),
+            "{s}"
+        );
+        assert!(
+            s.contains(
+                "--nodelist='mn1' --cpus-per-task=2 --gres=gpu:1 env 'RUBICK_NODE_RANK=1' 'python' 't.py' '--rank=1' &"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("trap : USR1\n") && !s.contains("exec "), "{s}");
+    }
+
+    #[test]
+    fn the_batch_of_several_nodes_waits_for_all_and_exits_as_the_first_failing() {
+        // The generated shell itself, `srun` stood in by a function running the rest.
+        let dir = tempfile::tempdir().unwrap();
+        let node = |rank: &str, code: &str| {
+            prepared(
+                &[("RUBICK_NODE_RANK", rank)],
+                &["sh", "-c", &format!("sleep 0.{rank}; echo $RUBICK_NODE_RANK >> ranks; exit {code}")],
+                None,
+            )
+        };
+        let r = SlurmResources { nodes: 2, nodelist: vec!["a".into(), "b".into()], ..SlurmResources::default() };
+        for (codes, expect) in [(("0", "0"), 0), (("0", "5"), 5), (("3", "5"), 3)] {
+            let s = batch_script(
+                "n",
+                &[node("1", codes.0), node("2", codes.1)],
+                &r,
+                &launch("true", 1.0),
+                Path::new("/l"),
+                Path::new("/"),
+            )
+            .unwrap();
+            let s = s.replacen("\n\n", "\nsrun() { while [ \"${1#--}\" != \"$1\" ]; do shift; done; \"$@\"; }\n", 1);
+            let _ = std::fs::remove_file(dir.path().join("ranks"));
+            let out = Command::new("sh").arg("-c").arg(&s).current_dir(dir.path()).output().unwrap();
+            assert_eq!(out.status.code(), Some(expect), "{s}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert_eq!(std::fs::read_to_string(dir.path().join("ranks")).unwrap(), "1\n2\n");
+        }
     }
 
     fn prepared(env: &[(&str, &str)], argv: &[&str], workdir: Option<&str>) -> Prepared {
@@ -798,7 +1034,15 @@ echo "cpus=$SLURM_CPUS_PER_TASK gpus=$CUDA_VISIBLE_DEVICES plan=$RUBICK_PLAN job
         };
         let mut l = launch("true", 61.0);
         l.stop_timeout_s = 0.5;
-        let s = batch_script("$(touch pwned)", &p, &r, &l, Path::new("/r/log %j #1.txt"), Path::new("/cwd")).unwrap();
+        let s = batch_script(
+            "$(touch pwned)",
+            std::slice::from_ref(&p),
+            &r,
+            &l,
+            Path::new("/r/log %j #1.txt"),
+            Path::new("/cwd"),
+        )
+        .unwrap();
         let expected = r#"#!/bin/sh
 # generated by rubick (rubick-launch, Slurm backend)
 #SBATCH --job-name="__touch_pwned_"
@@ -815,12 +1059,19 @@ export RUBICK_JOB='$(touch pwned) it'\''s'
 exec 'python' 'a b' ''\'''
 "#;
         assert_eq!(s, expected);
-        let with_gpu = batch_script("j", &p, &one_cpu(2), &l, Path::new("/l"), Path::new("/")).unwrap();
+        let with_gpu =
+            batch_script("j", std::slice::from_ref(&p), &one_cpu(2), &l, Path::new("/l"), Path::new("/")).unwrap();
         assert!(with_gpu.contains("#SBATCH --gres=\"gpu:2\"\n") && with_gpu.contains("--time=\"2\""), "{with_gpu}");
-        assert!(!batch_script("j", &p, &one_cpu(0), &l, Path::new("/l"), Path::new("/")).unwrap().contains("gres"));
+        assert!(
+            !batch_script("j", std::slice::from_ref(&p), &one_cpu(0), &l, Path::new("/l"), Path::new("/"))
+                .unwrap()
+                .contains("gres")
+        );
         let bad = prepared(&[("A B", "x")], &["true"], None);
-        assert!(batch_script("j", &bad, &one_cpu(0), &l, Path::new("/l"), Path::new("/")).is_err());
-        assert!(batch_script("j", &p, &one_cpu(0), &l, Path::new("/l\nx"), Path::new("/")).is_err());
+        assert!(batch_script("j", &[bad], &one_cpu(0), &l, Path::new("/l"), Path::new("/")).is_err());
+        assert!(
+            batch_script("j", std::slice::from_ref(&p), &one_cpu(0), &l, Path::new("/l\nx"), Path::new("/")).is_err()
+        );
         assert_eq!((time_limit_minutes(0.1), time_limit_minutes(60.0), time_limit_minutes(60.5)), (1, 1, 2));
     }
 
@@ -830,10 +1081,33 @@ exec 'python' 'a b' ''\'''
         let dir = tempfile::tempdir().unwrap();
         let nasty = "it's $(touch pwned) `x` \"q\" \\ \n$HOME *";
         let p = prepared(&[("V", nasty)], &["sh", "-c", r#"printf '%s|%s' "$V" "$1""#, "x", nasty], None);
-        let s = batch_script("n", &p, &one_cpu(0), &launch("true", 1.0), Path::new("/l"), Path::new("/")).unwrap();
+        let s = batch_script("n", &[p], &one_cpu(0), &launch("true", 1.0), Path::new("/l"), Path::new("/")).unwrap();
         let out = Command::new("sh").arg("-c").arg(&s).current_dir(dir.path()).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{nasty}|{nasty}"));
         assert!(!dir.path().join("pwned").exists());
+    }
+
+    #[test]
+    fn sinfo_describes_each_node_once_with_its_gpus_and_state() {
+        let text = "mn1|debug*|2|23000|gpu:2|idle\nmn1|long|2|23000|gpu:2|idle\n\
+                    mn2|debug*|2|23000|gpu:a100:4(S:0-1),mps:100|drained\nmn3|debug*|64+|512000|(null)|down*\nbad line\n";
+        let nodes = parse_sinfo(text);
+        assert_eq!(nodes.len(), 3);
+        assert_eq!(nodes[0].partitions, ["debug", "long"]);
+        assert!(nodes[0].in_default && nodes[0].usable());
+        assert_eq!(
+            (nodes[0].cpus, nodes[0].memory_mb, nodes[0].gpus, nodes[0].gpu_type.as_deref()),
+            (2, 23000, 2, None)
+        );
+        assert_eq!((nodes[1].gpus, nodes[1].gpu_type.as_deref(), nodes[1].usable()), (4, Some("a100"), false));
+        assert_eq!((nodes[2].cpus, nodes[2].gpus, nodes[2].usable()), (64, 0, false));
+        // `allocated*`: not responding; `idle~`: powered down, started on demand.
+        for (state, usable) in
+            [("mixed", true), ("allocated*", false), ("draining", false), ("idle~", true), ("maint", false)]
+        {
+            let n = NodeInfo { state: state.into(), ..nodes[0].clone() };
+            assert_eq!(n.usable(), usable, "{state}");
+        }
     }
 
     #[test]

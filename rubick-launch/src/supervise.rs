@@ -148,15 +148,21 @@ pub struct Prepared {
     pub workdir: Option<PathBuf>,
 }
 
+/// The argv and environment of `launch` under `ctx` (no file touched).
+pub fn resolve(ctx: &LaunchContext, launch: &Launch) -> Result<(Vec<String>, BTreeMap<String, String>), LaunchError> {
+    let argv = ctx.argv(launch).map_err(LaunchError::Contract)?;
+    if argv.is_empty() {
+        return Err(LaunchError::Contract("command: empty".into()));
+    }
+    let env = environment(ctx, Some(launch)).map_err(LaunchError::Contract)?;
+    Ok((argv, env))
+}
+
 /// Writes the run's DeepSpeed configuration and an empty metrics file, creates its
 /// checkpoint directory, and resolves argv, environment and working directory.
 pub fn prepare(request: &RunRequest<'_>) -> Result<Prepared, LaunchError> {
     let ctx = &request.context;
-    let argv = ctx.argv(request.launch).map_err(LaunchError::Contract)?;
-    if argv.is_empty() {
-        return Err(LaunchError::Contract("command: empty".into()));
-    }
-    let env = environment(ctx, Some(request.launch)).map_err(LaunchError::Contract)?;
+    let (argv, env) = resolve(ctx, request.launch)?;
     let ds = Path::new(&ctx.deepspeed_config);
     let text = serde_json::to_string_pretty(&deepspeed_config(&ctx.plan)).unwrap_or_default();
     std::fs::write(ds, text + "\n").map_err(io(ds))?;
@@ -385,6 +391,7 @@ pub(crate) mod tests {
                 job: "$(touch pwned)".into(),
                 plan: "dp2-mb2-ga2".parse().unwrap(),
                 nodes: 1,
+                node_rank: 0,
                 gpus_per_node: 1,
                 cpus: 1,
                 master_addr: "127.0.0.1".into(),

@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use rubick_core::job::Resharding;
 use rubick_core::perfmodel::Params;
-use rubick_core::planner::{JobInput, PlannerConfig, current_of_assignment, current_of_job};
+use rubick_core::planner::{JobInput, PlannerConfig, Restriction, current_of_assignment, current_of_job, node_by_name};
 use rubick_core::schedule::Schedule;
 use rubick_core::{Cluster, Job};
 
@@ -25,6 +26,22 @@ pub fn job_inputs(
         assigned.entry(a.job.as_str()).or_insert(k);
     }
     for (i, (job, params)) in jobs.into_iter().zip(params).enumerate() {
+        // A run on a node the cluster no longer has (drained, down, removed) must move:
+        // the job is planned as a waiting one, on plans its checkpoint can resume at.
+        let previous_nodes: Vec<&str> = match (previous, assigned.get(job.name.as_str())) {
+            (Some((_, schedule)), Some(&k)) => schedule.assignments[k].nodes.iter().map(|n| n.node.as_str()).collect(),
+            _ => job.current.iter().flat_map(|c| c.nodes.iter().map(String::as_str)).collect(),
+        };
+        if let Some(gone) = previous_nodes.iter().find(|n| node_by_name(cluster, n).is_none()) {
+            tracing::warn!("`{}`: its node `{gone}` is not in cluster `{}` now: its run moves", job.name, cluster.name);
+            let allowed = match (&job.current, job.resharding) {
+                (Some(c), Resharding::DataParallel) => Restriction::layout_of(&c.plan),
+                (Some(c), Resharding::None) => Restriction::Exact(c.plan),
+                _ => Restriction::Any,
+            };
+            inputs.push(JobInput { job, params, evidence: None, current: None, allowed, priority: 1.0 });
+            continue;
+        }
         let from_schedule = match (previous, assigned.get(job.name.as_str())) {
             (Some((path, schedule)), Some(&k)) => Some(
                 current_of_assignment(&schedule.assignments[k], cluster)
@@ -37,14 +54,7 @@ pub fn job_inputs(
             None => current_of_job(&job, cluster, config)
                 .map_err(|e| anyhow::anyhow!("{}: {}", jobs_path.display(), e.within(&format!("jobs[{i}]"))))?,
         };
-        inputs.push(JobInput {
-            job,
-            params,
-            evidence: None,
-            current,
-            allowed: rubick_core::planner::Restriction::Any,
-            priority: 1.0,
-        });
+        inputs.push(JobInput { job, params, evidence: None, current, allowed: Restriction::Any, priority: 1.0 });
     }
     Ok(inputs)
 }

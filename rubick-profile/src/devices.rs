@@ -131,6 +131,7 @@ pub fn local_cluster(machine: &Machine) -> Cluster {
             inter_node_gbps: 1.25,
             pcie_gbps: 25.0,
             compute_speed: 1.0,
+            hosts: Vec::new(),
         }
     } else {
         let slots = machine.cpu_cores.clamp(1, 8);
@@ -147,6 +148,7 @@ pub fn local_cluster(machine: &Machine) -> Cluster {
             inter_node_gbps: 1.25,
             pcie_gbps: bandwidth.max(0.1),
             compute_speed: 1.0,
+            hosts: Vec::new(),
         }
     };
     Cluster {

@@ -377,6 +377,7 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                     job: ctx.job.clone(),
                     plan: planned.plan,
                     nodes: planned.placement.nodes(),
+                    node_rank: 0,
                     gpus_per_node: planned.placement.max_per_node(),
                     cpus: planned.cpus,
                     master_addr: "127.0.0.1".into(),

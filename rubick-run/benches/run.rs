@@ -4,7 +4,9 @@
 //! * `apply_noop_ms`: an `apply` with nothing to change, 100 jobs running (median of 5);
 //! * `reconfigure_overhead_s`: the wall time of an `apply` that reconfigures one job,
 //!   beyond the workload's own stop (signal to exit, recorded by rubick-run) — state
-//!   writes, process-group checks, the relaunch (median of 5).
+//!   writes, process-group checks, the relaunch (median of 5);
+//! * `apply_reconfigure_20_jobs_s`: an `apply` reconfiguring 20 jobs whose checkpoint
+//!   takes 2 s each (stopped together: about one stop, not twenty).
 
 use std::path::Path;
 use std::process::Command;
@@ -13,13 +15,35 @@ use std::time::Instant;
 const WORKLOAD: &str = r#"ckpt="$RUBICK_CHECKPOINT_DIR/iter"; i=0; [ -f "$ckpt" ] && i=$(cat "$ckpt")
 stop=0; trap 'stop=1' USR1
 while :; do i=$((i + 1)); echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.2}" >> "$RUBICK_METRICS"; sleep 0.2
-  if [ "$stop" = 1 ]; then echo "$i" > "$ckpt"; exit 0; fi; done"#;
+  if [ "$stop" = 1 ]; then sleep "${CHECKPOINT_S:-0}"; echo "$i" > "$ckpt"; exit 0; fi; done"#;
 
 fn rr(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_rubick-run")).args(args).arg("--state").arg(dir.join("state")).output()?;
+    rr_in(&dir.join("state"), args)
+}
+
+fn rr_in(state: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_rubick-run")).args(args).arg("--state").arg(state).output()?;
     anyhow::ensure!(out.status.success(), "rubick-run {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Job files `PREFIX000..` running the stand-in workload, whose checkpoint takes
+/// `checkpoint_s`.
+fn job_files(dir: &Path, prefix: &str, n: usize, checkpoint_s: u32) -> anyhow::Result<Vec<String>> {
+    (0..n)
+        .map(|i| {
+            let name = format!("{prefix}{i:03}");
+            let file = dir.join(format!("{name}.yaml"));
+            std::fs::write(
+                &file,
+                format!(
+                    "apiVersion: rubick/v1\nkind: Job\nname: {name}\nmodel: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}\niterations: 1000000\nrequest: {{ gpus: 1, plan: ga }}\nlaunch: {{ version: 1, command: [sh, {}], env: {{ CHECKPOINT_S: \"{checkpoint_s}\" }}, stopTimeoutS: 10 }}\n",
+                    dir.join("work.sh").display()
+                ),
+            )?;
+            Ok(file.display().to_string())
+        })
+        .collect()
 }
 
 fn schedule(dir: &Path, round: u64, jobs: &[(String, &str, u32)]) -> anyhow::Result<String> {
@@ -45,21 +69,8 @@ fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let d = dir.path();
     std::fs::write(d.join("work.sh"), WORKLOAD)?;
-    let mut jobs = Vec::new();
-    let mut files = Vec::new();
-    for i in 0..100 {
-        let name = format!("j{i:03}");
-        let file = d.join(format!("{name}.yaml"));
-        std::fs::write(
-            &file,
-            format!(
-                "apiVersion: rubick/v1\nkind: Job\nname: {name}\nmodel: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}\niterations: 1000000\nrequest: {{ gpus: 1, plan: ga }}\nlaunch: {{ version: 1, command: [sh, {}], stopTimeoutS: 10 }}\n",
-                d.join("work.sh").display()
-            ),
-        )?;
-        files.push(file.display().to_string());
-        jobs.push((name, "dp1-tp1-pp1-mb4-ga4", i));
-    }
+    let files = job_files(d, "j", 100, 0)?;
+    let jobs: Vec<(String, &str, u32)> = (0..100).map(|i| (format!("j{i:03}"), "dp1-tp1-pp1-mb4-ga4", i)).collect();
     // The schedules' cluster (one node `n-0` of 100 worker slots): without one, apply
     // refuses a schedule asking for more cores than this machine has.
     std::fs::write(
@@ -103,5 +114,20 @@ fn main() -> anyhow::Result<()> {
     for i in 0..100 {
         rr(d, &["stop", &format!("j{i:03}")])?;
     }
+    // 20 jobs, each checkpointing for 2 s, all reconfigured by one apply.
+    let slow = d.join("slow");
+    let files = job_files(d, "s", 20, 2)?;
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    rr_in(&slow, &args)?;
+    let at = |plan| (0..20).map(|i| (format!("s{i:03}"), plan, i)).collect::<Vec<(String, &str, u32)>>();
+    rr_in(&slow, &["apply", &schedule(d, 100, &at("dp1-tp1-pp1-mb4-ga4"))?, "--cluster", &cluster])?;
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let round = schedule(d, 101, &at("dp1-tp1-pp1-mb2-ga8"))?;
+    let start = Instant::now();
+    rr_in(&slow, &["apply", &round, "--cluster", &cluster])?;
+    println!("bench: apply_reconfigure_20_jobs_s {:.2} s", start.elapsed().as_secs_f64());
+    // All preempted together by an empty round: no run outlives the bench.
+    rr_in(&slow, &["apply", &schedule(d, 102, &[])?, "--cluster", &cluster])?;
     Ok(())
 }

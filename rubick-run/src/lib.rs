@@ -26,6 +26,7 @@ use rubick_io::cli::{LogArgs, Outcome};
 use rubick_io::files::load_artifact;
 
 pub mod backends;
+pub mod cluster;
 pub mod plot;
 pub mod reconcile;
 pub mod state;
@@ -46,6 +47,9 @@ Examples:
 
   # What runs where, and how fast (also --format yaml | prometheus)
   rubick-run status --state /var/lib/rubick
+
+  # The Slurm partition's nodes that can take jobs now, as the round's cluster
+  rubick-run cluster --backend slurm -o cluster.yaml
 
   # Validate the schedule a round produced before applying it
   rubick-run check schedule.yaml";
@@ -196,6 +200,23 @@ pub enum Command {
         #[command(flatten)]
         state: StateArgs,
     },
+    /// Describe the cluster a backend really has, as a Cluster (YAML) to plan on
+    ///
+    /// Slurm: the nodes of the partition that can take jobs now (up, not drained or
+    /// draining), grouped by shape, each group listing its nodes' names (`hosts`), so
+    /// that schedules name Slurm's nodes and runs are placed on them (several nodes
+    /// per run included). Nodes left out are named on stderr. Slurm does not know GPU
+    /// memory or link bandwidths: give yours.
+    Cluster {
+        /// The backend to ask (only `slurm` can be asked)
+        #[arg(long, default_value = "slurm", value_parser = backend_name)]
+        backend: String,
+        #[command(flatten)]
+        hardware: cluster::Hardware,
+        /// Where to write it (`-`: stdout)
+        #[arg(short, long, default_value = "-")]
+        output: PathBuf,
+    },
     /// Validate Schedule files (YAML); exit 2 naming the first bad file and field
     Check {
         /// Schedule files, `-` for stdin
@@ -263,6 +284,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Delete { job, state } => delete_job(&job, &state),
         Command::Logs { job, attempt, follow, state } => logs(&job, attempt, follow, &state),
         Command::Check { files } => rubick_io::cli::check_command::<Schedule>(&files),
+        Command::Cluster { backend, hardware, output } => cluster::command(&backend, &hardware, &output),
     }
 }
 
@@ -407,9 +429,8 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) -> anyhow::
             }
         }
     }
-    for job in unfinished {
-        stop_run(dir, state, &job, backend)?;
-    }
+    let unfinished: Vec<&str> = unfinished.iter().map(String::as_str).collect();
+    stop_runs(dir, state, &unfinished, backend)?;
     Ok(())
 }
 
@@ -434,34 +455,65 @@ fn stop_settings(job: &Job) -> (rubick_core::launch::StopSignal, Duration) {
     })
 }
 
-/// Stops the job's run: the intent recorded durably first (phase stopping, which an
-/// interrupted rubick-run finishes next time), then the contract's signal,
-/// `stopTimeoutS`, KILL of what is left; what it cost recorded, the job queued.
-/// `(seconds, exited cleanly)`, or `None` when the job has no run.
+/// Stops the job's run (see [`stop_runs`]); `(seconds, exited cleanly)`, or `None`
+/// when the job has no run.
 fn stop_run(
     dir: &StateDir,
     state: &mut State,
     job: &str,
     backend: &dyn Backend,
 ) -> anyhow::Result<Option<(f64, bool)>> {
-    let rec = state.jobs.get_mut(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
-    let Some(run) = rec.run.as_mut() else { return Ok(None) };
-    run.phase = RunPhase::Stopping;
-    let run = run.clone();
+    Ok(stop_runs(dir, state, &[job], backend)?.pop().map(|(_, secs, clean)| (secs, clean)))
+}
+
+/// Stops the runs of `jobs` together: every intent recorded durably first (phase
+/// stopping, which an interrupted rubick-run finishes next time), then each run asked
+/// to stop (the contract's signal, `stopTimeoutS`, KILL of what is left) on a thread of
+/// its own, so the round waits for the slowest checkpoint, not for their sum; then what
+/// each cost recorded and the jobs queued, in the order given. `(job, seconds, exited
+/// cleanly)` for each job that had a run.
+fn stop_runs(
+    dir: &StateDir,
+    state: &mut State,
+    jobs: &[&str],
+    backend: &dyn Backend,
+) -> anyhow::Result<Vec<(String, f64, bool)>> {
+    let mut runs = Vec::new();
+    for &job in jobs {
+        let rec = state.jobs.get_mut(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
+        let (signal, timeout) = stop_settings(&rec.job);
+        let Some(run) = rec.run.as_mut() else { continue };
+        run.phase = RunPhase::Stopping;
+        runs.push((job, run.clone(), signal, timeout));
+    }
+    if runs.is_empty() {
+        return Ok(Vec::new());
+    }
     dir.save(state)?;
     failpoint("stop-recorded");
-    let rec = state.jobs.get_mut(job).context("record")?;
-    let (signal, timeout) = stop_settings(&rec.job);
-    let (secs, clean) = match &run.handle {
-        Some(handle) => backends::stop(backend, handle, signal, timeout),
-        None => (0.0, true),
-    };
+    let stopped: Vec<(f64, bool)> = std::thread::scope(|scope| {
+        let waits: Vec<_> = runs
+            .iter()
+            .map(|(_, run, signal, timeout)| {
+                scope.spawn(move || match &run.handle {
+                    Some(handle) => backends::stop(backend, handle, *signal, *timeout),
+                    None => (0.0, true),
+                })
+            })
+            .collect();
+        waits.into_iter().map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
     failpoint("stopped");
-    record_stop(rec, &dir.attempt_dir(job, run.attempt), &run, secs, clean);
-    rec.run = None;
-    rec.status = JobStatus::Queued;
+    let mut out = Vec::with_capacity(runs.len());
+    for ((job, run, ..), (secs, clean)) in runs.iter().zip(stopped) {
+        let rec = state.jobs.get_mut(*job).context("record")?;
+        record_stop(rec, &dir.attempt_dir(job, run.attempt), run, secs, clean);
+        rec.run = None;
+        rec.status = JobStatus::Queued;
+        out.push((job.to_string(), secs, clean));
+    }
     dir.save(state)?;
-    Ok(Some((secs, clean)))
+    Ok(out)
 }
 
 /// A run that ended on its own: finished (exit 0) or failed.
@@ -624,19 +676,9 @@ fn desired_of(
         }
         for (k, share) in a.nodes.iter().enumerate() {
             if let Some(c) = cluster {
-                let group = c
-                    .node_groups
-                    .iter()
-                    .find(|g| {
-                        share
-                            .node
-                            .strip_prefix(&format!("{}-", g.name))
-                            .and_then(|n| n.parse::<u32>().ok())
-                            .is_some_and(|n| n < g.count)
-                    })
-                    .with_context(|| {
-                        at(i, &format!("nodes[{k}].node: `{}` is not a node of cluster `{}`", share.node, c.name))
-                    })?;
+                let group = c.node_groups.iter().find(|g| g.node_index(&share.node).is_some()).with_context(|| {
+                    at(i, &format!("nodes[{k}].node: `{}` is not a node of cluster `{}`", share.node, c.name))
+                })?;
                 if let Some(g) = share.gpus.iter().find(|g| **g >= group.gpus_per_node) {
                     bail!(
                         "{}: GPU {g} is out of range (the node has {})",
@@ -765,23 +807,34 @@ fn apply(
     }
     tracing::info!("round {}: {} action(s)", schedule.round, actions.len());
     let mut start_failures = Vec::new();
+    // Every stop of the round at once (a checkpoint may take minutes), then the starts.
+    let stops: Vec<(&str, StopReason)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Stop { job, reason } => Some((job.as_str(), *reason)),
+            Action::Start { .. } => None,
+        })
+        .collect();
+    let names: Vec<&str> = stops.iter().map(|(job, _)| *job).collect();
+    for (job, secs, clean) in stop_runs(&dir, &mut state, &names, backend.as_ref())? {
+        let reason = stops.iter().find(|(j, _)| *j == job).map_or(StopReason::Preempt, |(_, r)| *r);
+        if reason != StopReason::Reconfigure
+            && let Some(rec) = state.jobs.get_mut(&job)
+        {
+            rec.reason = Some(format!("paused by round {}: its resources went to other jobs", schedule.round));
+        }
+        eprintln!(
+            "{job}: stopped ({}) in {secs:.1} s{}",
+            if reason == StopReason::Reconfigure { "to reconfigure" } else { "preempted" },
+            if clean { "" } else { " (killed after stopTimeoutS)" }
+        );
+    }
+    if !stops.is_empty() {
+        dir.save(&state)?;
+    }
     for action in &actions {
         match action {
-            Action::Stop { job, reason } => {
-                if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
-                    if *reason != StopReason::Reconfigure
-                        && let Some(rec) = state.jobs.get_mut(job)
-                    {
-                        rec.reason =
-                            Some(format!("paused by round {}: its resources went to other jobs", schedule.round));
-                    }
-                    eprintln!(
-                        "{job}: stopped ({}) in {secs:.1} s{}",
-                        if *reason == StopReason::Reconfigure { "to reconfigure" } else { "preempted" },
-                        if clean { "" } else { " (killed after stopTimeoutS)" }
-                    );
-                }
-            }
+            Action::Stop { .. } => {}
             Action::Start { job, allocation } => {
                 // A run of this job the records do not know (a state that lost them) is
                 // found from its directory: never a second copy beside it.

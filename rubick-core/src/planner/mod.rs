@@ -487,10 +487,7 @@ pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
 
 /// The (group, index) of a node named `<group>-<index>`.
 pub fn node_by_name(cluster: &Cluster, name: &str) -> Option<(usize, u32)> {
-    cluster.node_groups.iter().enumerate().find_map(|(gi, g)| {
-        let index: u32 = name.strip_prefix(g.name.as_str())?.strip_prefix('-')?.parse().ok()?;
-        (index < g.count).then_some((gi, index))
-    })
+    cluster.node_groups.iter().enumerate().find_map(|(gi, g)| Some((gi, g.node_index(name)?)))
 }
 
 /// A job's `current` allocation resolved against the cluster. Cores default to the

@@ -28,9 +28,9 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    /// The node's name: `<group>-<index>`.
+    /// The node's name: `<group>-<index>`, or its host name ([`crate::cluster::NodeGroup::node_name`]).
     pub fn name(&self, cluster: &Cluster) -> String {
-        format!("{}-{}", cluster.node_groups[self.group].name, self.index)
+        cluster.node_groups[self.group].node_name(self.index)
     }
 
     pub fn free_gpus(&self) -> u32 {

@@ -65,6 +65,7 @@ impl StartSpec<'_> {
                 job: self.job.name.clone(),
                 plan: a.plan,
                 nodes: a.nodes.len() as u32,
+                node_rank: 0,
                 gpus_per_node: a.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
                 cpus: a.nodes.iter().map(|n| n.cpus).sum(),
                 master_addr: master.0.to_owned(),
@@ -81,8 +82,8 @@ impl StartSpec<'_> {
     }
 }
 
-/// A place runs execute.
-pub trait Backend: std::fmt::Debug {
+/// A place runs execute (shared by the threads that stop a round's runs together).
+pub trait Backend: std::fmt::Debug + Sync {
     fn name(&self) -> &'static str;
     /// Starts a run; its handle.
     fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String>;

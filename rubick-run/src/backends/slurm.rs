@@ -6,6 +6,12 @@
 //! `--signal=B:STOP@stopTimeoutS` (the stop signal before Slurm ends it). No time limit
 //! is asked: the partition's default applies. GPUs are Slurm's to pick (`--gres`): the
 //! schedule's GPU indices are not pinned.
+//!
+//! Nodes: when Slurm knows every node the schedule names (a cluster described by
+//! `rubick-run cluster --backend slurm`), the run is placed on them (`--nodelist`, in
+//! the schedule's order: the first is `{master_addr}`), one launcher per node; a run
+//! on several nodes needs that. Otherwise (one node of a cluster file of its own
+//! naming) Slurm picks the node.
 
 use std::path::Path;
 
@@ -40,21 +46,31 @@ impl Backend for Slurm {
 
     fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
         slurm::available().map_err(|reason| anyhow::anyhow!("--backend slurm: {reason}"))?;
-        // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation.
-        let request = spec.request(
-            spec.dir,
-            spec.checkpoint_dir,
-            ("127.0.0.1", rubick_launch::supervise::free_port()),
-            Vec::new(),
-        )?;
         let a = spec.allocation;
-        let share = a.nodes.first();
+        let names: Vec<String> = a.nodes.iter().map(|n| n.node.clone()).collect();
+        let known = slurm::nodes()?;
+        let pinned = !names.is_empty() && names.iter().all(|n| known.iter().any(|k| k.name == *n));
+        if names.len() > 1 && !pinned {
+            anyhow::bail!(
+                "{} nodes ({}), not all of them Slurm's: a run on several nodes is placed on the nodes it was \
+                 planned on (plan on `rubick-run cluster --backend slurm`)",
+                names.len(),
+                names.join(", ")
+            );
+        }
+        // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation.
+        let master = if pinned { names[0].as_str() } else { "127.0.0.1" };
+        let request =
+            spec.request(spec.dir, spec.checkpoint_dir, (master, rubick_launch::supervise::free_port()), Vec::new())?;
+        // Per node: the most any node of the run was given (Slurm asks alike of each).
+        let most = |f: fn(&rubick_core::schedule::NodeShare) -> f64| a.nodes.iter().map(f).fold(0.0, f64::max);
         let resources = slurm::SlurmResources {
-            nodes: a.nodes.len() as u32,
+            nodes: a.nodes.len().max(1) as u32,
+            nodelist: if pinned { names } else { Vec::new() },
             ntasks_per_node: 1,
-            gpus_per_node: share.map_or(0, |n| n.gpus.len() as u32),
-            cpus_per_task: share.map_or(1, |n| n.cpus.max(1)),
-            mem_mb: share.map(|n| (n.host_memory_gib * 1024.0).ceil() as u64).filter(|m| *m > 0),
+            gpus_per_node: most(|n| n.gpus.len() as f64) as u32,
+            cpus_per_task: (most(|n| f64::from(n.cpus)) as u32).max(1),
+            mem_mb: Some((most(|n| n.host_memory_gib) * 1024.0).ceil() as u64).filter(|m| *m > 0),
             job_name: job_name(spec.dir),
             time_limit_s: Some(0.0),
             requeue: true,

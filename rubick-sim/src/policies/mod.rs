@@ -350,7 +350,7 @@ pub fn schedule_of(
                 .iter()
                 .zip(cores)
                 .map(|((i, ix), cpus)| NodeShare {
-                    node: format!("{}-{i}", g.name),
+                    node: g.node_name(*i),
                     gpus: ix.clone(),
                     cpus,
                     host_memory_gib: round6(c.host_memory_gib * f64::from(ix.len() as u32) / f64::from(total)),
