@@ -56,7 +56,9 @@ pub struct NodeGroup {
     pub compute_speed: f64,
     /// The nodes' own names (host names, a batch system's node names), one per node:
     /// schedules name node `i` by `hosts[i]` instead of `<name>-<i>`, so that a backend
-    /// can place runs on them (`rubick-run cluster --backend slurm` writes them).
+    /// can place runs on them (`rubick-run cluster --backend slurm` writes them). A
+    /// cluster that lists hosts describes the nodes up now: a job running on a node it
+    /// lacks is planned afresh (its run moves) instead of refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<String>,
 }

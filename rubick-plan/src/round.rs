@@ -26,13 +26,16 @@ pub fn job_inputs(
         assigned.entry(a.job.as_str()).or_insert(k);
     }
     for (i, (job, params)) in jobs.into_iter().zip(params).enumerate() {
-        // A run on a node the cluster no longer has (drained, down, removed) must move:
-        // the job is planned as a waiting one, on plans its checkpoint can resume at.
+        // A cluster naming its hosts (`rubick-run cluster --backend slurm`) is what is up
+        // now: a run on a node it no longer has (drained, down, removed) must move, and
+        // the job is planned as a waiting one, on plans its checkpoint can resume at. In
+        // a cluster of `<group>-<index>` names an unknown node is a mistake (exit 2).
         let previous_nodes: Vec<&str> = match (previous, assigned.get(job.name.as_str())) {
             (Some((_, schedule)), Some(&k)) => schedule.assignments[k].nodes.iter().map(|n| n.node.as_str()).collect(),
             _ => job.current.iter().flat_map(|c| c.nodes.iter().map(String::as_str)).collect(),
         };
-        if let Some(gone) = previous_nodes.iter().find(|n| node_by_name(cluster, n).is_none()) {
+        let hosted = cluster.node_groups.iter().any(|g| !g.hosts.is_empty());
+        if let Some(gone) = previous_nodes.iter().find(|n| hosted && node_by_name(cluster, n).is_none()) {
             tracing::warn!("`{}`: its node `{gone}` is not in cluster `{}` now: its run moves", job.name, cluster.name);
             let allowed = match (&job.current, job.resharding) {
                 (Some(c), Resharding::DataParallel) => Restriction::layout_of(&c.plan),
