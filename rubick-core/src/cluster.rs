@@ -225,3 +225,41 @@ impl Artifact for Cluster {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_listing_hosts_names_its_nodes_by_them_once_each() {
+        let mut c = Cluster::example();
+        c.node_groups[0].count = 2;
+        c.node_groups[0].hosts = vec!["gpu-a".into(), "gpu-b".into()];
+        assert!(c.validate().is_ok());
+        let g = &c.node_groups[0];
+        assert_eq!((g.node_name(1), g.node_index("gpu-b"), g.node_index("a800-1")), ("gpu-b".into(), Some(1), None));
+        let plain = &Cluster::example().node_groups[0];
+        assert_eq!(
+            (plain.node_name(7), plain.node_index("a800-7"), plain.node_index("a800-8")),
+            ("a800-7".into(), Some(7), None)
+        );
+        for (hosts, field) in
+            [(vec!["gpu-a"], "hosts"), (vec!["gpu-a", "gpu-a"], "hosts[1]"), (vec!["gpu-a", "$(x)"], "hosts[1]")]
+        {
+            let mut bad = c.clone();
+            bad.node_groups[0].hosts = hosts.into_iter().map(str::to_owned).collect();
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        // A host of one group named like a node of another.
+        let mut two = c.clone();
+        two.node_groups.push(NodeGroup {
+            name: "b".into(),
+            count: 1,
+            hosts: vec!["a800-0".into()],
+            ..c.node_groups[0].clone()
+        });
+        two.node_groups[0].hosts.clear();
+        assert!(two.validate().unwrap_err().to_string().contains("nodeGroups[1].hosts[0]"));
+    }
+}
