@@ -410,14 +410,15 @@ fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
 }
 
 /// Issue 20: the Hugging Face Trainer example is profiled (5 configurations), fitted,
-/// and run through three rounds: reconfigured from DP 1 to DP 2 (the Trainer resumes at
-/// the next global step, the loss continuing), preempted and resumed, stopped, nothing
-/// left (torchrun's workers live in sessions of their own).
+/// and run through three rounds of the cron loop (`jobs | schedule | apply`): the
+/// planner moves it from DP 1 to DP 2 once the other job stopped (the Trainer resumes
+/// at the next global step, the loss continuing) and back to DP 1 when a third job
+/// arrives; stopped, nothing left (torchrun's workers live in sessions of their own).
 #[test]
 fn a_hugging_face_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
     let configs = "plan,placement\ndp1-tp1-pp1-mb4-ga2,1\ndp1-tp1-pp1-mb8-ga1,1\ndp1-tp1-pp1-mb2-ga4,1\n\
                    dp2-tp1-pp1-mb4-ga1,2\ndp2-tp1-pp1-mb2-ga2,2\n";
-    profiled_fitted_and_reconfigured(&HF_TRAINER, configs);
+    profiled_fitted_and_reconfigured(&HF_TRAINER, configs, Rounds::Planned);
 }
 
 /// Issue 20: a PyTorch Lightning `Trainer` (`examples/lightning`), the same way.
@@ -425,7 +426,7 @@ fn a_hugging_face_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
 fn a_lightning_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
     let configs = "plan,placement\ndp1-tp1-pp1-mb16-ga2,1\ndp1-tp1-pp1-mb32-ga1,1\ndp1-tp1-pp1-mb8-ga4,1\n\
                    dp2-tp1-pp1-mb16-ga1,2\ndp2-tp1-pp1-mb8-ga2,2\n";
-    profiled_fitted_and_reconfigured(&LIGHTNING, configs);
+    profiled_fitted_and_reconfigured(&LIGHTNING, configs, Rounds::Written);
 }
 
 /// Issue 20: the DeepSpeed engine example, profiled across ZeRO stages, optimizer
@@ -434,15 +435,22 @@ fn a_lightning_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
 fn a_deepspeed_engine_loop_is_profiled_fitted_and_reconfigured_through_rounds() {
     let configs = "plan,placement\ndp1-tp1-pp1-mb8-ga2,1\ndp1-tp1-pp1-mb16-ga1,1\ndp1-tp1-pp1-mb4-ga4-gc,1\n\
                    dp2-tp1-pp1-mb8-ga1-z2,2\ndp2-tp1-pp1-mb4-ga2-z1-offopt,2\n";
-    profiled_fitted_and_reconfigured(&DEEPSPEED, configs);
+    profiled_fitted_and_reconfigured(&DEEPSPEED, configs, Rounds::Written);
+}
+
+/// How the rounds after a profile are driven.
+#[derive(Clone, Copy, PartialEq)]
+enum Rounds {
+    /// The README's cron loop ([`cron_rounds`]): the planner itself moves the job to DP 2.
+    Planned,
+    /// Written schedules ([`rubick_run_rounds`]): on this 2-core machine the fitted
+    /// models of the small MLPs rightly find DP 2 no faster, so the loop keeps DP 1.
+    Written,
 }
 
 /// `workload` profiled on this machine (`configs`: a CSV of plan,placement; all must
-/// measure `ok`), fitted, then through the rounds of [`rubick_run_rounds`] locally.
-/// (Their schedules are written, not planned: on this 2-core machine the fitted models
-/// of these small workloads rightly find DP 2 not worth a restart, so the cron loop
-/// keeps DP 1; `a_job_started_on_a_mispredicted_plan...` drives the loop itself.)
-fn profiled_fitted_and_reconfigured(workload: &Workload, configs: &str) {
+/// measure `ok`), fitted, then through three rounds (`rounds`).
+fn profiled_fitted_and_reconfigured(workload: &Workload, configs: &str, rounds: Rounds) {
     let venv = match venv() {
         Ok(v) => v,
         Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
@@ -455,8 +463,136 @@ fn profiled_fitted_and_reconfigured(workload: &Workload, configs: &str) {
         let rows = configs.lines().count() - 1;
         assert_eq!(column(&csv, "status"), vec!["ok"; rows], "every configuration measured: {csv}\n{stderr}");
         fit_job(dir.path(), &dir.path().join("profile.csv"), workload.job);
+        if rounds == Rounds::Planned {
+            return cron_rounds(workload, &venv, dir.path());
+        }
     }
     rubick_run_rounds(workload, "local");
+}
+
+/// Three rounds of the README's cron loop (`rubick-run jobs | rubick-plan schedule |
+/// rubick-run apply`, no cooldown) for copies of `workload` (a million iterations each,
+/// as a real training job: a faster plan then pays for its restart) with the model fitted in
+/// `d` (`d/model.yaml`) on this machine's two worker slots (`d/local.yaml`): jobs a and
+/// b get a slot each; b is stopped, and the planner moves a to DP 2 on both slots (it
+/// resumes at the next global step, the loss continuing); c is submitted, and a goes
+/// back to DP 1 beside it, resuming again. Stops leave no process.
+fn cron_rounds(workload: &Workload, venv: &Path, d: &Path) {
+    let job = std::fs::read_to_string(repo().join(workload.job)).unwrap();
+    for name in ["a", "b", "c"] {
+        let text = job
+            .replace(workload.name, &format!("name: {name}\n"))
+            .replace(workload.iterations, "iterations: 1000000\n");
+        assert!(text.contains(&format!("name: {name}\n")) && text.contains("iterations: 1000000"), "{text}");
+        std::fs::write(
+            d.join(format!("{name}.yaml")),
+            format!("{text}perfModel: {}\nguaranteed: true\n", d.join("model.yaml").display()),
+        )
+        .unwrap();
+    }
+    let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let state = d.join("state");
+    let sh = |script: &str| {
+        let out = Command::new("sh")
+            .args(["-c", script])
+            .current_dir(repo())
+            .env("PATH", &path)
+            .env("RR", binary("rubick-run"))
+            .env("RP", binary("rubick-plan"))
+            .env("STATE", &state)
+            .env("CLUSTER", d.join("local.yaml"))
+            .env("D", d)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{script}: {err}");
+        err
+    };
+    let mut log = String::new();
+    let round = |log: &mut String| {
+        log.push_str(&sh("\"$RR\" jobs --state \"$STATE\" --cluster \"$CLUSTER\" \\
+            | \"$RP\" schedule --cluster \"$CLUSTER\" --jobs - --current \"$STATE/current.yaml\" --cooldown 0 --explain \\
+            | \"$RR\" apply - --state \"$STATE\""));
+    };
+    // (plan, attempt) of a job's run as the state says.
+    let run_of = |job: &str| {
+        let s: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(state.join("state.yaml")).unwrap()).unwrap();
+        let run = &s["jobs"][job]["run"];
+        (run["plan"].as_str().unwrap_or_default().to_owned(), run["attempt"].as_u64().unwrap_or(0))
+    };
+    let metrics = |job: &str, attempt: u64| state.join(format!("jobs/{job}/attempt-{attempt}/metrics.jsonl"));
+    let diagnose = |log: &str| {
+        let mut text = std::fs::read_to_string(state.join("state.yaml")).unwrap_or_default();
+        for job in ["a", "b", "c"] {
+            for attempt in 1..=4 {
+                if let Ok(t) = std::fs::read_to_string(state.join(format!("jobs/{job}/attempt-{attempt}/log.txt"))) {
+                    let tail: Vec<&str> = t.lines().rev().take(15).collect();
+                    text.push_str(&format!(
+                        "--- {job} attempt {attempt}:\n{}\n",
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    ));
+                }
+            }
+        }
+        format!("{text}\n--- rounds:\n{log}")
+    };
+    let wait = |what: &str, log: &str, f: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}:\n{}", diagnose(log));
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    sh("\"$RR\" submit \"$D/a.yaml\" \"$D/b.yaml\" --state \"$STATE\"");
+    // Round 1: a and b, one slot each (each is guaranteed its request of one).
+    round(&mut log);
+    let ((a1, attempt), (b1, _)) = (run_of("a"), run_of("b"));
+    assert!(a1.starts_with("dp1-") && b1.starts_with("dp1-"), "a on {a1}, b on {b1}:\n{log}");
+    wait("a and b training", &log, &|| {
+        losses(&metrics("a", attempt)).len() >= 6 && !losses(&metrics("b", 1)).is_empty()
+    });
+    // Round 2: b stopped for good; a grows to DP 2 on both slots.
+    sh("\"$RR\" stop b --state \"$STATE\"");
+    round(&mut log);
+    let (a2, attempt2) = run_of("a");
+    assert!(
+        a2.starts_with("dp2-") && attempt2 == attempt + 1,
+        "a on {a2} (attempt {attempt2}) once b stopped:\n{}",
+        diagnose(&log)
+    );
+    let before = losses(&metrics("a", attempt));
+    let (stopped_iter, stopped_loss) = *before.last().unwrap();
+    wait("a's run at DP 2", &log, &|| !losses(&metrics("a", attempt2)).is_empty());
+    let after = losses(&metrics("a", attempt2));
+    assert_eq!(after[0].0, stopped_iter + 1, "the global step continues from the checkpoint: {before:?} {after:?}");
+    let initial = before[0].1;
+    assert!(
+        (after[0].1 - stopped_loss).abs() < 0.5 * (initial - stopped_loss).abs(),
+        "the loss continues where it stopped ({stopped_loss} at {stopped_iter}), not from the start ({initial}): {after:?}"
+    );
+    wait("a's run at DP 2 stepping", &log, &|| losses(&metrics("a", attempt2)).len() >= 3);
+    // Round 3: c arrives; a goes back to DP 1 beside it and resumes again.
+    sh("\"$RR\" submit \"$D/c.yaml\" --state \"$STATE\"");
+    round(&mut log);
+    let ((a3, attempt3), (c3, _)) = (run_of("a"), run_of("c"));
+    assert!(
+        a3.starts_with("dp1-") && c3.starts_with("dp1-") && attempt3 == attempt2 + 1,
+        "a on {a3}, c on {c3}:\n{}",
+        diagnose(&log)
+    );
+    let at_dp2 = losses(&metrics("a", attempt2));
+    wait("a resumed beside c", &log, &|| {
+        !losses(&metrics("a", attempt3)).is_empty() && !losses(&metrics("c", 1)).is_empty()
+    });
+    assert_eq!(
+        losses(&metrics("a", attempt3))[0].0,
+        at_dp2.last().unwrap().0 + 1,
+        "a resumed at the next step: {at_dp2:?}"
+    );
+    eprintln!("rounds: a {a1} -> {a2} -> {a3}, b {b1}, c {c3}\n{log}");
+    sh("\"$RR\" stop a --state \"$STATE\" && \"$RR\" stop c --state \"$STATE\"");
+    wait("no workload process surviving the stops", &log, &|| workload_processes(d).is_empty());
 }
 
 /// Three rounds of rubick-run on `backend` with `workload`.
