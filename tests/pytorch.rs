@@ -243,6 +243,27 @@ fn rubick_run(venv: &Path, state: &Path, args: &[&str]) -> (String, String) {
     (String::from_utf8_lossy(&out.stdout).into_owned(), err)
 }
 
+/// A shell line of the cron loop, run from the repository's root with the venv first on
+/// the PATH and `$RR`, `$RP` (the tools), `$STATE`, `$CLUSTER` and `$D` (the state's
+/// directory) set; it must succeed: its stderr.
+fn cron_shell(venv: &Path, state: &Path, cluster: &Path, script: &str) -> String {
+    let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("sh")
+        .args(["-c", script])
+        .current_dir(repo())
+        .env("PATH", path)
+        .env("RR", binary("rubick-run"))
+        .env("RP", binary("rubick-plan"))
+        .env("STATE", state)
+        .env("CLUSTER", cluster)
+        .env("D", state.parent().unwrap_or(state))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{script}: {err}");
+    err
+}
+
 /// A training script adopting the contract, as a job of the rounds below.
 struct Workload {
     /// Its Job YAML (in the repository).
@@ -490,24 +511,8 @@ fn cron_rounds(workload: &Workload, venv: &Path, d: &Path) {
         )
         .unwrap();
     }
-    let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
     let state = d.join("state");
-    let sh = |script: &str| {
-        let out = Command::new("sh")
-            .args(["-c", script])
-            .current_dir(repo())
-            .env("PATH", &path)
-            .env("RR", binary("rubick-run"))
-            .env("RP", binary("rubick-plan"))
-            .env("STATE", &state)
-            .env("CLUSTER", d.join("local.yaml"))
-            .env("D", d)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{script}: {err}");
-        err
-    };
+    let sh = |script: &str| cron_shell(venv, &state, &d.join("local.yaml"), script);
     let mut log = String::new();
     let round = |log: &mut String| {
         log.push_str(&sh("\"$RR\" jobs --state \"$STATE\" --cluster \"$CLUSTER\" \\
@@ -752,23 +757,8 @@ fn a_job_started_on_a_mispredicted_plan_moves_to_a_faster_one_within_two_rounds(
         serde_yaml_ng::from_str(&std::fs::read_to_string(d.join("local.yaml")).unwrap()).unwrap();
     cluster["nodeGroups"][0]["gpusPerNode"] = 1.into();
     std::fs::write(d.join("one.yaml"), serde_yaml_ng::to_string(&cluster).unwrap()).unwrap();
-    let path = format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default());
     let state = d.join("state");
-    let sh = |script: &str| {
-        let out = Command::new("sh")
-            .args(["-c", script])
-            .current_dir(repo())
-            .env("PATH", &path)
-            .env("RR", binary("rubick-run"))
-            .env("RP", binary("rubick-plan"))
-            .env("STATE", &state)
-            .env("CLUSTER", d.join("one.yaml"))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{script}: {err}");
-        err
-    };
+    let sh = |script: &str| cron_shell(&venv, &state, &d.join("one.yaml"), script);
     sh(&format!("\"$RR\" submit {} --state \"$STATE\"", d.join("job.yaml").display()));
     // The job starts on micro-batch 1 (an earlier round's choice).
     let first = format!(

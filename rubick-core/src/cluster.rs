@@ -122,12 +122,11 @@ impl NodeGroup {
                 format!("{} host names for {} nodes: one per node, or none", self.hosts.len(), self.count)
             })?;
             for (i, host) in self.hosts.iter().enumerate() {
-                let field = || format!("hosts[{i}]");
                 if host.is_empty() || !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
-                    return Err(ValidationError::new(field(), format!("`{host}`: a host name is [A-Za-z0-9._-]+")));
-                }
-                if self.hosts[..i].contains(host) {
-                    return Err(ValidationError::new(field(), format!("`{host}` is named twice")));
+                    return Err(ValidationError::new(
+                        format!("hosts[{i}]"),
+                        format!("`{host}`: a host name is [A-Za-z0-9._-]+"),
+                    ));
                 }
             }
         }
@@ -198,6 +197,7 @@ impl Artifact for Cluster {
     fn validate(&self) -> Result<(), ValidationError> {
         ensure(!self.name.trim().is_empty(), "name", || "must not be empty".into())?;
         ensure(!self.node_groups.is_empty(), "nodeGroups", || "at least one node group is needed".into())?;
+        let mut hosts = std::collections::HashSet::new();
         for (i, group) in self.node_groups.iter().enumerate() {
             group.validate().map_err(|e| e.within(&format!("nodeGroups[{i}]")))?;
             if self.node_groups[..i].iter().any(|g| g.name == group.name) {
@@ -206,14 +206,14 @@ impl Artifact for Cluster {
                     format!("`{}` is used by an earlier group", group.name),
                 ));
             }
-            // Every node's name once in the cluster (a host of one group may not be
-            // another group's `<name>-<index>`).
+            // Every node's name once in the cluster: a host named twice, or like another
+            // group's `<name>-<index>` (generated names cannot collide among themselves).
             for (k, host) in group.hosts.iter().enumerate() {
-                if self.node_groups[..i].iter().chain(&self.node_groups[i + 1..]).any(|g| g.node_index(host).is_some())
-                {
+                let generated = || self.node_groups.iter().filter(|g| g.hosts.is_empty());
+                if !hosts.insert(host.as_str()) || generated().any(|g| g.node_index(host).is_some()) {
                     return Err(ValidationError::new(
                         format!("nodeGroups[{i}].hosts[{k}]"),
-                        format!("`{host}` names a node of another group too"),
+                        format!("`{host}` names another node too"),
                     ));
                 }
             }
@@ -243,9 +243,11 @@ mod tests {
             (plain.node_name(7), plain.node_index("a800-7"), plain.node_index("a800-8")),
             ("a800-7".into(), Some(7), None)
         );
-        for (hosts, field) in
-            [(vec!["gpu-a"], "hosts"), (vec!["gpu-a", "gpu-a"], "hosts[1]"), (vec!["gpu-a", "$(x)"], "hosts[1]")]
-        {
+        for (hosts, field) in [
+            (vec!["gpu-a"], "hosts"),
+            (vec!["gpu-a", "gpu-a"], "nodeGroups[0].hosts[1]"),
+            (vec!["gpu-a", "$(x)"], "hosts[1]"),
+        ] {
             let mut bad = c.clone();
             bad.node_groups[0].hosts = hosts.into_iter().map(str::to_owned).collect();
             let e = bad.validate().unwrap_err().to_string();

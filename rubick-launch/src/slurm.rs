@@ -251,13 +251,12 @@ pub fn submit(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<St
 /// Writes the batch script and submits it: the job id, the log and the script paths.
 fn submit_job(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<(String, PathBuf, PathBuf), LaunchError> {
     check_resources(resources)?;
-    // Several nodes: the first named is the master; each node's launcher its own rank.
+    // The allocation's nodes; the first one named is the master; each node's launcher
+    // has its own rank.
     let mut request = request.clone();
+    request.context.nodes = resources.nodes;
     if let Some(first) = resources.nodelist.first() {
-        request.context.nodes = resources.nodes;
-        if resources.nodes > 1 {
-            request.context.master_addr = first.clone();
-        }
+        request.context.master_addr = first.clone();
     }
     let request = &request;
     let mut ranks = vec![prepare(request)?];
@@ -333,7 +332,7 @@ impl NodeInfo {
         if self.state.ends_with('*') {
             return false;
         }
-        let base = self.state.trim_end_matches(['*', '~', '#', '!', '%', '$', '@', '^', '-']);
+        let base = self.state.trim_end_matches(['~', '#', '!', '%', '$', '@', '^', '-']);
         matches!(base, "idle" | "mixed" | "allocated" | "completing" | "planned")
     }
 }
@@ -350,6 +349,7 @@ pub fn nodes() -> Result<Vec<NodeInfo>, LaunchError> {
 /// skipped).
 fn parse_sinfo(text: &str) -> Vec<NodeInfo> {
     let mut nodes: Vec<NodeInfo> = Vec::new();
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for line in text.lines() {
         let f: Vec<&str> = line.trim().split('|').collect();
         let [name, partition, cpus, memory, gres, state] = f[..] else { continue };
@@ -357,11 +357,12 @@ fn parse_sinfo(text: &str) -> Vec<NodeInfo> {
             Some(p) => (p, true),
             None => (partition, false),
         };
-        if let Some(known) = nodes.iter_mut().find(|n| n.name == name) {
-            known.partitions.push(partition.to_owned());
-            known.in_default |= default;
+        if let Some(&k) = seen.get(name) {
+            nodes[k].partitions.push(partition.to_owned());
+            nodes[k].in_default |= default;
             continue;
         }
+        seen.insert(name.to_owned(), nodes.len());
         let (gpus, gpu_type) = gpus_of(gres);
         nodes.push(NodeInfo {
             name: name.to_owned(),

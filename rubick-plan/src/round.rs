@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use rubick_core::job::Resharding;
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::{JobInput, PlannerConfig, Restriction, current_of_assignment, current_of_job, node_by_name};
 use rubick_core::schedule::Schedule;
@@ -37,11 +36,8 @@ pub fn job_inputs(
         let hosted = cluster.node_groups.iter().any(|g| !g.hosts.is_empty());
         if let Some(gone) = previous_nodes.iter().find(|n| hosted && node_by_name(cluster, n).is_none()) {
             tracing::warn!("`{}`: its node `{gone}` is not in cluster `{}` now: its run moves", job.name, cluster.name);
-            let allowed = match (&job.current, job.resharding) {
-                (Some(c), Resharding::DataParallel) => Restriction::layout_of(&c.plan),
-                (Some(c), Resharding::None) => Restriction::Exact(c.plan),
-                _ => Restriction::Any,
-            };
+            let allowed =
+                job.current.as_ref().map_or(Restriction::Any, |c| Restriction::of_checkpoint(&c.plan, job.resharding));
             inputs.push(JobInput { job, params, evidence: None, current: None, allowed, priority: 1.0 });
             continue;
         }

@@ -463,31 +463,32 @@ fn stop_run(
     job: &str,
     backend: &dyn Backend,
 ) -> anyhow::Result<Option<(f64, bool)>> {
-    Ok(stop_runs(dir, state, &[job], backend)?.pop().map(|(_, secs, clean)| (secs, clean)))
+    Ok(stop_runs(dir, state, &[job], backend)?.pop().flatten())
 }
 
 /// Stops the runs of `jobs` together: every intent recorded durably first (phase
 /// stopping, which an interrupted rubick-run finishes next time), then each run asked
 /// to stop (the contract's signal, `stopTimeoutS`, KILL of what is left) on a thread of
 /// its own, so the round waits for the slowest checkpoint, not for their sum; then what
-/// each cost recorded and the jobs queued, in the order given. `(job, seconds, exited
-/// cleanly)` for each job that had a run.
+/// each cost recorded and the jobs queued. Per job, in the order given: `(seconds,
+/// exited cleanly)`, or `None` when it had no run.
 fn stop_runs(
     dir: &StateDir,
     state: &mut State,
     jobs: &[&str],
     backend: &dyn Backend,
-) -> anyhow::Result<Vec<(String, f64, bool)>> {
+) -> anyhow::Result<Vec<Option<(f64, bool)>>> {
     let mut runs = Vec::new();
-    for &job in jobs {
+    for (k, &job) in jobs.iter().enumerate() {
         let rec = state.jobs.get_mut(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
         let (signal, timeout) = stop_settings(&rec.job);
         let Some(run) = rec.run.as_mut() else { continue };
         run.phase = RunPhase::Stopping;
-        runs.push((job, run.clone(), signal, timeout));
+        runs.push((k, run.clone(), signal, timeout));
     }
+    let mut out = vec![None; jobs.len()];
     if runs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(out);
     }
     dir.save(state)?;
     failpoint("stop-recorded");
@@ -504,13 +505,12 @@ fn stop_runs(
         waits.into_iter().map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
     });
     failpoint("stopped");
-    let mut out = Vec::with_capacity(runs.len());
-    for ((job, run, ..), (secs, clean)) in runs.iter().zip(stopped) {
-        let rec = state.jobs.get_mut(*job).context("record")?;
-        record_stop(rec, &dir.attempt_dir(job, run.attempt), run, secs, clean);
+    for ((k, run, ..), (secs, clean)) in runs.iter().zip(stopped) {
+        let rec = state.jobs.get_mut(jobs[*k]).context("record")?;
+        record_stop(rec, &dir.attempt_dir(jobs[*k], run.attempt), run, secs, clean);
         rec.run = None;
         rec.status = JobStatus::Queued;
-        out.push((job.to_string(), secs, clean));
+        out[*k] = Some((secs, clean));
     }
     dir.save(state)?;
     Ok(out)
@@ -676,9 +676,10 @@ fn desired_of(
         }
         for (k, share) in a.nodes.iter().enumerate() {
             if let Some(c) = cluster {
-                let group = c.node_groups.iter().find(|g| g.node_index(&share.node).is_some()).with_context(|| {
+                let (g, _) = rubick_core::planner::node_by_name(c, &share.node).with_context(|| {
                     at(i, &format!("nodes[{k}].node: `{}` is not a node of cluster `{}`", share.node, c.name))
                 })?;
+                let group = &c.node_groups[g];
                 if let Some(g) = share.gpus.iter().find(|g| **g >= group.gpus_per_node) {
                     bail!(
                         "{}: GPU {g} is out of range (the node has {})",
@@ -816,10 +817,10 @@ fn apply(
         })
         .collect();
     let names: Vec<&str> = stops.iter().map(|(job, _)| *job).collect();
-    for (job, secs, clean) in stop_runs(&dir, &mut state, &names, backend.as_ref())? {
-        let reason = stops.iter().find(|(j, _)| *j == job).map_or(StopReason::Preempt, |(_, r)| *r);
+    let stopped = stop_runs(&dir, &mut state, &names, backend.as_ref())?;
+    for (&(job, reason), (secs, clean)) in stops.iter().zip(stopped).filter_map(|(s, r)| Some((s, r?))) {
         if reason != StopReason::Reconfigure
-            && let Some(rec) = state.jobs.get_mut(&job)
+            && let Some(rec) = state.jobs.get_mut(job)
         {
             rec.reason = Some(format!("paused by round {}: its resources went to other jobs", schedule.round));
         }
@@ -828,9 +829,6 @@ fn apply(
             if reason == StopReason::Reconfigure { "to reconfigure" } else { "preempted" },
             if clean { "" } else { " (killed after stopTimeoutS)" }
         );
-    }
-    if !stops.is_empty() {
-        dir.save(&state)?;
     }
     for action in &actions {
         match action {

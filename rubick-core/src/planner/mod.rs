@@ -365,8 +365,7 @@ impl JobInput {
     pub fn restriction(&self) -> Restriction {
         match (&self.current, self.job.resharding) {
             (None, _) | (Some(_), Resharding::Full) => self.allowed,
-            (Some(c), Resharding::DataParallel) => Restriction::layout_of(&c.plan),
-            (Some(c), Resharding::None) => Restriction::Exact(c.plan),
+            (Some(c), resharding) => Restriction::of_checkpoint(&c.plan, resharding),
         }
     }
 
@@ -413,6 +412,15 @@ impl Restriction {
     /// The plans with `plan`'s TP, PP, ZeRO stage and offload.
     pub fn layout_of(plan: &Plan) -> Self {
         Restriction::Layout { tp: plan.tp, pp: plan.pp, zero: plan.zero, offload: plan.offload }
+    }
+
+    /// The plans a checkpoint saved under `plan` resumes at, given how the job reshards.
+    pub fn of_checkpoint(plan: &Plan, resharding: Resharding) -> Self {
+        match resharding {
+            Resharding::Full => Restriction::Any,
+            Resharding::DataParallel => Restriction::layout_of(plan),
+            Resharding::None => Restriction::Exact(*plan),
+        }
     }
 
     pub fn allows(&self, plan: &Plan) -> bool {
@@ -485,7 +493,7 @@ pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
         .sum()
 }
 
-/// The (group, index) of a node named `<group>-<index>`.
+/// The (group, index) of a node named `<group>-<index>` (or by a group's `hosts`).
 pub fn node_by_name(cluster: &Cluster, name: &str) -> Option<(usize, u32)> {
     cluster.node_groups.iter().enumerate().find_map(|(gi, g)| Some((gi, g.node_index(name)?)))
 }

@@ -58,19 +58,23 @@ impl Backend for Slurm {
                 names.join(", ")
             );
         }
-        // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation.
-        let master = if pinned { names[0].as_str() } else { "127.0.0.1" };
-        let request =
-            spec.request(spec.dir, spec.checkpoint_dir, (master, rubick_launch::supervise::free_port()), Vec::new())?;
-        // Per node: the most any node of the run was given (Slurm asks alike of each).
-        let most = |f: fn(&rubick_core::schedule::NodeShare) -> f64| a.nodes.iter().map(f).fold(0.0, f64::max);
+        // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation; a pinned run's
+        // master is its first node (rubick-launch sets it).
+        let request = spec.request(
+            spec.dir,
+            spec.checkpoint_dir,
+            ("127.0.0.1", rubick_launch::supervise::free_port()),
+            Vec::new(),
+        )?;
+        // Per node, the most any node of the run was given: Slurm asks alike of each.
+        let memory_gib = a.nodes.iter().map(|n| n.host_memory_gib).fold(0.0, f64::max);
         let resources = slurm::SlurmResources {
             nodes: a.nodes.len().max(1) as u32,
             nodelist: if pinned { names } else { Vec::new() },
             ntasks_per_node: 1,
-            gpus_per_node: most(|n| n.gpus.len() as f64) as u32,
-            cpus_per_task: (most(|n| f64::from(n.cpus)) as u32).max(1),
-            mem_mb: Some((most(|n| n.host_memory_gib) * 1024.0).ceil() as u64).filter(|m| *m > 0),
+            gpus_per_node: request.context.gpus_per_node,
+            cpus_per_task: a.nodes.iter().map(|n| n.cpus).max().unwrap_or(1).max(1),
+            mem_mb: Some((memory_gib * 1024.0).ceil() as u64).filter(|m| *m > 0),
             job_name: job_name(spec.dir),
             time_limit_s: Some(0.0),
             requeue: true,
