@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
+use rubick_io::testing::skip_unless_required;
 use rubick_tests::{Reaper, binary, repo, temp};
 
 /// The runs share this machine's few cores: one test at a time.
@@ -29,10 +30,6 @@ dp2-tp1-pp1-mb4-ga2-z1,2
 dp2-tp1-pp1-mb8-ga1-z3,2
 ";
 
-fn require(var: &str) -> bool {
-    std::env::var(var).is_ok_and(|v| v == "1")
-}
-
 /// The workload's venv, or why there is none.
 fn venv() -> Result<PathBuf, String> {
     let dir = std::env::var_os("RUBICK_VENV").map_or_else(|| PathBuf::from("/var/tmp/rubick-venv"), PathBuf::from);
@@ -41,12 +38,6 @@ fn venv() -> Result<PathBuf, String> {
         return Err(format!("no PyTorch virtual environment at {} (run scripts/python-env.sh)", dir.display()));
     }
     Ok(dir)
-}
-
-/// Skips (printing why) or, when required, fails.
-fn skip(var: &str, reason: &str) {
-    assert!(!require(var), "{var}=1 but {reason}");
-    rubick_io::testing::skip(reason);
 }
 
 /// `rubick-profile run JOB` on this machine's cluster with the venv's python.
@@ -133,7 +124,7 @@ fn profile_configs(dir: &Path, venv: &Path, job: &str, configs: &str) -> (String
 fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
     let venv = match venv() {
         Ok(v) => v,
-        Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
+        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
     };
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
@@ -170,10 +161,10 @@ fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
 fn the_same_profile_runs_through_a_real_slurm() {
     let venv = match venv() {
         Ok(v) => v,
-        Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
+        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
     };
     if let Err(reason) = rubick_launch::slurm::available() {
-        return skip("RUBICK_REQUIRE_SLURM", &reason);
+        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
     }
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
@@ -340,7 +331,7 @@ fn rubick_run_starts_reconfigures_and_stops_the_pytorch_workload() {
 #[test]
 fn the_same_rubick_run_rounds_pass_through_a_real_slurm() {
     if let Err(reason) = rubick_launch::slurm::available() {
-        return skip("RUBICK_REQUIRE_SLURM", &reason);
+        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
     }
     rubick_run_rounds(&REFERENCE, "slurm");
 }
@@ -354,10 +345,10 @@ fn the_same_rubick_run_rounds_pass_through_a_real_slurm() {
 fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
     let venv = match venv() {
         Ok(v) => v,
-        Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
+        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
     };
     if let Err(reason) = rubick_launch::slurm::available() {
-        return skip("RUBICK_REQUIRE_SLURM", &reason);
+        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
     }
     let nodes: Vec<String> = rubick_launch::slurm::nodes()
         .unwrap_or_default()
@@ -368,7 +359,7 @@ fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
     if nodes.len() < 3 {
         let reason =
             format!("{} usable Slurm node(s) with GPUs, 3 needed (scripts/slurm-up.sh --nodes 3)", nodes.len());
-        return skip("RUBICK_REQUIRE_SLURM", &reason);
+        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
     }
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
@@ -474,7 +465,7 @@ enum Rounds {
 fn profiled_fitted_and_reconfigured(workload: &Workload, configs: &str, rounds: Rounds) {
     let venv = match venv() {
         Ok(v) => v,
-        Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
+        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
     };
     {
         let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -604,7 +595,7 @@ fn cron_rounds(workload: &Workload, venv: &Path, d: &Path) {
 fn rubick_run_rounds(workload: &Workload, backend: &str) {
     let venv = match venv() {
         Ok(v) => v,
-        Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
+        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
     };
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
@@ -730,7 +721,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn a_job_started_on_a_mispredicted_plan_moves_to_a_faster_one_within_two_rounds() {
     let venv = match venv() {
         Ok(v) => v,
-        Err(reason) => return skip("RUBICK_REQUIRE_PYTORCH", &reason),
+        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
     };
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();

@@ -186,8 +186,7 @@ fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
 #[test]
 fn the_same_rounds_run_through_a_real_slurm() {
     if let Err(reason) = rubick_launch::slurm::available() {
-        assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
-        rubick_io::testing::skip(&reason);
+        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
     rounds("slurm");
@@ -331,8 +330,7 @@ impl Drop for Undrain {
 #[test]
 fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
     if let Err(reason) = rubick_launch::slurm::available() {
-        assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
-        rubick_io::testing::skip(&reason);
+        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
     let usable: Vec<_> =
@@ -342,8 +340,7 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
             "{} usable Slurm node(s) with GPUs, 3 needed (scripts/slurm-up.sh --nodes 3 --gpus-per-node 2)",
             usable.len()
         );
-        assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
-        rubick_io::testing::skip(&reason);
+        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
     let dir = temp();
@@ -512,8 +509,7 @@ fn an_apply_killed_at_any_phase_of_a_reconfiguration_is_repaired_by_the_next() {
 #[test]
 fn the_kill_matrix_holds_on_the_real_slurm_too() {
     if let Err(reason) = rubick_launch::slurm::available() {
-        assert!(std::env::var("RUBICK_REQUIRE_SLURM").as_deref() != Ok("1"), "RUBICK_REQUIRE_SLURM=1 but {reason}");
-        rubick_io::testing::skip(&reason);
+        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
     kill_matrix("slurm");
@@ -761,8 +757,8 @@ fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
         let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && said.contains("passed for resource configmap/rubick-a-1"), "{said}");
     } else {
-        assert!(std::env::var("RUBICK_REQUIRE_PYTORCH").as_deref() != Ok("1"), "no {}", validator.display());
-        rubick_io::testing::skip(&format!("no {} (scripts/python-env.sh installs it)", validator.display()));
+        let reason = format!("no {} (scripts/python-env.sh installs it)", validator.display());
+        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason);
     }
     assert!(
         manifest.contains("kind: PyTorchJob")

@@ -34,6 +34,12 @@ def iterations(path):
     return [x for x in metric_lines(path) if "iter_time_s" in x]
 
 
+def workers(script):
+    """Live processes whose command line names `script` (this test's own excepted)."""
+    out = subprocess.run(["pgrep", "-f", script], capture_output=True, text=True).stdout.split()
+    return [p for p in out if int(p) != os.getpid()]
+
+
 def stopped_under_torchrun(script_and_args, env, metrics, after=8, timeout=180):
     """Runs the script under torchrun with 2 workers until `after` iteration lines, sends
     torchrun the stop signal (it relays it), and returns (the metric lines, stderr)

@@ -10,15 +10,10 @@ import subprocess
 import sys
 import time
 
-from helpers import iterations, metric_lines, need
+from helpers import iterations, metric_lines, need, workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "deepspeed", "train.py")
-
-
-def workers():
-    out = subprocess.run(["pgrep", "-f", SCRIPT], capture_output=True, text=True).stdout.split()
-    return [p for p in out if int(p) != os.getpid()]
 
 
 def deepspeed_json(path, dp, micro_batch, ga, zero):
@@ -52,9 +47,9 @@ def test_a_deepspeed_engine_stops_on_the_signal_and_resumes_at_another_plan(tmp_
     os.killpg(proc.pid, signal.SIGUSR1)
     out, _ = proc.communicate(timeout=120)
     deadline = time.time() + 60
-    while workers() and time.time() < deadline:
+    while workers(SCRIPT) and time.time() < deadline:
         time.sleep(0.2)
-    assert not workers(), "a worker outlived the stop"
+    assert not workers(SCRIPT), "a worker outlived the stop"
     lines = metric_lines(metrics)
     assert lines[-1].get("event") == "checkpointed", (lines[-3:], out[-3000:])
     stopped = lines[-1]["iter"]

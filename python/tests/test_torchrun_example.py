@@ -6,15 +6,10 @@ import os
 import subprocess
 import sys
 
-from helpers import iterations, metric_lines, need, stopped_under_torchrun
+from helpers import iterations, metric_lines, need, stopped_under_torchrun, workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "torchrun-ddp", "train.py")
-
-
-def workers():
-    out = subprocess.run(["pgrep", "-f", SCRIPT], capture_output=True, text=True).stdout.split()
-    return [p for p in out if int(p) != os.getpid()]
 
 
 def test_torchrun_ddp_stops_on_the_signal_and_resumes_at_another_plan(tmp_path):
@@ -27,7 +22,7 @@ def test_torchrun_ddp_stops_on_the_signal_and_resumes_at_another_plan(tmp_path):
     steps = iterations(metrics)
     assert [x["iter"] for x in steps] == list(range(1, stopped + 1))
     assert all(x["samples"] == 32 for x in steps), "dp 2 x mb 8 x ga 2"
-    assert not workers(), "a worker outlived the stop"
+    assert not workers(SCRIPT), "a worker outlived the stop"
     # Resumed by one process at dp 1, ga 4: numbering continues.
     env.update(RUBICK_PLAN="dp1-tp1-pp1-mb8-ga4-z0")
     run = subprocess.run([sys.executable, SCRIPT, "--iterations", str(stopped + 3)], env=env,

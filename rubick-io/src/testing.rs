@@ -21,6 +21,14 @@ pub fn skip(reason: &str) {
     }
 }
 
+/// Reports that the calling test did not run, and why; or fails it when the environment
+/// variable `var` is `1`: CI sets `RUBICK_REQUIRE_SLURM`, `RUBICK_REQUIRE_PYTORCH`, ...
+/// because it has all of them, and a test that cannot run there is a failure.
+pub fn skip_unless_required(var: &str, reason: &str) {
+    assert!(std::env::var(var).as_deref() != Ok("1"), "{var}=1 but {reason}");
+    skip(reason);
+}
+
 /// Every `--help` of `command` and its subcommands, at 100 columns: what the
 /// help-snapshot tests compare with the committed `tests/help/*.txt`.
 pub fn help_texts(command: clap::Command) -> Vec<(String, String)> {
