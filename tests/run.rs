@@ -316,7 +316,8 @@ struct Undrain(Vec<String>);
 impl Drop for Undrain {
     fn drop(&mut self) {
         for node in &self.0 {
-            let _ = Command::new("scontrol").args(["update", &format!("nodename={node}"), "state=resume"]).status();
+            // A node that was never drained refuses the resume: nothing to say.
+            let _ = Command::new("scontrol").args(["update", &format!("nodename={node}"), "state=resume"]).output();
         }
     }
 }
