@@ -304,15 +304,7 @@ ctld_ok || { tail -20 "$LOG_DIR/slurmctld.log" >&2; die "slurmctld does not answ
 for name in "${names[@]}"; do
   alive "/run/slurmd-$name.pid" slurmd && continue
   log "starting slurmd $name"
-  rm -f "/run/slurmd-$name.pid"
-  if [ "$name" = localhost ]; then
-    /usr/sbin/slurmd -N localhost
-  else
-    # Its own hostname and hosts file; the network stays the machine's (loopback).
-    unshare --mount --uts --propagation private sh -c \
-      'hostname "$1" && mount --bind "$2" /etc/hosts && exec /usr/sbin/slurmd -N "$1"' \
-      slurmd-up "$name" "$SPOOL/hosts"
-  fi
+  "$(dirname "$0")/slurm-node.sh" start "$name"
 done
 
 # ---- 5. the nodes up and schedulable ----

@@ -178,6 +178,10 @@ fn workers(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The test Slurm's nodes: a test that fails one (killing every process on it) holds
+/// it alone; the other Slurm tests of this binary share it.
+static SLURM_NODES: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 #[test]
 fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
     rounds("local");
@@ -189,6 +193,7 @@ fn the_same_rounds_run_through_a_real_slurm() {
         rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
+    let _shared = SLURM_NODES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     rounds("slurm");
 }
 
@@ -326,8 +331,10 @@ impl Drop for Undrain {
 /// 3`), the cron loop plans each round on `rubick-run cluster --backend slurm`: a job
 /// runs across two nodes (one launcher per node, each with its rank; rank 0's host the
 /// master); a drained node moves it to the other two, draining one more shrinks it to
-/// one node, resuming both grows it back; every run resumes from the checkpoint; a stop
-/// leaves no process on any node.
+/// one node, resuming both grows it back; a node of the run failing (its slurmd and
+/// processes killed) moves it to the nodes up in the round after Slurm noticed, no retry
+/// spent, and the node is planned on once back; every run resumes from the checkpoint; a stop leaves
+/// no process on any node.
 #[test]
 fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
     if let Err(reason) = rubick_launch::slurm::available() {
@@ -344,6 +351,7 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
         rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
+    let _alone = SLURM_NODES.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -358,7 +366,8 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
     assert!(job.contains("gpt-1.3b"), "{job}");
     std::fs::write(d.join("a.yaml"), job).unwrap();
     ok(d, &["submit", "a.yaml"]);
-    let round = |what: &str| {
+    // One round: the job's run after it (attempt, nodes), if any, and the round's log.
+    let round_any = |what: &str| {
         let script = "\"$RR\" cluster --backend slurm -o cluster.yaml \
             && \"$RR\" jobs --state state \
             | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml --cooldown 0 \
@@ -374,9 +383,15 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
         assert!(out.status.success(), "{what}: {err}");
         let s = state(d);
         let run = &s["jobs"]["a"]["run"];
-        let nodes: Vec<String> =
-            run["nodes"].as_sequence().unwrap().iter().map(|n| n["node"].as_str().unwrap().to_owned()).collect();
-        (run["attempt"].as_u64().unwrap(), nodes, err)
+        let nodes = run["nodes"].as_sequence().map(|nodes| {
+            let names = nodes.iter().map(|n| n["node"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+            (run["attempt"].as_u64().unwrap(), names)
+        });
+        (nodes, err)
+    };
+    let round = |what: &str| match round_any(what) {
+        (Some((attempt, nodes)), err) => (attempt, nodes, err),
+        (None, err) => panic!("{what}: a runs nowhere: {:?}\n{err}", state(d)),
     };
     // Where each node's launcher of `attempt` says it runs: (host, rank, nodes), by rank.
     let launchers = |nodes: usize| -> Vec<(String, String, String)> {
@@ -452,8 +467,55 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
     let (attempt4, nodes4, log) = round("round 4");
     assert!(attempt4 > attempt3 && nodes4.len() == 2, "grown back: {nodes4:?}\n{log}");
     expect("the run on two nodes again", attempt4, &nodes4, checkpointed());
+    // A node of the run fails (its slurmd and every process on it killed). Slurm notices
+    // (DOWN after 26-42 s here) and requeues the run, which, pinned to its nodes, would
+    // wait for the dead one: the next round ends it and runs the job on the nodes that
+    // are up, from its checkpoint, no retry spent (one round of a cron of a minute).
+    let failed = nodes4[1].clone();
+    let _revive = Revive(failed.clone());
+    let retries = state(d)["jobs"]["a"]["retriesLeft"].as_u64();
+    let resumed_from = checkpointed();
+    let slurm_job = state(d)["jobs"]["a"]["run"]["handle"].as_str().unwrap().to_owned();
+    slurm_node("fail", &failed);
+    slow("Slurm requeues the run", &|| {
+        let out = Command::new("scontrol").args(["show", "job", "-o", &slurm_job]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.contains("JobState=PENDING") && !text.contains("Restarts=0 ")
+    });
+    let (attempt5, nodes5, log) = round(&format!("the round after {failed} failed"));
+    assert!(attempt5 > attempt4 && !nodes5.contains(&failed), "moved off {failed}: {nodes5:?}\n{log}");
+    assert!(log.contains("lost its node") && log.contains(&format!("{failed} down")), "{log}");
+    expect("the run on the nodes left after a failure", attempt5, &nodes5, resumed_from);
+    let s = state(d);
+    assert_eq!(s["jobs"]["a"]["retriesLeft"].as_u64(), retries, "a node failure spends no retry:\n{log}");
+    assert_eq!(s["jobs"]["a"]["status"].as_str(), Some("running"), "{log}");
+    // The node back: the cluster the rounds plan on has it again.
+    drop(_revive);
+    slow("the failed node back", &|| {
+        rubick_launch::slurm::nodes().unwrap_or_default().iter().any(|n| n.name == failed && n.usable())
+    });
+    let (attempt6, _, log) = round("the round after the node came back");
+    let cluster = std::fs::read_to_string(d.join("cluster.yaml")).unwrap();
+    assert!(cluster.contains(&failed), "{failed} planned on again:\n{cluster}\n{log}");
     ok(d, &["stop", "a"]);
     slow("no process left on any node", &|| workers(d).is_empty());
+    assert!(attempt6 >= attempt5);
+}
+
+/// `scripts/slurm-node.sh ACTION NODE` (fail: its slurmd and processes killed; start).
+fn slurm_node(action: &str, node: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm-node.sh");
+    let out = Command::new(&script).args([action, node]).output().unwrap();
+    assert!(out.status.success(), "{} {action} {node}: {}", script.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Starts a failed node's slurmd again when dropped (a failed test leaves none dead).
+struct Revive(String);
+
+impl Drop for Revive {
+    fn drop(&mut self) {
+        slurm_node("start", &self.0);
+    }
 }
 
 /// Issue 19, concurrent reconfiguration: one apply asks every run it stops at once and
@@ -513,6 +575,7 @@ fn the_kill_matrix_holds_on_the_real_slurm_too() {
         rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
+    let _shared = SLURM_NODES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     kill_matrix("slurm");
 }
 

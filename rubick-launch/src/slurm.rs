@@ -306,6 +306,14 @@ pub fn job_state(job: &str) -> Result<Option<(String, Option<i32>)>, LaunchError
     }))
 }
 
+/// Whether Slurm requeued the job and it now waits to run again (`PENDING` or
+/// `REQUEUED*` after a restart): its node failed or it was preempted; with the nodes it
+/// was placed on (`--nodelist`) it waits until they are all back. Its Slurm reason
+/// (e.g. `ReqNodeNotAvail,_UnavailableNodes:mn2`) when so.
+pub fn requeued(job: &str) -> Result<Option<String>, LaunchError> {
+    Ok(query(job)?.filter(JobInfo::waits_after_requeue).map(|i| i.reason))
+}
+
 /// One node as `sinfo` describes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeInfo {
@@ -632,6 +640,8 @@ struct JobInfo {
     /// `ExitCode=A:B`: the exit status and the signal that ended it.
     exit: Option<(i32, i32)>,
     reason: String,
+    /// How often Slurm requeued it (`Restarts=`: node failure, preemption).
+    restarts: u32,
 }
 
 impl JobInfo {
@@ -641,7 +651,13 @@ impl JobInfo {
         let field = |key: &str| line.split_whitespace().find_map(|kv| kv.strip_prefix(key)).map(str::to_owned);
         let state = field("JobState=")?;
         let exit = field("ExitCode=").and_then(|e| parse_exit(&e));
-        Some(JobInfo { state, exit, reason: field("Reason=").unwrap_or_default() })
+        let restarts = field("Restarts=").and_then(|r| r.parse().ok()).unwrap_or(0);
+        Some(JobInfo { state, exit, reason: field("Reason=").unwrap_or_default(), restarts })
+    }
+
+    /// Requeued (by a node failure or a preemption) and not running again yet.
+    fn waits_after_requeue(&self) -> bool {
+        self.restarts > 0 && (self.state == "PENDING" || self.state.starts_with("REQUEUE"))
     }
 
     /// The exit status, none when a signal ended the job.
@@ -695,7 +711,7 @@ fn completion_log(job: &str) -> Option<JobInfo> {
         (f.next()? == job).then_some(())?;
         // sacct writes `CANCELLED by 0`.
         let state = f.next()?.split_whitespace().next()?.to_owned();
-        Some(JobInfo { state, exit: f.next().and_then(parse_exit), reason: String::new() })
+        Some(JobInfo { state, exit: f.next().and_then(parse_exit), reason: String::new(), restarts: 0 })
     })
 }
 
@@ -1119,6 +1135,15 @@ exec 'python' 'a b' ''\'''
         assert_eq!((info.state.as_str(), info.exit, info.exit_code()), ("CANCELLED", Some((0, 15)), None));
         let info = JobInfo::parse("JobId=3 JobState=FAILED Reason=NonZeroExitCode ExitCode=7:0").unwrap();
         assert_eq!((info.exit_code(), info.reason.as_str()), (Some(7), "NonZeroExitCode"));
+        assert!(!info.waits_after_requeue());
+        // As seen after a node of the job failed (its slurmd and processes killed).
+        let requeued = "JobId=355 JobName=job.sh JobState=PENDING Reason=ReqNodeNotAvail,_UnavailableNodes:mn2 \
+                        Requeue=1 Restarts=1 ReqNodeList=mn[1-2] NodeList=(null)";
+        let info = JobInfo::parse(requeued).unwrap();
+        assert!(info.waits_after_requeue(), "{info:?}");
+        assert_eq!(info.reason, "ReqNodeNotAvail,_UnavailableNodes:mn2");
+        let first = JobInfo::parse("JobId=356 JobState=PENDING Reason=Resources Restarts=0").unwrap();
+        assert!(!first.waits_after_requeue(), "pending for the first time: {first:?}");
         assert_eq!(parse_job_id("42\n"), Some("42".into()));
         assert_eq!(parse_job_id("42;rubick\n"), Some("42".into()));
         assert_eq!(parse_job_id("Submitted batch job 42"), None);

@@ -415,8 +415,11 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) -> anyhow::
             RunPhase::Running => {
                 // Its exit code is written as its last act: ended, even if the wrapper lingers.
                 let handle = run.handle.as_deref();
+                let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
                 if backend.exit_code(handle, &attempt_dir).is_some() || !handle.is_some_and(|h| backend.alive(h)) {
                     ended(rec, backend, handle, &attempt_dir);
+                } else if let Some((h, why)) = handle.and_then(|h| Some((h, backend.stranded(h, &nodes)?))) {
+                    lost(rec, backend, h, &why);
                 } else if let Some(last) =
                     rec.reconfigurations.last_mut().filter(|r| r.first_iteration_s.is_none() && r.to.is_some())
                 {
@@ -516,6 +519,18 @@ fn stop_runs(
     Ok(out)
 }
 
+/// A live run that cannot go on where it was placed (its node failed): ended, and its
+/// job queued for the next round without spending a retry; it resumes from its last
+/// checkpoint.
+fn lost(rec: &mut JobRecord, backend: &dyn Backend, handle: &str, why: &str) {
+    backend.signal(handle, "KILL");
+    let attempt = rec.run.as_ref().map_or(0, |r| r.attempt);
+    tracing::warn!("`{}`: run {attempt} lost its node ({why}): queued again, no retry spent", rec.job.name);
+    rec.reason = Some(format!("node failure under run {attempt}: {why}"));
+    rec.status = JobStatus::Queued;
+    rec.run = None;
+}
+
 /// A run that ended on its own: finished (exit 0) or failed.
 fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attempt_dir: &Path) {
     let code = backend.exit_code(handle, attempt_dir);
@@ -524,7 +539,7 @@ fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attem
     let plan = rec.run.as_ref().map_or_else(String::new, |r| r.plan.to_string());
     let exit = code.map_or_else(|| "no exit code".to_owned(), |c| format!("exit {c}"));
     rec.reason = Some(match failure {
-        _ if backend.preempted(handle) => "preempted by the backend's scheduler".to_owned(),
+        _ if backend.preempted(handle) => "preempted by the backend's scheduler (or its node failed)".to_owned(),
         None => "finished".to_owned(),
         Some(Failure::BadInput) => format!("{exit}: the script refused plan {plan} (bad plan)"),
         Some(Failure::OutOfMemory) => format!("{exit}: out of memory under {plan}"),

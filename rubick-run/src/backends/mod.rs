@@ -100,6 +100,13 @@ pub trait Backend: std::fmt::Debug + Sync {
     fn preempted(&self, _handle: Option<&str>) -> bool {
         false
     }
+    /// Why a live run can no longer go on where it was placed, if it cannot: Slurm
+    /// requeued it after one of its `nodes` failed and, pinned to them, it would wait
+    /// until that node returns. The caller ends it and queues the job (no retry spent),
+    /// so the next round places it on the nodes that are up.
+    fn stranded(&self, _handle: &str, _nodes: &[String]) -> Option<String> {
+        None
+    }
 }
 
 /// Makes a backend.

@@ -7,6 +7,11 @@
 //! is asked: the partition's default applies. GPUs are Slurm's to pick (`--gres`): the
 //! schedule's GPU indices are not pinned.
 //!
+//! A node failing under a run: Slurm requeues the job, which, pinned to its nodes,
+//! would wait for the failed one; `stranded` says so and the run is ended and its job
+//! queued (no retry spent) for the next round to place on the nodes that are up. A job
+//! Slurm ended `NODE_FAIL` (not requeued) counts as preempted, likewise.
+//!
 //! Nodes: when Slurm knows every node the schedule names (a cluster described by
 //! `rubick-run cluster --backend slurm`), the run is placed on them (`--nodelist`, in
 //! the schedule's order: the first is `{master_addr}`), one launcher per node; a run
@@ -108,7 +113,34 @@ impl Backend for Slurm {
     }
 
     fn preempted(&self, handle: Option<&str>) -> bool {
-        handle.is_some_and(|h| matches!(slurm::job_state(h), Ok(Some((state, _))) if state == "PREEMPTED"))
+        handle.is_some_and(
+            |h| matches!(slurm::job_state(h), Ok(Some((state, _))) if state == "PREEMPTED" || state == "NODE_FAIL"),
+        )
+    }
+
+    fn stranded(&self, handle: &str, nodes: &[String]) -> Option<String> {
+        let why = match slurm::requeued(handle) {
+            Ok(why) => why?,
+            Err(e) => {
+                tracing::warn!("slurm job {handle}: {e}");
+                return None;
+            }
+        };
+        let known = slurm::nodes().ok()?;
+        // Not pinned (nodes of a cluster file of its own naming): Slurm runs it again
+        // wherever it can.
+        if !nodes.iter().any(|name| known.iter().any(|k| k.name == *name)) {
+            return None;
+        }
+        let down: Vec<String> = nodes
+            .iter()
+            .filter_map(|name| match known.iter().find(|k| k.name == *name) {
+                Some(k) if k.usable() => None,
+                Some(k) => Some(format!("{name} {}", k.state)),
+                None => Some(format!("{name} gone")),
+            })
+            .collect();
+        (!down.is_empty()).then(|| format!("Slurm requeued job {handle} ({why}); not usable: {}", down.join(", ")))
     }
 
     fn exit_code(&self, handle: Option<&str>, _dir: &Path) -> Option<i32> {
