@@ -299,6 +299,9 @@ i=0
 [ -f "$ckpt" ] && read -r i < "$ckpt"
 here="$RUBICK_CHECKPOINT_DIR/../node-$RUBICK_NODE_RANK"
 echo "$(hostname) $RUBICK_NODE_RANK $RUBICK_NODES $RUBICK_DP" > "$here.$$" && mv "$here.$$" "$here"
+# A helper in a session of its own on every node (as torchrun starts its workers).
+setsid sleep 600 &
+echo $! > "$RUBICK_CHECKPOINT_DIR/../escaped.$!"
 stop=0
 trap 'stop=1' USR1
 while :; do
@@ -500,6 +503,13 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
     ok(d, &["stop", "a"]);
     slow("no process left on any node", &|| workers(d).is_empty());
     assert!(attempt6 >= attempt5);
+    // Nor any helper a run started in a session of its own, on any node, in any attempt.
+    let escaped: Vec<String> = std::fs::read_dir(d.join("state/jobs/a"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("escaped.").map(str::to_owned))
+        .collect();
+    assert!(escaped.len() >= 2 * 3, "a helper per node and run: {escaped:?}");
+    slow("every helper in a session of its own gone", &|| escaped.iter().all(|pid| !alive(pid)));
 }
 
 /// `scripts/slurm-node.sh ACTION NODE` (fail: its slurmd and processes killed; start).

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -384,7 +384,7 @@ fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) -> anyhow::
     for (name, rec) in &mut state.jobs {
         let Some(run) = rec.run.clone() else { continue };
         let attempt_dir = dir.attempt_dir(name, run.attempt);
-        rec.iterations_done = rec.iterations_done.max(backends::progress(&attempt_dir).last.unwrap_or(0));
+        rec.iterations_done = rec.iterations_done.max(backends::last_iteration(&attempt_dir).unwrap_or(0));
         match run.phase {
             // A run whose start was recorded but not its handle: spawned (its wrapper
             // records its group first thing: give it a moment when the spawn began,
@@ -749,8 +749,11 @@ fn apply(
     dry_run: bool,
     kubernetes: Option<&Path>,
 ) -> anyhow::Result<Outcome> {
+    let clock = Instant::now();
+    let lap = |what: &str| tracing::debug!("apply: {what} at {:.2} ms", clock.elapsed().as_secs_f64() * 1e3);
     let schedule: Schedule = load_artifact(path)?;
     let given: Option<Cluster> = cluster.map(load_artifact).transpose()?;
+    lap("schedule and cluster read");
     let settings = kubernetes.map(|p| backends::kubernetes::Settings::load(p).map(|s| (p, s))).transpose()?;
     let dir = locked!(args, true);
     failpoint("locked");
@@ -763,6 +766,7 @@ fn apply(
     let backend = backends::backend(backend_name, Some(&dir.root))?
         .with_context(|| format!("--backend: unknown `{backend_name}`"))?;
     let mut state = dir.load()?;
+    lap("state loaded");
     // The state remembers the cluster its first apply with --cluster named: later
     // schedules are checked against it (nodes, GPU indices, cores) without the flag.
     let remembered = dir.root.join("cluster.yaml");
@@ -779,8 +783,11 @@ fn apply(
     // Bad input is refused before anything is touched; then the records are brought up
     // to date (a job may have finished since) and the schedule read against them.
     desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
+    lap("schedule checked");
     refresh(&dir, &mut state, backend.as_ref())?;
+    lap("runs refreshed");
     dir.save(&state)?;
+    lap("state saved");
     let desired = desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
     let actual: BTreeMap<String, Allocation> = state
         .jobs
@@ -962,14 +969,16 @@ fn apply(
             }
         }
     }
+    lap("actions taken");
     if let Some(c) = &given {
-        state::write_durably(&remembered, to_yaml(c).as_bytes())?;
+        state::write_if_changed(&remembered, to_yaml(c).as_bytes())?;
     }
     state.round = Some(schedule.round);
     state.cluster = Some(schedule.cluster.clone());
     state.backend = Some(backend_name.to_owned());
     dir.save(&state)?;
-    state::write_durably(&dir.current_path(), to_yaml(&schedule).as_bytes())?;
+    state::write_if_changed(&dir.current_path(), to_yaml(&schedule).as_bytes())?;
+    lap("state and schedule saved");
     failpoint("applied");
     if actions.is_empty() {
         tracing::info!("nothing to change");

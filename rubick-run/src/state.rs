@@ -19,7 +19,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use rubick_core::schedule::NodeShare;
 use rubick_core::{Job, Plan};
 use serde::{Deserialize, Serialize};
@@ -159,6 +159,27 @@ pub struct State {
     pub jobs: BTreeMap<String, JobRecord>,
 }
 
+impl State {
+    /// Equal, or different only in the iterations done of jobs that run.
+    fn equal_but_progress(&self, other: &State) -> bool {
+        let State { version, round, cluster, backend, jobs } = self;
+        *version == other.version
+            && *round == other.round
+            && *cluster == other.cluster
+            && *backend == other.backend
+            && jobs.len() == other.jobs.len()
+            && jobs.iter().zip(&other.jobs).all(|((name, a), (other_name, b))| {
+                name == other_name
+                    && (a == b
+                        || (a.run.is_some() && {
+                            let mut b = b.clone();
+                            b.iterations_done = a.iterations_done;
+                            *a == b
+                        }))
+            })
+    }
+}
+
 impl Default for State {
     fn default() -> Self {
         State { version: STATE_VERSION, round: None, cluster: None, backend: None, jobs: BTreeMap::new() }
@@ -170,10 +191,10 @@ impl Default for State {
 pub struct StateDir {
     pub root: PathBuf,
     _lock: File,
-    /// The state file's text as this process last read or wrote it (under the lock,
-    /// nobody else writes it): a save of the same text writes nothing (a no-op round
-    /// spends no temporary file and no fsyncs).
-    on_disk: std::sync::Mutex<Option<String>>,
+    /// The state as this process last read or wrote it (under the lock, nobody else
+    /// writes it): a save of an equal state writes nothing (a no-op round spends no
+    /// serialisation, no temporary file and no fsyncs).
+    on_disk: std::sync::Mutex<Option<State>>,
 }
 
 impl StateDir {
@@ -243,36 +264,57 @@ impl StateDir {
             return Ok(State::default());
         }
         let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read", path.display()))?;
-        #[derive(Deserialize)]
-        struct Version {
-            version: u32,
-        }
-        let version: Version =
-            serde_yaml_ng::from_str(&text).with_context(|| format!("{}: version", path.display()))?;
-        if version.version > STATE_VERSION {
-            bail!(
-                "{}: version: {} is newer than this rubick-run understands ({STATE_VERSION}); use a newer rubick-run",
+        let newer = |version: u32| {
+            anyhow::anyhow!(
+                "{}: version: {version} is newer than this rubick-run understands ({STATE_VERSION}); use a newer rubick-run",
                 path.display(),
-                version.version
-            );
+            )
+        };
+        // Parsed once (every command reads it); a state this build cannot read is told
+        // apart by its version alone: a newer one is named as such.
+        let state: State = match serde_yaml_ng::from_str(&text) {
+            Ok(state) => state,
+            Err(e) => {
+                #[derive(Deserialize)]
+                struct Version {
+                    version: u32,
+                }
+                let version: Version =
+                    serde_yaml_ng::from_str(&text).with_context(|| format!("{}: version", path.display()))?;
+                if version.version > STATE_VERSION {
+                    return Err(newer(version.version));
+                }
+                return Err(anyhow::Error::new(e).context(format!("{}: not a rubick-run state", path.display())));
+            }
+        };
+        if state.version > STATE_VERSION {
+            return Err(newer(state.version));
         }
-        let state =
-            serde_yaml_ng::from_str(&text).with_context(|| format!("{}: not a rubick-run state", path.display()))?;
-        *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(text);
+        *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(state.clone());
         Ok(state)
     }
 
-    /// Writes the state atomically and durably.
+    /// Writes the state atomically and durably, unless it equals what is on disk but
+    /// for the iterations runs have done (what every command reads from their metric
+    /// lines again: not worth an fsync of its own; written with the next real change).
     pub fn save(&self, state: &State) -> anyhow::Result<()> {
-        let text = serde_yaml_ng::to_string(state)?;
         let mut on_disk = self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if on_disk.as_deref() == Some(text.as_str()) {
+        if on_disk.as_ref().is_some_and(|old| old.equal_but_progress(state)) {
             return Ok(());
         }
-        write_durably(&self.state_path(), text.as_bytes())?;
-        *on_disk = Some(text);
+        write_durably(&self.state_path(), serde_yaml_ng::to_string(state)?.as_bytes())?;
+        *on_disk = Some(state.clone());
         Ok(())
     }
+}
+
+/// [`write_durably`] unless the file already holds exactly `bytes` (a no-op round
+/// rewrites nothing).
+pub fn write_if_changed(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return Ok(());
+    }
+    write_durably(path, bytes)
 }
 
 /// Temporary file in the same directory, fsync, rename, fsync of the directory.

@@ -339,6 +339,30 @@ pub fn progress(dir: &Path) -> Progress {
     }
 }
 
+/// The last iteration a run's metric lines name (what every command records of every
+/// run): read from the file's last few kilobytes, backwards; [`progress`] when they name
+/// none.
+pub fn last_iteration(dir: &Path) -> Option<u64> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    const END: u64 = 4096;
+    let mut file = std::fs::File::open(dir.join("metrics.jsonl")).ok()?;
+    let len = file.metadata().ok()?.len();
+    let from = len.saturating_sub(END);
+    file.seek(SeekFrom::Start(from)).ok()?;
+    let mut bytes = Vec::with_capacity((len - from) as usize);
+    file.read_to_end(&mut bytes).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    // A line cut by the start of the window is skipped (it cannot parse).
+    let found = text.lines().rev().find_map(|l| match rubick_core::launch::MetricLine::parse(l)? {
+        rubick_core::launch::MetricLine::Iteration { iter, .. } => Some(iter),
+        _ => None,
+    });
+    if found.is_some() || from == 0 {
+        return found;
+    }
+    progress(dir).last
+}
+
 /// How many iteration lines a run's metrics file holds (the whole file is read).
 pub fn iterations_written(dir: &Path) -> usize {
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
