@@ -168,7 +168,8 @@ fn workers(dir: &Path) -> Vec<String> {
             let zombie = fields.next()? == "Z";
             let ppid = fields.next()?.parse().ok()?;
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            (!zombie && cmd.contains(&needle) && !cmd.contains("rubick-run-job")).then_some((pid, ppid, cmd))
+            (!zombie && cmd.contains(&needle) && !cmd.contains(rubick_launch::wrap::SUBCOMMAND))
+                .then_some((pid, ppid, cmd))
         })
         .collect();
     found

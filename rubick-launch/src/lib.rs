@@ -6,12 +6,13 @@
 //! the whole group killed at `timeoutS`, so that no process of a run outlives it.
 //! `rubick-profile` and `rubick-run` both use this crate; neither depends on the other.
 //!
-//! Status: the local supervision of one run, and the Slurm backend ([`slurm`]: one run
-//! as one single-node `sbatch` job, tested against a real Slurm that
-//! `scripts/slurm-up.sh` starts). Kubernetes, GPU metrics and reconfiguration build on
-//! them.
+//! Modules: [`supervise`] (one run locally, its metric lines, how it ended), [`slurm`]
+//! (one run as one `sbatch` job, on one node or one launcher per node, tested against a
+//! real Slurm that `scripts/slurm-up.sh` starts), [`wrap`] (the run wrapper every
+//! launcher runs under: a child subreaper that leaves no process of the run behind).
 
 pub mod slurm;
 pub mod supervise;
+pub mod wrap;
 
 pub use supervise::{RunOutcome, RunRequest, RunStatus, run};

@@ -47,7 +47,8 @@
 //! - With `proctrack/linuxproc` (no cgroups) Slurm finds a job's processes by their
 //!   parent pids: a signal reaches every process of the tree, but a process orphaned
 //!   *before* the signal (daemonized, or left behind by a job that exited) is no longer
-//!   in it and survives. `proctrack/cgroup` has no such hole.
+//!   in it and survives. `proctrack/cgroup` has no such hole; `wrapper` closes it
+//!   (every launcher under a child subreaper that ends what it left behind).
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -84,6 +85,11 @@ pub struct SlurmResources {
     /// `--signal=B:SIG@N`: the launch's stop signal N seconds before Slurm ends the job
     /// (its time limit, a preemption), so that it checkpoints first.
     pub signal_before_end_s: Option<u64>,
+    /// The run wrapper each node's launcher runs under (`wrap::command()`: a child
+    /// subreaper that ends whatever the launcher left behind, `setsid` workers and
+    /// daemons included, which `proctrack/linuxproc` loses); none: the launcher alone.
+    /// The executable must be at the same path on the nodes (as the run's files are).
+    pub wrapper: Option<Vec<String>>,
 }
 
 impl Default for SlurmResources {
@@ -100,6 +106,7 @@ impl Default for SlurmResources {
             time_limit_s: None,
             requeue: false,
             signal_before_end_s: None,
+            wrapper: None,
         }
     }
 }
@@ -542,7 +549,14 @@ fn batch_script(
     for (k, v) in prepared.env.iter().filter(|(k, _)| shared(k)) {
         let _ = writeln!(s, "export {k}={}", sh_quote(v));
     }
-    let quoted = |argv: &[String]| argv.iter().map(|a| sh_quote(a)).collect::<Vec<_>>().join(" ");
+    // Each launcher under the run wrapper, when one is given.
+    let quoted = |argv: &[String]| {
+        let wrapped = r.wrapper.iter().flatten().cloned().chain(r.wrapper.iter().flat_map(|_| {
+            let grace = crate::wrap::DEFAULT_GRACE.as_secs().to_string();
+            ["--grace".to_owned(), grace, "--".to_owned()]
+        }));
+        wrapped.chain(argv.iter().cloned()).map(|a| sh_quote(&a)).collect::<Vec<_>>().join(" ")
+    };
     if let [only] = ranks {
         let _ = writeln!(s, "exec {}", quoted(&only.argv));
         return Ok(s);
@@ -1102,6 +1116,21 @@ exec 'python' 'a b' ''\'''
         let out = Command::new("sh").arg("-c").arg(&s).current_dir(dir.path()).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{nasty}|{nasty}"));
         assert!(!dir.path().join("pwned").exists());
+    }
+
+    #[test]
+    fn every_launcher_runs_under_the_wrapper_when_one_is_given() {
+        let wrapper = Some(vec!["/opt/rubick run".to_owned(), crate::wrap::SUBCOMMAND.to_owned()]);
+        let under = format!("'/opt/rubick run' '{}' '--grace' '10' '--' 'python' 'train.py'", crate::wrap::SUBCOMMAND);
+        let p = prepared(&[("RUBICK_NODE_RANK", "0")], &["python", "train.py"], None);
+        let one = SlurmResources { wrapper: wrapper.clone(), ..one_cpu(0) };
+        let s = batch_script("n", &[p.clone()], &one, &launch("true", 1.0), Path::new("/l"), Path::new("/")).unwrap();
+        assert!(s.contains(&format!("exec {under}")), "{s}");
+        let mut q = p.clone();
+        q.env.insert("RUBICK_NODE_RANK".into(), "1".into());
+        let two = SlurmResources { nodes: 2, nodelist: vec!["a".into(), "b".into()], wrapper, ..one_cpu(0) };
+        let s = batch_script("n", &[p, q], &two, &launch("true", 1.0), Path::new("/l"), Path::new("/")).unwrap();
+        assert_eq!(s.matches(&under).count(), 2, "{s}");
     }
 
     #[test]

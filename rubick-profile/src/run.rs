@@ -407,6 +407,7 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                         cpus_per_task: planned.cpus,
                         mem_mb: Some((planned.host_memory_gib * 1024.0) as u64),
                         partition: ctx.partition.clone(),
+                        wrapper: rubick_launch::wrap::command(),
                         ..rubick_launch::slurm::SlurmResources::default()
                     },
                 ),

@@ -1,9 +1,10 @@
 //! Backends: where runs execute. One trait, one registry.
 //!
 //! * `local` — detached processes on this machine, each run in a process group of its
-//!   own under a small `sh` wrapper that records the group's id (its pid file) before
-//!   the job starts and the job's exit code after it ends, both written atomically in
-//!   the run's directory: a `rubick-run` killed between starting a run and recording it
+//!   own under the run wrapper ([`rubick_launch::wrap`]: a child subreaper that records
+//!   the group's id (its pid file) before the job starts and the job's exit code after
+//!   it ends, both written atomically in the run's directory, and ends whatever the job
+//!   left behind): a `rubick-run` killed between starting a run and recording it
 //!   finds it again from its pid file; `CUDA_VISIBLE_DEVICES` from the placement's GPU
 //!   indices; pinned (`taskset`) to as many of this machine's cores as it was given,
 //!   cores no other running job holds; a log file per run.
@@ -162,16 +163,6 @@ pub struct Local;
 const PID_FILE: &str = "pgid";
 const EXIT_FILE: &str = "exit-code";
 
-/// The wrapper: record the group id, run the job (the stop signals it traps reach the
-/// job with their default action, as the contract says), record the exit code.
-const WRAPPER: &str = r#"pidfile=$1; exitfile=$2; shift 2
-echo $$ > "$pidfile.tmp" && mv "$pidfile.tmp" "$pidfile"
-trap '' HUP
-trap true USR1 USR2 TERM INT
-"$@"
-code=$?
-echo "$code" > "$exitfile.tmp" && mv "$exitfile.tmp" "$exitfile""#;
-
 /// A local run's handle: its process group and its directory (`PGID@DIR`), so that
 /// the processes that left the group are found by the run's mark
 /// (`RUBICK_METRICS=DIR/metrics.jsonl`). A plain `PGID` (older states) still works.
@@ -215,27 +206,30 @@ impl Backend for Local {
         let prepared = rubick_launch::supervise::prepare(&request)?;
         let log = std::fs::File::create(&request.log).with_context(|| request.log.display().to_string())?;
         let log2 = log.try_clone()?;
-        // Pinned to its cores (`taskset`, inherited by every process of the run).
+        // The run wrapper (rubick_launch::wrap: records the group id, outlives the stop
+        // signal, ends whatever the job left behind, records the exit code), pinned to
+        // the run's cores (`taskset`, inherited by every process of the run).
+        let wrapper =
+            rubick_launch::wrap::command().context("the run wrapper: this executable's path cannot be named")?;
+        let wrap = rubick_launch::wrap::Wrap {
+            pid_file: Some(spec.dir.join(PID_FILE)),
+            exit_file: Some(spec.dir.join(EXIT_FILE)),
+            grace: rubick_launch::wrap::DEFAULT_GRACE,
+            argv: prepared.argv.iter().map(Into::into).collect(),
+        };
         let pin =
             !spec.cores.is_empty() && Command::new("taskset").arg("-V").output().is_ok_and(|o| o.status.success());
         let mut command = if pin {
             let cores: Vec<String> = spec.cores.iter().map(ToString::to_string).collect();
             let mut c = Command::new("taskset");
-            c.args(["-c", &cores.join(","), "sh"]);
+            c.args(["-c", &cores.join(",")]).args(&wrapper);
             c
         } else {
-            Command::new("sh")
+            let mut c = Command::new(&wrapper[0]);
+            c.args(&wrapper[1..]);
+            c
         };
-        command
-            .args(["-c", WRAPPER, "rubick-run-job"])
-            .arg(spec.dir.join(PID_FILE))
-            .arg(spec.dir.join(EXIT_FILE))
-            .args(&prepared.argv)
-            .envs(&prepared.env)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .process_group(0);
+        command.args(wrap.args()).envs(&prepared.env).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
         if let Some(dir) = &prepared.workdir {
             command.current_dir(dir);
         }

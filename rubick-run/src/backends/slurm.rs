@@ -84,6 +84,10 @@ impl Backend for Slurm {
             time_limit_s: Some(0.0),
             requeue: true,
             signal_before_end_s: Some(spec.launch.stop_timeout_s.ceil() as u64),
+            wrapper: Some(
+                rubick_launch::wrap::command()
+                    .ok_or_else(|| anyhow::anyhow!("the run wrapper: this executable's path cannot be named"))?,
+            ),
             ..slurm::SlurmResources::default()
         };
         Ok(slurm::submit(&request, &resources)?)

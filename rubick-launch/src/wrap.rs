@@ -1,0 +1,254 @@
+//! The run wrapper: the process that runs a job's launcher on its node (rubick-run's
+//! local runs; every node's launcher of a Slurm job), in Rust rather than shell text.
+//!
+//! Every tool that launches runs answers the hidden first argument [`SUBCOMMAND`] by
+//! calling [`main`]; [`command`] is the argv prefix that starts it (this executable).
+//!
+//! What it does, and why:
+//! * it becomes a **child subreaper** (`PR_SET_CHILD_SUBREAPER`), so that every process
+//!   the run starts stays its descendant whatever it does: one that starts its own
+//!   session (`setsid`, as torchrun, DeepSpeed and Accelerate start their workers) or
+//!   daemonizes (a double fork) is re-parented to the wrapper, not to init, when its
+//!   parent dies;
+//! * it outlives the contract's stop signal and `TERM` (they are meant for the run,
+//!   which receives them from its process group or from Slurm's `scancel --full`) and
+//!   waits for the launcher;
+//! * once the launcher ended, every descendant left is asked to end (`TERM`), and
+//!   killed after `--grace` seconds: nothing a run started outlives it;
+//! * it records its own pid (`--pid-file`, before the launcher starts: the run's process
+//!   group when started as a group's leader) and the launcher's exit status
+//!   (`--exit-file`: the code, or 128 + the signal that killed it), each written
+//!   atomically, and exits with that status.
+//!
+//! Signals go through `rustix` (typed, no `kill` subprocess); the wrapper is Linux's
+//! (subreapers are a Linux feature).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+
+/// The hidden first argument that makes a tool the run wrapper.
+pub const SUBCOMMAND: &str = "__rubick-run-wrapper";
+
+/// How long descendants left behind get between `TERM` and `KILL`, by default.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// What one wrapper runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wrap {
+    pub pid_file: Option<PathBuf>,
+    pub exit_file: Option<PathBuf>,
+    pub grace: Duration,
+    pub argv: Vec<OsString>,
+}
+
+impl Wrap {
+    /// The wrapper's own arguments (after [`SUBCOMMAND`]):
+    /// `[--pid-file P] [--exit-file P] [--grace S] -- ARGV...`.
+    pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Wrap, String> {
+        let mut args = args.into_iter();
+        let mut wrap = Wrap { pid_file: None, exit_file: None, grace: DEFAULT_GRACE, argv: Vec::new() };
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+            match arg.to_str() {
+                Some("--pid-file") => wrap.pid_file = Some(value("--pid-file")?.into()),
+                Some("--exit-file") => wrap.exit_file = Some(value("--exit-file")?.into()),
+                Some("--grace") => {
+                    let text = value("--grace")?;
+                    let secs: f64 = text
+                        .to_str()
+                        .and_then(|t| t.parse().ok())
+                        .filter(|s: &f64| s.is_finite() && (0.0..=rubick_core::launch::MAX_SECONDS).contains(s))
+                        .ok_or_else(|| format!("--grace {text:?}: seconds, 0 to a week"))?;
+                    wrap.grace = Duration::from_secs_f64(secs);
+                }
+                Some("--") => {
+                    wrap.argv = args.collect();
+                    break;
+                }
+                _ => return Err(format!("unexpected argument {arg:?} (before `-- ARGV...`)")),
+            }
+        }
+        if wrap.argv.is_empty() {
+            return Err("no command to run (`-- ARGV...`)".into());
+        }
+        Ok(wrap)
+    }
+
+    /// Its arguments, as [`Wrap::parse`] reads them.
+    pub fn args(&self) -> Vec<OsString> {
+        let mut out = Vec::new();
+        if let Some(p) = &self.pid_file {
+            out.extend(["--pid-file".into(), p.clone().into_os_string()]);
+        }
+        if let Some(p) = &self.exit_file {
+            out.extend(["--exit-file".into(), p.clone().into_os_string()]);
+        }
+        out.extend(["--grace".into(), format!("{}", self.grace.as_secs_f64()).into(), "--".into()]);
+        out.extend(self.argv.iter().cloned());
+        out
+    }
+}
+
+/// The argv prefix that runs the wrapper: this executable and [`SUBCOMMAND`] (a tool
+/// calls [`main`] for it). `None` when this executable cannot be named.
+pub fn command() -> Option<Vec<String>> {
+    let exe = std::env::current_exe().ok()?;
+    Some(vec![exe.to_str()?.to_owned(), SUBCOMMAND.to_owned()])
+}
+
+/// Runs the wrapper with its arguments (those after [`SUBCOMMAND`]); the exit status for
+/// the process (2 for bad arguments, 127 when the command cannot be started).
+pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let wrap = match Wrap::parse(args) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("rubick run wrapper: {e}");
+            return 2;
+        }
+    };
+    match run(&wrap) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rubick run wrapper: {e}");
+            127
+        }
+    }
+}
+
+/// See the module's documentation; the launcher's exit status.
+pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        eprintln!("rubick run wrapper: cannot become a child subreaper ({e}): processes that leave the run may escape");
+    }
+    // The stop signals and TERM are the run's: the wrapper outlives them.
+    let noted = Arc::new(AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGUSR2,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGQUIT,
+    ] {
+        signal_hook::flag::register(signal, Arc::clone(&noted))?;
+    }
+    if let Some(path) = &wrap.pid_file {
+        write_atomically(path, &format!("{}\n", std::process::id()))?;
+    }
+    let (program, rest) = wrap.argv.split_first().ok_or_else(|| std::io::Error::other("no command"))?;
+    let child = Command::new(program)
+        .args(rest)
+        .spawn()
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start {}: {e}", Path::new(program).display())));
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rubick run wrapper: {e}");
+            if let Some(path) = &wrap.exit_file {
+                write_atomically(path, "127\n")?;
+            }
+            return Ok(127);
+        }
+    };
+    let launcher = Pid::from_child(&child);
+    // Reaps every child (orphans re-parented here too) until the launcher ends.
+    let code = loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, status))) if pid == launcher => {
+                break status.exit_status().or_else(|| status.terminating_signal().map(|s| 128 + s)).unwrap_or(1);
+            }
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    };
+    end_descendants(wrap.grace);
+    if let Some(path) = &wrap.exit_file {
+        write_atomically(path, &format!("{code}\n"))?;
+    }
+    Ok(code)
+}
+
+/// Asks every descendant of this process to end (`TERM`), kills what is left after
+/// `grace`, and reaps them.
+fn end_descendants(grace: Duration) {
+    let start = Instant::now();
+    let mut termed = false;
+    loop {
+        let left = descendants(std::process::id());
+        if left.is_empty() {
+            break;
+        }
+        let signal = if start.elapsed() >= grace { Signal::KILL } else { Signal::TERM };
+        if signal == Signal::KILL || !termed {
+            for pid in left.iter().filter_map(|p| Pid::from_raw(*p)) {
+                let _ = rustix::process::kill_process(pid, signal);
+            }
+            termed = true;
+        }
+        // Reap what ended; a moment for the rest.
+        while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
+}
+
+/// Live (not zombie) processes whose ancestry leads to `root`, from `/proc`.
+pub fn descendants(root: u32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let procs: Vec<(i32, i32)> = dir
+        .filter_map(|e| {
+            let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+            let state = fields.next()?;
+            let ppid: i32 = fields.next()?.parse().ok()?;
+            (state != "Z").then_some((pid, ppid))
+        })
+        .collect();
+    let mut found: std::collections::BTreeSet<i32> = std::collections::BTreeSet::new();
+    let mut frontier = vec![root as i32];
+    while let Some(parent) = frontier.pop() {
+        for &(pid, _) in procs.iter().filter(|(_, ppid)| *ppid == parent) {
+            if found.insert(pid) {
+                frontier.push(pid);
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_round_trip_and_bad_ones_are_named() {
+        let wrap = Wrap {
+            pid_file: Some("/r/pgid".into()),
+            exit_file: Some("/r/exit-code".into()),
+            grace: Duration::from_millis(2500),
+            argv: vec!["python".into(), "--".into(), "train.py".into()],
+        };
+        assert_eq!(Wrap::parse(wrap.args()), Ok(wrap));
+        let bad = |args: &[&str]| Wrap::parse(args.iter().map(OsString::from)).unwrap_err();
+        assert!(bad(&["--grace", "-1", "--", "x"]).contains("--grace"), "{}", bad(&["--grace", "-1", "--", "x"]));
+        assert!(bad(&["--grace", "1e300", "--", "x"]).contains("a week"));
+        assert!(bad(&["--pid-file"]).contains("needs a value"));
+        assert!(bad(&["--"]).contains("no command"));
+        assert!(bad(&["python"]).contains("unexpected argument"));
+    }
+}
