@@ -1347,3 +1347,44 @@ fn workers_in_their_own_session_escape_a_stop() {
     ok(d, &["stop", "a"]);
     wait_for("the escaped worker gone", || !alive(&pid));
 }
+
+/// Issue 19, "every process a run starts is found, signalled and killed, even one that
+/// starts its own session or daemonizes": the run wrapper (the hidden subcommand every
+/// launcher runs under) ends a `setsid` child, a double-forked daemon and a child that
+/// ignores TERM (killed after the grace) once the launcher exited, without any mark in
+/// their environment, and records the launcher's exit status.
+#[test]
+fn the_run_wrapper_leaves_nothing_its_launcher_started_behind() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    let script = "setsid sleep 300 & echo $! > setsid.pid\n\
+                  (setsid sh -c 'sleep 300 & echo $! > daemon.pid' &)\n\
+                  setsid sh -c 'trap \"\" TERM; while :; do sleep 1; done' & echo $! > stubborn.pid\n\
+                  while [ ! -s daemon.pid ]; do sleep 0.05; done\nexit 7\n";
+    let started = Instant::now();
+    let out = Command::new(binary("rubick-run"))
+        .arg(rubick_launch::wrap::SUBCOMMAND)
+        .args(["--pid-file", "wrapper.pid", "--exit-file", "exit-code", "--grace", "1", "--", "sh", "-c", script])
+        .current_dir(d)
+        .env_remove("RUBICK_METRICS")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(d.join("exit-code")).unwrap(), "7\n");
+    assert!(std::fs::read_to_string(d.join("wrapper.pid")).unwrap().trim().parse::<u32>().is_ok());
+    for file in ["setsid.pid", "daemon.pid", "stubborn.pid"] {
+        let pid = std::fs::read_to_string(d.join(file)).unwrap().trim().to_owned();
+        assert!(!alive(&pid), "{file}: {pid} outlived the wrapper");
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "the grace, not a hang: {:?}", started.elapsed());
+    // A command that cannot start: 127, recorded.
+    let out = Command::new(binary("rubick-run"))
+        .arg(rubick_launch::wrap::SUBCOMMAND)
+        .args(["--exit-file", "missing-code", "--", "/nonexistent/launcher"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert_eq!(std::fs::read_to_string(d.join("missing-code")).unwrap(), "127\n");
+}

@@ -1124,7 +1124,9 @@ exec 'python' 'a b' ''\'''
         let under = format!("'/opt/rubick run' '{}' '--grace' '10' '--' 'python' 'train.py'", crate::wrap::SUBCOMMAND);
         let p = prepared(&[("RUBICK_NODE_RANK", "0")], &["python", "train.py"], None);
         let one = SlurmResources { wrapper: wrapper.clone(), ..one_cpu(0) };
-        let s = batch_script("n", &[p.clone()], &one, &launch("true", 1.0), Path::new("/l"), Path::new("/")).unwrap();
+        let s =
+            batch_script("n", std::slice::from_ref(&p), &one, &launch("true", 1.0), Path::new("/l"), Path::new("/"))
+                .unwrap();
         assert!(s.contains(&format!("exec {under}")), "{s}");
         let mut q = p.clone();
         q.env.insert("RUBICK_NODE_RANK".into(), "1".into());

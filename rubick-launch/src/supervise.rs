@@ -90,13 +90,47 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_or(29500, |a| a.port())
 }
 
-/// Signals a whole process group (`kill -s SIG -- -PGID`: no unsafe code here).
-pub fn signal_group(pgid: u32, signal: &str) {
-    let _ = Command::new("kill")
-        .args(["-s", signal, "--", &format!("-{pgid}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+/// A signal for a run's processes: the contract's stop signal, `TERM` (end now), or
+/// `KILL`. Typed: sent with `kill(2)` through rustix, never by a `kill` subprocess.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunSignal {
+    Stop(rubick_core::launch::StopSignal),
+    Term,
+    Kill,
+}
+
+impl RunSignal {
+    /// Its name without `SIG` (as `scancel --signal` takes it), e.g. `USR1`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunSignal::Stop(s) => s.name().trim_start_matches("SIG"),
+            RunSignal::Term => "TERM",
+            RunSignal::Kill => "KILL",
+        }
+    }
+
+    fn raw(self) -> rustix::process::Signal {
+        use rubick_core::launch::StopSignal;
+        use rustix::process::Signal;
+        match self {
+            RunSignal::Stop(StopSignal::Usr1) => Signal::USR1,
+            RunSignal::Stop(StopSignal::Usr2) => Signal::USR2,
+            RunSignal::Stop(StopSignal::Term) | RunSignal::Term => Signal::TERM,
+            RunSignal::Stop(StopSignal::Int) => Signal::INT,
+            RunSignal::Kill => Signal::KILL,
+        }
+    }
+}
+
+fn pid_of(pid: u32) -> Option<rustix::process::Pid> {
+    i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw)
+}
+
+/// Signals a whole process group.
+pub fn signal_group(pgid: u32, signal: RunSignal) {
+    if let Some(pgid) = pid_of(pgid) {
+        let _ = rustix::process::kill_process_group(pgid, signal.raw());
+    }
 }
 
 /// Every live process of a run, found by the run's own `RUBICK_METRICS=PATH` in its
@@ -122,16 +156,12 @@ pub fn carries_mark(pid: u32, metrics: &str) -> bool {
 }
 
 /// Signals every process of a run: its process group and [`marked_processes`].
-pub fn signal_run(pgid: Option<u32>, metrics: &str, signal: &str) {
+pub fn signal_run(pgid: Option<u32>, metrics: &str, signal: RunSignal) {
     if let Some(pgid) = pgid {
         signal_group(pgid, signal);
     }
-    for pid in marked_processes(metrics) {
-        let _ = Command::new("kill")
-            .args(["-s", signal, "--", &pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+    for pid in marked_processes(metrics).into_iter().filter_map(pid_of) {
+        let _ = rustix::process::kill_process(pid, signal.raw());
     }
 }
 
@@ -264,7 +294,7 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
             last_check = Instant::now();
             if iterations_reported(Path::new(&ctx.metrics)) >= u64::from(want) {
                 tracing::info!("{want} iterations measured: stopping the run ({})", request.launch.stop_signal.name());
-                signal_run(Some(pgid), &ctx.metrics, request.launch.stop_signal.name().trim_start_matches("SIG"));
+                signal_run(Some(pgid), &ctx.metrics, RunSignal::Stop(request.launch.stop_signal));
                 stopping = Some(Instant::now());
             }
         }
@@ -272,22 +302,22 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
             && since.elapsed() >= rubick_core::launch::duration(request.launch.stop_timeout_s)
         {
             tracing::warn!("the run ignored its stop signal for {} s: killed", request.launch.stop_timeout_s);
-            signal_run(Some(pgid), &ctx.metrics, "KILL");
+            signal_run(Some(pgid), &ctx.metrics, RunSignal::Kill);
             break child.wait().ok();
         }
         if start.elapsed() >= deadline {
             timed_out = true;
             // Ask, then make sure: the whole group, so no worker survives its launcher.
-            signal_run(Some(pgid), &ctx.metrics, "TERM");
+            signal_run(Some(pgid), &ctx.metrics, RunSignal::Term);
             std::thread::sleep(Duration::from_millis(200));
-            signal_run(Some(pgid), &ctx.metrics, "KILL");
+            signal_run(Some(pgid), &ctx.metrics, RunSignal::Kill);
             break child.wait().ok();
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     // Whatever the launcher left behind goes with it, in its group or not: by the run's
     // mark only, since the reaped leader's group id may already belong to another.
-    signal_run(None, &ctx.metrics, "KILL");
+    signal_run(None, &ctx.metrics, RunSignal::Kill);
     guard.disarm();
     let mut outcome =
         collect(Path::new(&ctx.metrics), &request.log, timed_out, exit.and_then(|s| s.code()), start.elapsed());

@@ -247,7 +247,8 @@ fn backend_name(name: &str) -> Result<String, String> {
 /// tests prove that a rubick-run killed at any phase leaves a state the next one repairs.
 pub fn failpoint(point: &str) {
     if std::env::var("RUBICK_RUN_FAILPOINT").is_ok_and(|p| p == point) {
-        let _ = std::process::Command::new("kill").args(["-s", "KILL", &std::process::id().to_string()]).status();
+        let me = rustix::process::getpid();
+        let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
         std::process::abort();
     }
 }
@@ -523,7 +524,7 @@ fn stop_runs(
 /// job queued for the next round without spending a retry; it resumes from its last
 /// checkpoint.
 fn lost(rec: &mut JobRecord, backend: &dyn Backend, handle: &str, why: &str) {
-    backend.signal(handle, "KILL");
+    backend.signal(handle, backends::RunSignal::Kill);
     let attempt = rec.run.as_ref().map_or(0, |r| r.attempt);
     tracing::warn!("`{}`: run {attempt} lost its node ({why}): queued again, no retry spent", rec.job.name);
     rec.reason = Some(format!("node failure under run {attempt}: {why}"));

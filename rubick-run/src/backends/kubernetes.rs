@@ -123,7 +123,7 @@ use anyhow::Context as _;
 use rubick_core::launch::{LaunchContext, StopSignal};
 use serde_yaml_ng::{Mapping, Value};
 
-use super::{Backend, StartSpec};
+use super::{Backend, RunSignal, StartSpec};
 
 /// The default container image.
 pub const DEFAULT_IMAGE: &str = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime";
@@ -826,18 +826,18 @@ impl Backend for Kubernetes {
         dir.join(MANIFESTS).exists() && !dir.join(DELETED).exists()
     }
 
-    fn signal(&self, handle: &str, signal: &str) {
+    fn signal(&self, handle: &str, signal: RunSignal) {
         let Some((name, dir)) = parse_handle(handle) else { return };
         if self.mode == Mode::Kubectl && dir.join(APPLY).exists() {
             let apply = dir.join(APPLY).display().to_string();
             let mut args = vec!["delete", "-f", &apply, "--ignore-not-found", "--wait=false"];
-            if signal == "KILL" {
+            if signal == RunSignal::Kill {
                 args.extend(["--grace-period=0", "--force"]);
             }
             if let Err(e) = self.kubectl(&args) {
                 tracing::warn!("{name}: {e}");
             }
-            if signal == "KILL" {
+            if signal == RunSignal::Kill {
                 let kind = applied_kind(dir).unwrap_or(TrainingKind::PyTorchJob);
                 let selector = kind.pod_selector(name);
                 let args = ["delete", "pods", "-l", &selector, "--grace-period=0", "--force", "--wait=false"];
@@ -854,7 +854,7 @@ impl Backend for Kubernetes {
                 tracing::warn!("{copy}: cannot remove: {e}");
             }
         }
-        if let Err(e) = write_atomic(&dir.join(DELETED), &format!("{signal}\n")) {
+        if let Err(e) = write_atomic(&dir.join(DELETED), &format!("{}\n", signal.name())) {
             tracing::warn!("{name}: {e}");
         }
     }
@@ -1416,7 +1416,7 @@ launch:
         assert_eq!(k.recover(&dir), Some(handle.clone()));
         assert_eq!(k.exit_code(Some(&handle), &dir), None);
 
-        k.signal(&handle, "USR1");
+        k.signal(&handle, RunSignal::Stop(Default::default()));
         assert!(!k.alive(&handle));
         assert!(!copy.exists(), "the GitOps copy is removed");
         assert!(dir.join(MANIFESTS).exists(), "the record stays");
@@ -1429,7 +1429,7 @@ launch:
         // Nothing there: not alive, nothing to recover, a malformed handle is harmless.
         assert!(!k.alive("rubick-x-1@/nonexistent/dir"));
         assert!(!k.alive("garbage"));
-        k.signal("garbage", "TERM");
+        k.signal("garbage", RunSignal::Term);
         assert_eq!(k.recover(&root.path().join("nowhere")), None);
     }
 

@@ -23,6 +23,7 @@ use anyhow::Context;
 use rubick_core::Job;
 use rubick_core::launch::{Launch, LaunchContext, StopSignal};
 use rubick_launch::RunRequest;
+pub use rubick_launch::supervise::RunSignal;
 
 use crate::reconcile::Allocation;
 
@@ -91,7 +92,7 @@ pub trait Backend: std::fmt::Debug + Sync {
     /// Whether any process of the run is alive.
     fn alive(&self, handle: &str) -> bool;
     /// Sends `signal` to every process of the run.
-    fn signal(&self, handle: &str, signal: &str);
+    fn signal(&self, handle: &str, signal: RunSignal);
     /// The handle of a run started in `dir` but maybe never recorded (crash recovery).
     fn recover(&self, dir: &Path) -> Option<String>;
     /// The run's exit code, once it ended.
@@ -135,11 +136,11 @@ pub fn backend(name: &str, root: Option<&Path>) -> anyhow::Result<Option<Box<dyn
 /// processes to exit, then kills what is left; `(seconds, exited cleanly)`.
 pub fn stop(backend: &dyn Backend, handle: &str, signal: StopSignal, timeout: Duration) -> (f64, bool) {
     let start = Instant::now();
-    backend.signal(handle, signal.name().trim_start_matches("SIG"));
+    backend.signal(handle, RunSignal::Stop(signal));
     crate::failpoint("stop-signalled");
     let clean = wait_gone(backend, handle, timeout);
     if !clean {
-        backend.signal(handle, "KILL");
+        backend.signal(handle, RunSignal::Kill);
         wait_gone(backend, handle, Duration::from_secs(10));
     }
     (start.elapsed().as_secs_f64(), clean)
@@ -260,7 +261,7 @@ impl Backend for Local {
         }
     }
 
-    fn signal(&self, handle: &str, signal: &str) {
+    fn signal(&self, handle: &str, signal: RunSignal) {
         match parse_local(handle) {
             // Only the run's own (marked) processes: never whatever holds a reused id.
             (_, Some(metrics)) => rubick_launch::supervise::signal_run(None, &metrics, signal),

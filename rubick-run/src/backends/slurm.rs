@@ -22,7 +22,7 @@ use std::path::Path;
 
 use rubick_launch::slurm;
 
-use super::{Backend, StartSpec};
+use super::{Backend, RunSignal, StartSpec};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Slurm;
@@ -105,8 +105,9 @@ impl Backend for Slurm {
         }
     }
 
-    fn signal(&self, handle: &str, signal: &str) {
-        let result = if signal == "KILL" { slurm::cancel(handle) } else { slurm::signal(handle, signal) };
+    fn signal(&self, handle: &str, signal: RunSignal) {
+        let result =
+            if signal == RunSignal::Kill { slurm::cancel(handle) } else { slurm::signal(handle, signal.name()) };
         if let Err(e) = result {
             tracing::warn!("slurm job {handle}: {e}");
         }
