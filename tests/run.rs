@@ -590,6 +590,86 @@ fn the_kill_matrix_holds_on_the_real_slurm_too() {
     kill_matrix("slurm");
 }
 
+/// Issue 19, "`kill -9` of rubick-run at every failpoint of a multi-node apply
+/// converges": on the 3-node test Slurm, a job running on two nodes (one launcher each)
+/// moves to another pair; the apply is killed at each phase, the next one converges: one
+/// run, on the new pair, a launcher on each of its nodes, resumed from the checkpoint;
+/// nothing left on any node after a stop.
+#[test]
+fn the_kill_matrix_holds_for_a_run_across_slurm_nodes() {
+    if let Err(reason) = rubick_launch::slurm::available() {
+        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
+        return;
+    }
+    let usable: Vec<String> = rubick_launch::slurm::nodes()
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.usable() && n.gpus > 0)
+        .map(|n| n.name)
+        .collect();
+    if usable.len() < 3 {
+        let reason =
+            format!("{} usable Slurm node(s) with GPUs, 3 needed (scripts/slurm-up.sh --nodes 3)", usable.len());
+        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
+        return;
+    }
+    let _shared = SLURM_NODES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let on = |d: &Path, file: &str, round: u64, nodes: &[&String]| {
+        let shares: Vec<String> =
+            nodes.iter().map(|n| format!("{{ node: {n}, gpus: [0], cpus: 1, hostMemoryGib: 1 }}")).collect();
+        std::fs::write(
+            d.join(file),
+            format!(
+                "apiVersion: rubick/v1\nkind: Schedule\ncluster: rubick\nround: {round}\npolicy: test\nassignments:\n  - {{ job: a, plan: dp2-tp1-pp1-mb8-ga1, nodes: [{}], predictedThroughput: 1, change: started }}\ntotals: {{ gpusUsed: 0, gpusTotal: 0, cpusUsed: 0, hostMemoryGibUsed: 0, normalizedThroughput: 0 }}\nobjective: 0\nsolver: {{ method: test, status: optimal }}\n",
+                shares.join(", ")
+            ),
+        )
+        .unwrap();
+    };
+    let hosts = |d: &Path, attempt: u64| -> Vec<String> {
+        (0..2)
+            .filter_map(|k| {
+                let path = d.join(format!("state/jobs/a/attempt-{attempt}.node-{k}"));
+                Some(std::fs::read_to_string(path).ok()?.split_whitespace().next()?.to_owned())
+            })
+            .collect()
+    };
+    for point in ["locked", "stop-recorded", "stop-signalled", "stopped", "start-recorded", "spawned", "applied"] {
+        let dir = temp();
+        let _reaper = Reaper(dir.path().to_path_buf());
+        let d = dir.path();
+        setup(d, 100_000);
+        // The multi-node stand-in, each launcher saying where it runs per attempt.
+        let workload = MULTI_NODE_WORKLOAD.replace(
+            "here=\"$RUBICK_CHECKPOINT_DIR/../node-$RUBICK_NODE_RANK\"",
+            "here=\"$(dirname \"$RUBICK_METRICS\").node-$RUBICK_NODE_RANK\"",
+        );
+        assert_ne!(workload, MULTI_NODE_WORKLOAD);
+        std::fs::write(d.join("work.sh"), workload).unwrap();
+        ok(d, &["submit", "a.yaml"]);
+        on(d, "r1.yaml", 1, &[&usable[0], &usable[1]]);
+        ok(d, &["apply", "r1.yaml", "--backend", "slurm"]);
+        wait_for("a iterating on two nodes", || last_iter(d, "a", 1) >= 2 && hosts(d, 1).len() == 2);
+        on(d, "r2.yaml", 2, &[&usable[1], &usable[2]]);
+        let (code, _, err) = rr(d, &["apply", "r2.yaml", "--backend", "slurm"], Some(point));
+        assert_eq!(code, None, "{point}: killed by a signal: {err}");
+        let (code, _, err) = rr(d, &["apply", "r2.yaml", "--backend", "slurm"], None);
+        assert_eq!(code, Some(0), "{point}: {err}");
+        let s = state(d);
+        let attempt = s["jobs"]["a"]["run"]["attempt"].as_u64().unwrap();
+        wait_for("a's new run on both nodes", || first_iter(d, "a", attempt).is_some() && hosts(d, attempt).len() == 2);
+        assert_eq!(hosts(d, attempt), [usable[1].clone(), usable[2].clone()], "{point}: on the new pair");
+        wait_for("the old run gone", || workers(d).len() <= 2);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(workers(d).len(), 2, "{point}: one launcher per node of one run: {:?}", workers(d));
+        assert!(first_iter(d, "a", attempt).unwrap() > 1, "{point}: resumed, not restarted from zero");
+        ok(d, &["apply", "r2.yaml", "--backend", "slurm"]);
+        assert_eq!(state(d)["jobs"]["a"]["run"]["attempt"].as_u64(), Some(attempt), "{point}: idempotent");
+        ok(d, &["stop", "a"]);
+        wait_for("no process left on any node", || workers(d).is_empty());
+    }
+}
+
 /// `rubick-run apply` killed with SIGKILL at each phase of a reconfiguration on
 /// `backend`; the next apply must converge: one run at the new plan, resumed.
 fn kill_matrix(backend: &str) {
