@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use rubick_io::testing::skip_unless_required;
-use rubick_tests::{Reaper, binary, repo, temp};
+use rubick_tests::{Reaper, alive, binary, repo, temp};
 
 /// The runs share this machine's few cores: one test at a time.
 static MACHINE: Mutex<()> = Mutex::new(());
@@ -343,6 +343,34 @@ fn the_same_rubick_run_rounds_pass_through_a_real_slurm() {
 /// leaves no process on any node.
 #[test]
 fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
+    across_slurm_nodes(Launcher::BuiltIn);
+}
+
+/// Issue 19, "the same with the workload launched by torchrun, and a `setsid`
+/// grandchild that is killed on stop": each node's launcher is torchrun (static
+/// rendezvous at `{master_addr}:{master_port}`, its node rank from `{node_rank}`; its
+/// workers in sessions of their own), started by a shell that first leaves a helper in
+/// a session of its own; after the move and after the stop, no worker and no helper is
+/// left on any node.
+#[test]
+fn the_same_across_slurm_nodes_under_torchrun_with_a_setsid_helper() {
+    across_slurm_nodes(Launcher::Torchrun);
+}
+
+/// How each node's part of the PyTorch workload is started.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Launcher {
+    /// `train.py --nproc-per-node --nnodes --master-addr --master-port` (job.yaml's).
+    BuiltIn,
+    /// `torchrun` after `setsid sleep` (a helper in a session of its own).
+    Torchrun,
+}
+
+/// The job's command under torchrun: every node's shell leaves a helper in a session of
+/// its own (its pid in `helper.RANK.PID` beside the checkpoints), then becomes torchrun.
+const TORCHRUN_COMMAND: &str = r#"command: ["sh", "-c", "setsid sleep 600 & echo $! > \"$RUBICK_CHECKPOINT_DIR/../helper.$RUBICK_NODE_RANK.$!\"; exec python -m torch.distributed.run --nnodes={nodes} --node-rank={node_rank} --master-addr={master_addr} --master-port={master_port} --nproc-per-node={gpus_per_node} --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 examples/pytorch/train.py"]"#;
+
+fn across_slurm_nodes(launcher: Launcher) {
     let venv = match venv() {
         Ok(v) => v,
         Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
@@ -365,9 +393,13 @@ fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
-    let job = std::fs::read_to_string(repo().join(REFERENCE.job))
+    let mut job = std::fs::read_to_string(repo().join(REFERENCE.job))
         .unwrap()
         .replace(REFERENCE.iterations, "iterations: 5000\n");
+    if launcher == Launcher::Torchrun {
+        let built_in = job.lines().find(|l| l.trim_start().starts_with("command:")).unwrap().trim().to_owned();
+        job = job.replace(&built_in, TORCHRUN_COMMAND);
+    }
     std::fs::write(d.join("job.yaml"), job).unwrap();
     let rr = |args: &[&str]| rubick_run(&venv, &d.join("state"), args).1;
     let schedule = |round: u64, plan: &str, on: &[&str]| {
@@ -399,12 +431,32 @@ fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
     rr(&["apply", &schedule(1, REFERENCE.dp2, &[&nodes[0], &nodes[1]]), "--backend", "slurm"]);
     wait("the run across two nodes training", 1, &|| losses(&metrics(1)).len() >= 6);
     let script = std::fs::read_to_string(d.join("state/jobs/gpt-tiny/attempt-1/log.txt.sbatch")).unwrap();
+    let master = match launcher {
+        Launcher::BuiltIn => format!("'--master-addr={}'", nodes[0]),
+        Launcher::Torchrun => format!("--master-addr={} ", nodes[0]),
+    };
     assert!(
         script.contains(&format!("#SBATCH --nodelist=\"{},{}\"", nodes[0], nodes[1]))
             && script.contains("'RUBICK_NODE_RANK=1'")
-            && script.contains(&format!("'--master-addr={}'", nodes[0])),
+            && script.contains(&master)
+            && script.contains(rubick_launch::wrap::SUBCOMMAND),
         "{script}"
     );
+    // Torchrun's helpers, one per node and run so far, by pid.
+    let helpers = || -> Vec<String> {
+        std::fs::read_dir(d.join("state/jobs/gpt-tiny"))
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().to_str()?.rsplit('.').next().map(str::to_owned))
+                    .filter(|pid| pid.chars().all(|c| c.is_ascii_digit()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if launcher == Launcher::Torchrun {
+        assert_eq!(helpers().len(), 2, "a helper per node: {:?}", helpers());
+        assert!(helpers().iter().all(|p| alive(p)), "the helpers run in sessions of their own");
+    }
     // Onto the third node alone: checkpoint, relaunch, resume.
     rr(&["apply", &schedule(2, REFERENCE.dp1, &[&nodes[2]]), "--backend", "slurm"]);
     let before = losses(&metrics(1));
@@ -419,6 +471,11 @@ fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
     );
     rr(&["stop", "gpt-tiny"]);
     wait("no workload process surviving the stop", 2, &|| workload_processes(d).is_empty());
+    if launcher == Launcher::Torchrun {
+        let all = helpers();
+        assert_eq!(all.len(), 3, "a helper per node of each run: {all:?}");
+        wait("no helper surviving its run on any node", 2, &|| all.iter().all(|p| !alive(p)));
+    }
 }
 
 /// Issue 20: the Hugging Face Trainer example is profiled (5 configurations), fitted,
