@@ -532,6 +532,17 @@ fn lost(rec: &mut JobRecord, backend: &dyn Backend, handle: &str, why: &str) {
     rec.run = None;
 }
 
+/// A run an apply has recorded and is about to launch.
+struct Starting {
+    job: Job,
+    launch: rubick_core::launch::Launch,
+    allocation: Allocation,
+    attempt: u32,
+    dir: PathBuf,
+    checkpoints: PathBuf,
+    cores: Vec<u32>,
+}
+
 /// A run that ended on its own: finished (exit 0) or failed.
 fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attempt_dir: &Path) {
     let code = backend.exit_code(handle, attempt_dir);
@@ -853,123 +864,145 @@ fn apply(
             if clean { "" } else { " (killed after stopTimeoutS)" }
         );
     }
+    // The starts: each recorded first (phase starting, its attempt and cores; one save),
+    // then all launched at once (an sbatch or kubectl each may take a while), then their
+    // handles recorded (one save). A rubick-run killed in between leaves runs in phase
+    // starting, which the next one adopts from their directories or queues again.
+    let mut starting: Vec<Starting> = Vec::new();
     for action in &actions {
-        match action {
-            Action::Stop { .. } => {}
-            Action::Start { job, allocation } => {
-                // A run of this job the records do not know (a state that lost them) is
-                // found from its directory: never a second copy beside it.
-                if let Some((attempt, handle)) = live_unrecorded_run(&dir, &state, job, backend.as_ref()) {
-                    tracing::error!(
-                        "`{job}`: attempt {attempt} is still running (handle {handle}) but the state does not record it; not starting a second copy (stop it, or `rubick-run stop {job}`)"
-                    );
-                    continue;
-                }
-                if let Err(e) = ensure_own_dirs(&dir, job) {
-                    eprintln!("{job}: not started: {e:#}");
-                    start_failures.push(format!("{job}: {e:#}"));
-                    continue;
-                }
-                let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
-                rec.attempts += 1;
-                // Never an attempt directory that exists: its files are another run's.
-                while dir.attempt_dir(job, rec.attempts).exists() {
-                    tracing::warn!(
-                        "`{job}`: {} exists already; skipping that attempt number",
-                        dir.attempt_dir(job, rec.attempts).display()
-                    );
-                    rec.attempts += 1;
-                }
-                let attempt = rec.attempts;
-                let cores = if backend.name() == "local" {
-                    let held: Vec<u32> = state_cores(&state, job);
-                    let want: u32 = allocation.nodes.iter().map(|n| n.cpus).sum();
-                    free_cores(&held, want)
-                } else {
-                    Vec::new()
-                };
-                let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
-                let run = RunRecord {
-                    plan: allocation.plan,
-                    nodes: allocation.nodes.clone(),
-                    attempt,
-                    phase: RunPhase::Starting,
-                    handle: None,
-                    started_unix_s: unix_now(),
-                    rounds_since_change: 0,
-                    cores,
-                };
-                if let Some(last) = rec.reconfigurations.last_mut().filter(|r| r.to.is_none()) {
-                    last.to = Some(allocation.plan.to_string());
-                }
-                rec.first_started_unix_s.get_or_insert(run.started_unix_s);
-                rec.run = Some(run);
-                rec.status = JobStatus::Running;
-                dir.save(&state)?;
-                failpoint("start-recorded");
-                let rec = state.jobs.get(job).context("record")?;
-                let launch = rec.job.launch.clone().context("a submitted job has a launch section")?;
-                let mut launch = launch;
-                // Relative paths of the command resolve against where the job was
-                // submitted, not against wherever this apply runs (a container's working
-                // directory is the image's business).
-                if let Some(from) = rec.submitted_from.as_ref().filter(|_| backend.name() != "kubernetes") {
-                    let from = from.display().to_string().replace('{', "{{").replace('}', "}}");
-                    launch.workdir = Some(match launch.workdir.take() {
-                        Some(w) if w.starts_with('/') || w.starts_with('{') => w,
-                        Some(w) => format!("{from}/{w}"),
-                        None => from,
-                    });
-                }
-                let total = rec.job.iterations.to_string();
-                launch.env.entry("RUBICK_TOTAL_ITERATIONS".into()).or_insert_with(|| total.clone());
-                launch.env.entry("RUBICK_ITERATIONS".into()).or_insert(total);
-                let attempt_dir = dir.attempt_dir(job, attempt);
-                let checkpoints = dir.job_dir(job).join("checkpoints");
-                let cores = rec.run.as_ref().map(|r| r.cores.clone()).unwrap_or_default();
-                let spec = backends::StartSpec {
-                    job: &rec.job,
-                    launch: &launch,
-                    allocation,
-                    dir: &attempt_dir,
-                    checkpoint_dir: &checkpoints,
-                    cores: &cores,
-                };
-                let handle = match backend.start(&spec) {
-                    Ok(handle) => handle,
-                    Err(e) => {
-                        // One job that cannot start never blocks the others.
-                        let why = format!("could not start under {}: {e:#}", allocation.plan);
-                        eprintln!("{job}: failed: {why}");
-                        let rec = state.jobs.get_mut(job).context("record")?;
-                        rec.run = None;
-                        rec.status = JobStatus::Failed;
-                        rec.reason = Some(why.clone());
-                        dir.save(&state)?;
-                        start_failures.push(format!("{job}: {why}"));
-                        continue;
-                    }
-                };
-                failpoint("spawned");
-                let rec = state.jobs.get_mut(job).context("record")?;
-                if let Some(run) = rec.run.as_mut() {
-                    run.handle = Some(handle.clone());
-                    run.phase = RunPhase::Running;
-                    // What this run was, beside what it measures (the online refit reads both).
-                    state::write_durably(&attempt_dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
-                }
-                let shown =
-                    if backend.name() == "local" { handle.split('@').next().unwrap_or(&handle) } else { &handle };
-                eprintln!(
-                    "{job}: started {} on {} (run {attempt}, {} {shown})",
-                    allocation.plan,
-                    where_(&allocation.nodes),
-                    if backend.name() == "local" { "process group" } else { "handle" }
-                );
-                dir.save(&state)?;
-            }
+        let Action::Start { job, allocation } = action else { continue };
+        // A run of this job the records do not know (a state that lost them) is found
+        // from its directory: never a second copy beside it.
+        if let Some((attempt, handle)) = live_unrecorded_run(&dir, &state, job, backend.as_ref()) {
+            tracing::error!(
+                "`{job}`: attempt {attempt} is still running (handle {handle}) but the state does not record it; not starting a second copy (stop it, or `rubick-run stop {job}`)"
+            );
+            continue;
         }
+        if let Err(e) = ensure_own_dirs(&dir, job) {
+            eprintln!("{job}: not started: {e:#}");
+            start_failures.push(format!("{job}: {e:#}"));
+            continue;
+        }
+        let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
+        rec.attempts += 1;
+        // Never an attempt directory that exists: its files are another run's.
+        while dir.attempt_dir(job, rec.attempts).exists() {
+            tracing::warn!(
+                "`{job}`: {} exists already; skipping that attempt number",
+                dir.attempt_dir(job, rec.attempts).display()
+            );
+            rec.attempts += 1;
+        }
+        let attempt = rec.attempts;
+        // Cores no other run holds, the ones recorded just before included.
+        let cores = if backend.name() == "local" {
+            let held: Vec<u32> = state_cores(&state, job);
+            let want: u32 = allocation.nodes.iter().map(|n| n.cpus).sum();
+            free_cores(&held, want)
+        } else {
+            Vec::new()
+        };
+        let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
+        let run = RunRecord {
+            plan: allocation.plan,
+            nodes: allocation.nodes.clone(),
+            attempt,
+            phase: RunPhase::Starting,
+            handle: None,
+            started_unix_s: unix_now(),
+            rounds_since_change: 0,
+            cores: cores.clone(),
+        };
+        if let Some(last) = rec.reconfigurations.last_mut().filter(|r| r.to.is_none()) {
+            last.to = Some(allocation.plan.to_string());
+        }
+        rec.first_started_unix_s.get_or_insert(run.started_unix_s);
+        rec.run = Some(run);
+        rec.status = JobStatus::Running;
+        let mut launch = rec.job.launch.clone().context("a submitted job has a launch section")?;
+        // Relative paths of the command resolve against where the job was submitted,
+        // not against wherever this apply runs (a container's working directory is the
+        // image's business).
+        if let Some(from) = rec.submitted_from.as_ref().filter(|_| backend.name() != "kubernetes") {
+            let from = from.display().to_string().replace('{', "{{").replace('}', "}}");
+            launch.workdir = Some(match launch.workdir.take() {
+                Some(w) if w.starts_with('/') || w.starts_with('{') => w,
+                Some(w) => format!("{from}/{w}"),
+                None => from,
+            });
+        }
+        let total = rec.job.iterations.to_string();
+        launch.env.entry("RUBICK_TOTAL_ITERATIONS".into()).or_insert_with(|| total.clone());
+        launch.env.entry("RUBICK_ITERATIONS".into()).or_insert(total);
+        starting.push(Starting {
+            job: rec.job.clone(),
+            launch,
+            allocation: allocation.clone(),
+            attempt,
+            dir: dir.attempt_dir(job, attempt),
+            checkpoints: dir.job_dir(job).join("checkpoints"),
+            cores,
+        });
     }
+    if !starting.is_empty() {
+        dir.save(&state)?;
+        failpoint("start-recorded");
+    }
+    let started: Vec<anyhow::Result<String>> = std::thread::scope(|scope| {
+        let launches: Vec<_> = starting
+            .iter()
+            .map(|s| {
+                let backend = backend.as_ref();
+                scope.spawn(move || {
+                    backend.start(&backends::StartSpec {
+                        job: &s.job,
+                        launch: &s.launch,
+                        allocation: &s.allocation,
+                        dir: &s.dir,
+                        checkpoint_dir: &s.checkpoints,
+                        cores: &s.cores,
+                    })
+                })
+            })
+            .collect();
+        launches.into_iter().map(|l| l.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    if !starting.is_empty() {
+        failpoint("spawned");
+    }
+    for (s, result) in starting.iter().zip(started) {
+        let job = s.job.name.as_str();
+        let rec = state.jobs.get_mut(job).context("record")?;
+        let handle = match result {
+            Ok(handle) => handle,
+            Err(e) => {
+                // One job that cannot start never blocks the others.
+                let why = format!("could not start under {}: {e:#}", s.allocation.plan);
+                eprintln!("{job}: failed: {why}");
+                rec.run = None;
+                rec.status = JobStatus::Failed;
+                rec.reason = Some(why.clone());
+                start_failures.push(format!("{job}: {why}"));
+                continue;
+            }
+        };
+        if let Some(run) = rec.run.as_mut() {
+            run.handle = Some(handle.clone());
+            run.phase = RunPhase::Running;
+            // What this run was, beside what it measures (the online refit reads both).
+            state::write_durably(&s.dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
+        }
+        let shown = if backend.name() == "local" { handle.split('@').next().unwrap_or(&handle) } else { &handle };
+        eprintln!(
+            "{job}: started {} on {} (run {}, {} {shown})",
+            s.allocation.plan,
+            where_(&s.allocation.nodes),
+            s.attempt,
+            if backend.name() == "local" { "process group" } else { "handle" }
+        );
+    }
+    dir.save(&state)?;
     lap("actions taken");
     if let Some(c) = &given {
         state::write_if_changed(&remembered, to_yaml(c).as_bytes())?;
