@@ -27,6 +27,7 @@ use rubick_io::files::load_artifact;
 
 pub mod backends;
 pub mod cluster;
+pub mod lifecycle;
 pub mod plot;
 pub mod reconcile;
 pub mod state;
@@ -520,16 +521,11 @@ fn stop_runs(
     Ok(out)
 }
 
-/// A live run that cannot go on where it was placed (its node failed): ended, and its
-/// job queued for the next round without spending a retry; it resumes from its last
-/// checkpoint.
+/// A live run that cannot go on where it was placed (its node failed): killed, and
+/// its job queued for the next round without spending a retry ([`lifecycle`]).
 fn lost(rec: &mut JobRecord, backend: &dyn Backend, handle: &str, why: &str) {
     backend.signal(handle, backends::RunSignal::Kill);
-    let attempt = rec.run.as_ref().map_or(0, |r| r.attempt);
-    tracing::warn!("`{}`: run {attempt} lost its node ({why}): queued again, no retry spent", rec.job.name);
-    rec.reason = Some(format!("node failure under run {attempt}: {why}"));
-    rec.status = JobStatus::Queued;
-    rec.run = None;
+    lifecycle::after(rec, lifecycle::Ended::Lost { why: why.to_owned() });
 }
 
 /// A run an apply has recorded and is about to launch.
@@ -543,72 +539,16 @@ struct Starting {
     cores: Vec<u32>,
 }
 
-/// A run that ended on its own: finished (exit 0) or failed.
+/// A run that ended on its own: what the backend and the run's files say of its end,
+/// then the job's next state ([`lifecycle::after`]).
 fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attempt_dir: &Path) {
     let code = backend.exit_code(handle, attempt_dir);
-    rec.exit_code = code;
-    let failure = classify(code, attempt_dir);
-    let plan = rec.run.as_ref().map_or_else(String::new, |r| r.plan.to_string());
-    let exit = code.map_or_else(|| "no exit code".to_owned(), |c| format!("exit {c}"));
-    rec.reason = Some(match failure {
-        _ if backend.preempted(handle) => "preempted by the backend's scheduler (or its node failed)".to_owned(),
-        None => "finished".to_owned(),
-        Some(Failure::BadInput) => format!("{exit}: the script refused plan {plan} (bad plan)"),
-        Some(Failure::OutOfMemory) => format!("{exit}: out of memory under {plan}"),
-        Some(Failure::NotRunnable) => {
-            format!("{exit}: the command could not be run (not found or not executable; see the log)")
-        }
-        Some(Failure::Retryable) if rec.retries_left > 0 => {
-            format!("{exit} under {plan}: retried ({} retries left)", rec.retries_left - 1)
-        }
-        Some(Failure::Retryable) => format!("{exit} under {plan}: no retries left"),
-    });
-    rec.status = match failure {
-        _ if backend.preempted(handle) => {
-            tracing::warn!("`{}` was preempted by the backend's scheduler: queued again", rec.job.name);
-            JobStatus::Queued
-        }
-        None => JobStatus::Finished,
-        // Exit 2 is about the plan: never offered again; another plan may run. A script
-        // that refuses plan after plan has a bad argument, not a bad plan.
-        Some(Failure::BadInput) if let Some(plan) = rec.run.as_ref().map(|r| r.plan) => {
-            if !rec.job.unsupported_plans.contains(&plan) {
-                rec.job.unsupported_plans.push(plan);
-            }
-            if rec.job.unsupported_plans.len() >= MAX_REFUSED_PLANS {
-                tracing::error!(
-                    "`{}` refused {} plans (exit 2 each: {}); failed: its arguments, not a plan, are likely wrong",
-                    rec.job.name,
-                    rec.job.unsupported_plans.len(),
-                    rec.job.unsupported_plans.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
-                );
-                JobStatus::Failed
-            } else {
-                tracing::warn!(
-                    "`{}` exited 2 under `{plan}` (the contract's bad plan): the plan is marked unsupported and never offered again; queued for another",
-                    rec.job.name
-                );
-                JobStatus::Queued
-            }
-        }
-        Some(Failure::Retryable) if rec.retries_left > 0 => {
-            rec.retries_left -= 1;
-            tracing::warn!(
-                "`{}` failed ({exit}): retryable, queued again ({} retries left)",
-                rec.job.name,
-                rec.retries_left
-            );
-            JobStatus::Queued
-        }
-        Some(_) => JobStatus::Failed,
+    let end = if backend.preempted(handle) {
+        lifecycle::Ended::Preempted { code }
+    } else {
+        lifecycle::Ended::Exited { code, failure: classify(code, attempt_dir) }
     };
-    tracing::info!(
-        "`{}` ended: {} ({})",
-        rec.job.name,
-        format!("{:?}", rec.status).to_lowercase(),
-        rec.reason.as_deref().unwrap_or(&exit)
-    );
-    rec.run = None;
+    lifecycle::after(rec, end);
 }
 
 /// Distinct plans a job may refuse (exit 2) before it is failed rather than requeued.
