@@ -44,6 +44,9 @@ pub struct RunRequest<'a> {
     /// its metrics hold this many iterations, whether or not the script honours
     /// `RUBICK_ITERATIONS`: a profile needs no more. Only [`run`] (local) does this.
     pub stop_after_iterations: Option<u32>,
+    /// Run the launcher under the run wrapper (`wrap::command()`): whatever it leaves
+    /// behind ends with it, marked or not. Only [`run`] (local) reads it.
+    pub wrapper: Option<Vec<String>>,
 }
 
 /// How a run ended.
@@ -259,7 +262,14 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     let prepared = prepare(request)?;
     let log = std::fs::File::create(&request.log).map_err(io(&request.log))?;
     let log2 = log.try_clone().map_err(io(&request.log))?;
-    let (program, args) = prepared.argv.split_first().ok_or_else(|| LaunchError::Contract("command: empty".into()))?;
+    let argv: Vec<String> = match &request.wrapper {
+        Some(wrapper) => {
+            let grace = ["--grace".to_owned(), crate::wrap::DEFAULT_GRACE.as_secs().to_string(), "--".to_owned()];
+            wrapper.iter().cloned().chain(grace).chain(prepared.argv.iter().cloned()).collect()
+        }
+        None => prepared.argv.clone(),
+    };
+    let (program, args) = argv.split_first().ok_or_else(|| LaunchError::Contract("command: empty".into()))?;
     let mut command = Command::new(program);
     command.args(args).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
     if request.clear_env {
@@ -434,6 +444,7 @@ pub(crate) mod tests {
             log: dir.join("log.txt"),
             clear_env: true,
             stop_after_iterations: None,
+            wrapper: None,
         }
     }
 

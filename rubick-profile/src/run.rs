@@ -390,6 +390,7 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                 log: log.clone(),
                 clear_env: false,
                 stop_after_iterations: Some(ctx.launch.warmup_iterations + ctx.launch.measured_iterations),
+                wrapper: rubick_launch::wrap::command(),
             };
             let sampler = ctx
                 .nvml

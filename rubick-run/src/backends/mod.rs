@@ -80,6 +80,7 @@ impl StartSpec<'_> {
             log: dir.join("log.txt"),
             clear_env: false,
             stop_after_iterations: None,
+            wrapper: None,
         })
     }
 }
