@@ -275,6 +275,11 @@ fn a_job_without_a_launch_section_or_another_jobs_table_is_a_clear_error() {
     let run = run_in(dir.path(), "rubick-profile", &profile_args("p.csv", "bad.csv"));
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("bad.csv: line 2"), "{}", run.stderr);
+    // A placement across nodes runs through Slurm only: said with its line.
+    std::fs::write(dir.path().join("nodes.csv"), "plan,placement\ndp2-tp1-pp1-mb4-ga2,11\n").unwrap();
+    let run = run_in(dir.path(), "rubick-profile", &profile_args("p.csv", "nodes.csv"));
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("nodes.csv: line 2") && run.stderr.contains("--backend slurm"), "{}", run.stderr);
 }
 
 #[test]

@@ -190,6 +190,67 @@ fn the_same_profile_runs_through_a_real_slurm() {
     fit(dir.path(), &out);
 }
 
+/// Issue 19, "rubick-profile measures multi-node placements through Slurm": a
+/// configuration on placement `11` (one GPU on each of two nodes) runs as one sbatch job
+/// on two of the test Slurm's nodes, one launcher per node under the run wrapper, rank 0
+/// on the first (its master); measured like any row, and the fit takes it.
+#[test]
+fn a_profile_measures_a_placement_across_slurm_nodes() {
+    let venv = match venv() {
+        Ok(v) => v,
+        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
+    };
+    if let Err(reason) = rubick_launch::slurm::available() {
+        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
+    }
+    let usable: Vec<String> =
+        rubick_launch::slurm::nodes().unwrap_or_default().into_iter().filter(|n| n.usable()).map(|n| n.name).collect();
+    if usable.len() < 2 {
+        let reason = format!("{} usable Slurm node(s), 2 needed (scripts/slurm-up.sh --nodes 3)", usable.len());
+        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
+    }
+    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    cluster_of_this_machine(d);
+    std::fs::write(d.join("configs.csv"), "plan,placement\ndp1-tp1-pp1-mb4-ga4,1\ndp2-tp1-pp1-mb4-ga2,11\n").unwrap();
+    let out = d.join("nodes.csv");
+    let work = d.join("runs");
+    let (code, stderr) = profile(
+        d,
+        &venv,
+        Path::new("examples/pytorch/job.yaml"),
+        &[
+            "--backend",
+            "slurm",
+            "--configs",
+            d.join("configs.csv").to_str().unwrap(),
+            "--work-dir",
+            work.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let csv = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(column(&csv, "status"), vec!["ok"; 2], "{csv}\n{stderr}");
+    assert!(column(&csv, "placement").contains(&"11".to_owned()), "{csv}");
+    let script = std::fs::read_dir(&work)
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("log.txt.sbatch")).ok())
+        .find(|s| s.contains("RUBICK_NODE_RANK=1"))
+        .unwrap_or_else(|| panic!("no two-node sbatch in {}", work.display()));
+    assert!(
+        script.contains(&format!("#SBATCH --nodelist=\"{},{}\"", usable[0], usable[1]))
+            && script.contains("'RUBICK_NODE_RANK=1'")
+            && script.contains(&format!("'--master-addr={}'", usable[0]))
+            && script.contains(rubick_launch::wrap::SUBCOMMAND),
+        "{script}"
+    );
+    fit(d, &out);
+}
+
 /// `(iter, loss)` of a run's metric lines.
 fn losses(path: &Path) -> Vec<(u64, f64)> {
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -105,6 +105,26 @@ struct Finished {
     log: PathBuf,
 }
 
+/// The Slurm nodes a run across nodes of `placement` is placed on: the first of Slurm's
+/// usable nodes (in its order) with the GPUs the busiest node of the placement needs
+/// (any usable node on a CPU cluster), as many as it spans.
+fn slurm_nodes_for(placement: &Placement, on_cpu: bool) -> anyhow::Result<Vec<String>> {
+    let per_node = placement.max_per_node();
+    let nodes: Vec<String> = rubick_launch::slurm::nodes()?
+        .into_iter()
+        .filter(|n| n.usable() && (on_cpu || n.gpus >= per_node))
+        .map(|n| n.name)
+        .take(placement.nodes() as usize)
+        .collect();
+    anyhow::ensure!(
+        nodes.len() == placement.nodes() as usize,
+        "placement {placement} spans {} nodes of {per_node} GPUs; Slurm has {} usable",
+        placement.nodes(),
+        nodes.len()
+    );
+    Ok(nodes)
+}
+
 /// The configurations to run: the table's, checked against the job and the node, or
 /// the selection's over the job's plan space on 1..=gpusPerNode GPUs of one node.
 fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Result<Vec<(Plan, Placement)>> {
@@ -118,13 +138,25 @@ fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Resul
             if let Some(why) = job.refusal(plan) {
                 bail!("{}: plan `{plan}` uses {why}, which the job's script does not implement", at());
             }
-            anyhow::ensure!(
-                !placement.is_multi_node() && placement.gpus() <= group.gpus_per_node,
-                "{}: placement {placement}: a profile runs on one node of {} GPUs (group `{}`)",
-                at(),
-                group.gpus_per_node,
-                group.name
-            );
+            if placement.is_multi_node() {
+                // Across nodes: through Slurm, on as many of its usable nodes.
+                anyhow::ensure!(
+                    args.backend == Backend::Slurm,
+                    "{}: placement {placement} spans {} nodes: a profile across nodes runs through Slurm (--backend slurm)",
+                    at(),
+                    placement.nodes()
+                );
+                slurm_nodes_for(placement, group.gpu_type == CPU_GPU_TYPE)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+            } else {
+                anyhow::ensure!(
+                    placement.gpus() <= group.gpus_per_node,
+                    "{}: placement {placement}: a profile runs on one node of {} GPUs (group `{}`), or across nodes through Slurm",
+                    at(),
+                    group.gpus_per_node,
+                    group.name
+                );
+            }
         }
         return Ok(configs);
     }
@@ -399,19 +431,30 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                 .map(|nvml| Sampler::start(Arc::clone(nvml), devices.clone(), Duration::from_millis(200)));
             let outcome = match ctx.backend {
                 Backend::Local => rubick_launch::run(&request),
-                Backend::Slurm => rubick_launch::slurm::run(
-                    &request,
-                    &rubick_launch::slurm::SlurmResources {
-                        nodes: planned.placement.nodes(),
-                        ntasks_per_node: 1,
-                        gpus_per_node: if ctx.on_cpu { 0 } else { planned.placement.max_per_node() },
-                        cpus_per_task: planned.cpus,
-                        mem_mb: Some((planned.host_memory_gib * 1024.0) as u64),
-                        partition: ctx.partition.clone(),
-                        wrapper: rubick_launch::wrap::command(),
-                        ..rubick_launch::slurm::SlurmResources::default()
-                    },
-                ),
+                Backend::Slurm => {
+                    // Across nodes: one launcher per node (its `{node_rank}`), the first
+                    // node `{master_addr}`; each node asks its share of cores and memory.
+                    let nodes = planned.placement.nodes();
+                    let nodelist = if nodes > 1 {
+                        slurm_nodes_for(&planned.placement, ctx.on_cpu).map_err(|e| e.to_string())?
+                    } else {
+                        Vec::new()
+                    };
+                    rubick_launch::slurm::run(
+                        &request,
+                        &rubick_launch::slurm::SlurmResources {
+                            nodes,
+                            nodelist,
+                            ntasks_per_node: 1,
+                            gpus_per_node: if ctx.on_cpu { 0 } else { planned.placement.max_per_node() },
+                            cpus_per_task: planned.cpus.div_ceil(nodes).max(1),
+                            mem_mb: Some((planned.host_memory_gib * 1024.0 / f64::from(nodes)) as u64),
+                            partition: ctx.partition.clone(),
+                            wrapper: rubick_launch::wrap::command(),
+                            ..rubick_launch::slurm::SlurmResources::default()
+                        },
+                    )
+                }
             };
             let gpu = sampler.and_then(Sampler::finish);
             outcome.map(|o| (o, gpu)).map_err(|e| e.to_string())
