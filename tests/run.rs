@@ -345,6 +345,7 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
         rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
+    let _alone = SLURM_NODES.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let usable: Vec<_> =
         rubick_launch::slurm::nodes().unwrap().into_iter().filter(|n| n.usable() && n.gpus > 0).collect();
     if usable.len() < 3 {
@@ -355,7 +356,6 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
         rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
-    let _alone = SLURM_NODES.write().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -601,6 +601,8 @@ fn the_kill_matrix_holds_for_a_run_across_slurm_nodes() {
         rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
+    // Held before the nodes are counted: a test that drains or fails nodes holds it alone.
+    let _shared = SLURM_NODES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let usable: Vec<String> = rubick_launch::slurm::nodes()
         .unwrap()
         .into_iter()
@@ -613,7 +615,6 @@ fn the_kill_matrix_holds_for_a_run_across_slurm_nodes() {
         rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
         return;
     }
-    let _shared = SLURM_NODES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
     let on = |d: &Path, file: &str, round: u64, nodes: &[&String]| {
         let shares: Vec<String> =
             nodes.iter().map(|n| format!("{{ node: {n}, gpus: [0], cpus: 1, hostMemoryGib: 1 }}")).collect();
