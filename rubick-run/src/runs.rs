@@ -1,0 +1,234 @@
+//! What the records say of the runs: brought up to date with the backend (`refresh`),
+//! stopped (`stop_runs`, every run of a round at once), and how a run ended (`classify`).
+
+#[allow(clippy::wildcard_imports)]
+use crate::*;
+
+/// Brings the records up to date with the backend: runs that ended, runs a killed
+/// rubick-run started but never recorded, stops it never finished.
+pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) -> anyhow::Result<()> {
+    let mut unfinished = Vec::new();
+    for (name, rec) in &mut state.jobs {
+        let Some(run) = rec.run.clone() else { continue };
+        let attempt_dir = dir.attempt_dir(name, run.attempt);
+        rec.iterations_done = rec.iterations_done.max(backends::last_iteration(&attempt_dir).unwrap_or(0));
+        match run.phase {
+            // A run whose start was recorded but not its handle: spawned (its wrapper
+            // records its group first thing: give it a moment when the spawn began,
+            // i.e. its log exists) or never started.
+            RunPhase::Starting => match backend.recover(&attempt_dir).or_else(|| {
+                attempt_dir.join("log.txt").exists().then(|| {
+                    std::thread::sleep(Duration::from_millis(1500));
+                    backend.recover(&attempt_dir)
+                })?
+            }) {
+                Some(handle) => {
+                    tracing::warn!("`{name}`: adopting run {} started by an interrupted rubick-run", run.attempt);
+                    if let Some(r) = rec.run.as_mut() {
+                        r.handle = Some(handle);
+                        r.phase = RunPhase::Running;
+                    }
+                }
+                None if backend.exit_code(None, &attempt_dir).is_some() => ended(rec, backend, None, &attempt_dir),
+                None => {
+                    tracing::warn!(
+                        "`{name}`: run {} was never started (interrupted rubick-run); queued again",
+                        run.attempt
+                    );
+                    rec.run = None;
+                    rec.status = JobStatus::Queued;
+                }
+            },
+            RunPhase::Running => {
+                // Its exit code is written as its last act: ended, even if the wrapper lingers.
+                let handle = run.handle.as_deref();
+                let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
+                if backend.exit_code(handle, &attempt_dir).is_some() || !handle.is_some_and(|h| backend.alive(h)) {
+                    ended(rec, backend, handle, &attempt_dir);
+                } else if let Some((h, why)) = handle.and_then(|h| Some((h, backend.stranded(h, &nodes)?))) {
+                    lost(rec, backend, h, &why);
+                } else if let Some(last) =
+                    rec.reconfigurations.last_mut().filter(|r| r.first_iteration_s.is_none() && r.to.is_some())
+                {
+                    last.first_iteration_s = first_iteration_s(&attempt_dir, run.started_unix_s);
+                }
+            }
+            RunPhase::Stopping => {
+                tracing::warn!("`{name}`: finishing the stop an interrupted rubick-run began");
+                unfinished.push(name.clone());
+            }
+        }
+    }
+    let unfinished: Vec<&str> = unfinished.iter().map(String::as_str).collect();
+    stop_runs(dir, state, &unfinished, backend)?;
+    Ok(())
+}
+
+/// Seconds from a run's start to its first metric line: the metrics file's last change,
+/// less the iterations written since at their mean time (exact when one line is there).
+pub(crate) fn first_iteration_s(attempt_dir: &Path, started_unix_s: f64) -> Option<f64> {
+    let progress = backends::progress(attempt_dir);
+    progress.last?;
+    let path = attempt_dir.join("metrics.jsonl");
+    let modified =
+        std::fs::metadata(&path).ok()?.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64();
+    let written = backends::iterations_written(attempt_dir);
+    let first = modified - (written.saturating_sub(1) as f64) * progress.recent_iter_time_s.unwrap_or(0.0);
+    (first >= started_unix_s).then_some(first - started_unix_s)
+}
+
+/// The job's stop signal and how long it may take to checkpoint and exit (the
+/// contract's defaults for a job without a launch section).
+pub(crate) fn stop_settings(job: &Job) -> (rubick_core::launch::StopSignal, Duration) {
+    job.launch.as_ref().map_or((Default::default(), Duration::from_secs(120)), |l| {
+        (l.stop_signal, rubick_core::launch::duration(l.stop_timeout_s))
+    })
+}
+
+/// Stops the job's run (see [`stop_runs`]); `(seconds, exited cleanly)`, or `None`
+/// when the job has no run.
+pub(crate) fn stop_run(
+    dir: &StateDir,
+    state: &mut State,
+    job: &str,
+    backend: &dyn Backend,
+) -> anyhow::Result<Option<(f64, bool)>> {
+    Ok(stop_runs(dir, state, &[job], backend)?.pop().flatten())
+}
+
+/// Stops the runs of `jobs` together: every intent recorded durably first (phase
+/// stopping, which an interrupted rubick-run finishes next time), then each run asked
+/// to stop (the contract's signal, `stopTimeoutS`, KILL of what is left) on a thread of
+/// its own, so the round waits for the slowest checkpoint, not for their sum; then what
+/// each cost recorded and the jobs queued. Per job, in the order given: `(seconds,
+/// exited cleanly)`, or `None` when it had no run.
+pub(crate) fn stop_runs(
+    dir: &StateDir,
+    state: &mut State,
+    jobs: &[&str],
+    backend: &dyn Backend,
+) -> anyhow::Result<Vec<Option<(f64, bool)>>> {
+    let mut runs = Vec::new();
+    for (k, &job) in jobs.iter().enumerate() {
+        let rec = state.jobs.get_mut(job).with_context(|| format!("`{job}` is not a job of {}", dir.root.display()))?;
+        let (signal, timeout) = stop_settings(&rec.job);
+        let Some(run) = rec.run.as_mut() else { continue };
+        run.phase = RunPhase::Stopping;
+        runs.push((k, run.clone(), signal, timeout));
+    }
+    let mut out = vec![None; jobs.len()];
+    if runs.is_empty() {
+        return Ok(out);
+    }
+    dir.save(state)?;
+    failpoint("stop-recorded");
+    let stopped: Vec<(f64, bool)> = std::thread::scope(|scope| {
+        let waits: Vec<_> = runs
+            .iter()
+            .map(|(_, run, signal, timeout)| {
+                scope.spawn(move || match &run.handle {
+                    Some(handle) => backends::stop(backend, handle, *signal, *timeout),
+                    None => (0.0, true),
+                })
+            })
+            .collect();
+        waits.into_iter().map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    failpoint("stopped");
+    for ((k, run, ..), (secs, clean)) in runs.iter().zip(stopped) {
+        let rec = state.jobs.get_mut(jobs[*k]).context("record")?;
+        record_stop(rec, &dir.attempt_dir(jobs[*k], run.attempt), run, secs, clean);
+        rec.run = None;
+        rec.status = JobStatus::Queued;
+        out[*k] = Some((secs, clean));
+    }
+    dir.save(state)?;
+    Ok(out)
+}
+
+/// A live run that cannot go on where it was placed (its node failed): killed, and
+/// its job queued for the next round without spending a retry ([`lifecycle`]).
+pub(crate) fn lost(rec: &mut JobRecord, backend: &dyn Backend, handle: &str, why: &str) {
+    backend.signal(handle, backends::RunSignal::Kill);
+    lifecycle::after(rec, lifecycle::Ended::Lost { why: why.to_owned() });
+}
+
+/// A run that ended on its own: what the backend and the run's files say of its end,
+/// then the job's next state ([`lifecycle::after`]).
+pub(crate) fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attempt_dir: &Path) {
+    let code = backend.exit_code(handle, attempt_dir);
+    let end = if backend.preempted(handle) {
+        lifecycle::Ended::Preempted { code }
+    } else {
+        lifecycle::Ended::Exited { code, failure: classify(code, attempt_dir) }
+    };
+    lifecycle::after(rec, end);
+}
+
+/// Distinct plans a job may refuse (exit 2) before it is failed rather than requeued.
+pub const MAX_REFUSED_PLANS: usize = 3;
+
+/// Why a run ended badly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Killed by a signal, crashed, or its end unknown: a restart may succeed.
+    Retryable,
+    /// Bad arguments or plan (exit 2): restarting changes nothing.
+    BadInput,
+    /// Out of memory (exit 3, the `oom` event, a framework's message): not under this plan.
+    OutOfMemory,
+    /// The command could not be run (exit 126 or 127: not executable, not found): no
+    /// restart changes that.
+    NotRunnable,
+}
+
+/// The failure an exit code (and the run's files) says, `None` for success: the one
+/// classifier of how a run ended ([`rubick_launch::supervise::classify`]: the `oom`
+/// event, exit 3 or a framework's out-of-memory message in the log; exit 2; ...), with
+/// exit 126/127 (the command could not be run) apart.
+pub fn classify(code: Option<i32>, attempt_dir: &Path) -> Option<Failure> {
+    use rubick_launch::RunStatus;
+    let text = std::fs::read_to_string(attempt_dir.join("metrics.jsonl")).unwrap_or_default();
+    let oom_event = text
+        .lines()
+        .filter_map(rubick_core::launch::MetricLine::parse)
+        .any(|m| matches!(m, rubick_core::launch::MetricLine::Event { event, .. } if event == "oom"));
+    match rubick_launch::supervise::classify(false, code, oom_event, &attempt_dir.join("log.txt")) {
+        RunStatus::Ok => None,
+        RunStatus::Oom => Some(Failure::OutOfMemory),
+        RunStatus::Unsupported => Some(Failure::BadInput),
+        _ if matches!(code, Some(126 | 127)) => Some(Failure::NotRunnable),
+        RunStatus::Failed | RunStatus::Timeout => Some(Failure::Retryable),
+    }
+}
+
+pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunRecord, secs: f64, clean: bool) {
+    let progress = backends::progress(attempt_dir);
+    rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
+    rec.reconfigurations.push(Reconfiguration {
+        from: run.plan.to_string(),
+        to: None,
+        stop_s: secs,
+        clean,
+        checkpointed_iter: progress.checkpointed,
+        first_iteration_s: None,
+    });
+}
+
+/// The state brought up to date with its backend (runs that ended, starts and stops
+/// an interrupted rubick-run left) and saved, with that backend: what every command
+/// but `submit` and `apply` starts from.
+pub(crate) fn refreshed(dir: &StateDir) -> anyhow::Result<(State, Box<dyn Backend>)> {
+    let mut state = dir.load()?;
+    let backend = state_backend(dir, &state)?;
+    refresh(dir, &mut state, backend.as_ref())?;
+    dir.save(&state)?;
+    Ok((state, backend))
+}
+
+/// The backend the state's runs are on (local until an apply says otherwise).
+pub(crate) fn state_backend(dir: &StateDir, state: &State) -> anyhow::Result<Box<dyn Backend>> {
+    let name = state.backend.as_deref().unwrap_or("local");
+    backends::backend(name, Some(&dir.root))?
+        .with_context(|| format!("state: backend: `{name}` is not known to this rubick-run"))
+}
