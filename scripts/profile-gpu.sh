@@ -13,12 +13,7 @@ bin="${1:-target/release/rubick-profile}"
 out="${OUT:-out/gpu-profile}"
 work="${WORK:-$out/runs}"
 mkdir -p "$out" "$work"
-shim="$(mktemp -d)"
-py="${RUBICK_PYTHON:-$(command -v python3 || command -v python)}"
-# A script, not a link: a venv's python found through a link elsewhere loses its packages.
-printf '#!/bin/sh\nexec %q "$@"\n' "$py" >"$shim/python"
-chmod +x "$shim/python"
-export PATH="$shim:$PATH" PYTHONUNBUFFERED=1
+. scripts/python-on-path.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/nvidia-smi.txt"
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' | tee -a "$out/nvidia-smi.txt"
 "$bin" devices --cluster-out "$out/cluster-gpu.yaml" 2>&1 | tee "$out/devices.txt"

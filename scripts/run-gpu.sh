@@ -20,11 +20,7 @@ cluster="${CLUSTER:-data/profiles/cluster-h200.yaml}"
 plan1="${PLAN1:-dp1-tp1-pp1-mb8-ga8}" plan2="${PLAN2:-dp1-tp1-pp1-mb64-ga1}"
 wait_s="${SECONDS_PER_ROUND:-45}"
 mkdir -p "$out" "$work"
-shim="$(mktemp -d)"
-py="${RUBICK_PYTHON:-$(command -v python3 || command -v python)}"
-printf '#!/bin/sh\nexec %q "$@"\n' "$py" >"$shim/python"
-chmod +x "$shim/python"
-export PATH="$shim:$PATH" PYTHONUNBUFFERED=1
+. scripts/python-on-path.sh
 state="$work/state"
 name="$(sed -n 's/^name: *//p' "$job" | head -1)"
 group_cluster="$(sed -n 's/^name: *//p' "$cluster" | head -1)"
