@@ -1459,6 +1459,24 @@ fn the_run_wrapper_leaves_nothing_its_launcher_started_behind() {
         assert!(!alive(&pid), "{file}: {pid} outlived the wrapper");
     }
     assert!(started.elapsed() < Duration::from_secs(10), "the grace, not a hang: {:?}", started.elapsed());
+    // The watchdog: end of file on the wrapper's stdin (its supervisor died) kills the
+    // run at once, a helper in a session of its own included.
+    let mut watched = Command::new(binary("rubick-run"))
+        .arg(rubick_launch::wrap::SUBCOMMAND)
+        .args(["--watch-stdin", "--", "sh", "-c", "setsid sleep 300 & echo $! > watched.pid; sleep 300"])
+        .current_dir(d)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the watched run's helper", || {
+        std::fs::read_to_string(d.join("watched.pid")).is_ok_and(|p| p.ends_with('\n'))
+    });
+    let helper = std::fs::read_to_string(d.join("watched.pid")).unwrap().trim().to_owned();
+    assert!(alive(&helper));
+    drop(watched.stdin.take());
+    let status = watched.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 9), "the launcher killed: {status:?}");
+    assert!(!alive(&helper), "the helper {helper} outlived its supervisor");
     // A command that cannot start: 127, recorded.
     let out = Command::new(binary("rubick-run"))
         .arg(rubick_launch::wrap::SUBCOMMAND)

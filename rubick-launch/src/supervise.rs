@@ -262,16 +262,20 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     let prepared = prepare(request)?;
     let log = std::fs::File::create(&request.log).map_err(io(&request.log))?;
     let log2 = log.try_clone().map_err(io(&request.log))?;
+    // Under the run wrapper, which is also the run's watchdog (`--watch-stdin`: the
+    // pipe this process holds ends with it); else a watchdog `sh` beside the run.
     let argv: Vec<String> = match &request.wrapper {
         Some(wrapper) => {
-            let grace = ["--grace".to_owned(), crate::wrap::DEFAULT_GRACE.as_secs().to_string(), "--".to_owned()];
-            wrapper.iter().cloned().chain(grace).chain(prepared.argv.iter().cloned()).collect()
+            let grace = crate::wrap::DEFAULT_GRACE.as_secs().to_string();
+            let own = ["--watch-stdin".to_owned(), "--grace".to_owned(), grace, "--".to_owned()];
+            wrapper.iter().cloned().chain(own).chain(prepared.argv.iter().cloned()).collect()
         }
         None => prepared.argv.clone(),
     };
     let (program, args) = argv.split_first().ok_or_else(|| LaunchError::Contract("command: empty".into()))?;
     let mut command = Command::new(program);
-    command.args(args).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
+    let stdin = if request.wrapper.is_some() { Stdio::piped() } else { Stdio::null() };
+    command.args(args).stdin(stdin).stdout(log).stderr(log2).process_group(0);
     if request.clear_env {
         command.env_clear();
         for keep in ["PATH", "HOME", "LANG", "TMPDIR", "USER"] {
@@ -288,7 +292,11 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     let mut child = command.spawn().map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
     let pgid = child.id();
     // From here on, a launcher killed by anything takes the run's processes with it.
-    let guard = guard_run(pgid, &ctx.metrics).map_err(io(&request.log))?;
+    let watch = child.stdin.take();
+    let guard = match watch {
+        Some(_) => None,
+        None => Some(guard_run(pgid, &ctx.metrics).map_err(io(&request.log))?),
+    };
     let deadline = rubick_core::launch::duration(request.launch.timeout_s);
     let mut timed_out = false;
     // When the run was asked to stop (it had its iterations), and when it must be gone.
@@ -328,7 +336,10 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     // Whatever the launcher left behind goes with it, in its group or not: by the run's
     // mark only, since the reaped leader's group id may already belong to another.
     signal_run(None, &ctx.metrics, RunSignal::Kill);
-    guard.disarm();
+    if let Some(guard) = guard {
+        guard.disarm();
+    }
+    drop(watch);
     let mut outcome =
         collect(Path::new(&ctx.metrics), &request.log, timed_out, exit.and_then(|s| s.code()), start.elapsed());
     // Stopped by us with its iterations measured: a complete run, whatever its exit.

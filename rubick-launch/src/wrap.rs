@@ -15,6 +15,9 @@
 //!   waits for the launcher;
 //! * once the launcher ended, every descendant left is asked to end (`TERM`), and
 //!   killed after `--grace` seconds: nothing a run started outlives it;
+//! * with `--watch-stdin` it is also the run's watchdog: its standard input is a pipe
+//!   only the supervising tool writes; end of file (the tool died, `kill -9` included)
+//!   kills the launcher and every descendant at once (the launcher's own stdin is null);
 //! * it records its own pid (`--pid-file`, before the launcher starts: the run's process
 //!   group when started as a group's leader) and the launcher's exit status
 //!   (`--exit-file`: the code, or 128 + the signal that killed it), each written
@@ -44,6 +47,8 @@ pub struct Wrap {
     pub pid_file: Option<PathBuf>,
     pub exit_file: Option<PathBuf>,
     pub grace: Duration,
+    /// Kill the run when standard input reaches end of file (the supervisor died).
+    pub watch_stdin: bool,
     pub argv: Vec<OsString>,
 }
 
@@ -52,7 +57,8 @@ impl Wrap {
     /// `[--pid-file P] [--exit-file P] [--grace S] -- ARGV...`.
     pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Wrap, String> {
         let mut args = args.into_iter();
-        let mut wrap = Wrap { pid_file: None, exit_file: None, grace: DEFAULT_GRACE, argv: Vec::new() };
+        let mut wrap =
+            Wrap { pid_file: None, exit_file: None, grace: DEFAULT_GRACE, watch_stdin: false, argv: Vec::new() };
         while let Some(arg) = args.next() {
             let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
             match arg.to_str() {
@@ -67,6 +73,7 @@ impl Wrap {
                         .ok_or_else(|| format!("--grace {text:?}: seconds, 0 to a week"))?;
                     wrap.grace = Duration::from_secs_f64(secs);
                 }
+                Some("--watch-stdin") => wrap.watch_stdin = true,
                 Some("--") => {
                     wrap.argv = args.collect();
                     break;
@@ -88,6 +95,9 @@ impl Wrap {
         }
         if let Some(p) = &self.exit_file {
             out.extend(["--exit-file".into(), p.clone().into_os_string()]);
+        }
+        if self.watch_stdin {
+            out.push("--watch-stdin".into());
         }
         out.extend(["--grace".into(), format!("{}", self.grace.as_secs_f64()).into(), "--".into()]);
         out.extend(self.argv.iter().cloned());
@@ -142,8 +152,12 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         write_atomically(path, &format!("{}\n", std::process::id()))?;
     }
     let (program, rest) = wrap.argv.split_first().ok_or_else(|| std::io::Error::other("no command"))?;
-    let child = Command::new(program)
-        .args(rest)
+    let mut command = Command::new(program);
+    command.args(rest);
+    if wrap.watch_stdin {
+        command.stdin(std::process::Stdio::null());
+    }
+    let child = command
         .spawn()
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start {}: {e}", Path::new(program).display())));
     let child = match child {
@@ -157,6 +171,16 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         }
     };
     let launcher = Pid::from_child(&child);
+    if wrap.watch_stdin {
+        // The watchdog: the supervisor holds the pipe's other end; its end of file
+        // (however the supervisor ended) takes the run down at once.
+        std::thread::spawn(|| {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            for pid in descendants(std::process::id()).into_iter().filter_map(Pid::from_raw) {
+                let _ = rustix::process::kill_process(pid, Signal::KILL);
+            }
+        });
+    }
     // Reaps every child (orphans re-parented here too) until the launcher ends.
     let code = loop {
         match rustix::process::wait(WaitOptions::empty()) {
@@ -241,6 +265,7 @@ mod tests {
             pid_file: Some("/r/pgid".into()),
             exit_file: Some("/r/exit-code".into()),
             grace: Duration::from_millis(2500),
+            watch_stdin: true,
             argv: vec!["python".into(), "--".into(), "train.py".into()],
         };
         assert_eq!(Wrap::parse(wrap.args()), Ok(wrap));

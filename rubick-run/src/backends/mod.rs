@@ -217,6 +217,8 @@ impl Backend for Local {
             pid_file: Some(spec.dir.join(PID_FILE)),
             exit_file: Some(spec.dir.join(EXIT_FILE)),
             grace: rubick_launch::wrap::DEFAULT_GRACE,
+            // Detached: the run outlives this rubick-run.
+            watch_stdin: false,
             argv: prepared.argv.iter().map(Into::into).collect(),
         };
         let pin =
