@@ -551,11 +551,11 @@ fn batch_script(
     }
     // Each launcher under the run wrapper, when one is given.
     let quoted = |argv: &[String]| {
-        let wrapped = r.wrapper.iter().flatten().cloned().chain(r.wrapper.iter().flat_map(|_| {
-            let grace = crate::wrap::DEFAULT_GRACE.as_secs().to_string();
-            ["--grace".to_owned(), grace, "--".to_owned()]
-        }));
-        wrapped.chain(argv.iter().cloned()).map(|a| sh_quote(&a)).collect::<Vec<_>>().join(" ")
+        let line = match &r.wrapper {
+            Some(wrapper) => crate::wrap::Wrap::of(argv).command_line(wrapper),
+            None => argv.to_vec(),
+        };
+        line.iter().map(|a| sh_quote(a)).collect::<Vec<_>>().join(" ")
     };
     if let [only] = ranks {
         let _ = writeln!(s, "exec {}", quoted(&only.argv));

@@ -125,7 +125,7 @@ impl RunSignal {
     }
 }
 
-fn pid_of(pid: u32) -> Option<rustix::process::Pid> {
+pub(crate) fn pid_of(pid: u32) -> Option<rustix::process::Pid> {
     i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw)
 }
 
@@ -148,11 +148,28 @@ pub fn marked_processes(metrics: &str) -> Vec<u32> {
         .collect()
 }
 
+/// What `/proc/PID/stat` says of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// A zombie (exited, not yet reaped): no longer a live process of anything.
+    pub zombie: bool,
+    pub ppid: u32,
+    pub pgrp: u32,
+}
+
+/// `/proc/PID/stat` of a process, if it exists (`pid (comm) state ppid pgrp ...`: the
+/// command name may hold spaces and parentheses, so fields count from its last `)`).
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let zombie = fields.next()? == "Z";
+    Some(ProcStat { zombie, ppid: fields.next()?.parse().ok()?, pgrp: fields.next()?.parse().ok()? })
+}
+
 /// Whether process `pid` lives (not a zombie) and carries the mark of the run whose
 /// metrics file is `metrics` (see [`marked_processes`]): one process, no scan.
 pub fn carries_mark(pid: u32, metrics: &str) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let live = stat.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z'));
+    let live = proc_stat(pid).is_some_and(|s| !s.zombie);
     let marker = format!("RUBICK_METRICS={metrics}");
     live && std::fs::read(format!("/proc/{pid}/environ"))
         .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
@@ -266,9 +283,7 @@ pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     // pipe this process holds ends with it); else a watchdog `sh` beside the run.
     let argv: Vec<String> = match &request.wrapper {
         Some(wrapper) => {
-            let grace = crate::wrap::DEFAULT_GRACE.as_secs().to_string();
-            let own = ["--watch-stdin".to_owned(), "--grace".to_owned(), grace, "--".to_owned()];
-            wrapper.iter().cloned().chain(own).chain(prepared.argv.iter().cloned()).collect()
+            crate::wrap::Wrap { watch_stdin: true, ..crate::wrap::Wrap::of(&prepared.argv) }.command_line(wrapper)
         }
         None => prepared.argv.clone(),
     };

@@ -87,6 +87,24 @@ impl Wrap {
         Ok(wrap)
     }
 
+    /// A wrapper of `argv` with the defaults: no pid or exit file, the default grace,
+    /// no watching of stdin.
+    pub fn of(argv: &[String]) -> Wrap {
+        Wrap {
+            pid_file: None,
+            exit_file: None,
+            grace: DEFAULT_GRACE,
+            watch_stdin: false,
+            argv: argv.iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The whole command line that runs it: `wrapper` ([`command`]) then its arguments.
+    pub fn command_line(&self, wrapper: &[String]) -> Vec<String> {
+        let args = self.args().into_iter().map(|a| a.to_string_lossy().into_owned());
+        wrapper.iter().cloned().chain(args).collect()
+    }
+
     /// Its arguments, as [`Wrap::parse`] reads them.
     pub fn args(&self) -> Vec<OsString> {
         let mut out = Vec::new();
@@ -106,10 +124,11 @@ impl Wrap {
 }
 
 /// The argv prefix that runs the wrapper: this executable and [`SUBCOMMAND`] (a tool
-/// calls [`main`] for it). `None` when this executable cannot be named.
-pub fn command() -> Option<Vec<String>> {
-    let exe = std::env::current_exe().ok()?;
-    Some(vec![exe.to_str()?.to_owned(), SUBCOMMAND.to_owned()])
+/// calls [`main`] for it); an error when this executable cannot be named.
+pub fn command() -> Result<Vec<String>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the run wrapper: this executable's path: {e}"))?;
+    let exe = exe.to_str().ok_or_else(|| format!("the run wrapper: {} is not UTF-8", exe.display()))?;
+    Ok(vec![exe.to_owned(), SUBCOMMAND.to_owned()])
 }
 
 /// Runs the wrapper with its arguments (those after [`SUBCOMMAND`]); the exit status for
@@ -176,7 +195,7 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         // (however the supervisor ended) takes the run down at once.
         std::thread::spawn(|| {
             let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-            for pid in descendants(std::process::id()).into_iter().filter_map(Pid::from_raw) {
+            for pid in descendants(std::process::id()).into_iter().filter_map(crate::supervise::pid_of) {
                 let _ = rustix::process::kill_process(pid, Signal::KILL);
             }
         });
@@ -211,7 +230,7 @@ fn end_descendants(grace: Duration) {
         }
         let signal = if start.elapsed() >= grace { Signal::KILL } else { Signal::TERM };
         if signal == Signal::KILL || !termed {
-            for pid in left.iter().filter_map(|p| Pid::from_raw(*p)) {
+            for pid in left.iter().copied().filter_map(crate::supervise::pid_of) {
                 let _ = rustix::process::kill_process(pid, signal);
             }
             termed = true;
@@ -224,21 +243,17 @@ fn end_descendants(grace: Duration) {
 }
 
 /// Live (not zombie) processes whose ancestry leads to `root`, from `/proc`.
-pub fn descendants(root: u32) -> Vec<i32> {
+pub fn descendants(root: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let procs: Vec<(i32, i32)> = dir
+    let procs: Vec<(u32, u32)> = dir
         .filter_map(|e| {
-            let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // pid (comm) state ppid ...: comm may hold spaces and parentheses.
-            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
-            let state = fields.next()?;
-            let ppid: i32 = fields.next()?.parse().ok()?;
-            (state != "Z").then_some((pid, ppid))
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = crate::supervise::proc_stat(pid).filter(|s| !s.zombie)?;
+            Some((pid, stat.ppid))
         })
         .collect();
-    let mut found: std::collections::BTreeSet<i32> = std::collections::BTreeSet::new();
-    let mut frontier = vec![root as i32];
+    let mut found: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
+    let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
         for &(pid, _) in procs.iter().filter(|(_, ppid)| *ppid == parent) {
             if found.insert(pid) {

@@ -422,7 +422,7 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                 log: log.clone(),
                 clear_env: false,
                 stop_after_iterations: Some(ctx.launch.warmup_iterations + ctx.launch.measured_iterations),
-                wrapper: rubick_launch::wrap::command(),
+                wrapper: rubick_launch::wrap::command().ok(),
             };
             let sampler = ctx
                 .nvml
@@ -450,7 +450,7 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                             cpus_per_task: planned.cpus.div_ceil(nodes).max(1),
                             mem_mb: Some((planned.host_memory_gib * 1024.0 / f64::from(nodes)) as u64),
                             partition: ctx.partition.clone(),
-                            wrapper: rubick_launch::wrap::command(),
+                            wrapper: rubick_launch::wrap::command().ok(),
                             ..rubick_launch::slurm::SlurmResources::default()
                         },
                     )

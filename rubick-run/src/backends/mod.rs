@@ -180,20 +180,15 @@ fn parse_local(handle: &str) -> (Option<u32>, Option<String>) {
     }
 }
 
-/// The state letter and process group of `pid` (from /proc/PID/stat).
-fn process_state(pid: u32) -> Option<(String, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    Some(((*fields.first()?).to_owned(), fields.get(2)?.parse().ok()?))
+/// Whether `pid` is a live (not zombie) member of process group `pgid`.
+fn in_group(pid: u32, pgid: u32) -> bool {
+    rubick_launch::supervise::proc_stat(pid).is_some_and(|s| !s.zombie && s.pgrp == pgid)
 }
 
 /// Non-zombie processes of process group `pgid` (a scan of /proc).
 pub fn group_members(pgid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| process_state(*pid).is_some_and(|(state, group)| state != "Z" && group == pgid))
-        .collect()
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).filter(|pid| in_group(*pid, pgid)).collect()
 }
 
 impl Backend for Local {
@@ -211,29 +206,26 @@ impl Backend for Local {
         // The run wrapper (rubick_launch::wrap: records the group id, outlives the stop
         // signal, ends whatever the job left behind, records the exit code), pinned to
         // the run's cores (`taskset`, inherited by every process of the run).
-        let wrapper =
-            rubick_launch::wrap::command().context("the run wrapper: this executable's path cannot be named")?;
-        let wrap = rubick_launch::wrap::Wrap {
+        // Detached (no watching of stdin): the run outlives this rubick-run.
+        let line = rubick_launch::wrap::Wrap {
             pid_file: Some(spec.dir.join(PID_FILE)),
             exit_file: Some(spec.dir.join(EXIT_FILE)),
-            grace: rubick_launch::wrap::DEFAULT_GRACE,
-            // Detached: the run outlives this rubick-run.
-            watch_stdin: false,
-            argv: prepared.argv.iter().map(Into::into).collect(),
-        };
+            ..rubick_launch::wrap::Wrap::of(&prepared.argv)
+        }
+        .command_line(&rubick_launch::wrap::command().map_err(anyhow::Error::msg)?);
         let pin =
             !spec.cores.is_empty() && Command::new("taskset").arg("-V").output().is_ok_and(|o| o.status.success());
         let mut command = if pin {
             let cores: Vec<String> = spec.cores.iter().map(ToString::to_string).collect();
             let mut c = Command::new("taskset");
-            c.args(["-c", &cores.join(",")]).args(&wrapper);
+            c.args(["-c", &cores.join(",")]).args(&line);
             c
         } else {
-            let mut c = Command::new(&wrapper[0]);
-            c.args(&wrapper[1..]);
+            let mut c = Command::new(&line[0]);
+            c.args(&line[1..]);
             c
         };
-        command.args(wrap.args()).envs(&prepared.env).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
+        command.envs(&prepared.env).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
         if let Some(dir) = &prepared.workdir {
             command.current_dir(dir);
         }
@@ -256,10 +248,7 @@ impl Backend for Local {
                     || !rubick_launch::supervise::marked_processes(&metrics).is_empty()
             }
             // An older state's plain group id: its leader, else its members.
-            (Some(pgid), None) => {
-                process_state(pgid).is_some_and(|(state, group)| state != "Z" && group == pgid)
-                    || !group_members(pgid).is_empty()
-            }
+            (Some(pgid), None) => in_group(pgid, pgid) || !group_members(pgid).is_empty(),
             (None, None) => false,
         }
     }

@@ -84,10 +84,7 @@ impl Backend for Slurm {
             time_limit_s: Some(0.0),
             requeue: true,
             signal_before_end_s: Some(spec.launch.stop_timeout_s.ceil() as u64),
-            wrapper: Some(
-                rubick_launch::wrap::command()
-                    .ok_or_else(|| anyhow::anyhow!("the run wrapper: this executable's path cannot be named"))?,
-            ),
+            wrapper: Some(rubick_launch::wrap::command().map_err(anyhow::Error::msg)?),
             ..slurm::SlurmResources::default()
         };
         Ok(slurm::submit(&request, &resources)?)
@@ -132,14 +129,16 @@ impl Backend for Slurm {
             }
         };
         let known = slurm::nodes().ok()?;
+        let found: Vec<(&String, Option<&slurm::NodeInfo>)> =
+            nodes.iter().map(|name| (name, known.iter().find(|k| k.name == *name))).collect();
         // Not pinned (nodes of a cluster file of its own naming): Slurm runs it again
         // wherever it can.
-        if !nodes.iter().any(|name| known.iter().any(|k| k.name == *name)) {
+        if found.iter().all(|(_, k)| k.is_none()) {
             return None;
         }
-        let down: Vec<String> = nodes
+        let down: Vec<String> = found
             .iter()
-            .filter_map(|name| match known.iter().find(|k| k.name == *name) {
+            .filter_map(|(name, k)| match k {
                 Some(k) if k.usable() => None,
                 Some(k) => Some(format!("{name} {}", k.state)),
                 None => Some(format!("{name} gone")),
