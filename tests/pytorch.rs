@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use rubick_io::testing::skip_unless_required;
-use rubick_tests::{Reaper, alive, binary, repo, temp};
+use rubick_tests::{Reaper, alive, binary, repo, slurm_nodes, temp};
 
 /// The runs share this machine's few cores: one test at a time.
 static MACHINE: Mutex<()> = Mutex::new(());
@@ -200,15 +200,8 @@ fn a_profile_measures_a_placement_across_slurm_nodes() {
         Ok(v) => v,
         Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
     };
-    if let Err(reason) = rubick_launch::slurm::available() {
-        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
-    }
-    let usable: Vec<String> =
-        rubick_launch::slurm::nodes().unwrap_or_default().into_iter().filter(|n| n.usable()).map(|n| n.name).collect();
-    if usable.len() < 2 {
-        let reason = format!("{} usable Slurm node(s), 2 needed (scripts/slurm-up.sh --nodes 3)", usable.len());
-        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
-    }
+    // rubick-profile's rule on a CPU cluster: any usable node.
+    let Some(usable) = slurm_nodes(2, false) else { return };
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
@@ -436,20 +429,7 @@ fn across_slurm_nodes(launcher: Launcher) {
         Ok(v) => v,
         Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
     };
-    if let Err(reason) = rubick_launch::slurm::available() {
-        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
-    }
-    let nodes: Vec<String> = rubick_launch::slurm::nodes()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|n| n.usable() && n.gpus > 0)
-        .map(|n| n.name)
-        .collect();
-    if nodes.len() < 3 {
-        let reason =
-            format!("{} usable Slurm node(s) with GPUs, 3 needed (scripts/slurm-up.sh --nodes 3)", nodes.len());
-        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
-    }
+    let Some(nodes) = slurm_nodes(3, true) else { return };
     let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());

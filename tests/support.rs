@@ -101,3 +101,30 @@ pub fn escaping_script(dir: &Path) -> PathBuf {
     std::fs::write(&script, text).expect("the escaper script");
     script
 }
+
+/// The usable nodes (with GPUs, when `gpus`) of the Slurm this machine submits to, in
+/// Slurm's order, when there are at least `needed` (`scripts/slurm-up.sh --nodes 3
+/// --gpus-per-node 2`, as CI starts it); else the test is reported skipped (failed
+/// under CI's `RUBICK_REQUIRE_SLURM`) and `None`.
+pub fn slurm_nodes(needed: usize, gpus: bool) -> Option<Vec<String>> {
+    let require = |reason: &str| rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", reason);
+    if let Err(reason) = rubick_launch::slurm::available() {
+        require(&reason);
+        return None;
+    }
+    let usable: Vec<String> = rubick_launch::slurm::nodes()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.usable() && (!gpus || n.gpus > 0))
+        .map(|n| n.name)
+        .collect();
+    if usable.len() < needed {
+        let with = if gpus { " with GPUs" } else { "" };
+        require(&format!(
+            "{} usable Slurm node(s){with}, {needed} needed (scripts/slurm-up.sh --nodes 3 --gpus-per-node 2)",
+            usable.len()
+        ));
+        return None;
+    }
+    Some(usable)
+}
