@@ -24,6 +24,7 @@ pub fn job_inputs(
     for (k, a) in previous.map_or(&[][..], |(_, s)| &s.assignments).iter().enumerate() {
         assigned.entry(a.job.as_str()).or_insert(k);
     }
+    let hosted = cluster.node_groups.iter().any(|g| !g.hosts.is_empty());
     for (i, (job, params)) in jobs.into_iter().zip(params).enumerate() {
         // A cluster naming its hosts (`rubick-run cluster --backend slurm`) is what is up
         // now: a run on a node it no longer has (drained, down, removed) must move, and
@@ -33,7 +34,6 @@ pub fn job_inputs(
             (Some((_, schedule)), Some(&k)) => schedule.assignments[k].nodes.iter().map(|n| n.node.as_str()).collect(),
             _ => job.current.iter().flat_map(|c| c.nodes.iter().map(String::as_str)).collect(),
         };
-        let hosted = cluster.node_groups.iter().any(|g| !g.hosts.is_empty());
         if let Some(gone) = previous_nodes.iter().find(|n| hosted && node_by_name(cluster, n).is_none()) {
             tracing::warn!("`{}`: its node `{gone}` is not in cluster `{}` now: its run moves", job.name, cluster.name);
             let allowed =

@@ -105,15 +105,19 @@ struct Finished {
     log: PathBuf,
 }
 
-/// The Slurm nodes a run across nodes of `placement` is placed on: the first of Slurm's
-/// usable nodes (in its order) with the GPUs the busiest node of the placement needs
-/// (any usable node on a CPU cluster), as many as it spans.
-fn slurm_nodes_for(placement: &Placement, on_cpu: bool) -> anyhow::Result<Vec<String>> {
+/// The Slurm nodes a run across nodes of `placement` is placed on, of `known` (`sinfo`):
+/// the first usable ones (in Slurm's order) with the GPUs the busiest node of the
+/// placement needs (any usable node on a CPU cluster), as many as it spans.
+fn slurm_nodes_for(
+    known: &[rubick_launch::slurm::NodeInfo],
+    placement: &Placement,
+    on_cpu: bool,
+) -> anyhow::Result<Vec<String>> {
     let per_node = placement.max_per_node();
-    let nodes: Vec<String> = rubick_launch::slurm::nodes()?
-        .into_iter()
+    let nodes: Vec<String> = known
+        .iter()
         .filter(|n| n.usable() && (on_cpu || n.gpus >= per_node))
-        .map(|n| n.name)
+        .map(|n| n.name.clone())
         .take(placement.nodes() as usize)
         .collect();
     anyhow::ensure!(
@@ -130,6 +134,8 @@ fn slurm_nodes_for(placement: &Placement, on_cpu: bool) -> anyhow::Result<Vec<St
 fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Result<Vec<(Plan, Placement)>> {
     if let Some(path) = &args.configs {
         let configs = rubick_io::table::read_configurations(path)?;
+        // Slurm's nodes, asked once, when a placement spans nodes.
+        let mut known: Option<Vec<rubick_launch::slurm::NodeInfo>> = None;
         anyhow::ensure!(!configs.is_empty(), "{}: no configurations", path.display());
         for (i, (plan, placement)) in configs.iter().enumerate() {
             let at = || format!("{}: line {}", path.display(), i + 2);
@@ -146,7 +152,11 @@ fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Resul
                     at(),
                     placement.nodes()
                 );
-                slurm_nodes_for(placement, group.gpu_type == CPU_GPU_TYPE)
+                let known = match &mut known {
+                    Some(k) => k,
+                    None => known.insert(rubick_launch::slurm::nodes()?),
+                };
+                slurm_nodes_for(known, placement, group.gpu_type == CPU_GPU_TYPE)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
             } else {
                 anyhow::ensure!(
@@ -436,7 +446,8 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                     // node `{master_addr}`; each node asks its share of cores and memory.
                     let nodes = planned.placement.nodes();
                     let nodelist = if nodes > 1 {
-                        slurm_nodes_for(&planned.placement, ctx.on_cpu).map_err(|e| e.to_string())?
+                        let known = rubick_launch::slurm::nodes().map_err(|e| e.to_string())?;
+                        slurm_nodes_for(&known, &planned.placement, ctx.on_cpu).map_err(|e| e.to_string())?
                     } else {
                         Vec::new()
                     };
