@@ -132,10 +132,7 @@ fn state(dir: &Path) -> serde_yaml_ng::Value {
 fn last_iter(dir: &Path, job: &str, attempt: u64) -> u64 {
     let path = dir.join(format!("state/jobs/{job}/attempt-{attempt}/metrics.jsonl"));
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.split("\"iter\":").nth(1)?.split([',', '}']).next()?.parse().ok())
-        .max()
-        .unwrap_or(0)
+    text.lines().filter_map(|l| l.split("\"iter\":").nth(1)?.split([',', '}']).next()?.parse().ok()).max().unwrap_or(0)
 }
 
 fn first_iter(dir: &Path, job: &str, attempt: u64) -> Option<u64> {
