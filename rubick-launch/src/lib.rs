@@ -6,13 +6,17 @@
 //! the whole group killed at `timeoutS`, so that no process of a run outlives it.
 //! `rubick-profile` and `rubick-run` both use this crate; neither depends on the other.
 //!
-//! Modules: [`supervise`] (one run locally, its metric lines, how it ended), [`slurm`]
+//! Modules: [`executor`] (the one executor: a trait over typed handles and run states,
+//! the local backend, the blocking run every backend shares), [`supervise`] (a run's
+//! contract prepared, its processes and signals, its metric lines, how it ended), [`slurm`]
 //! (one run as one `sbatch` job, on one node or one launcher per node, tested against a
 //! real Slurm that `scripts/slurm-up.sh` starts), [`wrap`] (the run wrapper every
 //! launcher runs under: a child subreaper that leaves no process of the run behind).
 
+pub mod executor;
 pub mod slurm;
 pub mod supervise;
 pub mod wrap;
 
+pub use executor::{End, Executor, Handle, NodeSlot, RunState, Submission, run_to_end};
 pub use supervise::{RunOutcome, RunRequest, RunStatus, run};

@@ -14,7 +14,7 @@
 //! SIGTERM (`scancel --signal=TERM --full`); a job still there 2 s later is cancelled
 //! (Slurm then sends SIGKILL after its `KillWait`), and the run returns only once Slurm
 //! has finished killing it: its status is `Timeout`. A job still pending
-//! [`PENDING_LIMIT`] past its `timeoutS` is cancelled and reported as an error naming
+//! [`PENDING_LIMIT`](crate::executor::PENDING_LIMIT) past its `timeoutS` is cancelled and reported as an error naming
 //! Slurm's reason. The job's own `--time` limit is `timeoutS + stopTimeoutS` (rounded
 //! up to minutes), a backstop should the launcher be gone.
 //!
@@ -50,13 +50,16 @@
 //!   in it and survives. `proctrack/cgroup` has no such hole; `wrapper` closes it
 //!   (every launcher under a child subreaper that ends what it left behind).
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::supervise::{Guard, LaunchError, Prepared, RunOutcome, RunRequest, collect, prepare};
+use crate::executor::{End, Executor, Handle, RunState, Submission, run_to_end};
+use crate::supervise::{Guard, LaunchError, Prepared, RunOutcome, RunRequest, RunSignal, prepare};
 
 /// Resources of one sbatch job.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,17 +114,8 @@ impl Default for SlurmResources {
     }
 }
 
-/// How long past its `timeoutS` a job may wait in the queue before the run gives up.
-pub const PENDING_LIMIT: Duration = Duration::from_secs(3600);
-
-/// How long the controller may fail to answer before the run gives up (and cancels).
-const CONTROLLER_LIMIT: Duration = Duration::from_secs(60);
-
 /// How long [`available`] waits for `scontrol ping`.
 const PING_LIMIT: Duration = Duration::from_secs(10);
-
-/// How often the job's state is read.
-const POLL: Duration = Duration::from_millis(500);
 
 /// States a job does not leave.
 const TERMINAL: [&str; 9] =
@@ -170,89 +164,232 @@ fn find_program(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| p.is_file())
 }
 
-/// Runs the request as one Slurm job, to its end (or its timeout), and reports what
-/// it did. `wall` counts from the moment the job was seen running.
+/// Runs the request as one Slurm job with these resources, to its end (or its timeout),
+/// and reports what it did ([`run_to_end`] over [`Slurm`]). `wall` counts from the
+/// moment the job was seen running.
 pub fn run(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<RunOutcome, LaunchError> {
-    let ctx = &request.context;
-    let (job, log, script_path) = submit_job(request, resources)?;
-    let submitted = Instant::now();
-    // From here on, a launcher killed by anything cancels the job.
-    let guard = match Guard::arm(&["scancel", &job]) {
-        Ok(guard) => guard,
-        Err(source) => {
-            let _ = scancel(&job, &[]);
-            return Err(LaunchError::Spawn { program: "sh (the watchdog)".into(), source });
-        }
+    let dir = Path::new(&request.context.metrics).parent().unwrap_or(Path::new(".")).to_path_buf();
+    let run = Submission {
+        request: request.clone(),
+        dir,
+        nodes: Vec::new(),
+        cores: Vec::new(),
+        name: resources.job_name.clone(),
+        detached: false,
+        partition: resources.partition.clone(),
     };
-    tracing::info!(job = %job, script = %script_path.display(), "submitted to Slurm");
-
-    let timeout = rubick_core::launch::duration(request.launch.timeout_s);
-    let mut started: Option<Instant> = None;
-    let mut timed_out = false;
-    let mut failing_since: Option<Instant> = None;
-    let end = loop {
-        match query(&job) {
-            Ok(Some(info)) => {
-                failing_since = None;
-                if TERMINAL.contains(&info.state.as_str()) {
-                    break Some(info);
-                }
-                match info.state.as_str() {
-                    "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" => started = None,
-                    _ => {
-                        started.get_or_insert_with(Instant::now);
-                    }
-                }
-            }
-            Ok(None) => break None,
-            Err(e) => {
-                // The controller may be restarting: a minute of missed polls is fine.
-                if failing_since.get_or_insert_with(Instant::now).elapsed() >= CONTROLLER_LIMIT {
-                    return Err(e); // dropping the guard cancels the job
-                }
-            }
-        }
-        if let Some(t) = started {
-            if t.elapsed() >= timeout {
-                timed_out = true;
-                tracing::warn!(job = %job, "timeout: cancelling the Slurm job");
-                break stop(&job);
-            }
-        } else if submitted.elapsed() >= timeout + PENDING_LIMIT {
-            let reason = query(&job).ok().flatten().map(|i| i.reason).unwrap_or_default();
-            let _ = scancel(&job, &[]);
-            guard.disarm();
-            return Err(LaunchError::Slurm(format!(
-                "job {job} still pending after {:.0} s (reason: {reason}): cancelled",
-                submitted.elapsed().as_secs_f64()
-            )));
-        }
-        std::thread::sleep(POLL);
-    };
-    let wall = started.unwrap_or(submitted).elapsed();
-    guard.disarm();
-    // The record purged already (MinJobAge): the job completion log, if kept.
-    let end = end.or_else(|| completion_log(&job));
-    let (state, exit_code) = match &end {
-        Some(info) => (info.state.as_str(), info.exit_code()),
-        None => ("UNKNOWN", None),
-    };
-    tracing::info!(job = %job, state, ?exit_code, "Slurm job ended");
-    let note = match timed_out {
-        true => Some(format!("rubick: Slurm job {job} ran past timeoutS ({} s): cancelled", request.launch.timeout_s)),
-        false => end_note(&job, state),
-    };
-    if let Some(note) = note {
-        append(&log, &note);
-    }
-    let timed_out = timed_out || state == "TIMEOUT";
-    Ok(collect(Path::new(&ctx.metrics), &log, timed_out, exit_code, wall))
+    run_to_end(&Fixed { slurm: Slurm::default(), resources }, &run)
 }
 
-/// Submits the request as one Slurm job and returns its id, without waiting for it
-/// (a launcher that keeps jobs running across its own runs: `rubick-run`).
-pub fn submit(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<String, LaunchError> {
-    submit_job(request, resources).map(|(job, _, _)| job)
+/// Slurm as an [`Executor`]: each run one `sbatch` job (see the module's documentation).
+/// A run that is not detached is watched by a [`Guard`] that cancels its job when this
+/// process dies; a detached one is requeued by Slurm (`--requeue`) after a preemption
+/// or a node failure, gets its stop signal before Slurm ends it, and asks no time
+/// limit (the partition's default applies).
+///
+/// Nodes: when Slurm knows every node the submission names, the run is placed on them
+/// (`--nodelist`, in rank order: the first is `{master_addr}`), one launcher per node;
+/// a run on several nodes needs that. Otherwise (one node of a cluster file of its own
+/// naming) Slurm picks the node. GPUs are Slurm's to pick (`--gres`), so
+/// `CUDA_VISIBLE_DEVICES` is Slurm's.
+#[derive(Debug, Default)]
+pub struct Slurm {
+    guards: Mutex<BTreeMap<String, Guard>>,
+}
+
+impl Slurm {
+    pub fn new() -> Slurm {
+        Slurm::default()
+    }
+
+    /// The sbatch resources of a submission (asks `sinfo` which nodes Slurm knows).
+    pub fn resources(run: &Submission<'_>) -> Result<SlurmResources, LaunchError> {
+        let names: Vec<String> = run.nodes.iter().map(|n| n.name.clone()).collect();
+        let known = if names.iter().any(|n| !n.is_empty()) { nodes()? } else { Vec::new() };
+        let pinned = !names.is_empty() && names.iter().all(|n| known.iter().any(|k| k.name == *n));
+        if names.len() > 1 && !pinned {
+            return Err(LaunchError::Contract(format!(
+                "{} nodes ({}), not all of them Slurm's: a run on several nodes is placed on the nodes it was \
+                 planned on (plan on `rubick-run cluster --backend slurm`)",
+                names.len(),
+                names.join(", ")
+            )));
+        }
+        // Per node, the most any node of the run was given: Slurm asks alike of each.
+        let memory_gib = run.nodes.iter().map(|n| n.host_memory_gib).fold(0.0, f64::max);
+        let wrapper = match (&run.request.wrapper, run.detached) {
+            (Some(w), _) => Some(w.clone()),
+            (None, true) => Some(crate::wrap::command().map_err(LaunchError::Contract)?),
+            (None, false) => None,
+        };
+        Ok(SlurmResources {
+            nodes: run.nodes.len().max(1) as u32,
+            nodelist: if pinned { names } else { Vec::new() },
+            ntasks_per_node: 1,
+            gpus_per_node: run.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
+            cpus_per_task: run.nodes.iter().map(|n| n.cpus).max().unwrap_or(1).max(1),
+            mem_mb: Some((memory_gib * 1024.0).ceil() as u64).filter(|m| *m > 0),
+            partition: run.partition.clone(),
+            job_name: run.name.clone(),
+            time_limit_s: if run.detached { Some(0.0) } else { None },
+            requeue: run.detached,
+            signal_before_end_s: run.detached.then(|| run.request.launch.stop_timeout_s.ceil() as u64),
+            wrapper,
+        })
+    }
+
+    fn submit_with(&self, run: &Submission<'_>, resources: &SlurmResources) -> Result<Handle, LaunchError> {
+        let mut request = run.request.clone();
+        // Slurm sets CUDA_VISIBLE_DEVICES from its own GPU allocation.
+        request.context.visible_devices = Vec::new();
+        let (job, _, script) = submit_job(&request, resources)?;
+        tracing::info!(job = %job, script = %script.display(), "submitted to Slurm");
+        if !run.detached {
+            // From here on, this process killed by anything cancels the job.
+            match Guard::arm(&["scancel", &job]) {
+                Ok(guard) => {
+                    self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(job.clone(), guard);
+                }
+                Err(source) => {
+                    let _ = scancel(&job, &[]);
+                    return Err(LaunchError::Spawn { program: "sh (the watchdog)".into(), source });
+                }
+            }
+        }
+        Ok(Handle::Slurm { job })
+    }
+}
+
+impl Executor for Slurm {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn submit(&self, run: &Submission<'_>) -> Result<Handle, LaunchError> {
+        available().map_err(LaunchError::Slurm)?;
+        self.submit_with(run, &Slurm::resources(run)?)
+    }
+
+    /// One `scontrol show job` (the completion log once the record is gone; `sinfo`
+    /// only for a job Slurm requeued).
+    fn poll(&self, handle: &Handle, _dir: &Path, nodes: &[String]) -> RunState {
+        let Handle::Slurm { job } = handle else {
+            return RunState::Ended(End { note: Some(format!("{handle}: not a Slurm job")), ..End::default() });
+        };
+        let info = match query(job) {
+            Ok(Some(info)) => info,
+            Ok(None) => return RunState::Ended(completion_log(job).map_or_else(End::default, |i| ended(job, &i))),
+            Err(e) => return RunState::Unknown(format!("slurm job {job}: {e}")),
+        };
+        if is_terminal(&info.state) {
+            return RunState::Ended(ended(job, &info));
+        }
+        if info.waits_after_requeue() {
+            return match stranded(job, &info.reason, nodes) {
+                Some(why) => RunState::Stranded(why),
+                None => RunState::Waiting,
+            };
+        }
+        match info.state.as_str() {
+            "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "SUSPENDED" => RunState::Waiting,
+            _ => RunState::Running,
+        }
+    }
+
+    fn signal(&self, handle: &Handle, signal: RunSignal) {
+        let Handle::Slurm { job } = handle else { return };
+        let result = if signal == RunSignal::Kill { cancel(job) } else { self::signal(job, signal.name()) };
+        if let Err(e) = result {
+            tracing::warn!("slurm job {job}: {e}");
+        }
+    }
+
+    fn recover(&self, _dir: &Path, name: Option<&str>) -> Option<Handle> {
+        find_by_name(name?).map(|job| Handle::Slurm { job })
+    }
+
+    fn handle(&self, text: &str) -> Option<Handle> {
+        parse_job_id(text).filter(|id| id == text).map(|job| Handle::Slurm { job })
+    }
+
+    fn release(&self, handle: &Handle) {
+        let Handle::Slurm { job } = handle else { return };
+        if let Some(guard) = self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(job) {
+            guard.disarm();
+        }
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+}
+
+/// [`Slurm`] with resources given (not derived from the submission): [`run`].
+#[derive(Debug)]
+struct Fixed<'r> {
+    slurm: Slurm,
+    resources: &'r SlurmResources,
+}
+
+impl Executor for Fixed<'_> {
+    fn name(&self) -> &'static str {
+        self.slurm.name()
+    }
+    fn submit(&self, run: &Submission<'_>) -> Result<Handle, LaunchError> {
+        self.slurm.submit_with(run, self.resources)
+    }
+    fn poll(&self, handle: &Handle, dir: &Path, nodes: &[String]) -> RunState {
+        self.slurm.poll(handle, dir, nodes)
+    }
+    fn signal(&self, handle: &Handle, signal: RunSignal) {
+        self.slurm.signal(handle, signal);
+    }
+    fn recover(&self, dir: &Path, name: Option<&str>) -> Option<Handle> {
+        self.slurm.recover(dir, name)
+    }
+    fn handle(&self, text: &str) -> Option<Handle> {
+        self.slurm.handle(text)
+    }
+    fn release(&self, handle: &Handle) {
+        self.slurm.release(handle);
+    }
+    fn poll_interval(&self) -> Duration {
+        self.slurm.poll_interval()
+    }
+}
+
+/// How a job in a terminal state ended.
+fn ended(job: &str, info: &JobInfo) -> End {
+    End {
+        code: info.exit_code(),
+        preempted: info.state == "PREEMPTED" || info.state == "NODE_FAIL",
+        timed_out: info.state == "TIMEOUT",
+        note: end_note(job, &info.state),
+    }
+}
+
+/// Why a job Slurm requeued cannot run again where it is pinned (one of its `nodes`
+/// not usable), if it cannot; `None` when it is not pinned to nodes Slurm knows (Slurm
+/// runs it again wherever it can) or they are all usable.
+fn stranded(job: &str, reason: &str, nodes: &[String]) -> Option<String> {
+    if nodes.is_empty() {
+        return None;
+    }
+    let known = self::nodes().ok()?;
+    let found: Vec<(&String, Option<&NodeInfo>)> =
+        nodes.iter().map(|name| (name, known.iter().find(|k| k.name == *name))).collect();
+    if found.iter().all(|(_, k)| k.is_none()) {
+        return None;
+    }
+    let down: Vec<String> = found
+        .iter()
+        .filter_map(|(name, k)| match k {
+            Some(k) if k.usable() => None,
+            Some(k) => Some(format!("{name} {}", k.state)),
+            None => Some(format!("{name} gone")),
+        })
+        .collect();
+    (!down.is_empty()).then(|| format!("Slurm requeued job {job} ({reason}); not usable: {}", down.join(", ")))
 }
 
 /// Writes the batch script and submits it: the job id, the log and the script paths.
@@ -476,14 +613,6 @@ fn end_note(job: &str, state: &str) -> Option<String> {
         "COMPLETED" | "FAILED" => None,
         "OUT_OF_MEMORY" => Some(format!("rubick: Slurm job {job} ended OUT_OF_MEMORY (Cannot allocate memory)")),
         other => Some(format!("rubick: Slurm job {job} ended {other}")),
-    }
-}
-
-fn append(path: &Path, line: &str) {
-    use std::io::Write;
-    let file = std::fs::OpenOptions::new().append(true).create(true).open(path);
-    if let Err(e) = file.and_then(|mut f| writeln!(f, "{line}")) {
-        tracing::warn!(path = %path.display(), error = %e, "cannot append to the log");
     }
 }
 
@@ -733,52 +862,6 @@ fn scancel(job: &str, options: &[&str]) -> Result<String, LaunchError> {
     output(Command::new("scancel").args(options).arg(job).stdin(Stdio::null()), "scancel")
 }
 
-/// Ends a running job: SIGTERM to every process of it, then (2 s later) a cancel,
-/// after which Slurm kills what is left after its `KillWait`; waits until Slurm has
-/// finished (no longer `COMPLETING`) and returns the job's last state.
-fn stop(job: &str) -> Option<JobInfo> {
-    if let Err(e) = scancel(job, &["--signal=TERM", "--full"]) {
-        tracing::warn!(job, error = %e, "scancel --signal=TERM");
-    }
-    if let Some(done) = wait_terminal(job, Duration::from_secs(2)) {
-        return Some(done);
-    }
-    if let Err(e) = scancel(job, &[]) {
-        tracing::warn!(job, error = %e, "scancel");
-    }
-    let kill_wait = kill_wait().unwrap_or(Duration::from_secs(30));
-    let done = wait_terminal(job, kill_wait + Duration::from_secs(30));
-    if done.is_none() {
-        tracing::warn!(job, "the cancelled job is not gone yet");
-    }
-    done
-}
-
-/// Polls until the job is in a terminal state (`None` when it is not within `limit`).
-fn wait_terminal(job: &str, limit: Duration) -> Option<JobInfo> {
-    let start = Instant::now();
-    loop {
-        match query(job) {
-            Ok(Some(info)) if TERMINAL.contains(&info.state.as_str()) => return Some(info),
-            Ok(None) => return completion_log(job),
-            _ => {}
-        }
-        if start.elapsed() >= limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// The cluster's `KillWait`: how long Slurm waits between SIGTERM and SIGKILL.
-fn kill_wait() -> Option<Duration> {
-    let out = Command::new("scontrol").args(["show", "config"]).stdin(Stdio::null()).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.trim_start().starts_with("KillWait"))?;
-    let secs: u64 = line.split('=').nth(1)?.split_whitespace().next()?.parse().ok()?;
-    Some(Duration::from_secs(secs))
-}
-
 /// Runs a Slurm command; its stdout, or an error naming it with its stderr.
 fn output(command: &mut Command, program: &str) -> Result<String, LaunchError> {
     let out = command.output().map_err(|source| LaunchError::Spawn { program: program.into(), source })?;
@@ -799,8 +882,9 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::supervise::RunStatus;
+    use crate::executor::append;
     use crate::supervise::tests::{launch, request};
+    use crate::supervise::{RunStatus, collect};
 
     /// Whether a Slurm is here to test against; without one the test is skipped,
     /// unless `RUBICK_REQUIRE_SLURM=1` (CI), where that is a failure.

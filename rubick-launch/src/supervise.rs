@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rubick_core::launch::{Launch, LaunchContext, MetricLine, deepspeed_config, environment};
 
@@ -22,6 +22,9 @@ pub enum LaunchError {
     /// A scheduler command failed or its job could not be followed.
     #[error("slurm: {0}")]
     Slurm(String),
+    /// Another backend's failure, its message prefixed with the backend.
+    #[error("{0}")]
+    Backend(String),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
@@ -273,105 +276,21 @@ done"#;
     Guard::arm(&["sh", "-c", CLEANUP, "rubick-cleanup", &pgid.to_string(), metrics])
 }
 
-/// Runs the request to its end (or its timeout) and reports what it did.
+/// Runs the request on this machine to its end (or its timeout) and reports what it did:
+/// [`run_to_end`](crate::executor::run_to_end) over [`Local`](crate::executor::Local),
+/// the run's directory the one of its metrics file (which must be `metrics.jsonl`).
 pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
-    let ctx = &request.context;
-    let prepared = prepare(request)?;
-    let log = std::fs::File::create(&request.log).map_err(io(&request.log))?;
-    let log2 = log.try_clone().map_err(io(&request.log))?;
-    // Under the run wrapper, which is also the run's watchdog (`--watch-stdin`: the
-    // pipe this process holds ends with it); else a watchdog `sh` beside the run.
-    let argv: Vec<String> = match &request.wrapper {
-        Some(wrapper) => {
-            crate::wrap::Wrap { watch_stdin: true, ..crate::wrap::Wrap::of(&prepared.argv) }.command_line(wrapper)
-        }
-        None => prepared.argv.clone(),
+    let dir = Path::new(&request.context.metrics).parent().unwrap_or(Path::new(".")).to_path_buf();
+    let run = crate::executor::Submission {
+        request: request.clone(),
+        dir,
+        nodes: Vec::new(),
+        cores: Vec::new(),
+        name: None,
+        detached: false,
+        partition: None,
     };
-    let (program, args) = argv.split_first().ok_or_else(|| LaunchError::Contract("command: empty".into()))?;
-    let mut command = Command::new(program);
-    let stdin = if request.wrapper.is_some() { Stdio::piped() } else { Stdio::null() };
-    command.args(args).stdin(stdin).stdout(log).stderr(log2).process_group(0);
-    if request.clear_env {
-        command.env_clear();
-        for keep in ["PATH", "HOME", "LANG", "TMPDIR", "USER"] {
-            if let Some(v) = std::env::var_os(keep) {
-                command.env(keep, v);
-            }
-        }
-    }
-    command.envs(&prepared.env);
-    if let Some(dir) = &prepared.workdir {
-        command.current_dir(dir);
-    }
-    let start = Instant::now();
-    let mut child = command.spawn().map_err(|source| LaunchError::Spawn { program: program.clone(), source })?;
-    let pgid = child.id();
-    // From here on, a launcher killed by anything takes the run's processes with it.
-    let watch = child.stdin.take();
-    let guard = match watch {
-        Some(_) => None,
-        None => Some(guard_run(pgid, &ctx.metrics).map_err(io(&request.log))?),
-    };
-    let deadline = rubick_core::launch::duration(request.launch.timeout_s);
-    let mut timed_out = false;
-    // When the run was asked to stop (it had its iterations), and when it must be gone.
-    let mut stopping: Option<Instant> = None;
-    let mut last_check = start;
-    let exit = loop {
-        if let Some(status) = child.try_wait().map_err(io(&request.log))? {
-            break Some(status);
-        }
-        if let (Some(want), None) = (request.stop_after_iterations, stopping)
-            && last_check.elapsed() >= Duration::from_millis(200)
-        {
-            last_check = Instant::now();
-            if iterations_reported(Path::new(&ctx.metrics)) >= u64::from(want) {
-                tracing::info!("{want} iterations measured: stopping the run ({})", request.launch.stop_signal.name());
-                signal_run(Some(pgid), &ctx.metrics, RunSignal::Stop(request.launch.stop_signal));
-                stopping = Some(Instant::now());
-            }
-        }
-        if let Some(since) = stopping
-            && since.elapsed() >= rubick_core::launch::duration(request.launch.stop_timeout_s)
-        {
-            tracing::warn!("the run ignored its stop signal for {} s: killed", request.launch.stop_timeout_s);
-            signal_run(Some(pgid), &ctx.metrics, RunSignal::Kill);
-            break child.wait().ok();
-        }
-        if start.elapsed() >= deadline {
-            timed_out = true;
-            // Ask, then make sure: the whole group, so no worker survives its launcher.
-            signal_run(Some(pgid), &ctx.metrics, RunSignal::Term);
-            std::thread::sleep(Duration::from_millis(200));
-            signal_run(Some(pgid), &ctx.metrics, RunSignal::Kill);
-            break child.wait().ok();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    // Whatever the launcher left behind goes with it, in its group or not: by the run's
-    // mark only, since the reaped leader's group id may already belong to another.
-    signal_run(None, &ctx.metrics, RunSignal::Kill);
-    if let Some(guard) = guard {
-        guard.disarm();
-    }
-    drop(watch);
-    let mut outcome =
-        collect(Path::new(&ctx.metrics), &request.log, timed_out, exit.and_then(|s| s.code()), start.elapsed());
-    // Stopped by us with its iterations measured: a complete run, whatever its exit.
-    if stopping.is_some() && outcome.status == RunStatus::Failed {
-        outcome.status = RunStatus::Ok;
-    }
-    Ok(outcome)
-}
-
-/// Iteration lines a metrics file holds so far.
-fn iterations_reported(metrics: &Path) -> u64 {
-    let Ok(file) = std::fs::File::open(metrics) else { return 0 };
-    BufReader::new(file)
-        .lines()
-        .map_while(Result::ok)
-        .filter(|l| matches!(MetricLine::parse(l), Some(MetricLine::Iteration { .. })))
-        .count() as u64
+    crate::executor::run_to_end(&crate::executor::Local::new(), &run)
 }
 
 /// What a finished run did, from its metrics file and its log: the metric lines (the

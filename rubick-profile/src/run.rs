@@ -21,7 +21,7 @@ use rubick_core::tables::{PROFILE, ProfileRow};
 use rubick_core::{Cluster, Job, MemoryEstimator, NodeGroup, Placement, Plan};
 use rubick_io::cli::Outcome;
 use rubick_io::files::{is_std, load_artifact};
-use rubick_launch::{RunOutcome, RunRequest, RunStatus};
+use rubick_launch::{Executor, NodeSlot, RunOutcome, RunRequest, RunStatus, Submission};
 
 use crate::devices::{self, CPU_GPU_TYPE, GpuMetrics, Sampler};
 
@@ -280,6 +280,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
     if args.backend == Backend::Slurm {
         rubick_launch::slurm::available().map_err(|reason| anyhow::anyhow!("--backend slurm: {reason}"))?;
     }
+    let executor: Arc<dyn Executor> = match args.backend {
+        Backend::Local => Arc::new(rubick_launch::executor::Local::new()),
+        Backend::Slurm => Arc::new(rubick_launch::slurm::Slurm::new()),
+    };
     let nvml = if on_cpu || args.backend == Backend::Slurm {
         None
     } else {
@@ -333,7 +337,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
                     job: job.name.clone(),
                     launch: Arc::clone(&launch),
                     work_dir: work_dir.clone(),
-                    backend: args.backend,
+                    executor: Arc::clone(&executor),
                     partition: args.partition.clone(),
                     on_cpu,
                     nvml: nvml.clone(),
@@ -396,7 +400,7 @@ struct StartContext {
     job: String,
     launch: Arc<Launch>,
     work_dir: PathBuf,
-    backend: Backend,
+    executor: Arc<dyn Executor>,
     partition: Option<String>,
     on_cpu: bool,
     nvml: Option<Arc<nvml_wrapper::Nvml>>,
@@ -439,34 +443,36 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                 .as_ref()
                 .filter(|_| !devices.is_empty())
                 .map(|nvml| Sampler::start(Arc::clone(nvml), devices.clone(), Duration::from_millis(200)));
-            let outcome = match ctx.backend {
-                Backend::Local => rubick_launch::run(&request),
-                Backend::Slurm => {
-                    // Across nodes: one launcher per node (its `{node_rank}`), the first
-                    // node `{master_addr}`; each node asks its share of cores and memory.
-                    let nodes = planned.placement.nodes();
-                    let nodelist = if nodes > 1 {
-                        let known = rubick_launch::slurm::nodes().map_err(|e| e.to_string())?;
-                        slurm_nodes_for(&known, &planned.placement, ctx.on_cpu).map_err(|e| e.to_string())?
-                    } else {
-                        Vec::new()
-                    };
-                    rubick_launch::slurm::run(
-                        &request,
-                        &rubick_launch::slurm::SlurmResources {
-                            nodes,
-                            nodelist,
-                            ntasks_per_node: 1,
-                            gpus_per_node: if ctx.on_cpu { 0 } else { planned.placement.max_per_node() },
-                            cpus_per_task: planned.cpus.div_ceil(nodes).max(1),
-                            mem_mb: Some((planned.host_memory_gib * 1024.0 / f64::from(nodes)) as u64),
-                            partition: ctx.partition.clone(),
-                            wrapper: rubick_launch::wrap::command().ok(),
-                            ..rubick_launch::slurm::SlurmResources::default()
-                        },
-                    )
-                }
+            // Across nodes (Slurm): one launcher per node (its `{node_rank}`), the first
+            // node `{master_addr}`; each node asks its share of cores and memory.
+            let nodes = planned.placement.nodes();
+            let names = if nodes > 1 {
+                let known = rubick_launch::slurm::nodes().map_err(|e| e.to_string())?;
+                slurm_nodes_for(&known, &planned.placement, ctx.on_cpu).map_err(|e| e.to_string())?
+            } else {
+                vec![String::new()]
             };
+            let per_node: Vec<u32> = planned.placement.per_node().to_vec();
+            let run = Submission {
+                request,
+                dir: dir.clone(),
+                nodes: names
+                    .into_iter()
+                    .zip(per_node)
+                    .map(|(name, gpus)| NodeSlot {
+                        name,
+                        gpus: if ctx.on_cpu { Vec::new() } else { (0..gpus).collect() },
+                        cpus: planned.cpus.div_ceil(nodes).max(1),
+                        host_memory_gib: planned.host_memory_gib / f64::from(nodes),
+                    })
+                    .collect(),
+                cores: Vec::new(),
+                name: None,
+                detached: false,
+                partition: ctx.partition.clone(),
+            };
+            // Submit, then follow it to its end: the same on every backend.
+            let outcome = rubick_launch::run_to_end(ctx.executor.as_ref(), &run);
             let gpu = sampler.and_then(Sampler::finish);
             outcome.map(|o| (o, gpu)).map_err(|e| e.to_string())
         })();

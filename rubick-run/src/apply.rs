@@ -22,7 +22,7 @@ pub(crate) fn desired_of(
     path: &Path,
     state: &State,
     cluster: Option<&Cluster>,
-    backend: &dyn Backend,
+    backend: &dyn Executor,
 ) -> anyhow::Result<BTreeMap<String, Allocation>> {
     let at = |i: usize, what: &str| format!("{}: assignments[{i}].{what}", rubick_io::files::display(path));
     if let Some(c) = cluster {
@@ -303,20 +303,21 @@ pub(crate) fn apply(
         dir.save(&state)?;
         failpoint("start-recorded");
     }
-    let started: Vec<anyhow::Result<String>> = std::thread::scope(|scope| {
+    let started: Vec<anyhow::Result<backends::Handle>> = std::thread::scope(|scope| {
         let launches: Vec<_> = starting
             .iter()
             .map(|s| {
                 let backend = backend.as_ref();
                 scope.spawn(move || {
-                    backend.start(&backends::StartSpec {
+                    let spec = backends::StartSpec {
                         job: &s.job,
                         launch: &s.launch,
                         allocation: &s.allocation,
                         dir: &s.dir,
                         checkpoint_dir: &s.checkpoints,
                         cores: &s.cores,
-                    })
+                    };
+                    Ok(backend.submit(&spec.submission()?)?)
                 })
             })
             .collect();
@@ -342,18 +343,22 @@ pub(crate) fn apply(
             }
         };
         if let Some(run) = rec.run.as_mut() {
-            run.handle = Some(handle.clone());
+            run.handle = Some(handle.to_string());
             run.phase = RunPhase::Running;
             // What this run was, beside what it measures (the online refit reads both).
             state::write_durably(&s.dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
         }
-        let shown = if backend.name() == "local" { handle.split('@').next().unwrap_or(&handle) } else { &handle };
         eprintln!(
-            "{job}: started {} on {} (run {}, {} {shown})",
+            "{job}: started {} on {} (run {}, {} {})",
             s.allocation.plan,
             where_(&s.allocation.nodes),
             s.attempt,
-            if backend.name() == "local" { "process group" } else { "handle" }
+            match handle {
+                backends::Handle::Local { .. } => "process group",
+                backends::Handle::Slurm { .. } => "Slurm job",
+                backends::Handle::Kubernetes { .. } => "resources",
+            },
+            handle.short()
         );
     }
     dir.save(&state)?;
@@ -397,7 +402,7 @@ pub(crate) fn live_unrecorded_run(
     dir: &StateDir,
     state: &State,
     job: &str,
-    backend: &dyn Backend,
+    backend: &dyn Executor,
 ) -> Option<(u32, String)> {
     let recorded = state.jobs.get(job).and_then(|r| r.run.as_ref()).map(|r| r.attempt);
     let entries = std::fs::read_dir(dir.job_dir(job)).ok()?;
@@ -406,7 +411,11 @@ pub(crate) fn live_unrecorded_run(
         .filter(|a| Some(*a) != recorded)
         .collect();
     attempts.sort_unstable();
-    attempts.into_iter().find_map(|a| backend.recover(&dir.attempt_dir(job, a)).map(|h| (a, h)))
+    attempts.into_iter().find_map(|a| {
+        let attempt_dir = dir.attempt_dir(job, a);
+        let handle = backend.recover(&attempt_dir, backends::run_name(&attempt_dir).as_deref())?;
+        backend.poll(&handle, &attempt_dir, &[]).alive().then(|| (a, handle.to_string()))
+    })
 }
 
 /// Cores the runs of jobs other than `job` are pinned to.

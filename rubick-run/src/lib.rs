@@ -34,7 +34,7 @@ pub mod plot;
 pub mod reconcile;
 pub mod state;
 
-use backends::Backend;
+use backends::Executor;
 use reconcile::{Action, Allocation, StopReason};
 use state::{JobRecord, JobStatus, Reconfiguration, RunPhase, RunRecord, State, StateDir};
 

@@ -3,54 +3,66 @@
 
 #[allow(clippy::wildcard_imports)]
 use crate::*;
+use backends::{End, Handle, RunState};
 
 /// Brings the records up to date with the backend: runs that ended, runs a killed
 /// rubick-run started but never recorded, stops it never finished.
-pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Backend) -> anyhow::Result<()> {
+pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor) -> anyhow::Result<()> {
     let mut unfinished = Vec::new();
     for (name, rec) in &mut state.jobs {
         let Some(run) = rec.run.clone() else { continue };
         let attempt_dir = dir.attempt_dir(name, run.attempt);
         rec.iterations_done = rec.iterations_done.max(backends::last_iteration(&attempt_dir).unwrap_or(0));
+        let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
+        let recover = || backend.recover(&attempt_dir, backends::run_name(&attempt_dir).as_deref());
         match run.phase {
             // A run whose start was recorded but not its handle: spawned (its wrapper
             // records its group first thing: give it a moment when the spawn began,
             // i.e. its log exists) or never started.
-            RunPhase::Starting => match backend.recover(&attempt_dir).or_else(|| {
-                attempt_dir.join("log.txt").exists().then(|| {
-                    std::thread::sleep(Duration::from_millis(1500));
-                    backend.recover(&attempt_dir)
-                })?
-            }) {
-                Some(handle) => {
-                    tracing::warn!("`{name}`: adopting run {} started by an interrupted rubick-run", run.attempt);
-                    if let Some(r) = rec.run.as_mut() {
-                        r.handle = Some(handle);
-                        r.phase = RunPhase::Running;
+            RunPhase::Starting => {
+                let found = recover().or_else(|| {
+                    attempt_dir.join("log.txt").exists().then(|| {
+                        std::thread::sleep(Duration::from_millis(1500));
+                        recover()
+                    })?
+                });
+                match found.map(|h| (backend.poll(&h, &attempt_dir, &nodes), h)) {
+                    Some((RunState::Ended(end), _)) => ended(rec, end, &attempt_dir),
+                    Some((_, handle)) => {
+                        tracing::warn!("`{name}`: adopting run {} started by an interrupted rubick-run", run.attempt);
+                        if let Some(r) = rec.run.as_mut() {
+                            r.handle = Some(handle.to_string());
+                            r.phase = RunPhase::Running;
+                        }
+                    }
+                    None => {
+                        tracing::warn!(
+                            "`{name}`: run {} was never started (interrupted rubick-run); queued again",
+                            run.attempt
+                        );
+                        rec.run = None;
+                        rec.status = JobStatus::Queued;
                     }
                 }
-                None if backend.exit_code(None, &attempt_dir).is_some() => ended(rec, backend, None, &attempt_dir),
-                None => {
-                    tracing::warn!(
-                        "`{name}`: run {} was never started (interrupted rubick-run); queued again",
-                        run.attempt
-                    );
-                    rec.run = None;
-                    rec.status = JobStatus::Queued;
-                }
-            },
+            }
             RunPhase::Running => {
-                // Its exit code is written as its last act: ended, even if the wrapper lingers.
-                let handle = run.handle.as_deref();
-                let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
-                if backend.exit_code(handle, &attempt_dir).is_some() || !handle.is_some_and(|h| backend.alive(h)) {
-                    ended(rec, backend, handle, &attempt_dir);
-                } else if let Some((h, why)) = handle.and_then(|h| Some((h, backend.stranded(h, &nodes)?))) {
-                    lost(rec, backend, h, &why);
-                } else if let Some(last) =
-                    rec.reconfigurations.last_mut().filter(|r| r.first_iteration_s.is_none() && r.to.is_some())
-                {
-                    last.first_iteration_s = first_iteration_s(&attempt_dir, run.started_unix_s);
+                // One look at the run: ended (its exit code is written as its last act:
+                // ended, even if a wrapper lingers), stranded, or running on.
+                let Some(handle) = run.handle.as_deref().and_then(|h| backend.handle(h)).or_else(recover) else {
+                    ended(rec, End::default(), &attempt_dir);
+                    continue;
+                };
+                match backend.poll(&handle, &attempt_dir, &nodes) {
+                    RunState::Ended(end) => ended(rec, end, &attempt_dir),
+                    RunState::Stranded(why) => lost(rec, backend, &handle, &why),
+                    RunState::Unknown(why) => tracing::warn!("`{name}`: {why} (taken for running)"),
+                    RunState::Waiting | RunState::Running => {
+                        if let Some(last) =
+                            rec.reconfigurations.last_mut().filter(|r| r.first_iteration_s.is_none() && r.to.is_some())
+                        {
+                            last.first_iteration_s = first_iteration_s(&attempt_dir, run.started_unix_s);
+                        }
+                    }
                 }
             }
             RunPhase::Stopping => {
@@ -91,7 +103,7 @@ pub(crate) fn stop_run(
     dir: &StateDir,
     state: &mut State,
     job: &str,
-    backend: &dyn Backend,
+    backend: &dyn Executor,
 ) -> anyhow::Result<Option<(f64, bool)>> {
     Ok(stop_runs(dir, state, &[job], backend)?.pop().flatten())
 }
@@ -106,7 +118,7 @@ pub(crate) fn stop_runs(
     dir: &StateDir,
     state: &mut State,
     jobs: &[&str],
-    backend: &dyn Backend,
+    backend: &dyn Executor,
 ) -> anyhow::Result<Vec<Option<(f64, bool)>>> {
     let mut runs = Vec::new();
     for (k, &job) in jobs.iter().enumerate() {
@@ -114,7 +126,8 @@ pub(crate) fn stop_runs(
         let (signal, timeout) = stop_settings(&rec.job);
         let Some(run) = rec.run.as_mut() else { continue };
         run.phase = RunPhase::Stopping;
-        runs.push((k, run.clone(), signal, timeout));
+        let handle = run.handle.as_deref().and_then(|h| backend.handle(h));
+        runs.push((k, run.clone(), handle, dir.attempt_dir(job, run.attempt), signal, timeout));
     }
     let mut out = vec![None; jobs.len()];
     if runs.is_empty() {
@@ -125,9 +138,9 @@ pub(crate) fn stop_runs(
     let stopped: Vec<(f64, bool)> = std::thread::scope(|scope| {
         let waits: Vec<_> = runs
             .iter()
-            .map(|(_, run, signal, timeout)| {
-                scope.spawn(move || match &run.handle {
-                    Some(handle) => backends::stop(backend, handle, *signal, *timeout),
+            .map(|(_, _, handle, attempt_dir, signal, timeout)| {
+                scope.spawn(move || match handle {
+                    Some(handle) => backends::stop(backend, handle, attempt_dir, *signal, *timeout),
                     None => (0.0, true),
                 })
             })
@@ -148,16 +161,21 @@ pub(crate) fn stop_runs(
 
 /// A live run that cannot go on where it was placed (its node failed): killed, and
 /// its job queued for the next round without spending a retry ([`lifecycle`]).
-pub(crate) fn lost(rec: &mut JobRecord, backend: &dyn Backend, handle: &str, why: &str) {
+pub(crate) fn lost(rec: &mut JobRecord, backend: &dyn Executor, handle: &Handle, why: &str) {
     backend.signal(handle, backends::RunSignal::Kill);
     lifecycle::after(rec, lifecycle::Ended::Lost { why: why.to_owned() });
 }
 
-/// A run that ended on its own: what the backend and the run's files say of its end,
-/// then the job's next state ([`lifecycle::after`]).
-pub(crate) fn ended(rec: &mut JobRecord, backend: &dyn Backend, handle: Option<&str>, attempt_dir: &Path) {
-    let code = backend.exit_code(handle, attempt_dir);
-    let end = if backend.preempted(handle) {
+/// A run that ended on its own: what the backend and the run's files say of its end
+/// (a scheduler's note on an end that was not the run's own exit is added to its log,
+/// where the classifier reads it: Slurm's `OUT_OF_MEMORY`), then the job's next state
+/// ([`lifecycle::after`]).
+pub(crate) fn ended(rec: &mut JobRecord, end: End, attempt_dir: &Path) {
+    if let Some(note) = &end.note {
+        rubick_launch::executor::append(&attempt_dir.join("log.txt"), note);
+    }
+    let code = end.code;
+    let end = if end.preempted {
         lifecycle::Ended::Preempted { code }
     } else {
         lifecycle::Ended::Exited { code, failure: classify(code, attempt_dir) }
@@ -218,7 +236,7 @@ pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunReco
 /// The state brought up to date with its backend (runs that ended, starts and stops
 /// an interrupted rubick-run left) and saved, with that backend: what every command
 /// but `submit` and `apply` starts from.
-pub(crate) fn refreshed(dir: &StateDir) -> anyhow::Result<(State, Box<dyn Backend>)> {
+pub(crate) fn refreshed(dir: &StateDir) -> anyhow::Result<(State, Box<dyn Executor>)> {
     let mut state = dir.load()?;
     let backend = state_backend(dir, &state)?;
     refresh(dir, &mut state, backend.as_ref())?;
@@ -227,7 +245,7 @@ pub(crate) fn refreshed(dir: &StateDir) -> anyhow::Result<(State, Box<dyn Backen
 }
 
 /// The backend the state's runs are on (local until an apply says otherwise).
-pub(crate) fn state_backend(dir: &StateDir, state: &State) -> anyhow::Result<Box<dyn Backend>> {
+pub(crate) fn state_backend(dir: &StateDir, state: &State) -> anyhow::Result<Box<dyn Executor>> {
     let name = state.backend.as_deref().unwrap_or("local");
     backends::backend(name, Some(&dir.root))?
         .with_context(|| format!("state: backend: `{name}` is not known to this rubick-run"))

@@ -57,14 +57,16 @@ fn two_functions_decide_how_a_run_ended_and_disagree() {
 /// neither counted as the run nor signalled.
 #[test]
 fn a_reused_process_group_id_is_never_signalled() {
-    use rubick_run::backends::{Backend, Local, RunSignal};
+    use rubick_launch::executor::{Executor, Local};
+    use rubick_run::backends::RunSignal;
     use std::os::unix::process::CommandExt as _;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut other = std::process::Command::new("sleep").arg("60").process_group(0).spawn().expect("sleep starts");
     // The handle a finished run left, whose group id the unrelated `sleep` now holds.
-    let handle = format!("{}@{}", other.id(), dir.path().display());
-    assert!(!Local.alive(&handle), "an unrelated process is not the run");
-    Local.signal(&handle, RunSignal::Kill);
+    let local = Local::new();
+    let handle = local.handle(&format!("{}@{}", other.id(), dir.path().display())).expect("a local handle");
+    assert!(!local.poll(&handle, dir.path(), &[]).alive(), "an unrelated process is not the run");
+    local.signal(&handle, RunSignal::Kill);
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(other.try_wait().expect("status").is_none(), "the unrelated process was signalled");
     let _ = other.kill();

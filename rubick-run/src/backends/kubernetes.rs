@@ -118,12 +118,16 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use rubick_core::launch::{LaunchContext, StopSignal};
 use serde_yaml_ng::{Mapping, Value};
 
-use super::{Backend, RunSignal, StartSpec};
+use rubick_launch::Submission;
+use rubick_launch::supervise::LaunchError;
+
+use super::{End, Executor, Handle, RunSignal, RunState};
 
 /// The default container image.
 pub const DEFAULT_IMAGE: &str = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime";
@@ -620,14 +624,18 @@ impl Kubernetes {
 
     /// Prepares a run (its DeepSpeed configuration, metrics file and checkpoint
     /// directory, as every backend does) and what its manifests are made of.
-    pub fn shape(&self, spec: &StartSpec<'_>) -> anyhow::Result<RunShape> {
-        let dir = std::path::absolute(spec.dir).with_context(|| spec.dir.display().to_string())?;
-        let checkpoint_dir =
-            std::path::absolute(spec.checkpoint_dir).with_context(|| spec.checkpoint_dir.display().to_string())?;
-        let a = spec.allocation;
+    pub fn shape(&self, run: &Submission<'_>) -> anyhow::Result<RunShape> {
+        let dir = std::path::absolute(&run.dir).with_context(|| run.dir.display().to_string())?;
+        let checkpoint_dir = std::path::absolute(&run.request.context.checkpoint_dir)
+            .with_context(|| run.request.context.checkpoint_dir.clone())?;
+        let launch = run.request.launch;
+        let job = run.request.context.job.clone();
         // The operator sets MASTER_ADDR (the kubelet expands it in command and args); the
         // device plugin picks the GPUs.
-        let request = spec.request(&dir, &checkpoint_dir, ("$(MASTER_ADDR)", PYTORCHJOB_PORT), Vec::new())?;
+        let mut request = run.request.clone();
+        request.context.master_addr = "$(MASTER_ADDR)".into();
+        request.context.master_port = PYTORCHJOB_PORT;
+        request.context.visible_devices = Vec::new();
         let prepared = rubick_launch::supervise::prepare(&request)?;
         let ds = dir.join("deepspeed.json");
         let deepspeed = std::fs::read_to_string(&ds).with_context(|| ds.display().to_string())?;
@@ -636,9 +644,9 @@ impl Kubernetes {
             master_port: TRAINJOB_PORT,
             ..request.context.clone()
         };
-        let trainjob_argv = trainjob_context.argv(spec.launch).map_err(anyhow::Error::msg)?;
+        let trainjob_argv = trainjob_context.argv(launch).map_err(anyhow::Error::msg)?;
         let trainjob_env =
-            rubick_core::launch::environment(&trainjob_context, Some(spec.launch)).map_err(anyhow::Error::msg)?;
+            rubick_core::launch::environment(&trainjob_context, Some(launch)).map_err(anyhow::Error::msg)?;
         let mut data = prepared.env;
         for key in data.keys() {
             anyhow::ensure!(
@@ -650,19 +658,19 @@ impl Kubernetes {
         }
         data.insert("deepspeed.json".to_owned(), deepspeed);
         let attempt = attempt_of(&dir);
-        let name = resource_name(&spec.job.name, &attempt);
+        let name = resource_name(&job, &attempt);
         let labels = BTreeMap::from([
-            ("rubick.dev/job".to_owned(), label_value(&spec.job.name)),
+            ("rubick.dev/job".to_owned(), label_value(&job)),
             ("rubick.dev/attempt".to_owned(), label_value(&attempt)),
             ("rubick.dev/run".to_owned(), name.clone()),
         ]);
-        let share = a.nodes.first();
+        let share = run.nodes.first();
         Ok(RunShape {
             name,
             labels,
-            nodes: a.nodes.len().max(1) as u32,
+            nodes: run.nodes.len().max(1) as u32,
             gpus_per_node: request.context.gpus_per_node,
-            cpus_per_node: a.nodes.iter().map(|n| n.cpus).max().unwrap_or(0),
+            cpus_per_node: run.nodes.iter().map(|n| n.cpus).max().unwrap_or(0),
             host_memory_gib: share.map_or(0.0, |n| n.host_memory_gib).max(0.0),
             data,
             argv: prepared.argv,
@@ -671,7 +679,7 @@ impl Kubernetes {
             workdir: prepared.workdir.map(|w| w.display().to_string()),
             run_dir: dir.display().to_string(),
             checkpoint_dir: checkpoint_dir.display().to_string(),
-            stop_timeout_s: spec.launch.stop_timeout_s,
+            stop_timeout_s: launch.stop_timeout_s,
         })
     }
 }
@@ -760,11 +768,9 @@ fn terminal(conditions: &[String]) -> Option<i32> {
 }
 
 impl Kubernetes {
-    fn kubectl_alive(&self, name: &str, dir: &Path) -> anyhow::Result<bool> {
-        let kind = applied_kind(dir).unwrap_or(TrainingKind::PyTorchJob);
-        if resource_conditions(self, kind, name)?.is_some_and(|c| terminal(&c).is_none()) {
-            return Ok(true);
-        }
+    /// Whether any pod of the run is pending or running (deleting the resource leaves
+    /// its pods terminating for their grace period).
+    fn pods_left(&self, kind: TrainingKind, name: &str) -> anyhow::Result<bool> {
         let pods = self.kubectl(&[
             "get",
             "pods",
@@ -776,23 +782,18 @@ impl Kubernetes {
         ])?;
         Ok(!pods.trim().is_empty())
     }
-}
 
-impl Backend for Kubernetes {
-    fn name(&self) -> &'static str {
-        "kubernetes"
-    }
-
-    fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
-        if spec.launch.stop_signal != StopSignal::Term {
+    fn start(&self, run: &Submission<'_>) -> anyhow::Result<Handle> {
+        let launch = run.request.launch;
+        if launch.stop_signal != StopSignal::Term {
             tracing::warn!(
                 "{}: stopSignal {} cannot reach a Kubernetes pod (it is stopped with SIGTERM): \
                  use stopSignal: SIGTERM, or it is stopped without a checkpoint",
-                spec.job.name,
-                spec.launch.stop_signal.name()
+                run.request.context.job,
+                launch.stop_signal.name()
             );
         }
-        let shape = self.shape(spec)?;
+        let shape = self.shape(run)?;
         let dir = PathBuf::from(&shape.run_dir);
         let docs = self.manifests(&shape);
         let text = multi_document(&docs)?;
@@ -811,23 +812,47 @@ impl Backend for Kubernetes {
             self.ensure_context()?;
             self.kubectl(&["apply", "-f", &apply.display().to_string()])?;
         }
-        Ok(format!("{}@{}", shape.name, shape.run_dir))
+        Ok(Handle::Kubernetes { name: shape.name, dir })
+    }
+}
+
+impl Executor for Kubernetes {
+    fn name(&self) -> &'static str {
+        "kubernetes"
     }
 
-    fn alive(&self, handle: &str) -> bool {
-        let Some((name, dir)) = parse_handle(handle) else { return false };
+    fn submit(&self, run: &Submission<'_>) -> Result<Handle, LaunchError> {
+        self.start(run).map_err(|e| LaunchError::Backend(format!("kubernetes: {e:#}")))
+    }
+
+    /// kubectl: alive while its resource exists without a terminal condition or any of
+    /// its pods is pending or running; its code 0 after `Succeeded`/`Complete`, 1 after
+    /// `Failed`. Directory mode: alive while its manifests are there and not deleted.
+    fn poll(&self, handle: &Handle, _dir: &Path, _nodes: &[String]) -> RunState {
+        let Handle::Kubernetes { name, dir } = handle else {
+            return RunState::Ended(End { note: Some(format!("{handle}: not a Kubernetes run")), ..End::default() });
+        };
         if self.mode == Mode::Kubectl && dir.join(APPLY).exists() {
-            return self.kubectl_alive(name, dir).unwrap_or_else(|e| {
-                // The API server does not answer: assume it still runs (never start it twice).
-                tracing::warn!("{name}: {e}");
-                true
+            let kind = applied_kind(dir).unwrap_or(TrainingKind::PyTorchJob);
+            let state = resource_conditions(self, kind, name).and_then(|conditions| {
+                let code = conditions.as_deref().and_then(terminal);
+                if (conditions.is_some() && code.is_none()) || self.pods_left(kind, name)? {
+                    return Ok(RunState::Running);
+                }
+                Ok(RunState::Ended(End { code, ..End::default() }))
             });
+            // The API server does not answer: taken for alive (never started twice).
+            return state.unwrap_or_else(|e| RunState::Unknown(format!("{name}: {e:#}")));
         }
-        dir.join(MANIFESTS).exists() && !dir.join(DELETED).exists()
+        if dir.join(MANIFESTS).exists() && !dir.join(DELETED).exists() {
+            RunState::Running
+        } else {
+            RunState::Ended(End::default())
+        }
     }
 
-    fn signal(&self, handle: &str, signal: RunSignal) {
-        let Some((name, dir)) = parse_handle(handle) else { return };
+    fn signal(&self, handle: &Handle, signal: RunSignal) {
+        let Handle::Kubernetes { name, dir } = handle else { return };
         if self.mode == Mode::Kubectl && dir.join(APPLY).exists() {
             let apply = dir.join(APPLY).display().to_string();
             let mut args = vec!["delete", "-f", &apply, "--ignore-not-found", "--wait=false"];
@@ -859,23 +884,18 @@ impl Backend for Kubernetes {
         }
     }
 
-    fn recover(&self, dir: &Path) -> Option<String> {
+    fn recover(&self, dir: &Path, _name: Option<&str>) -> Option<Handle> {
         let dir = std::path::absolute(dir).ok()?;
-        let name = recorded_name(&dir)?;
-        let handle = format!("{name}@{}", dir.display());
-        self.alive(&handle).then_some(handle)
+        Some(Handle::Kubernetes { name: recorded_name(&dir)?, dir })
     }
 
-    fn exit_code(&self, handle: Option<&str>, dir: &Path) -> Option<i32> {
-        if self.mode != Mode::Kubectl || !dir.join(APPLY).exists() {
-            return None;
-        }
-        let name = match handle.and_then(parse_handle) {
-            Some((name, _)) => name.to_owned(),
-            None => recorded_name(dir)?,
-        };
-        let kind = applied_kind(dir).unwrap_or(TrainingKind::PyTorchJob);
-        terminal(&resource_conditions(self, kind, &name).ok()??)
+    fn handle(&self, text: &str) -> Option<Handle> {
+        let (name, dir) = parse_handle(text)?;
+        Some(Handle::Kubernetes { name: name.to_owned(), dir: dir.to_path_buf() })
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(500)
     }
 }
 
@@ -883,6 +903,7 @@ impl Backend for Kubernetes {
 #[allow(clippy::unwrap_used)] // tests fail loudly on purpose
 mod tests {
     use super::*;
+    use crate::backends::StartSpec;
     use crate::reconcile::Allocation;
     use rubick_core::schedule::NodeShare;
     use rubick_core::{Job, Plan};
@@ -1169,9 +1190,9 @@ launch:
             checkpoint_dir: &checkpoints,
             cores: &[],
         };
-        let handle = k.start(&spec).unwrap();
+        let handle = k.submit(&spec.submission().unwrap()).unwrap();
         let docs = parse_documents(&std::fs::read_to_string(dir.join(MANIFESTS)).unwrap()).unwrap();
-        (handle, docs)
+        (handle.to_string(), docs)
     }
 
     fn crd(file: &str) -> Option<Value> {
@@ -1412,25 +1433,25 @@ launch:
         let copy = gitops.join("rubick-bert-3.yaml");
         assert_eq!(std::fs::read_to_string(&copy).unwrap(), std::fs::read_to_string(dir.join(MANIFESTS)).unwrap());
         assert!(!dir.join(APPLY).exists(), "directory mode applies nothing");
-        assert!(k.alive(&handle));
-        assert_eq!(k.recover(&dir), Some(handle.clone()));
-        assert_eq!(k.exit_code(Some(&handle), &dir), None);
+        let handle = k.handle(&handle).unwrap();
+        assert_eq!(k.poll(&handle, &dir, &[]), RunState::Running);
+        assert_eq!(k.recover(&dir, None), Some(handle.clone()));
 
         k.signal(&handle, RunSignal::Stop(Default::default()));
-        assert!(!k.alive(&handle));
+        assert_eq!(k.poll(&handle, &dir, &[]), RunState::Ended(End::default()), "ended, its code unknown");
         assert!(!copy.exists(), "the GitOps copy is removed");
         assert!(dir.join(MANIFESTS).exists(), "the record stays");
-        assert_eq!(k.recover(&dir), None);
-        assert_eq!(k.exit_code(Some(&handle), &dir), None);
+        assert_eq!(k.recover(&dir, None), Some(handle.clone()), "found again, ended");
         // Stopping a run through the trait's helper ends at once.
-        let (_, clean) = crate::backends::stop(&k, &handle, StopSignal::Term, std::time::Duration::from_secs(1));
+        let (_, clean) = crate::backends::stop(&k, &handle, &dir, StopSignal::Term, std::time::Duration::from_secs(1));
         assert!(clean);
 
-        // Nothing there: not alive, nothing to recover, a malformed handle is harmless.
-        assert!(!k.alive("rubick-x-1@/nonexistent/dir"));
-        assert!(!k.alive("garbage"));
-        k.signal("garbage", RunSignal::Term);
-        assert_eq!(k.recover(&root.path().join("nowhere")), None);
+        // Nothing there: ended, nothing to recover, a malformed handle is refused.
+        let gone = k.handle("rubick-x-1@/nonexistent/dir").unwrap();
+        assert!(!k.poll(&gone, &dir, &[]).alive());
+        assert_eq!(k.handle("garbage"), None);
+        k.signal(&Handle::Slurm { job: "1".into() }, RunSignal::Term);
+        assert_eq!(k.recover(&root.path().join("nowhere"), None), None);
     }
 
     #[test]

@@ -1,34 +1,34 @@
-//! Backends: where runs execute. One trait, one registry.
+//! Backends: where runs execute, each a [`rubick_launch::Executor`] (submit, poll,
+//! signal, recover over typed handles), one registry.
 //!
-//! * `local` — detached processes on this machine, each run in a process group of its
-//!   own under the run wrapper ([`rubick_launch::wrap`]: a child subreaper that records
-//!   the group's id (its pid file) before the job starts and the job's exit code after
-//!   it ends, both written atomically in the run's directory, and ends whatever the job
-//!   left behind): a `rubick-run` killed between starting a run and recording it
-//!   finds it again from its pid file; `CUDA_VISIBLE_DEVICES` from the placement's GPU
-//!   indices; pinned (`taskset`) to as many of this machine's cores as it was given,
-//!   cores no other running job holds; a log file per run.
+//! * `local` — [`rubick_launch::executor::Local`]: detached processes on this machine,
+//!   each run in a process group of its own under the run wrapper (a child subreaper
+//!   that records the group's id before the job starts and the job's exit code after it
+//!   ends, both atomically in the run's directory, and ends whatever the job left
+//!   behind): a `rubick-run` killed between starting a run and recording it finds it
+//!   again from its pid file; `CUDA_VISIBLE_DEVICES` from the placement's GPU indices;
+//!   pinned (`taskset`) to as many of this machine's cores as it was given, cores no
+//!   other running job holds; a log file per run.
 //!
-//! * `slurm` — one `sbatch` job per run ([`slurm`]).
+//! * `slurm` — [`rubick_launch::slurm::Slurm`]: one `sbatch` job per run, named
+//!   [`run_name`], requeued by Slurm after a preemption or a node failure.
 //!
 //! * `kubernetes` — Kubeflow PyTorchJob / TrainJob manifests and a ConfigMap, applied with
 //!   kubectl when a cluster is configured, else written to a directory ([`kubernetes`]).
 
-use std::os::unix::process::CommandExt as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use rubick_core::Job;
 use rubick_core::launch::{Launch, LaunchContext, StopSignal};
-use rubick_launch::RunRequest;
+pub use rubick_launch::executor::{End, Executor, Handle, RunState};
 pub use rubick_launch::supervise::RunSignal;
+use rubick_launch::{NodeSlot, RunRequest, Submission};
 
 use crate::reconcile::Allocation;
 
 pub mod kubernetes;
-pub mod slurm;
 
 /// What a backend needs to start a run.
 #[derive(Debug)]
@@ -83,42 +83,44 @@ impl StartSpec<'_> {
             wrapper: None,
         })
     }
-}
 
-/// A place runs execute (shared by the threads that stop a round's runs together).
-pub trait Backend: std::fmt::Debug + Sync {
-    fn name(&self) -> &'static str;
-    /// Starts a run; its handle.
-    fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String>;
-    /// Whether any process of the run is alive.
-    fn alive(&self, handle: &str) -> bool;
-    /// Sends `signal` to every process of the run.
-    fn signal(&self, handle: &str, signal: RunSignal);
-    /// The handle of a run started in `dir` but maybe never recorded (crash recovery).
-    fn recover(&self, dir: &Path) -> Option<String>;
-    /// The run's exit code, once it ended.
-    fn exit_code(&self, handle: Option<&str>, dir: &Path) -> Option<i32>;
-    /// Whether the backend's scheduler ended the run to make room (Slurm's PREEMPTED
-    /// without a requeue): the job waits again, no retry spent.
-    fn preempted(&self, _handle: Option<&str>) -> bool {
-        false
-    }
-    /// Why a live run can no longer go on where it was placed, if it cannot: Slurm
-    /// requeued it after one of its `nodes` failed and, pinned to them, it would wait
-    /// until that node returns. The caller ends it and queues the job (no retry spent),
-    /// so the next round places it on the nodes that are up.
-    fn stranded(&self, _handle: &str, _nodes: &[String]) -> Option<String> {
-        None
+    /// The run as the executors take it: detached (it outlives this rubick-run), on the
+    /// allocation's nodes, named [`run_name`], its master this machine on a free port
+    /// (Slurm's runs: their first node), the first node's GPU indices (the local
+    /// backend's; Slurm's and Kubernetes' schedulers pick their own).
+    pub fn submission(&self) -> anyhow::Result<Submission<'_>> {
+        let a = self.allocation;
+        let gpus = a.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default();
+        let request =
+            self.request(self.dir, self.checkpoint_dir, ("127.0.0.1", rubick_launch::supervise::free_port()), gpus)?;
+        Ok(Submission {
+            request,
+            dir: self.dir.to_path_buf(),
+            nodes: a
+                .nodes
+                .iter()
+                .map(|n| NodeSlot {
+                    name: n.node.clone(),
+                    gpus: n.gpus.clone(),
+                    cpus: n.cpus,
+                    host_memory_gib: n.host_memory_gib,
+                })
+                .collect(),
+            cores: self.cores.to_vec(),
+            name: run_name(self.dir),
+            detached: true,
+            partition: None,
+        })
     }
 }
 
 /// Makes a backend.
-pub type MakeBackend = fn(Option<&Path>) -> anyhow::Result<Box<dyn Backend>>;
+pub type MakeBackend = fn(Option<&Path>) -> anyhow::Result<Box<dyn Executor>>;
 
 /// Backends by name.
 pub const REGISTRY: [(&str, MakeBackend); 3] = [
-    ("local", |_| Ok(Box::new(Local))),
-    ("slurm", |_| Ok(Box::new(slurm::Slurm))),
+    ("local", |_| Ok(Box::new(rubick_launch::executor::Local::new()))),
+    ("slurm", |_| Ok(Box::new(rubick_launch::slurm::Slurm::new()))),
     ("kubernetes", |root| Ok(Box::new(kubernetes::Kubernetes::configured(root)?))),
 ];
 
@@ -129,148 +131,32 @@ pub fn known(name: &str) -> bool {
 
 /// The backend called `name`, with the settings the state directory `root` keeps for
 /// it (Kubernetes: `kubernetes.yaml`); `None` for an unknown name.
-pub fn backend(name: &str, root: Option<&Path>) -> anyhow::Result<Option<Box<dyn Backend>>> {
+pub fn backend(name: &str, root: Option<&Path>) -> anyhow::Result<Option<Box<dyn Executor>>> {
     REGISTRY.iter().find(|(n, _)| *n == name).map(|(_, make)| make(root)).transpose()
 }
 
 /// Asks a run to stop (the contract's stop signal), waits up to `timeout` for all its
 /// processes to exit, then kills what is left; `(seconds, exited cleanly)`.
-pub fn stop(backend: &dyn Backend, handle: &str, signal: StopSignal, timeout: Duration) -> (f64, bool) {
-    let start = Instant::now();
-    backend.signal(handle, RunSignal::Stop(signal));
-    crate::failpoint("stop-signalled");
-    let clean = wait_gone(backend, handle, timeout);
-    if !clean {
-        backend.signal(handle, RunSignal::Kill);
-        wait_gone(backend, handle, Duration::from_secs(10));
-    }
-    (start.elapsed().as_secs_f64(), clean)
+pub fn stop(backend: &dyn Executor, handle: &Handle, dir: &Path, signal: StopSignal, timeout: Duration) -> (f64, bool) {
+    rubick_launch::executor::stop(backend, handle, dir, signal, timeout, || crate::failpoint("stop-signalled"))
 }
 
-fn wait_gone(backend: &dyn Backend, handle: &str, timeout: Duration) -> bool {
-    let start = Instant::now();
-    while backend.alive(handle) {
-        if start.elapsed() >= timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    true
-}
-
-/// Local processes.
-#[derive(Debug, Clone, Copy)]
-pub struct Local;
-
-const PID_FILE: &str = "pgid";
-const EXIT_FILE: &str = "exit-code";
-
-/// A local run's handle: its process group and its directory (`PGID@DIR`), so that
-/// the processes that left the group are found by the run's mark
-/// (`RUBICK_METRICS=DIR/metrics.jsonl`). A plain `PGID` (older states) still works.
-fn local_handle(pgid: u32, dir: &Path) -> String {
-    format!("{pgid}@{}", dir.display())
-}
-
-/// `(process group, metrics path)` of a local handle.
-fn parse_local(handle: &str) -> (Option<u32>, Option<String>) {
-    match handle.split_once('@') {
-        Some((pgid, dir)) => (pgid.parse().ok(), Some(Path::new(dir).join("metrics.jsonl").display().to_string())),
-        None => (handle.parse().ok(), None),
-    }
-}
-
-/// Whether `pid` is a live (not zombie) member of process group `pgid`.
-fn in_group(pid: u32, pgid: u32) -> bool {
-    rubick_launch::supervise::proc_stat(pid).is_some_and(|s| !s.zombie && s.pgrp == pgid)
-}
-
-/// Non-zombie processes of process group `pgid` (a scan of /proc).
-pub fn group_members(pgid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).filter(|pid| in_group(*pid, pgid)).collect()
-}
-
-impl Backend for Local {
-    fn name(&self) -> &'static str {
-        "local"
-    }
-
-    fn start(&self, spec: &StartSpec<'_>) -> anyhow::Result<String> {
-        let gpus = spec.allocation.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default();
-        let request =
-            spec.request(spec.dir, spec.checkpoint_dir, ("127.0.0.1", rubick_launch::supervise::free_port()), gpus)?;
-        let prepared = rubick_launch::supervise::prepare(&request)?;
-        let log = std::fs::File::create(&request.log).with_context(|| request.log.display().to_string())?;
-        let log2 = log.try_clone()?;
-        // The run wrapper (rubick_launch::wrap: records the group id, outlives the stop
-        // signal, ends whatever the job left behind, records the exit code), pinned to
-        // the run's cores (`taskset`, inherited by every process of the run).
-        // Detached (no watching of stdin): the run outlives this rubick-run.
-        let line = rubick_launch::wrap::Wrap {
-            pid_file: Some(spec.dir.join(PID_FILE)),
-            exit_file: Some(spec.dir.join(EXIT_FILE)),
-            ..rubick_launch::wrap::Wrap::of(&prepared.argv)
-        }
-        .command_line(&rubick_launch::wrap::command().map_err(anyhow::Error::msg)?);
-        let pin =
-            !spec.cores.is_empty() && Command::new("taskset").arg("-V").output().is_ok_and(|o| o.status.success());
-        let mut command = if pin {
-            let cores: Vec<String> = spec.cores.iter().map(ToString::to_string).collect();
-            let mut c = Command::new("taskset");
-            c.args(["-c", &cores.join(",")]).args(&line);
-            c
-        } else {
-            let mut c = Command::new(&line[0]);
-            c.args(&line[1..]);
-            c
-        };
-        command.envs(&prepared.env).stdin(Stdio::null()).stdout(log).stderr(log2).process_group(0);
-        if let Some(dir) = &prepared.workdir {
-            command.current_dir(dir);
-        }
-        let mut child = command.spawn().with_context(|| format!("cannot start the run of `{}`", spec.job.name))?;
-        let pgid = child.id();
-        // Reaped here while this rubick-run lives; by init once it has exited.
-        std::thread::spawn(move || child.wait());
-        Ok(local_handle(pgid, spec.dir))
-    }
-
-    fn alive(&self, handle: &str) -> bool {
-        match parse_local(handle) {
-            // The run is its marked processes (its wrapper, the job, whatever they
-            // started in any session): a process group id reused by another program
-            // after the run ended is never taken for it.
-            // Its wrapper, the group's leader, lives as long as the job: one read; a
-            // scan of /proc only once the leader is gone.
-            (pgid, Some(metrics)) => {
-                pgid.is_some_and(|p| rubick_launch::supervise::carries_mark(p, &metrics))
-                    || !rubick_launch::supervise::marked_processes(&metrics).is_empty()
-            }
-            // An older state's plain group id: its leader, else its members.
-            (Some(pgid), None) => in_group(pgid, pgid) || !group_members(pgid).is_empty(),
-            (None, None) => false,
-        }
-    }
-
-    fn signal(&self, handle: &str, signal: RunSignal) {
-        match parse_local(handle) {
-            // Only the run's own (marked) processes: never whatever holds a reused id.
-            (_, Some(metrics)) => rubick_launch::supervise::signal_run(None, &metrics, signal),
-            (Some(pgid), None) => rubick_launch::supervise::signal_group(pgid, signal),
-            (None, None) => {}
-        }
-    }
-
-    fn recover(&self, dir: &Path) -> Option<String> {
-        let pgid: u32 = std::fs::read_to_string(dir.join(PID_FILE)).ok()?.trim().parse().ok()?;
-        let handle = local_handle(pgid, &std::path::absolute(dir).ok()?);
-        self.alive(&handle).then_some(handle)
-    }
-
-    fn exit_code(&self, _handle: Option<&str>, dir: &Path) -> Option<i32> {
-        std::fs::read_to_string(dir.join(EXIT_FILE)).ok()?.trim().parse().ok()
-    }
+/// The name of a run, from its directory `STATE/jobs/JOB/attempt-N`:
+/// `rubick-JOB-N-HASH`, HASH a digest of the state directory's path, so that two state
+/// directories submitting to one cluster never find each other's runs (Slurm's job
+/// name, by which a run a killed rubick-run never recorded is found again).
+pub fn run_name(dir: &Path) -> Option<String> {
+    let attempt = dir.file_name()?.to_str()?.strip_prefix("attempt-")?;
+    let job_dir = dir.parent()?;
+    let job = job_dir.file_name()?.to_str()?;
+    let state = std::path::absolute(job_dir.parent()?.parent()?).ok()?;
+    // FNV-1a: stable across builds and platforms (std's hasher is not).
+    let hash = state
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    Some(format!("rubick-{job}-{attempt}-{:08x}", hash & 0xffff_ffff))
 }
 
 /// A run's metric lines so far.
