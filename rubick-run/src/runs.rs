@@ -250,3 +250,138 @@ pub(crate) fn state_backend(dir: &StateDir, state: &State) -> anyhow::Result<Box
     backends::backend(name, Some(&dir.root))?
         .with_context(|| format!("state: backend: `{name}` is not known to this rubick-run"))
 }
+
+/// `refresh` and `stop_runs` over a fake executor: what each state a look at a run can
+/// return makes of its job, without processes, Slurm or Kubernetes.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on purpose
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use rubick_launch::supervise::LaunchError;
+
+    use super::*;
+    use crate::backends::RunSignal;
+
+    /// Runs as scripted states by handle text; recoverable runs by directory; every
+    /// signal recorded. A stop signal ends a run that is `Running`; a kill, any run.
+    #[derive(Debug, Default)]
+    struct Fake {
+        states: Mutex<BTreeMap<String, RunState>>,
+        recoverable: BTreeMap<PathBuf, Handle>,
+        signals: Mutex<Vec<(String, RunSignal)>>,
+    }
+
+    impl Executor for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn submit(&self, _run: &rubick_launch::Submission<'_>) -> Result<Handle, LaunchError> {
+            Err(LaunchError::Backend("the fake submits nothing".into()))
+        }
+        fn poll(&self, handle: &Handle, _dir: &Path, _nodes: &[String]) -> RunState {
+            self.states.lock().unwrap().get(&handle.to_string()).cloned().unwrap_or(RunState::Ended(End::default()))
+        }
+        fn signal(&self, handle: &Handle, signal: RunSignal) {
+            self.signals.lock().unwrap().push((handle.to_string(), signal));
+            let mut states = self.states.lock().unwrap();
+            if let Some(state) = states.get_mut(&handle.to_string())
+                && (signal == RunSignal::Kill || *state == RunState::Running)
+            {
+                *state = RunState::Ended(End { code: Some(0), ..End::default() });
+            }
+        }
+        fn recover(&self, dir: &Path, _name: Option<&str>) -> Option<Handle> {
+            self.recoverable.get(dir).cloned()
+        }
+        fn handle(&self, text: &str) -> Option<Handle> {
+            Some(Handle::Slurm { job: text.to_owned() })
+        }
+    }
+
+    fn record(phase: &str, handle: Option<&str>) -> JobRecord {
+        let handle = handle.map_or(String::new(), |h| format!(", handle: '{h}'"));
+        let text = format!(
+            "job:
+  apiVersion: rubick/v1
+  kind: Job
+  name: a
+  model: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}
+  iterations: 100
+  request: {{ gpus: 1, plan: ga }}
+  launch: {{ version: 1, command: [train], stopTimeoutS: 1 }}
+status: running
+run: {{ plan: dp2-tp1-pp1-mb4-ga2, nodes: [{{ node: mn1, gpus: [0, 1], cpus: 2, hostMemoryGib: 1 }}], attempt: 1, phase: {phase}, startedUnixS: 0{handle} }}
+attempts: 1
+retriesLeft: 1
+"
+        );
+        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    #[test]
+    fn every_state_a_look_returns_moves_the_job_as_the_lifecycle_says() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(root.path(), Duration::ZERO, true).unwrap().unwrap();
+        let ended = |code: Option<i32>, preempted: bool| RunState::Ended(End { code, preempted, ..End::default() });
+        let mut fake = Fake::default();
+        let mut state = State::default();
+        // name -> (phase, handle, what a look says)
+        let runs: [(&str, &str, Option<&str>, Option<RunState>); 8] = [
+            ("done", "running", Some("1"), Some(ended(Some(0), false))),
+            ("preempted", "running", Some("2"), Some(ended(None, true))),
+            ("stranded", "running", Some("3"), Some(RunState::Stranded("mn1 down*".into()))),
+            ("silent", "running", Some("4"), Some(RunState::Unknown("the controller does not answer".into()))),
+            ("crashed", "running", Some("5"), Some(ended(Some(1), false))),
+            ("adopted", "starting", None, Some(RunState::Running)),
+            ("unstarted", "starting", None, None),
+            ("stopping", "stopping", Some("8"), Some(RunState::Running)),
+        ];
+        for (k, (name, phase, handle, look)) in runs.iter().enumerate() {
+            let mut rec = record(phase, *handle);
+            rec.job.name = (*name).to_owned();
+            state.jobs.insert((*name).to_owned(), rec);
+            let text = handle.map_or_else(|| format!("{}", k + 1), str::to_owned);
+            if let Some(look) = look {
+                fake.states.lock().unwrap().insert(text.clone(), look.clone());
+            }
+            if *name == "adopted" {
+                fake.recoverable.insert(dir.attempt_dir(name, 1), Handle::Slurm { job: text });
+            }
+        }
+        refresh(&dir, &mut state, &fake).unwrap();
+        fn status(state: &State, name: &str) -> (JobStatus, u32) {
+            (state.jobs[name].status, state.jobs[name].retries_left)
+        }
+        assert_eq!(status(&state, "done"), (JobStatus::Finished, 1));
+        assert_eq!(status(&state, "preempted"), (JobStatus::Queued, 1), "preempted: no retry spent");
+        assert_eq!(status(&state, "stranded"), (JobStatus::Queued, 1), "its node failed: no retry spent");
+        assert!(state.jobs["stranded"].reason.as_deref().is_some_and(|r| r.contains("mn1 down*")));
+        assert_eq!(status(&state, "silent"), (JobStatus::Running, 1), "a backend that does not answer: still running");
+        assert_eq!(status(&state, "crashed"), (JobStatus::Queued, 0), "a crash spends a retry");
+        let adopted = state.jobs["adopted"].run.as_ref().unwrap();
+        assert_eq!((adopted.phase, adopted.handle.as_deref()), (RunPhase::Running, Some("6")));
+        assert_eq!(status(&state, "unstarted"), (JobStatus::Queued, 1), "never started: queued again");
+        assert!(state.jobs["unstarted"].run.is_none());
+        assert_eq!(status(&state, "stopping"), (JobStatus::Queued, 1), "the interrupted stop finished");
+        let signals = fake.signals.lock().unwrap().clone();
+        assert_eq!(
+            signals,
+            [("3".to_owned(), RunSignal::Kill), ("8".to_owned(), RunSignal::Stop(Default::default()))],
+            "the stranded run killed, the stopping one asked to stop; nothing else signalled"
+        );
+        let stop = &state.jobs["stopping"].reconfigurations[0];
+        assert!(stop.clean, "{stop:?}");
+        // A run that ignores its stop signal is killed after stopTimeoutS.
+        let mut rec = record("running", Some("9"));
+        rec.job.name = "stubborn".into();
+        state.jobs.insert("stubborn".into(), rec);
+        fake.states.lock().unwrap().insert("9".into(), RunState::Waiting);
+        let out = stop_runs(&dir, &mut state, &["stubborn"], &fake).unwrap();
+        let (secs, clean) = out[0].unwrap();
+        assert!(!clean && secs >= 1.0, "{secs} {clean}");
+        assert_eq!(fake.signals.lock().unwrap().last(), Some(&("9".to_owned(), RunSignal::Kill)));
+        assert_eq!(status(&state, "stubborn"), (JobStatus::Queued, 1));
+    }
+}
