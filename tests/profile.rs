@@ -207,6 +207,52 @@ fn a_killed_profile_keeps_its_finished_rows_leaves_no_worker_and_resumes() {
     assert_eq!(all.stdout.lines().count(), 4, "{}", all.stdout);
 }
 
+/// Issue 19: the watchdog of a profile's Slurm run is the run wrapper's `--watchdog`
+/// mode (Rust, not shell text): `kill -9` of rubick-profile cancels the Slurm job, and
+/// the hung worker on its node goes with it.
+#[test]
+fn a_killed_profile_through_slurm_leaves_no_job_behind() {
+    if rubick_tests::slurm_nodes(1, false).is_none() {
+        return;
+    }
+    let dir = temp();
+    setup(dir.path(), 600.0);
+    std::fs::write(dir.path().join("hang.csv"), "plan,placement\ndp1-tp1-pp1-mb4-ga4-gc,1\n").unwrap();
+    let mut child = Command::new(binary("rubick-profile"))
+        .args(["run", "job.yaml", "--cluster", "cluster.yaml", "--configs", "hang.csv", "--backend", "slurm"])
+        .args(["-o", "p.csv"])
+        .current_dir(dir.path())
+        .env("HANG_ON_GC", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.path().join("hang.pid").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = read(dir.path(), "hang.pid").trim().to_owned();
+    // The profile's Slurm jobs: those whose working directory is this test's.
+    let here = dir.path().canonicalize().unwrap().display().to_string();
+    let jobs = || {
+        let out = Command::new("squeue").args(["-h", "-o", "%i %Z"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.split_once(' ').is_some_and(|(_, wd)| wd == here))
+            .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
+            .collect::<Vec<String>>()
+    };
+    assert_eq!(jobs().len(), 1, "one Slurm job runs the hung configuration");
+    child.kill().unwrap(); // SIGKILL: no chance to clean up itself
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (alive(&pid) || !jobs().is_empty()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(jobs().is_empty(), "the killed profile's Slurm job is still there: {:?}", jobs());
+    assert!(!alive(&pid), "the worker {pid} of the killed profile's Slurm job survived it");
+}
+
 #[test]
 fn compare_passes_the_same_code_and_fails_a_slower_configuration() {
     let dir = temp();

@@ -382,12 +382,20 @@ enum Watch {
 #[derive(Debug, Default)]
 pub struct Local {
     watches: Mutex<BTreeMap<u32, Watch>>,
+    /// Runs this process started whose leader it has not reaped yet: alive, whatever
+    /// `/proc` says (a child between its fork and its exec still carries this
+    /// process's environment, not the run's mark).
+    unreaped: std::sync::Arc<Mutex<std::collections::BTreeSet<u32>>>,
 }
 
 impl Local {
     pub fn new() -> Local {
         Local::default()
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether `pid` is a live (not zombie) member of process group `pgid`.
@@ -479,7 +487,7 @@ impl Executor for Local {
             (Some(pipe), ..) => Some(Watch::Pipe(pipe)),
             (None, None, false) => {
                 // From here on, this process killed by anything takes the run with it.
-                match crate::supervise::guard_run(pgid, run.mark()) {
+                match Guard::arm(None, crate::supervise::Cleanup::Run { pgid, metrics: run.mark() }) {
                     Ok(guard) => Some(Watch::Guard(guard)),
                     Err(source) => {
                         crate::supervise::signal_run(Some(pgid), run.mark(), RunSignal::Kill);
@@ -491,12 +499,14 @@ impl Executor for Local {
             _ => None,
         };
         if let Some(watch) = watch {
-            self.watches.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(pgid, watch);
+            lock(&self.watches).insert(pgid, watch);
         }
         let recorder = wrapper.is_none().then(|| dir.clone());
         if let Some(dir) = &recorder {
             let _ = crate::wrap::write_atomically(&dir.join(PID_FILE), &format!("{pgid}\n"));
         }
+        lock(&self.unreaped).insert(pgid);
+        let unreaped = std::sync::Arc::clone(&self.unreaped);
         // Reaped here while this process lives; by init once it has exited. Without a
         // wrapper, the exit status is recorded here.
         std::thread::spawn(move || {
@@ -505,6 +515,7 @@ impl Executor for Local {
                 let code = status_code(status).map_or_else(String::new, |c| c.to_string());
                 let _ = crate::wrap::write_atomically(&dir.join(EXIT_FILE), &format!("{code}\n"));
             }
+            lock(&unreaped).remove(&pgid);
         });
         Ok(Handle::Local { pgid, dir: Some(dir) })
     }
@@ -519,6 +530,7 @@ impl Executor for Local {
             return RunState::Ended(End { code: text.trim().parse().ok(), ..End::default() });
         }
         let alive = match own {
+            _ if lock(&self.unreaped).contains(pgid) => true,
             // The run is its marked processes; its wrapper, the group's leader, lives as
             // long as the job: one read; a scan of /proc only once the leader is gone.
             Some(own) => {
@@ -556,7 +568,7 @@ impl Executor for Local {
 
     fn release(&self, handle: &Handle) {
         let Handle::Local { pgid, dir } = handle else { return };
-        let watch = self.watches.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(pgid);
+        let watch = lock(&self.watches).remove(pgid);
         if watch.is_some() {
             // Whatever the launcher left behind goes with it, in its group or not: by the
             // run's mark only, since the reaped leader's group id may belong to another.

@@ -59,7 +59,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::executor::{End, Executor, Handle, RunState, Submission, run_to_end};
-use crate::supervise::{Guard, LaunchError, Prepared, RunOutcome, RunRequest, RunSignal, prepare};
+use crate::supervise::{Cleanup, Guard, LaunchError, Prepared, RunOutcome, RunRequest, RunSignal, prepare};
 
 /// Resources of one sbatch job.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,7 +246,7 @@ impl Slurm {
         tracing::info!(job = %job, script = %script.display(), "submitted to Slurm");
         if !run.detached {
             // From here on, this process killed by anything cancels the job.
-            match Guard::arm(&["scancel", &job]) {
+            match Guard::arm(resources.wrapper.as_deref(), Cleanup::Command(&["scancel", &job])) {
                 Ok(guard) => {
                     self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(job.clone(), guard);
                 }

@@ -229,9 +229,19 @@ pub fn prepare(request: &RunRequest<'_>) -> Result<Prepared, LaunchError> {
     Ok(Prepared { argv, env, workdir })
 }
 
-/// A watchdog that runs `cleanup` when the launcher dies, however it dies (`kill -9`
-/// included): it waits for the end of a pipe only the launcher holds. Dropping it
-/// without [`Guard::disarm`] fires the cleanup too.
+/// What a [`Guard`] does when the launcher dies.
+#[derive(Debug, Clone, Copy)]
+pub enum Cleanup<'a> {
+    /// Runs this command (e.g. `scancel JOB`).
+    Command(&'a [&'a str]),
+    /// Kills a run: its process group and every process marked with its metrics path
+    /// (see [`marked_processes`]).
+    Run { pgid: u32, metrics: &'a str },
+}
+
+/// A watchdog that runs its [`Cleanup`] when the launcher dies, however it dies
+/// (`kill -9` included): it waits for the end of a pipe only the launcher holds.
+/// Dropping it without [`Guard::disarm`] fires the cleanup too.
 #[derive(Debug)]
 pub struct Guard {
     child: std::process::Child,
@@ -239,16 +249,34 @@ pub struct Guard {
 
 impl Guard {
     /// Starts the watchdog (in a process group of its own, so a Ctrl-C meant for the
-    /// launcher does not take it down before it has cleaned up).
-    pub fn arm(cleanup: &[&str]) -> std::io::Result<Guard> {
-        let child = Command::new("sh")
-            .args(["-c", r#"cat >/dev/null; exec "$@" >/dev/null 2>&1"#, "rubick-guard"])
-            .args(cleanup)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()?;
+    /// launcher does not take it down before it has cleaned up): the run wrapper's
+    /// `--watchdog` mode when a `wrapper` command is given ([`crate::wrap`], Rust), else
+    /// (a library caller that has none) a `sh` reading its stdin, then the cleanup.
+    pub fn arm(wrapper: Option<&[String]>, cleanup: Cleanup<'_>) -> std::io::Result<Guard> {
+        let mut command = match wrapper {
+            Some([program, rest @ ..]) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(crate::wrap::WATCHDOG);
+                match cleanup {
+                    Cleanup::Run { pgid, metrics } => c.args(["--kill-run", &pgid.to_string(), metrics]),
+                    Cleanup::Command(argv) => c.arg("--").args(argv),
+                };
+                c
+            }
+            _ => {
+                let mut c = Command::new("sh");
+                c.args(["-c", r#"cat >/dev/null; exec "$@" >/dev/null 2>&1"#, "rubick-guard"]);
+                match cleanup {
+                    Cleanup::Command(argv) => c.args(argv),
+                    Cleanup::Run { pgid, metrics } => {
+                        c.args(["sh", "-c", SH_CLEANUP, "rubick-cleanup", &pgid.to_string(), metrics])
+                    }
+                };
+                c
+            }
+        };
+        let child =
+            command.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0).spawn()?;
         Ok(Guard { child })
     }
 
@@ -259,22 +287,13 @@ impl Guard {
     }
 }
 
-/// Kills the group of `pgid` when the launcher dies.
-pub fn guard_group(pgid: u32) -> std::io::Result<Guard> {
-    Guard::arm(&["kill", "-s", "KILL", "--", &format!("-{pgid}")])
-}
-
-/// Kills the group of `pgid` and every process marked with the run's `metrics` path
-/// (see [`marked_processes`]) when the launcher dies.
-pub fn guard_run(pgid: u32, metrics: &str) -> std::io::Result<Guard> {
-    const CLEANUP: &str = r#"kill -s KILL -- "-$1"
+/// [`Cleanup::Run`] as shell text, for a watchdog without the run wrapper.
+const SH_CLEANUP: &str = r#"kill -s KILL -- "-$1"
 for f in /proc/[0-9]*/environ; do
   if tr '\000' '\n' < "$f" 2>/dev/null | grep -qxF "RUBICK_METRICS=$2"; then
     p=${f#/proc/}; kill -s KILL "${p%/environ}"
   fi
 done"#;
-    Guard::arm(&["sh", "-c", CLEANUP, "rubick-cleanup", &pgid.to_string(), metrics])
-}
 
 /// Runs the request on this machine to its end (or its timeout) and reports what it did:
 /// [`run_to_end`](crate::executor::run_to_end) over [`Local`](crate::executor::Local),

@@ -38,6 +38,13 @@ use rustix::process::{Pid, Signal, WaitOptions};
 /// The hidden first argument that makes a tool the run wrapper.
 pub const SUBCOMMAND: &str = "__rubick-run-wrapper";
 
+/// The wrapper's first argument that makes it a watchdog instead: `--watchdog
+/// [--kill-run PGID METRICS] [-- CLEANUP...]` reads its standard input (a pipe only the
+/// supervising tool holds) to its end, then kills the run (its process group and every
+/// process marked with its metrics path) and runs the cleanup command (e.g. `scancel
+/// JOB`). The tool disarms it by killing it first ([`crate::supervise::Guard`]).
+pub const WATCHDOG: &str = "--watchdog";
+
 /// How long descendants left behind get between `TERM` and `KILL`, by default.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
@@ -134,6 +141,17 @@ pub fn command() -> Result<Vec<String>, String> {
 /// Runs the wrapper with its arguments (those after [`SUBCOMMAND`]); the exit status for
 /// the process (2 for bad arguments, 127 when the command cannot be started).
 pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
+    let mut args = args.into_iter().peekable();
+    if args.peek().is_some_and(|a| a == WATCHDOG) {
+        args.next();
+        return match Watchdog::parse(args) {
+            Ok(w) => w.run(),
+            Err(e) => {
+                eprintln!("rubick watchdog: {e}");
+                2
+            }
+        };
+    }
     let wrap = match Wrap::parse(args) {
         Ok(w) => w,
         Err(e) => {
@@ -146,6 +164,62 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
         Err(e) => {
             eprintln!("rubick run wrapper: {e}");
             127
+        }
+    }
+}
+
+/// The watchdog mode ([`WATCHDOG`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Watchdog {
+    /// A run to kill: its process group and its metrics path (its mark).
+    pub kill_run: Option<(u32, String)>,
+    /// A command to run then.
+    pub then: Vec<OsString>,
+}
+
+impl Watchdog {
+    /// Its arguments after [`WATCHDOG`]: `[--kill-run PGID METRICS] [-- CLEANUP...]`.
+    pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Watchdog, String> {
+        let mut args = args.into_iter();
+        let mut dog = Watchdog { kill_run: None, then: Vec::new() };
+        while let Some(arg) = args.next() {
+            match arg.to_str() {
+                Some("--kill-run") => {
+                    let (Some(pgid), Some(metrics)) = (args.next(), args.next()) else {
+                        return Err("--kill-run needs PGID and METRICS".into());
+                    };
+                    let pgid = pgid.to_str().and_then(|p| p.parse().ok()).ok_or("--kill-run: PGID is a number")?;
+                    let metrics = metrics.into_string().map_err(|m| format!("--kill-run: {m:?} is not UTF-8"))?;
+                    dog.kill_run = Some((pgid, metrics));
+                }
+                Some("--") => {
+                    dog.then = args.collect();
+                    break;
+                }
+                _ => return Err(format!("unexpected argument {arg:?}")),
+            }
+        }
+        if dog.kill_run.is_none() && dog.then.is_empty() {
+            return Err("nothing to do (--kill-run PGID METRICS, or -- CLEANUP...)".into());
+        }
+        Ok(dog)
+    }
+
+    /// Waits for the end of standard input, then cleans up; its exit status.
+    pub fn run(&self) -> i32 {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        if let Some((pgid, metrics)) = &self.kill_run {
+            crate::supervise::signal_run(Some(*pgid), metrics, crate::supervise::RunSignal::Kill);
+        }
+        match self.then.split_first() {
+            Some((program, rest)) => Command::new(program)
+                .args(rest)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .map_or(127, |s| s.code().unwrap_or(1)),
+            None => 0,
         }
     }
 }
@@ -290,5 +364,12 @@ mod tests {
         assert!(bad(&["--pid-file"]).contains("needs a value"));
         assert!(bad(&["--"]).contains("no command"));
         assert!(bad(&["python"]).contains("unexpected argument"));
+        let dog = |args: &[&str]| Watchdog::parse(args.iter().map(OsString::from));
+        assert_eq!(
+            dog(&["--kill-run", "42", "/r/metrics.jsonl", "--", "scancel", "7"]),
+            Ok(Watchdog { kill_run: Some((42, "/r/metrics.jsonl".into())), then: vec!["scancel".into(), "7".into()] })
+        );
+        assert!(dog(&[]).unwrap_err().contains("nothing to do"));
+        assert!(dog(&["--kill-run", "x", "m"]).unwrap_err().contains("number"));
     }
 }
