@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use rubick_io::testing::skip_unless_required;
-use rubick_tests::{Reaper, alive, binary, repo, slurm_nodes, temp};
+use rubick_tests::{Reaper, Undrain, alive, binary, drain, repo, slurm_nodes, temp};
 
 /// The runs share this machine's few cores: one test at a time.
 static MACHINE: Mutex<()> = Mutex::new(());
@@ -409,6 +409,105 @@ fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
 #[test]
 fn the_same_across_slurm_nodes_under_torchrun_with_a_setsid_helper() {
     across_slurm_nodes(Launcher::Torchrun);
+}
+
+/// Issue 19, "Must show": the PyTorch workload under the cron loop on the 3-node test
+/// Slurm, every round planned on what `rubick-run cluster --backend slurm` says is up
+/// (`cluster | jobs | schedule | apply`): data parallelism across two nodes; one of them
+/// drained, it moves to the other two; one more drained, it shrinks onto the last;
+/// both resumed, it grows back to two; every change resumes at the next iteration with
+/// the loss continuing; a stop leaves no process on any node. (The Job's `model:` is a
+/// 1.3B GPT for the planner, so that it uses the GPUs the nodes up offer; the script
+/// trains its tiny GPT whatever the plan.)
+#[test]
+fn the_pytorch_workload_follows_the_slurm_nodes_that_are_up_through_cron_rounds() {
+    let venv = match venv() {
+        Ok(v) => v,
+        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
+    };
+    let Some(usable) = slurm_nodes(3, true) else { return };
+    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    let tiny = "model: { name: gpt-tiny, parameters: 932608, layers: 4, hidden: 128, heads: 4, seqLen: 64, vocab: 512, globalBatch: 16 }";
+    let job = std::fs::read_to_string(repo().join(REFERENCE.job)).unwrap();
+    assert!(job.contains(tiny) && job.trim_end().ends_with("timeoutS: 600"), "{job}");
+    let job = job.replace(REFERENCE.iterations, "iterations: 100000\n").replace(
+        tiny,
+        "model: { name: gpt-1.3b, parameters: 1300000000, layers: 24, hidden: 2048, heads: 16, seqLen: 1024, globalBatch: 16 }",
+    ) + "  supports: { maxTp: 1, maxPp: 1, zero: [0], offload: [none], checkpointing: false }\n";
+    std::fs::write(d.join("job.yaml"), job).unwrap();
+    let state = d.join("state");
+    rubick_run(&venv, &state, &["submit", d.join("job.yaml").to_str().unwrap()]);
+    let metrics = |attempt: u64| state.join(format!("jobs/gpt-tiny/attempt-{attempt}/metrics.jsonl"));
+    let log = |attempt: u64| {
+        std::fs::read_to_string(state.join(format!("jobs/gpt-tiny/attempt-{attempt}/log.txt"))).unwrap_or_default()
+    };
+    let wait = |what: &str, attempt: u64, f: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}:\n{}", log(attempt));
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+    };
+    // One round of the cron loop: the job's run after it (attempt, nodes) and the log.
+    let round = |what: &str| {
+        let err = cron_shell(
+            &venv,
+            &state,
+            &d.join("cluster.yaml"),
+            "\"$RR\" cluster --backend slurm -o \"$CLUSTER\" && \"$RR\" jobs --state \"$STATE\" \
+             | \"$RP\" schedule --cluster \"$CLUSTER\" --jobs - --current \"$STATE/current.yaml\" --cooldown 0 \
+             | \"$RR\" apply - --state \"$STATE\" --backend slurm",
+        );
+        let s: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(state.join("state.yaml")).unwrap()).unwrap();
+        let run = &s["jobs"]["gpt-tiny"]["run"];
+        let nodes: Vec<String> = run["nodes"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{what}: the job runs nowhere: {s:?}\n{err}"))
+            .iter()
+            .map(|n| n["node"].as_str().unwrap().to_owned())
+            .collect();
+        (run["attempt"].as_u64().unwrap(), nodes, err)
+    };
+    // A run training, then (for a change) resumed where the one before stopped.
+    let training = |what: &str, attempt: u64, before: Option<u64>| {
+        wait(what, attempt, &|| losses(&metrics(attempt)).len() >= 3);
+        if let Some(before) = before {
+            let (old, new) = (losses(&metrics(before)), losses(&metrics(attempt)));
+            let (stopped_iter, stopped_loss) = *old.last().unwrap();
+            assert_eq!(new[0].0, stopped_iter + 1, "{what}: the iteration counter continues: {old:?} {new:?}");
+            let initial = losses(&metrics(1))[0].1;
+            assert!(
+                (new[0].1 - stopped_loss).abs() < 0.5 * (initial - stopped_loss).abs(),
+                "{what}: the loss continues where it stopped ({stopped_loss} at {stopped_iter}), not from the start ({initial}): {new:?}"
+            );
+        }
+    };
+    let (a1, n1, err) = round("round 1");
+    assert_eq!(n1.len(), 2, "the job spans two nodes: {n1:?}\n{err}");
+    training("round 1's run on two nodes", a1, None);
+    let _undrain = Undrain(usable.clone());
+    drain(&n1[1]);
+    let (a2, n2, err) = round("round 2");
+    assert!(a2 > a1 && n2.len() == 2 && !n2.contains(&n1[1]), "moved off {}: {n2:?}\n{err}", n1[1]);
+    training("the run on the two nodes left", a2, Some(a1));
+    drain(&n2[1]);
+    let (a3, n3, err) = round("round 3");
+    assert!(a3 > a2 && n3 == [n2[0].clone()], "shrunk onto {}: {n3:?}\n{err}", n2[0]);
+    training("the run on the last node", a3, Some(a2));
+    drop(_undrain);
+    wait("the nodes resumed", a3, &|| {
+        let up = rubick_launch::slurm::nodes().unwrap_or_default();
+        usable.iter().all(|u| up.iter().any(|n| n.name == *u && n.usable()))
+    });
+    let (a4, n4, err) = round("round 4");
+    assert!(a4 > a3 && n4.len() == 2, "grown back to two nodes: {n4:?}\n{err}");
+    training("the run on two nodes again", a4, Some(a3));
+    rubick_run(&venv, &state, &["stop", "gpt-tiny"]);
+    wait("no workload process surviving the stop on any node", a4, &|| workload_processes(d).is_empty());
 }
 
 /// How each node's part of the PyTorch workload is started.

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rubick_tests::{Reaper, alive, binary, escaping_script, slurm_nodes, temp};
+use rubick_tests::{Reaper, Undrain, alive, binary, drain, escaping_script, slurm_nodes, temp};
 
 const WORKLOAD: &str = r#"#!/bin/sh
 # A stand-in training job: resumes from its checkpoint, checkpoints and exits 0 on SIGUSR1.
@@ -318,18 +318,6 @@ while :; do
 done
 "#;
 
-/// Resumes the drained nodes when dropped (a failed test leaves none drained).
-struct Undrain(Vec<String>);
-
-impl Drop for Undrain {
-    fn drop(&mut self) {
-        for node in &self.0 {
-            // A node that was never drained refuses the resume: nothing to say.
-            let _ = Command::new("scontrol").args(["update", &format!("nodename={node}"), "state=resume"]).output();
-        }
-    }
-}
-
 /// Issue 19, multi-node on Slurm: on the 3-node test Slurm (`scripts/slurm-up.sh --nodes
 /// 3`), the cron loop plans each round on `rubick-run cluster --backend slurm`: a job
 /// runs across two nodes (one launcher per node, each with its rank; rank 0's host the
@@ -424,13 +412,6 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
     expect("round 1's run on two nodes", attempt, &nodes, None);
     // One of its nodes drained: it moves to the other two.
     let _undrain = Undrain(usable.clone());
-    let drain = |node: &str| {
-        let ok = Command::new("scontrol")
-            .args(["update", &format!("nodename={node}"), "state=drain", "reason=rubick-test"])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    };
     drain(&nodes[1]);
     let (attempt2, nodes2, log) = round("round 2");
     assert!(

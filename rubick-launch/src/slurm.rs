@@ -1,27 +1,28 @@
 //! The Slurm backend: one run of the job contract as one `sbatch` job.
 //!
-//! [`run`] prepares the run like the local backend ([`prepare`]), writes a batch
-//! script beside the run's log (`<log>.sbatch`: `#SBATCH` lines for the resources,
-//! the time limit, the log as `--output`, the working directory; then the contract's
-//! environment, each value single-quoted, and `exec` of the argv, each element
-//! single-quoted, so nothing of a job's name or arguments is ever shell-parsed),
-//! submits it with `sbatch --parsable`, and polls `scontrol show job -o` every half
-//! second until the job reaches a terminal state. A watchdog ([`Guard`]) cancels the
-//! job (`scancel`) when the launcher dies, however it dies.
+//! [`Slurm`] is the [`Executor`]: it prepares the run like the local backend
+//! ([`prepare`]), writes a batch script beside the run's log (`<log>.sbatch`: `#SBATCH`
+//! lines for the resources, the time limit, the log as `--output`, the working
+//! directory; then the contract's environment, each value single-quoted, and `exec` of
+//! the argv, each element single-quoted, so nothing of a job's name or arguments is ever
+//! shell-parsed) and submits it with `sbatch --parsable`; a poll is one `scontrol show
+//! job -o`. A blocking run ([`run`], rubick-profile's) is [`run_to_end`]: polled every
+//! 0.2 s until the job reaches a terminal state, watched by a [`Guard`] that cancels
+//! the job (`scancel`) when the launcher dies, however it dies.
 //!
 //! Time: `timeoutS` counts from the moment the job is seen running (time pending in
 //! the queue does not count). At the timeout every process of the job is sent
-//! SIGTERM (`scancel --signal=TERM --full`); a job still there 2 s later is cancelled
-//! (Slurm then sends SIGKILL after its `KillWait`), and the run returns only once Slurm
-//! has finished killing it: its status is `Timeout`. A job still pending
-//! [`PENDING_LIMIT`](crate::executor::PENDING_LIMIT) past its `timeoutS` is cancelled and reported as an error naming
-//! Slurm's reason. The job's own `--time` limit is `timeoutS + stopTimeoutS` (rounded
-//! up to minutes), a backstop should the launcher be gone.
+//! SIGTERM (`scancel --signal=TERM --full`); a job still there 0.2 s later is cancelled
+//! (Slurm then sends SIGKILL after its `KillWait`), and the run returns once Slurm
+//! has finished killing it (or 90 s later): its status is `Timeout`. A job still pending
+//! [`PENDING_LIMIT`](crate::executor::PENDING_LIMIT) past its `timeoutS` is cancelled and
+//! reported as an error. The job's own `--time` limit is `timeoutS + stopTimeoutS`
+//! (rounded up to minutes), a backstop should the launcher be gone.
 //!
 //! Status and exit code: from the job's `ExitCode=A:B` (A, or none when the job was
 //! killed by signal B). A job record already purged (`MinJobAge`) is looked up in the
 //! job completion log (`sacct -c`), else the exit code is unknown. Slurm's
-//! `OUT_OF_MEMORY` appends a marker line to the log so that [`collect`] reports `Oom`;
+//! `OUT_OF_MEMORY` appends a marker line to the log so that [`collect`](crate::supervise::collect) reports `Oom`;
 //! Slurm's own `TIMEOUT` (its time limit) is a `Timeout`.
 //!
 //! Environment: with `clear_env` the job starts from `PATH`, `HOME`, `LANG`, `TMPDIR`

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! DIR/state.yaml        every job: its spec, status, current run, restarts, reconfigurations
+//! DIR/state.cache.json  the same, parsed faster; used only while it matches state.yaml
 //! DIR/current.yaml      the schedule as last applied (the planner's --current)
 //! DIR/lock              held by the one rubick-run that may act
 //! DIR/jobs/NAME/        checkpoints/ (kept across runs), attempt-N/ (log, metric lines,
@@ -141,6 +142,20 @@ pub struct JobRecord {
 /// The state's file in its directory.
 pub const STATE_FILE: &str = "state.yaml";
 
+/// The state as JSON (parsed several times faster than its YAML: every command of every
+/// round reads the state), after a first line naming what it is a copy of: this build
+/// and a digest of `state.yaml`'s bytes. Used only when both match (a hand edit, a
+/// restore, another build, a crash between the two writes: `state.yaml` is parsed,
+/// and the copy written again); never the record.
+pub const CACHE_FILE: &str = "state.cache.json";
+
+/// The first line of a cache of `yaml` written by this build.
+fn cache_key(yaml: &[u8]) -> String {
+    // FNV-1a: stable across builds and platforms (std's hasher is not).
+    let digest = yaml.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    format!("rubick-run {} state {STATE_VERSION} yaml {} {digest:016x}", env!("CARGO_PKG_VERSION"), yaml.len())
+}
+
 /// `state.yaml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -264,6 +279,11 @@ impl StateDir {
             return Ok(State::default());
         }
         let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let key = cache_key(text.as_bytes());
+        if let Some(state) = self.cached(&key) {
+            *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(state.clone());
+            return Ok(state);
+        }
         let newer = |version: u32| {
             anyhow::anyhow!(
                 "{}: version: {version} is newer than this rubick-run understands ({STATE_VERSION}); use a newer rubick-run",
@@ -290,8 +310,31 @@ impl StateDir {
         if state.version > STATE_VERSION {
             return Err(newer(state.version));
         }
+        self.write_cache(&key, &state);
         *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(state.clone());
         Ok(state)
+    }
+
+    /// The cached state, if the cache is a copy of the YAML whose key is `key`.
+    fn cached(&self, key: &str) -> Option<State> {
+        let text = std::fs::read_to_string(self.root.join(CACHE_FILE)).ok()?;
+        let (first, json) = text.split_once('\n')?;
+        (first == key).then(|| serde_json::from_str(json).ok())?
+    }
+
+    /// Writes the cache of the state whose YAML has `key` (atomically; no fsync: a
+    /// cache lost to a crash is only parsed again).
+    fn write_cache(&self, key: &str, state: &State) {
+        let write = || -> anyhow::Result<()> {
+            let mut tmp = tempfile::NamedTempFile::new_in(&self.root)?;
+            writeln!(tmp, "{key}")?;
+            serde_json::to_writer(std::io::BufWriter::new(tmp.as_file_mut()), state)?;
+            tmp.persist(self.root.join(CACHE_FILE))?;
+            Ok(())
+        };
+        if let Err(e) = write() {
+            tracing::debug!("{}: not written: {e:#}", self.root.join(CACHE_FILE).display());
+        }
     }
 
     /// Writes the state atomically and durably, unless it equals what is on disk but
@@ -302,7 +345,9 @@ impl StateDir {
         if on_disk.as_ref().is_some_and(|old| old.equal_but_progress(state)) {
             return Ok(());
         }
-        write_durably(&self.state_path(), serde_yaml_ng::to_string(state)?.as_bytes())?;
+        let yaml = serde_yaml_ng::to_string(state)?;
+        write_durably(&self.state_path(), yaml.as_bytes())?;
+        self.write_cache(&cache_key(yaml.as_bytes()), state);
         *on_disk = Some(state.clone());
         Ok(())
     }
@@ -328,4 +373,37 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly on purpose
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_is_read_only_while_it_copies_state_yaml() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(root.path(), Duration::ZERO, true).unwrap().unwrap();
+        let state = State { round: Some(3), ..State::default() };
+        dir.save(&state).unwrap();
+        let yaml = std::fs::read_to_string(dir.state_path()).unwrap();
+        let cache = std::fs::read_to_string(root.path().join(CACHE_FILE)).unwrap();
+        assert_eq!(cache.lines().next(), Some(cache_key(yaml.as_bytes()).as_str()));
+        assert_eq!(dir.load().unwrap(), state);
+        // A cache keyed by this YAML is what a load reads (one that says otherwise is
+        // believed: the proof that it is read)...
+        dir.write_cache(&cache_key(yaml.as_bytes()), &State { round: Some(4), ..State::default() });
+        assert_eq!(dir.load().unwrap().round, Some(4));
+        // ...and any change to state.yaml (a hand edit) outdates it: the YAML is parsed,
+        // and the cache written again for it.
+        let edited = yaml.replace("round: 3", "round: 5");
+        assert_ne!(edited, yaml);
+        std::fs::write(dir.state_path(), &edited).unwrap();
+        assert_eq!(dir.load().unwrap().round, Some(5));
+        let cache = std::fs::read_to_string(root.path().join(CACHE_FILE)).unwrap();
+        assert_eq!(cache.lines().next(), Some(cache_key(edited.as_bytes()).as_str()));
+        // A cache that is not JSON of a state is passed over.
+        std::fs::write(root.path().join(CACHE_FILE), format!("{}\n{{garbage", cache_key(edited.as_bytes()))).unwrap();
+        assert_eq!(dir.load().unwrap().round, Some(5));
+    }
 }
