@@ -2,6 +2,8 @@
 //! (a shell loop speaking the job contract: checkpoint on SIGUSR1, resume):
 //!
 //! * `apply_noop_ms`: an `apply` with nothing to change, 100 jobs running (median of 5);
+//!   `apply_noop_uncached_ms` the same with the state's parsed copy removed before each
+//!   (its YAML parsed; `RUBICK_BENCH_TRACE=1` prints one apply's phases);
 //! * `reconfigure_overhead_s`: the wall time of an `apply` that reconfigures one job,
 //!   beyond the workload's own stop (signal to exit, recorded by rubick-run) — state
 //!   writes, process-group checks, the relaunch (median of 5);
@@ -90,6 +92,23 @@ fn main() -> anyhow::Result<()> {
         noop.push(start.elapsed().as_secs_f64() * 1e3);
     }
     println!("bench: apply_noop_ms {:.1} ms", median(noop));
+    // The same without the state's parsed copy (state.cache.json): the YAML parsed.
+    let mut uncached = Vec::new();
+    for _ in 0..5 {
+        std::fs::remove_file(d.join("state/state.cache.json"))?;
+        let start = Instant::now();
+        rr(d, &["apply", &round1, "--cluster", &cluster])?;
+        uncached.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    println!("bench: apply_noop_uncached_ms {:.1} ms", median(uncached));
+    if std::env::var_os("RUBICK_BENCH_TRACE").is_some() {
+        let out = Command::new(env!("CARGO_BIN_EXE_rubick-run"))
+            .args(["apply", &round1, "--cluster", &cluster, "--state"])
+            .arg(d.join("state"))
+            .env("RUST_LOG", "rubick_run=debug")
+            .output()?;
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    }
     // Reconfigure job j000 back and forth between two plans (same GPU), 5 times.
     let mut overhead = Vec::new();
     for k in 0..5u64 {
