@@ -270,7 +270,7 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
                 if unknown_since.get_or_insert_with(Instant::now).elapsed() >= UNKNOWN_LIMIT {
                     exec.signal(&handle, RunSignal::Kill);
                     exec.release(&handle);
-                    return Err(LaunchError::Slurm(why));
+                    return Err(LaunchError::Backend(format!("{}: {why}", exec.name())));
                 }
                 std::thread::sleep(exec.poll_interval());
                 continue;
@@ -309,8 +309,9 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
             None if submitted.elapsed() >= timeout + PENDING_LIMIT => {
                 exec.signal(&handle, RunSignal::Kill);
                 exec.release(&handle);
-                return Err(LaunchError::Slurm(format!(
-                    "{handle} still waiting for its resources after {:.0} s: cancelled",
+                return Err(LaunchError::Backend(format!(
+                    "{}: run {handle} still waiting for its resources after {:.0} s: cancelled",
+                    exec.name(),
                     submitted.elapsed().as_secs_f64()
                 )));
             }
@@ -322,7 +323,7 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
     exec.release(&handle);
     tracing::debug!(handle = %handle, ?end, "ended");
     let note = if timed_out {
-        Some(format!("rubick: {handle} ran past timeoutS ({} s): ended", launch.timeout_s))
+        Some(format!("rubick: {} run {handle} ran past timeoutS ({} s): ended", exec.name(), launch.timeout_s))
     } else {
         end.note.clone()
     };
