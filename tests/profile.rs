@@ -160,6 +160,24 @@ fn a_hung_run_is_killed_at_its_timeout_with_its_whole_process_group() {
     assert!(!alive(&pid), "the hung run's worker {pid} survived");
 }
 
+/// `rubick-profile ARGS` started in `dir` with `HANG_ON_GC=1`, once its hung run's worker
+/// recorded its pid: (the profile, that pid).
+fn hung_profile(dir: &Path, args: &[&str]) -> (std::process::Child, String) {
+    let child = Command::new(binary("rubick-profile"))
+        .args(args)
+        .current_dir(dir)
+        .env("HANG_ON_GC", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.join("hang.pid").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, read(dir, "hang.pid").trim().to_owned())
+}
+
 #[test]
 fn a_killed_profile_keeps_its_finished_rows_leaves_no_worker_and_resumes() {
     let dir = temp();
@@ -169,20 +187,8 @@ fn a_killed_profile_keeps_its_finished_rows_leaves_no_worker_and_resumes() {
         "plan,placement\ndp1-tp1-pp1-mb4-ga4,1\ndp1-tp1-pp1-mb4-ga4-gc,1\ndp1-tp1-pp1-mb2-ga8,1\n",
     )
     .unwrap();
-    let mut child = Command::new(binary("rubick-profile"))
-        .args(profile_args("p.parquet", "three.csv"))
-        .current_dir(dir.path())
-        .env("HANG_ON_GC", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Wait until the hung second run has started (its worker recorded its pid).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !dir.path().join("hang.pid").exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let pid = read(dir.path(), "hang.pid").trim().to_owned();
+    // Until the hung second run has started.
+    let (mut child, pid) = hung_profile(dir.path(), &profile_args("p.parquet", "three.csv"));
     assert!(alive(&pid));
     child.kill().unwrap(); // SIGKILL: no chance to clean up itself
     child.wait().unwrap();
@@ -218,20 +224,9 @@ fn a_killed_profile_through_slurm_leaves_no_job_behind() {
     let dir = temp();
     setup(dir.path(), 600.0);
     std::fs::write(dir.path().join("hang.csv"), "plan,placement\ndp1-tp1-pp1-mb4-ga4-gc,1\n").unwrap();
-    let mut child = Command::new(binary("rubick-profile"))
-        .args(["run", "job.yaml", "--cluster", "cluster.yaml", "--configs", "hang.csv", "--backend", "slurm"])
-        .args(["-o", "p.csv"])
-        .current_dir(dir.path())
-        .env("HANG_ON_GC", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !dir.path().join("hang.pid").exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let pid = read(dir.path(), "hang.pid").trim().to_owned();
+    let mut args = profile_args("p.csv", "hang.csv");
+    args.extend(["--backend", "slurm"]);
+    let (mut child, pid) = hung_profile(dir.path(), &args);
     // The profile's Slurm jobs: those whose working directory is this test's.
     let here = dir.path().canonicalize().unwrap().display().to_string();
     let jobs = || {

@@ -91,6 +91,31 @@ pub fn after(rec: &mut JobRecord, end: Ended) {
     rec.run = None;
 }
 
+/// A record of job `a` with a run of plan dp2 on node `n-0` (attempt `attempt`, in
+/// `phase`, with `handle` when given), `retries` left and `refused` plans unsupported;
+/// its launch section's stop timeout 1 s (the tests of the lifecycle and of `refresh`).
+#[cfg(test)]
+pub(crate) fn record(attempt: u32, phase: &str, handle: Option<&str>, retries: u32, refused: &[&str]) -> JobRecord {
+    let handle = handle.map_or(String::new(), |h| format!(", handle: '{h}'"));
+    let text = format!(
+        "job:
+  apiVersion: rubick/v1
+  kind: Job
+  name: a
+  model: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}
+  iterations: 100
+  request: {{ gpus: 1, plan: ga }}
+  launch: {{ version: 1, command: [train], stopTimeoutS: 1 }}
+  unsupportedPlans: {refused:?}
+status: running
+run: {{ plan: dp2-tp1-pp1-mb4-ga2, nodes: [{{ node: n-0, gpus: [0, 1], cpus: 2, hostMemoryGib: 1 }}], attempt: {attempt}, phase: {phase}, startedUnixS: 0{handle} }}
+attempts: {attempt}
+retriesLeft: {retries}
+"
+    );
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,22 +123,7 @@ mod tests {
     /// A job running attempt 2 of plan dp2 with `retries` left and `refused` plans
     /// already unsupported.
     fn running(retries: u32, refused: &[&str]) -> JobRecord {
-        let text = format!(
-            "job:
-  apiVersion: rubick/v1
-  kind: Job
-  name: a
-  model: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}
-  iterations: 100
-  request: {{ gpus: 1, plan: ga }}
-  unsupportedPlans: {refused:?}
-status: running
-run: {{ plan: dp2-tp1-pp1-mb4-ga2, nodes: [{{ node: n-0, gpus: [0, 1], cpus: 2, hostMemoryGib: 1 }}], attempt: 2, phase: running, startedUnixS: 0 }}
-attempts: 2
-retriesLeft: {retries}
-"
-        );
-        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+        record(2, "running", None, retries, refused)
     }
 
     fn exited(code: i32, failure: Option<Failure>) -> Ended {

@@ -301,23 +301,7 @@ mod tests {
     }
 
     fn record(phase: &str, handle: Option<&str>) -> JobRecord {
-        let handle = handle.map_or(String::new(), |h| format!(", handle: '{h}'"));
-        let text = format!(
-            "job:
-  apiVersion: rubick/v1
-  kind: Job
-  name: a
-  model: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}
-  iterations: 100
-  request: {{ gpus: 1, plan: ga }}
-  launch: {{ version: 1, command: [train], stopTimeoutS: 1 }}
-status: running
-run: {{ plan: dp2-tp1-pp1-mb4-ga2, nodes: [{{ node: mn1, gpus: [0, 1], cpus: 2, hostMemoryGib: 1 }}], attempt: 1, phase: {phase}, startedUnixS: 0{handle} }}
-attempts: 1
-retriesLeft: 1
-"
-        );
-        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+        lifecycle::record(1, phase, handle, 1, &[])
     }
 
     #[test]
