@@ -7,13 +7,15 @@
 //! `rubick-profile` and `rubick-run` both use this crate; neither depends on the other.
 //!
 //! Modules: [`executor`] (the one executor: a trait over typed handles and run states,
-//! the local backend, the blocking run every backend shares), [`supervise`] (a run's
+//! the local backend, the blocking run every backend shares), [`kubernetes`] (Kubeflow
+//! manifests, applied with kubectl or written for GitOps), [`supervise`] (a run's
 //! contract prepared, its processes and signals, its metric lines, how it ended), [`slurm`]
 //! (one run as one `sbatch` job, on one node or one launcher per node, tested against a
 //! real Slurm that `scripts/slurm-up.sh` starts), [`wrap`] (the run wrapper every
 //! launcher runs under: a child subreaper that leaves no process of the run behind).
 
 pub mod executor;
+pub mod kubernetes;
 pub mod slurm;
 pub mod supervise;
 pub mod wrap;

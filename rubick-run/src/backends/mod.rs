@@ -13,8 +13,10 @@
 //! * `slurm` — [`rubick_launch::slurm::Slurm`]: one `sbatch` job per run, named
 //!   [`run_name`], requeued by Slurm after a preemption or a node failure.
 //!
-//! * `kubernetes` — Kubeflow PyTorchJob / TrainJob manifests and a ConfigMap, applied with
-//!   kubectl when a cluster is configured, else written to a directory ([`kubernetes`]).
+//! * `kubernetes` — [`rubick_launch::kubernetes::Kubernetes`]: Kubeflow PyTorchJob /
+//!   TrainJob manifests and a ConfigMap, applied with kubectl when a cluster is
+//!   configured, else written to a directory; its settings from the state directory's
+//!   `kubernetes.yaml`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -28,7 +30,7 @@ use rubick_launch::{NodeSlot, RunRequest, Submission};
 
 use crate::reconcile::Allocation;
 
-pub mod kubernetes;
+pub use rubick_launch::kubernetes;
 
 /// What a backend needs to start a run.
 #[derive(Debug)]
@@ -157,6 +159,17 @@ pub fn run_name(dir: &Path) -> Option<String> {
         .iter()
         .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
     Some(format!("rubick-{job}-{attempt}-{:08x}", hash & 0xffff_ffff))
+}
+
+#[cfg(test)]
+mod registry_tests {
+    #[test]
+    fn the_registry_knows_every_backend_by_its_name() {
+        for name in ["local", "slurm", "kubernetes"] {
+            assert!(super::backend(name, None).unwrap().is_some_and(|b| b.name() == name), "{name}");
+        }
+        assert!(super::backend("yarn", None).unwrap().is_none());
+    }
 }
 
 /// A run's metric lines so far.

@@ -12,7 +12,7 @@
 //!
 //! * a `ConfigMap` (`v1`) holding the plan: the job contract's environment (the
 //!   `RUBICK_*` variables and the launch section's own, as
-//!   [`rubick_launch::supervise::prepare`] resolves them) and the generated
+//!   [`crate::supervise::prepare`] resolves them) and the generated
 //!   `deepspeed.json`;
 //! * a `PyTorchJob` (Kubeflow Training Operator v1, `kubeflow.org/v1`): a `Master`
 //!   (1 replica) and `Worker`s (nodes - 1, left out when 0), `restartPolicy: OnFailure`,
@@ -124,10 +124,8 @@ use anyhow::Context as _;
 use rubick_core::launch::{LaunchContext, StopSignal};
 use serde_yaml_ng::{Mapping, Value};
 
-use rubick_launch::Submission;
-use rubick_launch::supervise::LaunchError;
-
-use super::{End, Executor, Handle, RunSignal, RunState};
+use crate::executor::{End, Executor, Handle, RunState, Submission};
+use crate::supervise::{LaunchError, RunSignal};
 
 /// The default container image.
 pub const DEFAULT_IMAGE: &str = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime";
@@ -636,7 +634,7 @@ impl Kubernetes {
         request.context.master_addr = "$(MASTER_ADDR)".into();
         request.context.master_port = PYTORCHJOB_PORT;
         request.context.visible_devices = Vec::new();
-        let prepared = rubick_launch::supervise::prepare(&request)?;
+        let prepared = crate::supervise::prepare(&request)?;
         let ds = dir.join("deepspeed.json");
         let deepspeed = std::fs::read_to_string(&ds).with_context(|| ds.display().to_string())?;
         let trainjob_context = LaunchContext {
@@ -903,9 +901,7 @@ impl Executor for Kubernetes {
 #[allow(clippy::unwrap_used)] // tests fail loudly on purpose
 mod tests {
     use super::*;
-    use crate::backends::StartSpec;
-    use crate::reconcile::Allocation;
-    use rubick_core::schedule::NodeShare;
+    use crate::executor::NodeSlot;
     use rubick_core::{Job, Plan};
 
     // ---- A structural validator of a value against a CRD's OpenAPI v3 schema ----
@@ -1152,12 +1148,18 @@ launch:
         .unwrap()
     }
 
+    /// A plan on `nodes` nodes of `gpus` GPUs each (8 cores and 64 GiB per GPU).
+    struct Allocation {
+        plan: Plan,
+        nodes: Vec<NodeSlot>,
+    }
+
     fn allocation(plan: &str, nodes: u32, gpus: u32) -> Allocation {
         Allocation {
             plan: plan.parse::<Plan>().unwrap(),
             nodes: (0..nodes)
-                .map(|i| NodeShare {
-                    node: format!("node-{i}"),
+                .map(|i| NodeSlot {
+                    name: format!("node-{i}"),
                     gpus: (0..gpus).collect(),
                     cpus: 8 * gpus,
                     host_memory_gib: 64.0 * f64::from(gpus),
@@ -1182,15 +1184,38 @@ launch:
     fn start(k: &Kubernetes, root: &Path, job: &Job, a: &Allocation) -> (String, Vec<Value>) {
         let dir = root.join("jobs").join(&job.name).join("attempt-3");
         let checkpoints = root.join("jobs").join(&job.name).join("checkpoints");
-        let spec = StartSpec {
-            job,
-            launch: job.launch.as_ref().unwrap(),
-            allocation: a,
-            dir: &dir,
-            checkpoint_dir: &checkpoints,
-            cores: &[],
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = |name: &str| dir.join(name).display().to_string();
+        let run = Submission {
+            request: crate::RunRequest {
+                launch: job.launch.as_ref().unwrap(),
+                context: LaunchContext {
+                    job: job.name.clone(),
+                    plan: a.plan,
+                    nodes: a.nodes.len() as u32,
+                    node_rank: 0,
+                    gpus_per_node: a.nodes.iter().map(|n| n.gpus.len() as u32).max().unwrap_or(0),
+                    cpus: a.nodes.iter().map(|n| n.cpus).sum(),
+                    master_addr: "127.0.0.1".into(),
+                    master_port: 29500,
+                    deepspeed_config: path("deepspeed.json"),
+                    checkpoint_dir: checkpoints.display().to_string(),
+                    metrics: path("metrics.jsonl"),
+                    visible_devices: Vec::new(),
+                },
+                log: dir.join("log.txt"),
+                clear_env: false,
+                stop_after_iterations: None,
+                wrapper: None,
+            },
+            dir: dir.clone(),
+            nodes: a.nodes.clone(),
+            cores: Vec::new(),
+            name: None,
+            detached: true,
+            partition: None,
         };
-        let handle = k.submit(&spec.submission().unwrap()).unwrap();
+        let handle = k.submit(&run).unwrap();
         let docs = parse_documents(&std::fs::read_to_string(dir.join(MANIFESTS)).unwrap()).unwrap();
         (handle.to_string(), docs)
     }
@@ -1443,7 +1468,8 @@ launch:
         assert!(dir.join(MANIFESTS).exists(), "the record stays");
         assert_eq!(k.recover(&dir, None), Some(handle.clone()), "found again, ended");
         // Stopping a run through the trait's helper ends at once.
-        let (_, clean) = crate::backends::stop(&k, &handle, &dir, StopSignal::Term, std::time::Duration::from_secs(1));
+        let (_, clean) =
+            crate::executor::stop(&k, &handle, &dir, StopSignal::Term, std::time::Duration::from_secs(1), || {});
         assert!(clean);
 
         // Nothing there: ended, nothing to recover, a malformed handle is refused.
@@ -1452,10 +1478,5 @@ launch:
         assert_eq!(k.handle("garbage"), None);
         k.signal(&Handle::Slurm { job: "1".into() }, RunSignal::Term);
         assert_eq!(k.recover(&root.path().join("nowhere"), None), None);
-    }
-
-    #[test]
-    fn the_registry_knows_it() {
-        assert!(crate::backends::backend("kubernetes", None).unwrap().is_some_and(|b| b.name() == "kubernetes"));
     }
 }
