@@ -248,6 +248,31 @@ fn a_killed_profile_through_slurm_leaves_no_job_behind() {
     assert!(!alive(&pid), "the worker {pid} of the killed profile's Slurm job survived it");
 }
 
+/// Issue 19, profiles through every backend: through Kubernetes a profile needs kubectl
+/// (manifests alone measure nothing) and its runs' directories on a volume the pods
+/// share with this machine (it reads their metric lines back); without either it is
+/// refused before any run, saying what is missing. (No cluster runs here: the manifests
+/// are validated against the Kubeflow CRDs in rubick-launch's tests.)
+#[test]
+fn a_profile_through_kubernetes_needs_kubectl_and_its_runs_on_a_shared_volume() {
+    let dir = temp();
+    setup(dir.path(), 60.0);
+    let mut args = profile_args("p.csv", "configs.csv");
+    args.extend(["--backend", "kubernetes", "--kubernetes", "k8s.yaml"]);
+    for (settings, says) in [
+        ("kubectl: false\n", "kubectl: true"),
+        ("kubectl: true\n", "runsPvc"),
+        ("kubectl: true\nrunsPvc: runs\nrunsRoot: /nonexistent-runs-root\n", "runsRoot is /nonexistent-runs-root"),
+        ("kubectl: true\nrunsPvc: runs\n", "k8s.yaml: runsPvc and runsRoot go together"),
+    ] {
+        std::fs::write(dir.path().join("k8s.yaml"), settings).unwrap();
+        let run = run_in(dir.path(), "rubick-profile", &args);
+        assert_eq!(run.code, Some(2), "{settings}: {}", run.stderr);
+        assert!(run.stderr.contains(says), "{settings}: {}", run.stderr);
+        assert!(!dir.path().join("p.csv").exists(), "{settings}: no table written");
+    }
+}
+
 #[test]
 fn compare_passes_the_same_code_and_fails_a_slower_configuration() {
     let dir = temp();

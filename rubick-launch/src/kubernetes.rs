@@ -40,7 +40,13 @@
 //! `$(MASTER_ADDR)` (PyTorchJob; the operator sets it and the kubelet expands it in
 //! `command`/`args`) or `$(PET_MASTER_ADDR)` (TrainJob, the torch plugin's variable);
 //! `{master_port}` 23456 or 29400 (Trainer v2's torch port). The metric lines are
-//! written inside the pods: `rubick-run` does not see a Kubernetes run's progress.
+//! written inside the pods: `rubick-run` does not see a Kubernetes run's progress, and
+//! a profile cannot measure one, unless a **runs volume** is configured ([`RunsVolume`]:
+//! `runsPvc` + `runsRoot`): a claim mounted at `runsRoot` in the pods and on this
+//! machine alike, which then holds every run directory under it (metric lines, log,
+//! checkpoints: they survive the run without a checkpoint claim). `rubick-profile run
+//! --backend kubernetes` needs one (and kubectl mode); a profile's run is watched (the
+//! run wrapper's `--watchdog`: `kubectl delete` when rubick-profile dies).
 //!
 //! # Modes
 //!
@@ -70,7 +76,8 @@
 //!
 //! `rubick-run apply --backend kubernetes --kubernetes FILE` takes them as YAML
 //! ([`Settings`]: `image`, `context`, `namespace`, `checkpointPvc`, `manifestDir`,
-//! `kubectl: true|false`, `kind`) and keeps a copy in the state directory
+//! `kubectl: true|false`, `kind`, `runsPvc`, `runsRoot`; `rubick-profile run --kubernetes
+//! FILE` reads the same) and keeps a copy in the state directory
 //! (`kubernetes.yaml`) that every later command of that state reads; `context` and
 //! `namespace` go to every kubectl call. In kubectl mode without a `context`, kubectl
 //! must have a current one: a start fails, saying so, when it has none. A field left
@@ -87,6 +94,7 @@
 //!   kubectl mode too).
 //! * `RUBICK_KUBECTL`: `1` forces kubectl mode, `0` forces directory mode.
 //! * `RUBICK_K8S_KIND`: `PyTorchJob` (default) or `TrainJob`, the active resource.
+//! * `RUBICK_K8S_RUNS_PVC` and `RUBICK_K8S_RUNS_ROOT`: the runs volume (both or neither).
 //!
 //! # The stop signal
 //!
@@ -193,6 +201,25 @@ pub struct Kubernetes {
     pub context: Option<String>,
     /// kubectl's `--namespace` (default: the context's).
     pub namespace: Option<String>,
+    /// A volume holding the runs' directories, mounted at the same path in the pods and
+    /// on the machines that read the runs (see [`RunsVolume`]); none: each run's
+    /// directory is an `emptyDir` in its pods.
+    pub runs: Option<RunsVolume>,
+    /// The watchdogs of runs that are not detached (a profile's): `kubectl delete` of
+    /// the run when the submitting tool dies.
+    guards: std::sync::Arc<std::sync::Mutex<BTreeMap<String, crate::supervise::Guard>>>,
+}
+
+/// A PersistentVolumeClaim (`claim`) mounted at `root` in every pod, where the machine
+/// that submits the runs sees the same files (an NFS export, a cluster file system, a
+/// `hostPath`-backed volume on a one-node cluster): a run whose directory is under
+/// `root` writes its metric lines, log and checkpoints where `rubick-run` reads its
+/// progress and `rubick-profile` its measurement; its checkpoints survive it without a
+/// checkpoint claim of their own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunsVolume {
+    pub claim: String,
+    pub root: PathBuf,
 }
 
 /// The backend's settings as a file: `apply --kubernetes FILE` keeps a copy in the state
@@ -222,6 +249,13 @@ pub struct Settings {
     /// `PyTorchJob` or `TrainJob` (`RUBICK_K8S_KIND`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
+    /// A claim holding the runs' directories (`RUBICK_K8S_RUNS_PVC`; see [`RunsVolume`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_pvc: Option<String>,
+    /// Where that claim is mounted, in the pods and on this machine alike
+    /// (`RUBICK_K8S_RUNS_ROOT`; an absolute path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_root: Option<PathBuf>,
 }
 
 impl Settings {
@@ -234,6 +268,19 @@ impl Settings {
                 matches!(kind.to_ascii_lowercase().as_str(), "pytorchjob" | "trainjob"),
                 "{}: kind: `{kind}` is neither PyTorchJob nor TrainJob",
                 path.display()
+            );
+        }
+        anyhow::ensure!(
+            settings.runs_pvc.is_some() == settings.runs_root.is_some(),
+            "{}: runsPvc and runsRoot go together (the claim, and where it is mounted)",
+            path.display()
+        );
+        if let Some(root) = &settings.runs_root {
+            anyhow::ensure!(
+                root.is_absolute(),
+                "{}: runsRoot: `{}` is not an absolute path",
+                path.display(),
+                root.display()
             );
         }
         for (field, value) in [("context", &settings.context), ("namespace", &settings.namespace)] {
@@ -277,15 +324,33 @@ impl Kubernetes {
             kind,
             context: None,
             namespace: None,
+            runs: match (var("RUBICK_K8S_RUNS_PVC"), var("RUBICK_K8S_RUNS_ROOT").map(PathBuf::from)) {
+                (Some(claim), Some(root)) if root.is_absolute() => Some(RunsVolume { claim, root }),
+                (None, None) => None,
+                _ => {
+                    tracing::warn!("RUBICK_K8S_RUNS_PVC and RUBICK_K8S_RUNS_ROOT (absolute) go together: ignored");
+                    None
+                }
+            },
+            guards: Default::default(),
         }
     }
 
     /// The environment's settings, overridden by a state's `kubernetes.yaml` (see
     /// [`Settings`]) when it has one.
     pub fn configured(state_root: Option<&Path>) -> anyhow::Result<Kubernetes> {
-        let mut k = Kubernetes::from_env();
+        let k = Kubernetes::from_env();
         let Some(path) = state_root.map(|r| r.join(SETTINGS_FILE)).filter(|p| p.exists()) else { return Ok(k) };
-        let s = Settings::load(&path)?;
+        Ok(k.with(Settings::load(&path)?))
+    }
+
+    /// These settings over this backend's (a field left out keeps its value).
+    #[must_use]
+    pub fn with(mut self, s: Settings) -> Kubernetes {
+        let k = &mut self;
+        if let (Some(claim), Some(root)) = (s.runs_pvc, s.runs_root) {
+            k.runs = Some(RunsVolume { claim, root });
+        }
         if let Some(v) = s.image {
             k.image = v;
         }
@@ -303,7 +368,13 @@ impl Kubernetes {
         }
         k.context = s.context;
         k.namespace = s.namespace;
-        Ok(k)
+        self
+    }
+
+    /// Whether a run in `dir` is on the runs volume: its files (metric lines, log) are
+    /// seen here as its pods write them.
+    pub fn shares(&self, dir: &Path) -> bool {
+        self.runs.as_ref().is_some_and(|r| dir.starts_with(&r.root))
     }
 
     /// kubectl with the settings' context and namespace.
@@ -486,31 +557,47 @@ impl Kubernetes {
         map([("limits", Value::Mapping(amounts.clone())), ("requests", Value::Mapping(amounts))])
     }
 
+    /// The run's directory: on the runs volume (mounted at its root) when it is under
+    /// it, else an `emptyDir`; the checkpoints: their claim, else the runs volume when it
+    /// holds them (no volume of their own), else an `emptyDir`.
     fn volumes(&self, shape: &RunShape) -> Value {
-        let checkpoints = match &self.checkpoint_pvc {
-            Some(claim) => {
-                map([("name", s("checkpoints")), ("persistentVolumeClaim", map([("claimName", s(claim.as_str()))]))])
-            }
-            None => map([("name", s("checkpoints")), ("emptyDir", map([]))]),
-        };
-        seq([
-            checkpoints,
-            map([("name", s("run")), ("emptyDir", map([]))]),
-            map([("name", s("plan")), ("configMap", map([("name", s(shape.name.as_str()))]))]),
-        ])
+        let mut volumes = Vec::new();
+        match &self.checkpoint_pvc {
+            Some(claim) => volumes.push(map([
+                ("name", s("checkpoints")),
+                ("persistentVolumeClaim", map([("claimName", s(claim.as_str()))])),
+            ])),
+            None if self.shares(Path::new(&shape.checkpoint_dir)) => {}
+            None => volumes.push(map([("name", s("checkpoints")), ("emptyDir", map([]))])),
+        }
+        match self.runs.as_ref().filter(|_| self.shares(Path::new(&shape.run_dir))) {
+            Some(runs) => volumes.push(map([
+                ("name", s("run")),
+                ("persistentVolumeClaim", map([("claimName", s(runs.claim.as_str()))])),
+            ])),
+            None => volumes.push(map([("name", s("run")), ("emptyDir", map([]))])),
+        }
+        volumes.push(map([("name", s("plan")), ("configMap", map([("name", s(shape.name.as_str()))]))]));
+        Value::Sequence(volumes)
     }
 
-    fn volume_mounts(shape: &RunShape) -> Value {
-        seq([
-            map([("name", s("checkpoints")), ("mountPath", s(shape.checkpoint_dir.as_str()))]),
-            map([("name", s("run")), ("mountPath", s(shape.run_dir.as_str()))]),
-            map([
-                ("name", s("plan")),
-                ("mountPath", s(format!("{}/deepspeed.json", shape.run_dir.trim_end_matches('/')))),
-                ("subPath", s("deepspeed.json")),
-                ("readOnly", Value::Bool(true)),
-            ]),
-        ])
+    fn volume_mounts(&self, shape: &RunShape) -> Value {
+        let mut mounts = Vec::new();
+        if self.checkpoint_pvc.is_some() || !self.shares(Path::new(&shape.checkpoint_dir)) {
+            mounts.push(map([("name", s("checkpoints")), ("mountPath", s(shape.checkpoint_dir.as_str()))]));
+        }
+        let run_at = match self.runs.as_ref().filter(|_| self.shares(Path::new(&shape.run_dir))) {
+            Some(runs) => runs.root.display().to_string(),
+            None => shape.run_dir.clone(),
+        };
+        mounts.push(map([("name", s("run")), ("mountPath", s(run_at))]));
+        mounts.push(map([
+            ("name", s("plan")),
+            ("mountPath", s(format!("{}/deepspeed.json", shape.run_dir.trim_end_matches('/')))),
+            ("subPath", s("deepspeed.json")),
+            ("readOnly", Value::Bool(true)),
+        ]));
+        Value::Sequence(mounts)
     }
 
     /// The ConfigMap.
@@ -536,7 +623,7 @@ impl Kubernetes {
                 ])]),
             ),
             ("resources", Self::resources(shape)),
-            ("volumeMounts", Self::volume_mounts(shape)),
+            ("volumeMounts", self.volume_mounts(shape)),
         ]);
         if let Some(dir) = &shape.workdir {
             put(&mut container, "workingDir", s(dir.as_str()));
@@ -596,7 +683,7 @@ impl Kubernetes {
         let overrides = map([
             ("targetJobs", seq([map([("name", s(TRAINJOB_NODE))])])),
             ("volumes", self.volumes(shape)),
-            ("containers", seq([map([("name", s(TRAINJOB_NODE)), ("volumeMounts", Self::volume_mounts(shape))])])),
+            ("containers", seq([map([("name", s(TRAINJOB_NODE)), ("volumeMounts", self.volume_mounts(shape))])])),
         ]);
         let mut spec = map([
             ("runtimeRef", map([("name", s(TRAINING_RUNTIME))])),
@@ -808,7 +895,30 @@ impl Kubernetes {
             let apply = dir.join(APPLY);
             write_atomic(&apply, &multi_document(&[config_map, active])?)?;
             self.ensure_context()?;
-            self.kubectl(&["apply", "-f", &apply.display().to_string()])?;
+            let apply = apply.display().to_string();
+            self.kubectl(&["apply", "-f", &apply])?;
+            if !run.detached {
+                // This tool's run: deleted when the tool dies, however it dies.
+                let mut argv = vec!["kubectl"];
+                if let Some(c) = &self.context {
+                    argv.extend(["--context", c]);
+                }
+                if let Some(n) = &self.namespace {
+                    argv.extend(["--namespace", n]);
+                }
+                argv.extend(["delete", "-f", &apply, "--ignore-not-found", "--wait=false"]);
+                let cleanup = crate::supervise::Cleanup::Command(&argv);
+                match crate::supervise::Guard::arm(run.request.wrapper.as_deref(), cleanup) {
+                    Ok(guard) => {
+                        let mut guards = self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        guards.insert(shape.name.clone(), guard);
+                    }
+                    Err(e) => {
+                        let _ = self.kubectl(&["delete", "-f", &apply, "--ignore-not-found", "--wait=false"]);
+                        anyhow::bail!("{}: cannot start its watchdog: {e}", shape.name);
+                    }
+                }
+            }
         }
         Ok(Handle::Kubernetes { name: shape.name, dir })
     }
@@ -890,6 +1000,14 @@ impl Executor for Kubernetes {
     fn handle(&self, text: &str) -> Option<Handle> {
         let (name, dir) = parse_handle(text)?;
         Some(Handle::Kubernetes { name: name.to_owned(), dir: dir.to_path_buf() })
+    }
+
+    fn release(&self, handle: &Handle) {
+        let Handle::Kubernetes { name, .. } = handle else { return };
+        let guard = self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+        if let Some(guard) = guard {
+            guard.disarm();
+        }
     }
 
     fn poll_interval(&self) -> Duration {
@@ -1177,6 +1295,8 @@ launch:
             kind,
             context: None,
             namespace: None,
+            runs: None,
+            guards: Default::default(),
         }
     }
 
@@ -1274,6 +1394,74 @@ launch:
         assert_eq!(label_value("-a b-"), "a-b");
         assert!(is_quantity("64Gi") && is_quantity("1.5") && is_quantity("100m") && is_quantity("1e3"));
         assert!(!is_quantity("64 Gi") && !is_quantity("Gi") && !is_quantity("1.2.3") && !is_quantity("1e"));
+    }
+
+    /// A runs volume: the run's directory is on it (mounted at its root, where this
+    /// machine sees the same files), the checkpoints too (no volume of their own unless a
+    /// claim is named); still valid against both CRDs; a run elsewhere keeps its
+    /// `emptyDir`. Settings: both fields or neither, an absolute root.
+    #[test]
+    fn a_runs_volume_holds_the_runs_directories_where_this_machine_reads_them() {
+        let root = tempfile::tempdir().unwrap();
+        let runs = RunsVolume { claim: "rubick-runs".into(), root: root.path().to_path_buf() };
+        let mut k = backend(TrainingKind::PyTorchJob, None, None);
+        k.runs = Some(runs.clone());
+        let job = job("bert", "SIGTERM");
+        let (_, docs) = start(&k, root.path(), &job, &allocation("dp4-tp1-pp1-mb4-ga1", 2, 2));
+        let dir = root.path().join("jobs/bert/attempt-3");
+        assert!(k.shares(&dir) && !k.shares(Path::new("/elsewhere")));
+        for (doc, pod) in [
+            (&docs[1], &["spec", "pytorchReplicaSpecs", "Worker", "template", "spec"][..]),
+            (&docs[2], &["spec", "podSpecOverrides", "0"][..]),
+        ] {
+            let pod = at(doc, pod);
+            let volumes = pod["volumes"].as_sequence().unwrap();
+            let names: Vec<&str> = volumes.iter().map(|v| v["name"].as_str().unwrap()).collect();
+            assert_eq!(names, ["run", "plan"], "the checkpoints are on the runs volume: {pod:?}");
+            assert_eq!(volumes[0]["persistentVolumeClaim"]["claimName"].as_str(), Some("rubick-runs"));
+        }
+        let c = at(&docs[1], &["spec", "pytorchReplicaSpecs", "Master", "template", "spec", "containers", "0"]);
+        let mounts: Vec<(&str, &str)> = c["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|m| (m["name"].as_str().unwrap(), m["mountPath"].as_str().unwrap()))
+            .collect();
+        let ds = dir.join("deepspeed.json").display().to_string();
+        assert_eq!(mounts, [("run", root.path().to_str().unwrap()), ("plan", ds.as_str())]);
+        if let (Some(pytorch_crd), Some(trainjob_crd)) =
+            (crd("kubeflow.org_pytorchjobs.yaml"), crd("trainer.kubeflow.org_trainjobs.yaml"))
+        {
+            assert_eq!(validate_resource(&docs[1], &pytorch_crd), Vec::<String>::new());
+            assert_eq!(validate_resource(&docs[2], &trainjob_crd), Vec::<String>::new());
+        }
+        // With a checkpoint claim, the checkpoints keep it.
+        k.checkpoint_pvc = Some("ckpt".into());
+        let (_, docs) = start(&k, root.path(), &job, &allocation("dp2-tp1-pp1-mb4-ga2", 1, 2));
+        let pod = at(&docs[1], &["spec", "pytorchReplicaSpecs", "Master", "template", "spec"]);
+        let names: Vec<&str> =
+            pod["volumes"].as_sequence().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["checkpoints", "run", "plan"]);
+        // A run outside the volume: its directory is an emptyDir, as without one.
+        let elsewhere = tempfile::tempdir().unwrap();
+        k.runs = Some(RunsVolume { claim: "rubick-runs".into(), root: elsewhere.path().to_path_buf() });
+        let (_, docs) = start(&k, root.path(), &job, &allocation("dp2-tp1-pp1-mb4-ga2", 1, 2));
+        let pod = at(&docs[1], &["spec", "pytorchReplicaSpecs", "Master", "template", "spec"]);
+        assert!(pod["volumes"][1]["emptyDir"].is_mapping(), "{pod:?}");
+        // Settings: the two fields together, the root absolute.
+        let file = root.path().join("k8s.yaml");
+        for (text, says) in [
+            ("runsPvc: x\n", "go together"),
+            ("runsRoot: /r\n", "go together"),
+            ("runsPvc: x\nrunsRoot: rel/dir\n", "absolute"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = format!("{:#}", Settings::load(&file).unwrap_err());
+            assert!(e.contains(says) && e.contains("k8s.yaml"), "{text}: {e}");
+        }
+        std::fs::write(&file, "runsPvc: x\nrunsRoot: /r\n").unwrap();
+        let k = backend(TrainingKind::PyTorchJob, None, None).with(Settings::load(&file).unwrap());
+        assert_eq!(k.runs, Some(RunsVolume { claim: "x".into(), root: "/r".into() }));
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub enum Backend {
     Local,
     /// One `sbatch` job per run on the Slurm cluster this machine submits to
     Slurm,
+    /// A Kubeflow PyTorchJob (or TrainJob) per run, applied with kubectl; the runs'
+    /// directories on a volume this machine shares with the pods (runsPvc + runsRoot)
+    Kubernetes,
 }
 
 /// Arguments of `run`.
@@ -63,6 +66,10 @@ pub struct RunArgs {
     /// Slurm partition (default: the cluster's default)
     #[arg(long)]
     pub partition: Option<String>,
+    /// Kubernetes settings (YAML: image, context, namespace, checkpointPvc, kubectl, kind,
+    /// runsPvc, runsRoot; a field left out falls back to its RUBICK_K8S_* variable)
+    #[arg(long, value_name = "FILE")]
+    pub kubernetes: Option<PathBuf>,
     /// Where each run's log, metric lines and checkpoints go [default: OUTPUT.runs/]
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
@@ -129,6 +136,31 @@ fn slurm_nodes_for(
     Ok(nodes)
 }
 
+/// The Kubernetes backend for a profile: the environment's settings under `settings`'s;
+/// kubectl mode, and the work directory on the runs volume (the profile reads each run's
+/// metric lines back), else an error saying what is missing.
+fn kubernetes(settings: Option<&Path>, work_dir: &Path) -> anyhow::Result<rubick_launch::kubernetes::Kubernetes> {
+    use rubick_launch::kubernetes::{Kubernetes, Mode, Settings};
+    let mut k = Kubernetes::from_env();
+    if let Some(path) = settings {
+        k = k.with(Settings::load(path)?);
+    }
+    anyhow::ensure!(
+        k.mode == Mode::Kubectl,
+        "--backend kubernetes: the runs are applied to a cluster with kubectl: set `kubectl: true` in --kubernetes \
+         FILE (or KUBECONFIG, with kubectl on PATH); writing manifests alone measures nothing"
+    );
+    anyhow::ensure!(
+        k.shares(work_dir),
+        "--backend kubernetes: the profile reads each run's metric lines from its directory, so the work directory \
+         ({}) must be on a volume the pods share with this machine: `runsPvc` (the claim) and `runsRoot` (where it \
+         is mounted, here and in the pods) in --kubernetes FILE, and --work-dir under runsRoot{}",
+        work_dir.display(),
+        k.runs.as_ref().map_or(String::new(), |r| format!(" (runsRoot is {})", r.root.display()))
+    );
+    Ok(k)
+}
+
 /// The configurations to run: the table's, checked against the job and the node, or
 /// the selection's over the job's plan space on 1..=gpusPerNode GPUs of one node.
 fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Result<Vec<(Plan, Placement)>> {
@@ -145,19 +177,25 @@ fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Resul
                 bail!("{}: plan `{plan}` uses {why}, which the job's script does not implement", at());
             }
             if placement.is_multi_node() {
-                // Across nodes: through Slurm, on as many of its usable nodes.
-                anyhow::ensure!(
-                    args.backend == Backend::Slurm,
-                    "{}: placement {placement} spans {} nodes: a profile across nodes runs through Slurm (--backend slurm)",
-                    at(),
-                    placement.nodes()
-                );
-                let known = match &mut known {
-                    Some(k) => k,
-                    None => known.insert(rubick_launch::slurm::nodes()?),
-                };
-                slurm_nodes_for(known, placement, group.gpu_type == CPU_GPU_TYPE)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+                match args.backend {
+                    // Across nodes: through Slurm, on as many of its usable nodes.
+                    Backend::Slurm => {
+                        let known = match &mut known {
+                            Some(k) => k,
+                            None => known.insert(rubick_launch::slurm::nodes()?),
+                        };
+                        slurm_nodes_for(known, placement, group.gpu_type == CPU_GPU_TYPE)
+                            .map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+                    }
+                    // Master and Workers (numNodes), where the cluster puts them.
+                    Backend::Kubernetes => {}
+                    Backend::Local => bail!(
+                        "{}: placement {placement} spans {} nodes: a profile across nodes runs through Slurm \
+                         (--backend slurm) or Kubernetes (--backend kubernetes)",
+                        at(),
+                        placement.nodes()
+                    ),
+                }
             } else {
                 anyhow::ensure!(
                     placement.gpus() <= group.gpus_per_node,
@@ -283,8 +321,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
     let executor: Arc<dyn Executor> = match args.backend {
         Backend::Local => Arc::new(rubick_launch::executor::Local::new()),
         Backend::Slurm => Arc::new(rubick_launch::slurm::Slurm::new()),
+        Backend::Kubernetes => Arc::new(kubernetes(args.kubernetes.as_deref(), &work_dir)?),
     };
-    let nvml = if on_cpu || args.backend == Backend::Slurm {
+    let nvml = if on_cpu || args.backend != Backend::Local {
         None
     } else {
         devices::nvml().map_err(|reason| tracing::warn!("{reason}; GPU metric columns stay empty")).ok()
@@ -446,11 +485,11 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
             // Across nodes (Slurm): one launcher per node (its `{node_rank}`), the first
             // node `{master_addr}`; each node asks its share of cores and memory.
             let nodes = planned.placement.nodes();
-            let names = if nodes > 1 {
+            let names = if nodes > 1 && ctx.executor.name() == "slurm" {
                 let known = rubick_launch::slurm::nodes().map_err(|e| e.to_string())?;
                 slurm_nodes_for(&known, &planned.placement, ctx.on_cpu).map_err(|e| e.to_string())?
             } else {
-                vec![String::new()]
+                vec![String::new(); nodes as usize]
             };
             let per_node: Vec<u32> = planned.placement.per_node().to_vec();
             let run = Submission {

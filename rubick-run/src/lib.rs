@@ -152,10 +152,12 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
         /// The Kubernetes backend's settings (YAML: image, context, namespace,
-        /// checkpointPvc, manifestDir, kubectl: true|false, kind: PyTorchJob|TrainJob);
-        /// kept in the state directory for every later command. Fields left out fall
-        /// back to RUBICK_K8S_IMAGE, RUBICK_K8S_CHECKPOINT_PVC, RUBICK_K8S_MANIFEST_DIR,
-        /// RUBICK_KUBECTL, RUBICK_K8S_KIND, then the defaults
+        /// checkpointPvc, manifestDir, kubectl: true|false, kind: PyTorchJob|TrainJob,
+        /// runsPvc + runsRoot: a claim holding the runs' directories, mounted at that
+        /// path here and in the pods, so their progress is seen); kept in the state
+        /// directory for every later command. Fields left out fall back to
+        /// RUBICK_K8S_IMAGE, RUBICK_K8S_CHECKPOINT_PVC, RUBICK_K8S_MANIFEST_DIR,
+        /// RUBICK_KUBECTL, RUBICK_K8S_KIND, RUBICK_K8S_RUNS_PVC/_ROOT, then the defaults
         #[arg(long)]
         kubernetes: Option<PathBuf>,
     },
