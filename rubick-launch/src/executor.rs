@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::supervise::{Guard, LaunchError, RunOutcome, RunRequest, RunSignal, RunStatus, collect, prepare};
+use crate::supervise::{Guard, LaunchError, RunOutcome, RunRequest, RunSignal, RunStatus, collect, io, prepare};
 
 /// A run as its backend knows it. Written in a state file as text ([`Handle`]'s
 /// `Display`), read back by the backend that made it ([`Executor::handle`]).
@@ -147,6 +147,17 @@ impl Submission<'_> {
         &self.request.context.metrics
     }
 
+    /// The run wrapper its launchers run under: the request's, else (a detached run: it
+    /// must outlive this process and leave nothing behind) this executable's; none for
+    /// a watched run of a caller that names none.
+    pub fn wrapper(&self) -> Result<Option<Vec<String>>, LaunchError> {
+        match (&self.request.wrapper, self.detached) {
+            (Some(w), _) => Ok(Some(w.clone())),
+            (None, true) => crate::wrap::command().map(Some).map_err(LaunchError::Contract),
+            (None, false) => Ok(None),
+        }
+    }
+
     fn check_dir(&self) -> Result<(), LaunchError> {
         let expected = self.dir.join(METRICS_FILE);
         if Path::new(&self.request.context.metrics) != expected {
@@ -231,7 +242,7 @@ pub fn wait_ended(exec: &dyn Executor, handle: &Handle, dir: &Path, limit: Durat
         if start.elapsed() >= limit {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(50).max(exec.poll_interval().min(Duration::from_millis(500))));
+        std::thread::sleep(exec.poll_interval().max(Duration::from_millis(50)));
     }
 }
 
@@ -281,7 +292,7 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
             && last_check.elapsed() >= Duration::from_millis(200)
         {
             last_check = Instant::now();
-            if iterations_reported(metrics) >= u64::from(want) {
+            if crate::supervise::iterations_in(metrics) >= want as usize {
                 tracing::info!("{want} iterations measured: stopping the run ({})", launch.stop_signal.name());
                 exec.signal(&handle, RunSignal::Stop(launch.stop_signal));
                 stopping = Some(Instant::now());
@@ -341,19 +352,6 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
 /// How long a killed run may take to be seen ended (a Slurm job's `KillWait` included).
 const KILL_LIMIT: Duration = Duration::from_secs(90);
 
-/// Iteration lines a metrics file holds so far.
-fn iterations_reported(metrics: &Path) -> u64 {
-    use std::io::BufRead as _;
-    let Ok(file) = std::fs::File::open(metrics) else { return 0 };
-    std::io::BufReader::new(file)
-        .lines()
-        .map_while(Result::ok)
-        .filter(|l| {
-            matches!(rubick_core::launch::MetricLine::parse(l), Some(rubick_core::launch::MetricLine::Iteration { .. }))
-        })
-        .count() as u64
-}
-
 /// Appends a line to a run's log (a warning when it cannot).
 pub fn append(path: &Path, line: &str) {
     use std::io::Write;
@@ -365,11 +363,34 @@ pub fn append(path: &Path, line: &str) {
 
 /// What watches a run that is not detached, so that it ends with this process.
 #[derive(Debug)]
-enum Watch {
+pub enum Watch {
     /// The run wrapper's stdin (`--watch-stdin`): end of file kills the run.
     Pipe(#[allow(dead_code)] std::process::ChildStdin),
-    /// A watchdog `sh` (a run without the wrapper).
+    /// A watchdog process ([`Guard`]).
     Guard(Guard),
+}
+
+/// The watches an executor holds for the runs it submitted not detached, by handle; let
+/// go when the run is released (a guard disarmed: its cleanup is for this process's
+/// death, not for a run's normal end).
+#[derive(Debug, Default)]
+pub struct Watches(Mutex<BTreeMap<String, Watch>>);
+
+impl Watches {
+    pub fn hold(&self, handle: &Handle, watch: Watch) {
+        lock(&self.0).insert(handle.to_string(), watch);
+    }
+
+    /// Lets go of the run's watch; whether there was one.
+    pub fn release(&self, handle: &Handle) -> bool {
+        let watch = lock(&self.0).remove(&handle.to_string());
+        match watch {
+            Some(Watch::Guard(guard)) => guard.disarm(),
+            Some(Watch::Pipe(_)) => {}
+            None => return false,
+        }
+        true
+    }
 }
 
 /// This machine: each run in a process group of its own, under the run wrapper
@@ -382,7 +403,7 @@ enum Watch {
 /// status is recorded by this process.
 #[derive(Debug, Default)]
 pub struct Local {
-    watches: Mutex<BTreeMap<u32, Watch>>,
+    watches: Watches,
     /// Runs this process started whose leader it has not reaped yet: alive, whatever
     /// `/proc` says (a child between its fork and its exec still carries this
     /// process's environment, not the run's mark).
@@ -405,17 +426,13 @@ fn in_group(pid: u32, pgid: u32) -> bool {
 }
 
 /// Non-zombie processes of process group `pgid` (a scan of /proc).
-pub fn group_members(pgid: u32) -> Vec<u32> {
+fn group_members(pgid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).filter(|pid| in_group(*pid, pgid)).collect()
 }
 
 fn mark_of(dir: &Path) -> String {
     dir.join(METRICS_FILE).display().to_string()
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
-    move |source| LaunchError::Io { path: path.to_path_buf(), source }
 }
 
 /// The exit status a wait reports: the code, or 128 + the signal.
@@ -439,11 +456,7 @@ impl Executor for Local {
         let prepared = prepare(request)?;
         let log = std::fs::File::create(&request.log).map_err(io(&request.log))?;
         let log2 = log.try_clone().map_err(io(&request.log))?;
-        let wrapper = match (&request.wrapper, run.detached) {
-            (Some(w), _) => Some(w.clone()),
-            (None, true) => Some(crate::wrap::command().map_err(LaunchError::Contract)?),
-            (None, false) => None,
-        };
+        let wrapper = run.wrapper()?;
         // Watched (not detached): the wrapper's stdin is a pipe only this process holds.
         let line = match &wrapper {
             Some(w) => crate::wrap::Wrap {
@@ -471,7 +484,7 @@ impl Executor for Local {
         command.stdin(stdin).stdout(log).stderr(log2).process_group(0);
         if request.clear_env {
             command.env_clear();
-            for keep in ["PATH", "HOME", "LANG", "TMPDIR", "USER"] {
+            for keep in crate::supervise::KEPT_ENV {
                 if let Some(v) = std::env::var_os(keep) {
                     command.env(keep, v);
                 }
@@ -488,7 +501,7 @@ impl Executor for Local {
             (Some(pipe), ..) => Some(Watch::Pipe(pipe)),
             (None, None, false) => {
                 // From here on, this process killed by anything takes the run with it.
-                match Guard::arm(None, crate::supervise::Cleanup::Run { pgid, metrics: run.mark() }) {
+                match Guard::run(pgid, run.mark()) {
                     Ok(guard) => Some(Watch::Guard(guard)),
                     Err(source) => {
                         crate::supervise::signal_run(Some(pgid), run.mark(), RunSignal::Kill);
@@ -499,8 +512,9 @@ impl Executor for Local {
             }
             _ => None,
         };
+        let handle = Handle::Local { pgid, dir: Some(dir.clone()) };
         if let Some(watch) = watch {
-            lock(&self.watches).insert(pgid, watch);
+            self.watches.hold(&handle, watch);
         }
         let recorder = wrapper.is_none().then(|| dir.clone());
         if let Some(dir) = &recorder {
@@ -518,7 +532,7 @@ impl Executor for Local {
             }
             lock(&unreaped).remove(&pgid);
         });
-        Ok(Handle::Local { pgid, dir: Some(dir) })
+        Ok(handle)
     }
 
     fn poll(&self, handle: &Handle, dir: &Path, _nodes: &[String]) -> RunState {
@@ -568,17 +582,12 @@ impl Executor for Local {
     }
 
     fn release(&self, handle: &Handle) {
-        let Handle::Local { pgid, dir } = handle else { return };
-        let watch = lock(&self.watches).remove(pgid);
-        if watch.is_some() {
-            // Whatever the launcher left behind goes with it, in its group or not: by the
-            // run's mark only, since the reaped leader's group id may belong to another.
-            if let Some(dir) = dir {
-                crate::supervise::signal_run(None, &mark_of(dir), RunSignal::Kill);
-            }
-        }
-        if let Some(Watch::Guard(guard)) = watch {
-            guard.disarm();
+        // Whatever the launcher left behind goes with it, in its group or not: by the
+        // run's mark only, since the reaped leader's group id may belong to another.
+        if self.watches.release(handle)
+            && let Handle::Local { dir: Some(dir), .. } = handle
+        {
+            crate::supervise::signal_run(None, &mark_of(dir), RunSignal::Kill);
         }
     }
 }

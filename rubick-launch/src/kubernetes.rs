@@ -132,8 +132,8 @@ use anyhow::Context as _;
 use rubick_core::launch::{LaunchContext, StopSignal};
 use serde_yaml_ng::{Mapping, Value};
 
-use crate::executor::{End, Executor, Handle, RunState, Submission};
-use crate::supervise::{LaunchError, RunSignal};
+use crate::executor::{End, Executor, Handle, RunState, Submission, Watch, Watches};
+use crate::supervise::{Guard, LaunchError, RunSignal};
 
 /// The default container image.
 pub const DEFAULT_IMAGE: &str = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime";
@@ -207,7 +207,7 @@ pub struct Kubernetes {
     pub runs: Option<RunsVolume>,
     /// The watchdogs of runs that are not detached (a profile's): `kubectl delete` of
     /// the run when the submitting tool dies.
-    guards: std::sync::Arc<std::sync::Mutex<BTreeMap<String, crate::supervise::Guard>>>,
+    watches: std::sync::Arc<Watches>,
 }
 
 /// A PersistentVolumeClaim (`claim`) mounted at `root` in every pod, where the machine
@@ -332,7 +332,7 @@ impl Kubernetes {
                     None
                 }
             },
-            guards: Default::default(),
+            watches: Default::default(),
         }
     }
 
@@ -377,8 +377,8 @@ impl Kubernetes {
         self.runs.as_ref().is_some_and(|r| dir.starts_with(&r.root))
     }
 
-    /// kubectl with the settings' context and namespace.
-    fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+    /// kubectl's arguments with the settings' context and namespace first.
+    fn kubectl_args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
         let mut all: Vec<&str> = Vec::with_capacity(args.len() + 4);
         if let Some(c) = &self.context {
             all.extend(["--context", c]);
@@ -387,7 +387,12 @@ impl Kubernetes {
             all.extend(["--namespace", n]);
         }
         all.extend(args);
-        kubectl(&all)
+        all
+    }
+
+    /// kubectl with the settings' context and namespace.
+    fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        kubectl(&self.kubectl_args(args))
     }
 
     /// Fails with what to do when kubectl has no context to apply to.
@@ -429,11 +434,6 @@ fn dns_chars(text: &str) -> String {
     out.trim_end_matches('-').to_owned()
 }
 
-/// FNV-1a, for short stable suffixes.
-fn fnv(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
-}
-
 /// Whether `name` is a DNS-1123 label (what the resources' names must be here).
 pub fn is_dns_label(name: &str) -> bool {
     !name.is_empty()
@@ -449,14 +449,14 @@ pub fn resource_name(job: &str, attempt: &str) -> String {
     let attempt = {
         let a = dns_chars(attempt);
         let a = if a.is_empty() { "0".to_owned() } else { a };
-        if a.len() > 10 { format!("{:08x}", fnv(attempt) as u32) } else { a }
+        if a.len() > 10 { format!("{:08x}", crate::fnv1a(attempt.as_bytes()) as u32) } else { a }
     };
     let budget = MAX_NAME - "rubick-".len() - 1 - attempt.len();
     let clean = dns_chars(job);
     let part = if clean == job && !clean.is_empty() && clean.len() <= budget {
         clean
     } else {
-        let hash = format!("{:06x}", fnv(job) & 0xff_ffff);
+        let hash = format!("{:06x}", crate::fnv1a(job.as_bytes()) & 0xff_ffff);
         let mut head = clean;
         head.truncate(budget - hash.len() - 1);
         let head = head.trim_end_matches('-');
@@ -557,40 +557,44 @@ impl Kubernetes {
         map([("limits", Value::Mapping(amounts.clone())), ("requests", Value::Mapping(amounts))])
     }
 
+    /// Where the run's directory lives: the runs volume holding it, if one does.
+    fn runs_volume(&self, shape: &RunShape) -> Option<&RunsVolume> {
+        self.runs.as_ref().filter(|_| self.shares(Path::new(&shape.run_dir)))
+    }
+
+    /// Whether the checkpoints get a volume of their own: their claim, else an `emptyDir`
+    /// unless the runs volume holds them.
+    fn checkpoint_volume(&self, shape: &RunShape) -> bool {
+        self.checkpoint_pvc.is_some() || !self.shares(Path::new(&shape.checkpoint_dir))
+    }
+
     /// The run's directory: on the runs volume (mounted at its root) when it is under
     /// it, else an `emptyDir`; the checkpoints: their claim, else the runs volume when it
     /// holds them (no volume of their own), else an `emptyDir`.
     fn volumes(&self, shape: &RunShape) -> Value {
+        let claim = |name: &str, claim: &str| {
+            map([("name", s(name)), ("persistentVolumeClaim", map([("claimName", s(claim))]))])
+        };
+        let scratch = |name: &str| map([("name", s(name)), ("emptyDir", map([]))]);
         let mut volumes = Vec::new();
-        match &self.checkpoint_pvc {
-            Some(claim) => volumes.push(map([
-                ("name", s("checkpoints")),
-                ("persistentVolumeClaim", map([("claimName", s(claim.as_str()))])),
-            ])),
-            None if self.shares(Path::new(&shape.checkpoint_dir)) => {}
-            None => volumes.push(map([("name", s("checkpoints")), ("emptyDir", map([]))])),
+        if self.checkpoint_volume(shape) {
+            volumes.push(
+                self.checkpoint_pvc.as_deref().map_or_else(|| scratch("checkpoints"), |c| claim("checkpoints", c)),
+            );
         }
-        match self.runs.as_ref().filter(|_| self.shares(Path::new(&shape.run_dir))) {
-            Some(runs) => volumes.push(map([
-                ("name", s("run")),
-                ("persistentVolumeClaim", map([("claimName", s(runs.claim.as_str()))])),
-            ])),
-            None => volumes.push(map([("name", s("run")), ("emptyDir", map([]))])),
-        }
+        volumes.push(self.runs_volume(shape).map_or_else(|| scratch("run"), |r| claim("run", &r.claim)));
         volumes.push(map([("name", s("plan")), ("configMap", map([("name", s(shape.name.as_str()))]))]));
         Value::Sequence(volumes)
     }
 
     fn volume_mounts(&self, shape: &RunShape) -> Value {
+        let mount = |name: &str, at: String| map([("name", s(name)), ("mountPath", s(at))]);
         let mut mounts = Vec::new();
-        if self.checkpoint_pvc.is_some() || !self.shares(Path::new(&shape.checkpoint_dir)) {
-            mounts.push(map([("name", s("checkpoints")), ("mountPath", s(shape.checkpoint_dir.as_str()))]));
+        if self.checkpoint_volume(shape) {
+            mounts.push(mount("checkpoints", shape.checkpoint_dir.clone()));
         }
-        let run_at = match self.runs.as_ref().filter(|_| self.shares(Path::new(&shape.run_dir))) {
-            Some(runs) => runs.root.display().to_string(),
-            None => shape.run_dir.clone(),
-        };
-        mounts.push(map([("name", s("run")), ("mountPath", s(run_at))]));
+        let run_at = self.runs_volume(shape).map_or_else(|| shape.run_dir.clone(), |r| r.root.display().to_string());
+        mounts.push(mount("run", run_at));
         mounts.push(map([
             ("name", s("plan")),
             ("mountPath", s(format!("{}/deepspeed.json", shape.run_dir.trim_end_matches('/')))),
@@ -899,22 +903,14 @@ impl Kubernetes {
             self.kubectl(&["apply", "-f", &apply])?;
             if !run.detached {
                 // This tool's run: deleted when the tool dies, however it dies.
-                let mut argv = vec!["kubectl"];
-                if let Some(c) = &self.context {
-                    argv.extend(["--context", c]);
-                }
-                if let Some(n) = &self.namespace {
-                    argv.extend(["--namespace", n]);
-                }
-                argv.extend(["delete", "-f", &apply, "--ignore-not-found", "--wait=false"]);
-                let cleanup = crate::supervise::Cleanup::Command(&argv);
-                match crate::supervise::Guard::arm(run.request.wrapper.as_deref(), cleanup) {
-                    Ok(guard) => {
-                        let mut guards = self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        guards.insert(shape.name.clone(), guard);
-                    }
+                let delete = ["delete", "-f", &apply, "--ignore-not-found", "--wait=false"];
+                let cleanup: Vec<&str> = std::iter::once("kubectl").chain(self.kubectl_args(&delete)).collect();
+                match Guard::command(run.request.wrapper.as_deref(), &cleanup) {
+                    Ok(guard) => self
+                        .watches
+                        .hold(&Handle::Kubernetes { name: shape.name.clone(), dir: dir.clone() }, Watch::Guard(guard)),
                     Err(e) => {
-                        let _ = self.kubectl(&["delete", "-f", &apply, "--ignore-not-found", "--wait=false"]);
+                        let _ = self.kubectl(&delete);
                         anyhow::bail!("{}: cannot start its watchdog: {e}", shape.name);
                     }
                 }
@@ -1003,11 +999,7 @@ impl Executor for Kubernetes {
     }
 
     fn release(&self, handle: &Handle) {
-        let Handle::Kubernetes { name, .. } = handle else { return };
-        let guard = self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
-        if let Some(guard) = guard {
-            guard.disarm();
-        }
+        self.watches.release(handle);
     }
 
     fn poll_interval(&self) -> Duration {
@@ -1296,7 +1288,7 @@ launch:
             context: None,
             namespace: None,
             runs: None,
-            guards: Default::default(),
+            watches: Default::default(),
         }
     }
 

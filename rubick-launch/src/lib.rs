@@ -22,3 +22,9 @@ pub mod wrap;
 
 pub use executor::{End, Executor, Handle, NodeSlot, RunState, Submission, run_to_end};
 pub use supervise::{RunOutcome, RunRequest, RunStatus, run};
+
+/// FNV-1a over `bytes`: a digest stable across builds and platforms (std's hasher is
+/// not), for names and keys written to disk.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}

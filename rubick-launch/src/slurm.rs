@@ -51,16 +51,14 @@
 //!   in it and survives. `proctrack/cgroup` has no such hole; `wrapper` closes it
 //!   (every launcher under a child subreaper that ends what it left behind).
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::executor::{End, Executor, Handle, RunState, Submission, run_to_end};
-use crate::supervise::{Cleanup, Guard, LaunchError, Prepared, RunOutcome, RunRequest, RunSignal, prepare};
+use crate::executor::{End, Executor, Handle, RunState, Submission, Watch, Watches, run_to_end};
+use crate::supervise::{Guard, LaunchError, Prepared, RunOutcome, RunRequest, RunSignal, prepare};
 
 /// Resources of one sbatch job.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,7 +121,10 @@ const TERMINAL: [&str; 9] =
     ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"];
 
 /// Variables kept for sbatch (and so for the job) when the request clears the environment.
-const KEPT_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "TMPDIR", "USER", "SLURM_CONF"];
+const KEPT_ENV: [&str; 6] = {
+    let [a, b, c, d, e] = crate::supervise::KEPT_ENV;
+    [a, b, c, d, e, "SLURM_CONF"]
+};
 
 /// `Ok` when this machine can submit jobs: `sbatch`, `squeue` and `scontrol` are on
 /// the `PATH` and the controller answers `scontrol ping`; else why not.
@@ -179,7 +180,7 @@ pub fn run(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<RunOu
         detached: false,
         partition: resources.partition.clone(),
     };
-    run_to_end(&Fixed { slurm: Slurm::default(), resources }, &run)
+    run_to_end(&Slurm { resources: Some(resources.clone()), ..Slurm::default() }, &run)
 }
 
 /// Slurm as an [`Executor`]: each run one `sbatch` job (see the module's documentation).
@@ -195,7 +196,10 @@ pub fn run(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<RunOu
 /// `CUDA_VISIBLE_DEVICES` is Slurm's.
 #[derive(Debug, Default)]
 pub struct Slurm {
-    guards: Mutex<BTreeMap<String, Guard>>,
+    watches: Watches,
+    /// The resources of every run (what [`run`] is given), instead of each submission's
+    /// ([`Slurm::resources`]).
+    resources: Option<SlurmResources>,
 }
 
 impl Slurm {
@@ -218,11 +222,7 @@ impl Slurm {
         }
         // Per node, the most any node of the run was given: Slurm asks alike of each.
         let memory_gib = run.nodes.iter().map(|n| n.host_memory_gib).fold(0.0, f64::max);
-        let wrapper = match (&run.request.wrapper, run.detached) {
-            (Some(w), _) => Some(w.clone()),
-            (None, true) => Some(crate::wrap::command().map_err(LaunchError::Contract)?),
-            (None, false) => None,
-        };
+        let wrapper = run.wrapper()?;
         Ok(SlurmResources {
             nodes: run.nodes.len().max(1) as u32,
             nodelist: if pinned { names } else { Vec::new() },
@@ -247,10 +247,8 @@ impl Slurm {
         tracing::info!(job = %job, script = %script.display(), "submitted to Slurm");
         if !run.detached {
             // From here on, this process killed by anything cancels the job.
-            match Guard::arm(resources.wrapper.as_deref(), Cleanup::Command(&["scancel", &job])) {
-                Ok(guard) => {
-                    self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(job.clone(), guard);
-                }
+            match Guard::command(resources.wrapper.as_deref(), &["scancel", &job]) {
+                Ok(guard) => self.watches.hold(&Handle::Slurm { job: job.clone() }, Watch::Guard(guard)),
                 Err(source) => {
                     let _ = scancel(&job, &[]);
                     return Err(LaunchError::Spawn { program: "sh (the watchdog)".into(), source });
@@ -268,7 +266,10 @@ impl Executor for Slurm {
 
     fn submit(&self, run: &Submission<'_>) -> Result<Handle, LaunchError> {
         available().map_err(LaunchError::Slurm)?;
-        self.submit_with(run, &Slurm::resources(run)?)
+        match &self.resources {
+            Some(fixed) => self.submit_with(run, fixed),
+            None => self.submit_with(run, &Slurm::resources(run)?),
+        }
     }
 
     /// One `scontrol show job` (the completion log once the record is gone; `sinfo`
@@ -314,48 +315,11 @@ impl Executor for Slurm {
     }
 
     fn release(&self, handle: &Handle) {
-        let Handle::Slurm { job } = handle else { return };
-        if let Some(guard) = self.guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(job) {
-            guard.disarm();
-        }
+        self.watches.release(handle);
     }
 
     fn poll_interval(&self) -> Duration {
         Duration::from_millis(200)
-    }
-}
-
-/// [`Slurm`] with resources given (not derived from the submission): [`run`].
-#[derive(Debug)]
-struct Fixed<'r> {
-    slurm: Slurm,
-    resources: &'r SlurmResources,
-}
-
-impl Executor for Fixed<'_> {
-    fn name(&self) -> &'static str {
-        self.slurm.name()
-    }
-    fn submit(&self, run: &Submission<'_>) -> Result<Handle, LaunchError> {
-        self.slurm.submit_with(run, self.resources)
-    }
-    fn poll(&self, handle: &Handle, dir: &Path, nodes: &[String]) -> RunState {
-        self.slurm.poll(handle, dir, nodes)
-    }
-    fn signal(&self, handle: &Handle, signal: RunSignal) {
-        self.slurm.signal(handle, signal);
-    }
-    fn recover(&self, dir: &Path, name: Option<&str>) -> Option<Handle> {
-        self.slurm.recover(dir, name)
-    }
-    fn handle(&self, text: &str) -> Option<Handle> {
-        self.slurm.handle(text)
-    }
-    fn release(&self, handle: &Handle) {
-        self.slurm.release(handle);
-    }
-    fn poll_interval(&self) -> Duration {
-        self.slurm.poll_interval()
     }
 }
 
@@ -436,27 +400,6 @@ fn submit_job(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<(S
     let job = parse_job_id(&out)
         .ok_or_else(|| LaunchError::Slurm(format!("sbatch: no job id in its output `{}`", out.trim())))?;
     Ok((job, log, script_path))
-}
-
-/// A job's state as Slurm says it (`RUNNING`, `PENDING`, `REQUEUED`, `COMPLETED`...)
-/// with its exit status when it has one; `None` when Slurm no longer knows the job.
-pub fn job_state(job: &str) -> Result<Option<(String, Option<i32>)>, LaunchError> {
-    let info = match query(job)? {
-        Some(info) => Some(info),
-        None => completion_log(job),
-    };
-    Ok(info.map(|i| {
-        let code = i.exit_code();
-        (i.state, code)
-    }))
-}
-
-/// Whether Slurm requeued the job and it now waits to run again (`PENDING` or
-/// `REQUEUED*` after a restart): its node failed or it was preempted; with the nodes it
-/// was placed on (`--nodelist`) it waits until they are all back. Its Slurm reason
-/// (e.g. `ReqNodeNotAvail,_UnavailableNodes:mn2`) when so.
-pub fn requeued(job: &str) -> Result<Option<String>, LaunchError> {
-    Ok(query(job)?.filter(JobInfo::waits_after_requeue).map(|i| i.reason))
 }
 
 /// One node as `sinfo` describes it.

@@ -27,7 +27,7 @@ pub enum LaunchError {
     Backend(String),
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
     move |source| LaunchError::Io { path: path.to_path_buf(), source }
 }
 
@@ -229,52 +229,49 @@ pub fn prepare(request: &RunRequest<'_>) -> Result<Prepared, LaunchError> {
     Ok(Prepared { argv, env, workdir })
 }
 
-/// What a [`Guard`] does when the launcher dies.
-#[derive(Debug, Clone, Copy)]
-pub enum Cleanup<'a> {
-    /// Runs this command (e.g. `scancel JOB`).
-    Command(&'a [&'a str]),
-    /// Kills a run: its process group and every process marked with its metrics path
-    /// (see [`marked_processes`]).
-    Run { pgid: u32, metrics: &'a str },
-}
-
-/// A watchdog that runs its [`Cleanup`] when the launcher dies, however it dies
-/// (`kill -9` included): it waits for the end of a pipe only the launcher holds.
-/// Dropping it without [`Guard::disarm`] fires the cleanup too.
+/// A watchdog that runs a cleanup when the launcher dies, however it dies (`kill -9`
+/// included): it waits for the end of a pipe only the launcher holds. Dropping it
+/// without [`Guard::disarm`] fires the cleanup too. Started in a process group of its
+/// own, so a Ctrl-C meant for the launcher does not take it down before it has cleaned up.
 #[derive(Debug)]
 pub struct Guard {
     child: std::process::Child,
 }
 
 impl Guard {
-    /// Starts the watchdog (in a process group of its own, so a Ctrl-C meant for the
-    /// launcher does not take it down before it has cleaned up): the run wrapper's
+    /// Runs `cleanup` (e.g. `scancel JOB`) when the launcher dies: the run wrapper's
     /// `--watchdog` mode when a `wrapper` command is given ([`crate::wrap`], Rust), else
-    /// (a library caller that has none) a `sh` reading its stdin, then the cleanup.
-    pub fn arm(wrapper: Option<&[String]>, cleanup: Cleanup<'_>) -> std::io::Result<Guard> {
+    /// (a library caller that has none) a `sh` reading its stdin.
+    pub fn command(wrapper: Option<&[String]>, cleanup: &[&str]) -> std::io::Result<Guard> {
         let mut command = match wrapper {
             Some([program, rest @ ..]) => {
                 let mut c = Command::new(program);
-                c.args(rest).arg(crate::wrap::WATCHDOG);
-                match cleanup {
-                    Cleanup::Run { pgid, metrics } => c.args(["--kill-run", &pgid.to_string(), metrics]),
-                    Cleanup::Command(argv) => c.arg("--").args(argv),
-                };
+                c.args(rest).args([crate::wrap::WATCHDOG, "--"]);
                 c
             }
             _ => {
                 let mut c = Command::new("sh");
                 c.args(["-c", r#"cat >/dev/null; exec "$@" >/dev/null 2>&1"#, "rubick-guard"]);
-                match cleanup {
-                    Cleanup::Command(argv) => c.args(argv),
-                    Cleanup::Run { pgid, metrics } => {
-                        c.args(["sh", "-c", SH_CLEANUP, "rubick-cleanup", &pgid.to_string(), metrics])
-                    }
-                };
                 c
             }
         };
+        Guard::spawn(command.args(cleanup))
+    }
+
+    /// Kills a run without a wrapper (which would watch it itself) when the launcher
+    /// dies: its process group `pgid` and every process marked with its `metrics` path
+    /// (see [`marked_processes`]); a `sh`.
+    pub fn run(pgid: u32, metrics: &str) -> std::io::Result<Guard> {
+        const CLEANUP: &str = r#"kill -s KILL -- "-$1"
+for f in /proc/[0-9]*/environ; do
+  if tr '\000' '\n' < "$f" 2>/dev/null | grep -qxF "RUBICK_METRICS=$2"; then
+    p=${f#/proc/}; kill -s KILL "${p%/environ}"
+  fi
+done"#;
+        Guard::command(None, &["sh", "-c", CLEANUP, "rubick-cleanup", &pgid.to_string(), metrics])
+    }
+
+    fn spawn(command: &mut Command) -> std::io::Result<Guard> {
         let child =
             command.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null()).process_group(0).spawn()?;
         Ok(Guard { child })
@@ -287,13 +284,18 @@ impl Guard {
     }
 }
 
-/// [`Cleanup::Run`] as shell text, for a watchdog without the run wrapper.
-const SH_CLEANUP: &str = r#"kill -s KILL -- "-$1"
-for f in /proc/[0-9]*/environ; do
-  if tr '\000' '\n' < "$f" 2>/dev/null | grep -qxF "RUBICK_METRICS=$2"; then
-    p=${f#/proc/}; kill -s KILL "${p%/environ}"
-  fi
-done"#;
+/// Iteration lines a metrics file holds so far (the whole file read).
+pub fn iterations_in(metrics: &Path) -> usize {
+    let Ok(file) = std::fs::File::open(metrics) else { return 0 };
+    BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .filter(|l| matches!(MetricLine::parse(l), Some(MetricLine::Iteration { .. })))
+        .count()
+}
+
+/// Variables a run started from an empty environment keeps (`RunRequest::clear_env`).
+pub(crate) const KEPT_ENV: [&str; 5] = ["PATH", "HOME", "LANG", "TMPDIR", "USER"];
 
 /// Runs the request on this machine to its end (or its timeout) and reports what it did:
 /// [`run_to_end`](crate::executor::run_to_end) over [`Local`](crate::executor::Local),

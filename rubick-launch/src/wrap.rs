@@ -38,11 +38,10 @@ use rustix::process::{Pid, Signal, WaitOptions};
 /// The hidden first argument that makes a tool the run wrapper.
 pub const SUBCOMMAND: &str = "__rubick-run-wrapper";
 
-/// The wrapper's first argument that makes it a watchdog instead: `--watchdog
-/// [--kill-run PGID METRICS] [-- CLEANUP...]` reads its standard input (a pipe only the
-/// supervising tool holds) to its end, then kills the run (its process group and every
-/// process marked with its metrics path) and runs the cleanup command (e.g. `scancel
-/// JOB`). The tool disarms it by killing it first ([`crate::supervise::Guard`]).
+/// The wrapper's first argument that makes it a watchdog instead: `--watchdog --
+/// CLEANUP...` reads its standard input (a pipe only the supervising tool holds) to its
+/// end, then runs the cleanup command (e.g. `scancel JOB`). The tool disarms it by
+/// killing it first ([`crate::supervise::Guard`]).
 pub const WATCHDOG: &str = "--watchdog";
 
 /// How long descendants left behind get between `TERM` and `KILL`, by default.
@@ -144,8 +143,8 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
     let mut args = args.into_iter().peekable();
     if args.peek().is_some_and(|a| a == WATCHDOG) {
         args.next();
-        return match Watchdog::parse(args) {
-            Ok(w) => w.run(),
+        return match watchdog_cleanup(args) {
+            Ok(cleanup) => watchdog(&cleanup),
             Err(e) => {
                 eprintln!("rubick watchdog: {e}");
                 2
@@ -168,60 +167,32 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
     }
 }
 
-/// The watchdog mode ([`WATCHDOG`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Watchdog {
-    /// A run to kill: its process group and its metrics path (its mark).
-    pub kill_run: Option<(u32, String)>,
-    /// A command to run then.
-    pub then: Vec<OsString>,
+/// The watchdog's cleanup command: its arguments after [`WATCHDOG`], `-- CLEANUP...`.
+pub fn watchdog_cleanup(args: impl IntoIterator<Item = OsString>) -> Result<Vec<OsString>, String> {
+    let mut args = args.into_iter();
+    match args.next() {
+        Some(dash) if dash == "--" => {}
+        other => return Err(format!("expected `-- CLEANUP...`, found {other:?}")),
+    }
+    let cleanup: Vec<OsString> = args.collect();
+    if cleanup.is_empty() {
+        return Err("no cleanup command (`-- CLEANUP...`)".into());
+    }
+    Ok(cleanup)
 }
 
-impl Watchdog {
-    /// Its arguments after [`WATCHDOG`]: `[--kill-run PGID METRICS] [-- CLEANUP...]`.
-    pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Watchdog, String> {
-        let mut args = args.into_iter();
-        let mut dog = Watchdog { kill_run: None, then: Vec::new() };
-        while let Some(arg) = args.next() {
-            match arg.to_str() {
-                Some("--kill-run") => {
-                    let (Some(pgid), Some(metrics)) = (args.next(), args.next()) else {
-                        return Err("--kill-run needs PGID and METRICS".into());
-                    };
-                    let pgid = pgid.to_str().and_then(|p| p.parse().ok()).ok_or("--kill-run: PGID is a number")?;
-                    let metrics = metrics.into_string().map_err(|m| format!("--kill-run: {m:?} is not UTF-8"))?;
-                    dog.kill_run = Some((pgid, metrics));
-                }
-                Some("--") => {
-                    dog.then = args.collect();
-                    break;
-                }
-                _ => return Err(format!("unexpected argument {arg:?}")),
-            }
-        }
-        if dog.kill_run.is_none() && dog.then.is_empty() {
-            return Err("nothing to do (--kill-run PGID METRICS, or -- CLEANUP...)".into());
-        }
-        Ok(dog)
-    }
-
-    /// Waits for the end of standard input, then cleans up; its exit status.
-    pub fn run(&self) -> i32 {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        if let Some((pgid, metrics)) = &self.kill_run {
-            crate::supervise::signal_run(Some(*pgid), metrics, crate::supervise::RunSignal::Kill);
-        }
-        match self.then.split_first() {
-            Some((program, rest)) => Command::new(program)
-                .args(rest)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .map_or(127, |s| s.code().unwrap_or(1)),
-            None => 0,
-        }
-    }
+/// The watchdog mode ([`WATCHDOG`]): waits for the end of standard input, then runs
+/// `cleanup`; its exit status.
+fn watchdog(cleanup: &[OsString]) -> i32 {
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    let Some((program, rest)) = cleanup.split_first() else { return 0 };
+    Command::new(program)
+        .args(rest)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_or(127, |s| s.code().unwrap_or(1))
 }
 
 /// See the module's documentation; the launcher's exit status.
@@ -364,12 +335,9 @@ mod tests {
         assert!(bad(&["--pid-file"]).contains("needs a value"));
         assert!(bad(&["--"]).contains("no command"));
         assert!(bad(&["python"]).contains("unexpected argument"));
-        let dog = |args: &[&str]| Watchdog::parse(args.iter().map(OsString::from));
-        assert_eq!(
-            dog(&["--kill-run", "42", "/r/metrics.jsonl", "--", "scancel", "7"]),
-            Ok(Watchdog { kill_run: Some((42, "/r/metrics.jsonl".into())), then: vec!["scancel".into(), "7".into()] })
-        );
-        assert!(dog(&[]).unwrap_err().contains("nothing to do"));
-        assert!(dog(&["--kill-run", "x", "m"]).unwrap_err().contains("number"));
+        let dog = |args: &[&str]| watchdog_cleanup(args.iter().map(OsString::from));
+        assert_eq!(dog(&["--", "scancel", "7"]), Ok(vec!["scancel".into(), "7".into()]));
+        assert!(dog(&["--"]).unwrap_err().contains("no cleanup"));
+        assert!(dog(&["scancel", "7"]).unwrap_err().contains("expected `--"));
     }
 }

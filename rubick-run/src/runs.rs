@@ -84,7 +84,7 @@ pub(crate) fn first_iteration_s(attempt_dir: &Path, started_unix_s: f64) -> Opti
     let path = attempt_dir.join("metrics.jsonl");
     let modified =
         std::fs::metadata(&path).ok()?.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64();
-    let written = backends::iterations_written(attempt_dir);
+    let written = rubick_launch::supervise::iterations_in(&attempt_dir.join("metrics.jsonl"));
     let first = modified - (written.saturating_sub(1) as f64) * progress.recent_iter_time_s.unwrap_or(0.0);
     (first >= started_unix_s).then_some(first - started_unix_s)
 }

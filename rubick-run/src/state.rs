@@ -151,8 +151,7 @@ pub const CACHE_FILE: &str = "state.cache.json";
 
 /// The first line of a cache of `yaml` written by this build.
 fn cache_key(yaml: &[u8]) -> String {
-    // FNV-1a: stable across builds and platforms (std's hasher is not).
-    let digest = yaml.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    let digest = rubick_launch::fnv1a(yaml);
     format!("rubick-run {} state {STATE_VERSION} yaml {} {digest:016x}", env!("CARGO_PKG_VERSION"), yaml.len())
 }
 

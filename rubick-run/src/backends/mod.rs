@@ -152,12 +152,7 @@ pub fn run_name(dir: &Path) -> Option<String> {
     let job_dir = dir.parent()?;
     let job = job_dir.file_name()?.to_str()?;
     let state = std::path::absolute(job_dir.parent()?.parent()?).ok()?;
-    // FNV-1a: stable across builds and platforms (std's hasher is not).
-    let hash = state
-        .as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = rubick_launch::fnv1a(state.as_os_str().as_encoded_bytes());
     Some(format!("rubick-{job}-{attempt}-{:08x}", hash & 0xffff_ffff))
 }
 
@@ -249,14 +244,6 @@ pub fn last_iteration(dir: &Path) -> Option<u64> {
     progress(dir).last
 }
 
-/// How many iteration lines a run's metrics file holds (the whole file is read).
-pub fn iterations_written(dir: &Path) -> usize {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
-    let lines: Vec<rubick_core::launch::MetricLine> =
-        text.lines().filter_map(rubick_core::launch::MetricLine::parse).collect();
-    rubick_core::launch::iteration_times(&lines).len()
-}
-
 #[cfg(test)]
 mod progress_tests {
     use super::*;
@@ -280,7 +267,7 @@ mod progress_tests {
         assert_eq!(p.checkpointed, Some(7), "an event older than the tail is found");
         let recent: f64 = (49_990..50_000u64).map(|i| 0.1 + (i % 10) as f64 / 100.0).sum::<f64>() / 10.0;
         assert!((p.recent_iter_time_s.unwrap() - recent).abs() < 1e-12);
-        assert_eq!(iterations_written(dir.path()), 49_992);
+        assert_eq!(rubick_launch::supervise::iterations_in(&dir.path().join("metrics.jsonl")), 49_992);
         // A newer checkpoint in the tail wins; a short file is read whole.
         text.push_str("{\"rubick\":1,\"event\":\"checkpointed\",\"iter\":49999}\n");
         std::fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
