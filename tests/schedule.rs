@@ -355,7 +355,15 @@ fn every_policy_of_the_registry_schedules_a_round() {
             &["schedule", "--cluster", &cluster, "--jobs", &jobs, "--policy", policy, "-o", out],
         )
     };
-    for policy in ["rubick", "static", "static-backfill", "synergy", "antman", "elastic", "rubick-no-resize"] {
+    for policy in [
+        "rubick",
+        "static",
+        "static-backfill",
+        "synergy",
+        "static-guaranteed-first",
+        "rubick-gpus-only",
+        "rubick-no-resize",
+    ] {
         let out = format!("{policy}.yaml");
         let run = schedule(policy, &out);
         assert_eq!(run.code, Some(0), "{policy}: {}", run.stderr);

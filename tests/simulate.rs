@@ -51,8 +51,8 @@ fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
         "static",
         "static-backfill",
         "synergy",
-        "antman",
-        "elastic",
+        "static-guaranteed-first",
+        "rubick-gpus-only",
         "rubick-no-plan",
         "rubick-no-resize",
     ] {
@@ -327,7 +327,7 @@ fn a_static_job_runs_its_plan_where_it_was_measured() {
         "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n\
          - name: l\n  model: {LLAMA30}\n  iterations: 50\n  submitTimeS: 0\n  request: {{ gpus: 24, plan: \"641\" }}\n"
     );
-    for policy in ["static", "static-backfill", "synergy", "antman"] {
+    for policy in ["static", "static-backfill", "synergy", "static-guaranteed-first"] {
         let run = simulate_batch(dir.path(), &reference, &batch, &["--policy", policy]);
         assert_eq!(run.code, Some(0), "{}", run.stderr);
         let s: serde_yaml_ng::Value = serde_yaml_ng::from_str(&run.stdout).unwrap();

@@ -100,6 +100,18 @@ pub struct CurrentAllocation {
     /// Rounds since the allocation last changed.
     #[serde(default)]
     pub rounds_since_change: u32,
+    /// Restarts the job has had so far (reconfigurations and resumes; not its first
+    /// start): the restart factor's hysteresis grows with them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+    /// The job is in the middle of a checkpoint-restore (started, no iteration yet): it
+    /// keeps its allocation this round.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restoring: bool,
+}
+
+fn is_zero(x: &u32) -> bool {
+    *x == 0
 }
 
 impl Job {

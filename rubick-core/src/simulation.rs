@@ -40,6 +40,12 @@ impl Spread {
 }
 
 impl Spread {
+    /// No replica had the figure (all NaN): what a summary written before the figure
+    /// existed reads as.
+    pub fn none() -> Self {
+        Spread { mean: f64::NAN, sd: f64::NAN, min: f64::NAN, max: f64::NAN }
+    }
+
     /// A spread as [`Spread::of`] writes it: all NaN (no replica had the figure), or
     /// finite with `0 <= min <= mean <= max` and `sd >= 0` (every figure of a summary
     /// is a duration, a count or a share, none negative); `share`: at most 1 too.
@@ -138,8 +144,18 @@ pub struct SimulationSummary {
     pub p99_jct_s: Spread,
     pub makespan_s: Spread,
     pub restarts: Spread,
+    /// The most restarts of any one job.
+    #[serde(default = "Spread::none")]
+    pub restarts_max: Spread,
+    /// Pauses of running jobs (each resume is a restart).
+    #[serde(default = "Spread::none")]
+    pub pauses: Spread,
     pub plan_changes: Spread,
     pub gpu_hours: Spread,
+    /// GPU-hours held while restarting (checkpoint, relaunch, warm-up; first starts
+    /// left out).
+    #[serde(default = "Spread::none")]
+    pub restart_gpu_hours: Spread,
     /// Guaranteed jobs whose guarantee did not hold at some point after admission
     /// (paused, or below the truth of their request).
     pub guarantee_violations: Spread,
@@ -176,8 +192,11 @@ impl Artifact for SimulationSummary {
             ("p99JctS", &self.p99_jct_s),
             ("makespanS", &self.makespan_s),
             ("restarts", &self.restarts),
+            ("restartsMax", &self.restarts_max),
+            ("pauses", &self.pauses),
             ("planChanges", &self.plan_changes),
             ("gpuHours", &self.gpu_hours),
+            ("restartGpuHours", &self.restart_gpu_hours),
             ("guaranteeViolations", &self.guarantee_violations),
             ("violationHours", &self.violation_hours),
             ("rounds", &self.rounds),

@@ -133,6 +133,8 @@ fn job() -> impl Strategy<Value = Job> {
                     nodes: Vec::new(),
                     cpus: Some(gpus * 4),
                     rounds_since_change: 3,
+                    restarts: 0,
+                    restoring: false,
                 }),
                 launch: (plan_kind == 1).then(|| rubick_core::launch::Launch {
                     version: 1,

@@ -210,6 +210,7 @@ fn main() -> anyhow::Result<()> {
             }
             println!("bench: fit_one_model_max_ms {:.2} ms", per_model.iter().copied().fold(0.0, f64::max));
             philly_figures(&data, &dir)?;
+            philly_scales(&root, &data, &dir)?;
             simulation_figures(&cluster, &data, &dir)?;
         }
     }
@@ -269,6 +270,63 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
     Ok(())
 }
 
+/// Issue 29: Philly-derived traces on the A800 testbed's node shape (`rubick-plan trace
+/// --format philly --seed 1 --limit N` onto 8 and 64 nodes: the first 1,000 jobs on 64
+/// GPUs, the first 8,000 on 512), one replica with the usual noise: every policy's
+/// restarts per job, makespan, GPU-hours and average JCT, and Rubick's against the
+/// queues'.
+fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::path::Path) -> anyhow::Result<()> {
+    use rubick_sim::logs::{Window, map_jobs, read_philly, to_csv};
+    let Some(philly) = reference.parent().map(|r| r.join("traces/philly.csv")).filter(|p| p.is_file()) else {
+        eprintln!("bench: skipping the Philly scales: ../shared/reference/traces/philly.csv is absent");
+        return Ok(());
+    };
+    let text = std::fs::read_to_string(&philly)?;
+    let base = rubick_plan::load_cluster(&root.join("data/cluster-a800-8x8.yaml"))?;
+    let dir = tempfile::tempdir()?;
+    for (gpus, nodes, limit, policies) in [
+        (64u32, 8u32, 1000usize, &["rubick", "static", "static-backfill", "sia", "pollux", "synergy"][..]),
+        (512, 64, 8000, &["rubick", "static", "static-backfill"][..]),
+    ] {
+        let mut cluster = base.clone();
+        cluster.name = format!("a800-{gpus}");
+        cluster.node_groups[0].count = nodes;
+        let (mut logged, _) = read_philly(&philly.display().to_string(), &text)?;
+        Window { limit: Some(limit), ..Window::default() }.select(&mut logged);
+        let rows = map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
+        let trace = dir.path().join(format!("philly-{gpus}.csv"));
+        std::fs::write(&trace, to_csv(&rows))?;
+        let (jobs, truth) = rubick_sim::trace::open_trace(&trace, &cluster, data, TruthMode::Oracle)?;
+        let mut got = std::collections::HashMap::new();
+        for &policy in policies {
+            let mut config = rubick_sim::SimConfig::defaults(lookup(policy)?, rubick_sim::Queue::Fifo);
+            (config.noise_sigma, config.seed) = (NOISE, 1);
+            let start = Instant::now();
+            let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
+            let wall = start.elapsed().as_secs_f64();
+            let s = rubick_sim::summary::summarize("philly", &config, &truth, std::slice::from_ref(&r));
+            let name = format!("sim_philly_{gpus}gpu_{}", policy.replace('-', "_"));
+            let per_job = s.restarts.mean / s.jobs.max(1) as f64;
+            println!("bench: {name}_restarts_per_job {per_job:.2} restarts");
+            println!("bench: {name}_restarts_max {:.0} restarts", s.restarts_max.mean);
+            println!("bench: {name}_avg_jct_s {:.0} s", s.avg_jct_s.mean);
+            println!("bench: {name}_p99_jct_s {:.0} s", s.p99_jct_s.mean);
+            println!("bench: {name}_makespan_s {:.0} s", s.makespan_s.mean);
+            println!("bench: {name}_gpu_hours {:.0} h", s.gpu_hours.mean);
+            println!("bench: {name}_restart_gpu_hours {:.0} h", s.restart_gpu_hours.mean);
+            println!("bench: {name}_unfinished {:.0} jobs", s.unfinished.mean);
+            println!("bench: {name}_sim_s {wall:.1} s");
+            got.insert(policy, s);
+        }
+        let (r, st, bf) = (&got["rubick"], &got["static"], &got["static-backfill"]);
+        let p = format!("sim_philly_{gpus}gpu_rubick");
+        println!("bench: {p}_makespan_over_static {:.3} x", r.makespan_s.mean / st.makespan_s.mean);
+        println!("bench: {p}_gpu_hours_over_static {:.3} x", r.gpu_hours.mean / st.gpu_hours.mean);
+        println!("bench: {p}_avg_jct_over_backfill {:.3} x", r.avg_jct_s.mean / bf.avg_jct_s.mean);
+    }
+    Ok(())
+}
+
 fn simulation_figures(
     cluster: &rubick_core::Cluster,
     data: &ReferenceData,
@@ -289,6 +347,7 @@ fn simulation_figures(
         println!("bench: {name}_sd {:.0} {unit}", x.sd);
     };
     let mut avg = std::collections::HashMap::new();
+    let mut makespan = std::collections::HashMap::new();
     let all = [Queue::Fifo, Queue::Las, Queue::Srpt];
     for (policy, queues) in [
         ("rubick", &all[..]),
@@ -296,8 +355,10 @@ fn simulation_figures(
         ("static", &all[..]),
         ("static-backfill", &all[..]),
         ("synergy", &[Queue::Fifo][..]),
-        ("antman", &[Queue::Fifo][..]),
-        ("elastic", &all[..]),
+        ("static-guaranteed-first", &[Queue::Fifo][..]),
+        ("sia", &[Queue::Fifo][..]),
+        ("pollux", &[Queue::Fifo][..]),
+        ("rubick-gpus-only", &all[..]),
         ("rubick-no-plan", &all[..]),
         ("rubick-no-resize", &all[..]),
     ] {
@@ -321,7 +382,18 @@ fn simulation_figures(
                 }
             }
             avg.insert((policy, queue), s.avg_jct_s.mean);
+            makespan.insert((policy, queue), s.makespan_s.mean);
+            if queue == Queue::Fifo {
+                println!("bench: {name}_restarts_per_job {:.2} restarts", s.restarts.mean / s.jobs.max(1) as f64);
+            }
         }
+    }
+    // Issue 29: the peers against Rubick on the paper's setting (FIFO).
+    for peer in ["sia", "pollux", "synergy", "static-guaranteed-first", "rubick-gpus-only"] {
+        let (key, rubick) = ((peer, Queue::Fifo), ("rubick", Queue::Fifo));
+        let name = peer.replace('-', "_");
+        println!("bench: sim_base_{name}_over_rubick_fifo {:.2} x", avg[&key] / avg[&rubick]);
+        println!("bench: sim_base_{name}_over_rubick_fifo_makespan {:.2} x", makespan[&key] / makespan[&rubick]);
     }
     for queue in all {
         let q = queue.as_str();
@@ -355,7 +427,9 @@ fn simulation_figures(
     let mut tight = cluster.clone();
     tight.node_groups[0].cpu_cores = 48;
     let (jobs, truth) = load_trace(&trace, &tight, data, TruthMode::Oracle)?;
-    for policy in ["rubick", "rubick-no-plan", "elastic", "synergy", "antman", "static-backfill"] {
+    for policy in
+        ["rubick", "rubick-no-plan", "rubick-gpus-only", "synergy", "static-guaranteed-first", "static-backfill"]
+    {
         let s = {
             let mut config = SimConfig::defaults(lookup(policy)?, Queue::Fifo);
             (config.noise_sigma, config.seed) = (NOISE, 1);

@@ -38,7 +38,17 @@ pub fn job_inputs(
             tracing::warn!("`{}`: its node `{gone}` is not in cluster `{}` now: its run moves", job.name, cluster.name);
             let allowed =
                 job.current.as_ref().map_or(Restriction::Any, |c| Restriction::of_checkpoint(&c.plan, job.resharding));
-            inputs.push(JobInput { job, params, evidence: None, current: None, allowed, priority: 1.0 });
+            let restarts = job.current.as_ref().map_or(0, |c| c.restarts);
+            inputs.push(JobInput {
+                job,
+                params,
+                evidence: None,
+                current: None,
+                allowed,
+                priority: 1.0,
+                restarts,
+                restoring: false,
+            });
             continue;
         }
         let from_schedule = match (previous, assigned.get(job.name.as_str())) {
@@ -53,7 +63,17 @@ pub fn job_inputs(
             None => current_of_job(&job, cluster, config)
                 .map_err(|e| anyhow::anyhow!("{}: {}", jobs_path.display(), e.within(&format!("jobs[{i}]"))))?,
         };
-        inputs.push(JobInput { job, params, evidence: None, current, allowed: Restriction::Any, priority: 1.0 });
+        let (restarts, restoring) = job.current.as_ref().map_or((0, false), |c| (c.restarts, c.restoring));
+        inputs.push(JobInput {
+            job,
+            params,
+            evidence: None,
+            restoring: restoring && current.is_some(),
+            current,
+            allowed: Restriction::Any,
+            priority: 1.0,
+            restarts,
+        });
     }
     Ok(inputs)
 }

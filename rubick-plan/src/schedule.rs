@@ -40,6 +40,18 @@ pub struct PlannerArgs {
     /// A job gets at most this many times its requested GPUs (at least a node)
     #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
     pub max_scale: u32,
+    /// The restart factor (Sia/Pollux): a running job's move must gain more the more
+    /// it has restarted for its age (`current.restarts`); `false`: the payback share,
+    /// minimum gain and cooldown alone
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub restart_factor: bool,
+    /// A running job grows to at most this many times its GPUs per round (0: no cap)
+    #[arg(long, default_value_t = 2)]
+    pub max_growth: u32,
+    /// A running job restarted this many times (`current.restarts`) keeps its
+    /// allocation (only a guarantee may take its resources); 0: no cap
+    #[arg(long, default_value_t = 5)]
+    pub restart_cap: u32,
     /// Time of the round on the jobs' clock (s); default: the batch's `nowS` (`rubick-run
     /// jobs` writes the time it was taken), else the latest submission
     #[arg(long)]
@@ -78,6 +90,9 @@ impl PlannerArgs {
             starvation_s: self.starvation,
             max_scale: self.max_scale,
             now_s: now,
+            restart_factor: self.restart_factor,
+            max_growth: (self.max_growth > 0).then_some(self.max_growth),
+            restart_cap: (self.restart_cap > 0).then_some(self.restart_cap),
             ..PlannerConfig::default()
         })
     }
@@ -205,6 +220,9 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
             remaining_work: i.job.iterations as f64 * w,
             attained_gpu_s: 0.0,
             first_start_s: None,
+            restarts: i.restarts,
+            restoring: i.restoring,
+            max_gpus: i.current.as_ref().map_or(0, |c| c.placement.gpus()),
         })
         .collect();
     let mut policy = args.policy.build(&cluster, &options);

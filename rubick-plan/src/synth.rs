@@ -156,6 +156,8 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
                     nodes: chosen.iter().map(|&k| nodes[k].name(cluster)).collect(),
                     cpus: Some(fair * gpus),
                     rounds_since_change: rng.below(8) as u32,
+                    restarts: 0,
+                    restoring: false,
                 });
             }
         }

@@ -51,6 +51,13 @@ pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> a
                     nodes: run.nodes.iter().map(|n| n.node.clone()).collect(),
                     cpus: Some(run.nodes.iter().map(|n| n.cpus).sum()),
                     rounds_since_change: run.rounds_since_change,
+                    // Every reconfiguration that started a run again is a restart; the
+                    // last one restores until its first iteration is seen.
+                    restarts: r.reconfigurations.iter().filter(|c| c.to.is_some()).count() as u32,
+                    restoring: r
+                        .reconfigurations
+                        .last()
+                        .is_some_and(|c| c.to.is_some() && c.first_iteration_s.is_none()),
                 })
             });
             job

@@ -36,6 +36,10 @@ use crate::policies::{
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub round_s: f64,
+    /// Every policy decides every this many seconds (rounded up to whole rounds), and
+    /// whenever a job arrives or finishes; `None`: on those events only (and, for a
+    /// policy that reconfigures, when cooldowns end: the simulator before issue 29).
+    pub interval_s: Option<f64>,
     pub restart_penalty_s: f64,
     /// The policy, from [`crate::policies::REGISTRY`].
     pub policy: &'static Registration,
@@ -61,6 +65,7 @@ impl SimConfig {
     pub fn defaults(policy: &'static Registration, queue: Queue) -> Self {
         SimConfig {
             round_s: 60.0,
+            interval_s: Some(DEFAULT_INTERVAL_S),
             restart_penalty_s: 260.0,
             policy,
             queue,
@@ -81,6 +86,10 @@ impl SimConfig {
         }
     }
 }
+
+/// Seconds between decisions by default: Sia's and Pollux's 60 s rounds (Gavel and
+/// others decide every 360 s).
+pub const DEFAULT_INTERVAL_S: f64 = 60.0;
 
 /// One job of a simulation: what the trace says, and the policy's belief of its speed.
 #[derive(Debug, Clone)]
@@ -135,8 +144,16 @@ struct State {
     first_start: Option<f64>,
     finish: Option<f64>,
     restarts: u32,
+    /// Times it was paused (preempted) while running.
+    pauses: u32,
     plan_changes: u32,
     gpu_s: f64,
+    /// GPU-seconds held while restarting (no progress).
+    restart_gpu_s: f64,
+    /// The most GPUs it has held.
+    max_gpus: u32,
+    /// Its allocation began with a restart (not its first start).
+    restarting: bool,
     /// Seconds a guaranteed, admitted job was paused or below its guarantee.
     violation_s: f64,
     /// Running time by how its truth was known (`Basis::ALL` order).
@@ -172,8 +189,12 @@ pub struct JobResult {
     pub first_start_s: Option<f64>,
     pub finish_s: Option<f64>,
     pub restarts: u32,
+    /// Times it was paused while running (each resume is one of its restarts).
+    pub pauses: u32,
     pub plan_changes: u32,
     pub gpu_hours: f64,
+    /// GPU-hours it held while restarting (checkpoint, relaunch, warm-up: no progress).
+    pub restart_gpu_hours: f64,
     pub guaranteed: bool,
     /// Seconds this guaranteed job was paused or below its guarantee after admission.
     pub violation_s: f64,
@@ -445,7 +466,12 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
     /// The policy decides, when a job arrived or finished since it last did, or (a
     /// policy that reconfigures) when cooldowns end; any change restarts a job.
     pub fn decide(&mut self, policy: &mut dyn Policy) {
-        if !(self.changed || (self.reconfigures && self.since_plan == self.cooldown)) {
+        let round = self.config.round_s;
+        let periodic = match self.config.interval_s {
+            Some(every) => f64::from(self.since_plan + 1) * round >= every - 1e-9,
+            None => self.reconfigures && self.since_plan == self.cooldown,
+        };
+        if !(self.changed || periodic) {
             self.since_plan += 1;
             for p in &mut self.active {
                 if let Some(a) = &mut p.state.alloc {
@@ -473,6 +499,9 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
                     remaining_work: s.remaining_work(),
                     attained_gpu_s: s.gpu_s,
                     first_start_s: s.first_start,
+                    restarts: s.restarts,
+                    restoring: s.alloc.is_some() && s.penalty_until > t + 1e-9,
+                    max_gpus: s.max_gpus,
                 }
             })
             .collect();
@@ -565,8 +594,10 @@ impl State {
             first_start_s: self.first_start,
             finish_s: self.finish,
             restarts: self.restarts,
+            pauses: self.pauses,
             plan_changes: self.plan_changes,
             gpu_hours: self.gpu_s / 3600.0,
+            restart_gpu_hours: self.restart_gpu_s / 3600.0,
             guaranteed: sj.job.guaranteed,
             violation_s: if sj.job.guaranteed { self.violation_s } else { 0.0 },
             basis_s: self.basis_s,
@@ -636,13 +667,16 @@ impl State {
                     sj.job.request.gpus
                 );
             }
-            if self.alloc.is_some() || self.first_start.is_some() {
+            // Every start but the first is a restart.
+            self.restarting = self.alloc.is_some() || self.first_start.is_some();
+            if self.restarting {
                 self.restarts += 1;
             }
             if self.alloc.as_ref().is_some_and(|a| a.plan != new.plan) {
                 self.plan_changes += 1;
             }
             self.first_start.get_or_insert(t);
+            self.max_gpus = self.max_gpus.max(new.placement.gpus());
             self.penalty_until = t + config.restart_penalty_s;
             self.allocations += 1;
             self.noise = if config.noise_sigma > 0.0 {
@@ -652,6 +686,7 @@ impl State {
             };
         } else {
             tracing::debug!("t={t}: {} paused", sj.job.name);
+            self.pauses += 1;
         }
         self.truth = alloc.as_ref().map(|a| true_iter_s(sj, truth, cluster, a));
         self.alloc = alloc.map(|mut a| {
@@ -690,6 +725,9 @@ impl State {
         }
         let held = stop - t;
         self.gpu_s += f64::from(gpus) * held;
+        if self.restarting {
+            self.restart_gpu_s += f64::from(gpus) * (start.min(end) - t).max(0.0);
+        }
         self.basis_s[basis as usize] += held;
         // A guarantee compares configurations: the truth of this one against the truth
         // of the request (the noise is the environment's luck, and would have hit the
@@ -854,6 +892,9 @@ mod tests {
             remaining_work: 1.0,
             attained_gpu_s: 0.0,
             first_start_s: None,
+            restarts: 0,
+            restoring: false,
+            max_gpus: 0,
         }];
         let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None };
         let out = policy.decide(&view, 0);

@@ -65,7 +65,7 @@ fn a_queue_policy_runs_jobs_on_every_group_of_their_type() {
 #[test]
 fn the_planner_family_uses_every_group_too() {
     let cluster = mixed();
-    for policy in ["rubick", "elastic", "synergy", "antman", "static-backfill"] {
+    for policy in ["rubick", "rubick-gpus-only", "synergy", "static-guaranteed-first", "static-backfill"] {
         let r = run(policy, &cluster, &jobs(6, None));
         assert!(r.jobs.iter().all(|j| j.finish_s.is_some()), "{policy}: unfinished");
         assert!(peak(&r) > 16, "{policy}: used at most one group ({} GPUs)", peak(&r));

@@ -117,7 +117,24 @@ pub struct JobCurves {
     pub candidates: Vec<Candidate>,
     /// Index of the current allocation in `candidates`.
     pub current: Option<usize>,
+    /// The best change of a running job that its restart factor alone made not worth
+    /// its restart (for `--explain`).
+    pub refused: Option<Refused>,
 }
+
+/// A change the restart factor refused (see [`super::restart_factor`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Refused {
+    /// Its value without the factor.
+    pub value: f64,
+    /// Its predicted throughput over the request's.
+    pub normalized: f64,
+    /// The job's restart factor: a change must gain `1 / factor`.
+    pub factor: f64,
+}
+
+/// Values below this are no gain.
+const EPS_VALUE: f64 = 1e-9;
 
 /// The candidates of every job of a round, in the batch's order, and what each node
 /// group offers them.
@@ -550,6 +567,11 @@ impl<'a> Evaluator<'a> {
                 }
             }
         }
+        // Growth of a running job: at most `max_growth` times its GPUs in one round.
+        if let (Some(cur), Some(k)) = (&input.current, config.max_growth) {
+            let cap = cur.placement.gpus().saturating_mul(k.max(1));
+            candidates.retain(|c| c.gpus <= cap);
+        }
         let mut current_thr = None;
         if let Some(cur) = &input.current {
             let g = &self.cluster.node_groups[cur.group];
@@ -621,11 +643,15 @@ impl<'a> Evaluator<'a> {
             .unwrap_or(1.0);
         // A restart pays off over the horizon or the job's remaining time, whichever
         // is shorter: progress lost is restart_s of the new throughput.
-        let keep_share = current_thr.map(|thr| {
+        // With the restart factor (hysteresis growing with the job's restarts), a change
+        // must also gain 1 / factor.
+        let factor = input.restart_factor(&config);
+        let payback = current_thr.map(|thr| {
             let remaining = input.job.iterations as f64 * job.model.global_batch as f64 / thr.max(1e-12);
             let horizon = config.horizon_s.min(remaining).max(1e-9);
             (1.0 - input.restart_s(&config) / horizon).max(0.0)
         });
+        let keep_share = payback.map(|p| p * factor);
         // With the model's evidence: each candidate's throughput at the low end of its
         // ~95 % interval (measured ones: as predicted).
         let low: Vec<f64> = candidates
@@ -638,6 +664,7 @@ impl<'a> Evaluator<'a> {
         let current_measured = input.current.as_ref().is_some_and(|cur| {
             self.uncertainty(input, cur.group, &cur.plan, &cur.placement).is_some_and(|(s, _)| s == Support::Measured)
         });
+        let mut refused: Option<Refused> = None;
         for (c, &low) in candidates.iter_mut().zip(&low) {
             c.normalized = c.throughput / request_throughput;
             // Other configurations must beat the request by the margin the model's
@@ -655,6 +682,14 @@ impl<'a> Evaluator<'a> {
                 _ if c.is_current && locked => weight * c.normalized + LOCK_BONUS,
                 _ => weight * valued,
             };
+            // What the change would be worth without the restart factor: whether the
+            // factor alone refused it (for `--explain`).
+            if let (Some(p), false, true) = (payback, c.is_current, factor < 1.0) {
+                let unfactored = weight * valued * p - config.change_min_gain;
+                if refused.as_ref().is_none_or(|r: &Refused| unfactored > r.value) {
+                    refused = Some(Refused { value: unfactored, normalized: c.normalized, factor });
+                }
+            }
         }
         // A guaranteed job keeps only configurations that meet its guarantee. When
         // guaranteed jobs queue and none can (its request does not fit, the margin is
@@ -672,7 +707,12 @@ impl<'a> Evaluator<'a> {
                 .then(a.plan.cmp(&b.plan))
         });
         let current = candidates.iter().position(|c| c.is_current);
+        // A change the factor refused: one worth more than staying without it.
+        let refused = refused.filter(|r| {
+            !locked && current.is_some_and(|k| r.value > candidates[k].value + 1e-12 && r.value > EPS_VALUE)
+        });
         JobCurves {
+            refused,
             name: job.name.clone(),
             request_throughput,
             guaranteed,

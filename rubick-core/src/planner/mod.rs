@@ -83,6 +83,18 @@ pub struct PlannerConfig {
     /// Write the round's reasons (each assignment's `reason`, an explanation line per
     /// job); a simulation, which reads only the allocations, leaves them out.
     pub explain: bool,
+    /// Hysteresis that grows with a job's restarts: every configuration of a running
+    /// job but its current one is worth [`restart_factor`] of its value (Sia's and
+    /// Pollux's rule), on top of the payback share and minimum gain. `false`: those two
+    /// alone (before issue 29).
+    pub restart_factor: bool,
+    /// A running job gets at most this many times its present GPUs in one round (Sia
+    /// and Pollux: 2); `None`: no cap.
+    pub max_growth: Option<u32>,
+    /// A running job restarted this many times keeps its allocation from then on
+    /// (only a guarantee may still take its resources): the Rubick artifact's cap of 5
+    /// restarts per job. `None`: no cap.
+    pub restart_cap: Option<u32>,
 }
 
 /// A rule on which configurations the planner may offer.
@@ -189,8 +201,27 @@ impl Default for PlannerConfig {
             fair_cores_only: false,
             profiled_cpus_per_gpu: None,
             explain: true,
+            restart_factor: true,
+            max_growth: Some(2),
+            restart_cap: Some(5),
         }
     }
+}
+
+/// The restart factor of Pollux (Qiao et al., OSDI 2021; AdaptDL
+/// `sched/adaptdl_sched/policy/pollux.py`, `_evaluate`) and Sia (Jayaram Subramanya et
+/// al., SOSP 2023; `sia-simulator/sia.py`, `get_allocation`): a job `age_s` seconds
+/// after its submission, restarted `restarts` times at `restart_s` seconds each, values
+/// any configuration but its current one at `max(age - restarts * restart_s, 0) /
+/// (age + restart_s)` of its worth. A move must gain `1 / factor`: with age 1 h and
+/// 250 s restarts, 7 % after no restart, 64 % after five; a job that lost more of its
+/// life to restarts than it ran is never moved again. Jobs younger than one restart
+/// are exempt (Sia: `realloc_factor = 1 if job.age < job_restart_penalty`).
+pub fn restart_factor(age_s: f64, restarts: u32, restart_s: f64) -> f64 {
+    if restart_s.is_nan() || restart_s <= 0.0 || age_s < restart_s {
+        return 1.0;
+    }
+    (age_s - f64::from(restarts) * restart_s).max(0.0) / (age_s + restart_s)
 }
 
 /// Where a running job is now, resolved against the cluster.
@@ -353,6 +384,10 @@ pub struct JobInput {
     /// Multiplies the job's weight in the objective (queue order: earlier in the queue,
     /// more weight); 1 by default.
     pub priority: f64,
+    /// Restarts the job has had so far (its restart factor's hysteresis).
+    pub restarts: u32,
+    /// The job is in the middle of a checkpoint-restore: it keeps its allocation.
+    pub restoring: bool,
 }
 
 impl JobInput {
@@ -369,9 +404,26 @@ impl JobInput {
         }
     }
 
-    /// Whether the job must keep its allocation this round (cooldown after a change).
+    /// Whether the job must keep its allocation this round (cooldown after a change,
+    /// or a checkpoint-restore under way).
     pub fn in_cooldown(&self, config: &PlannerConfig) -> bool {
-        self.current.as_ref().is_some_and(|c| c.rounds_since_change < config.cooldown_rounds)
+        self.current.as_ref().is_some_and(|c| {
+            self.restoring || c.rounds_since_change < config.cooldown_rounds || self.restarts_spent(config)
+        })
+    }
+
+    /// Whether the job has had as many restarts as [`PlannerConfig::restart_cap`]
+    /// allows: it keeps its allocation.
+    pub fn restarts_spent(&self, config: &PlannerConfig) -> bool {
+        config.restart_cap.is_some_and(|cap| self.restarts >= cap)
+    }
+
+    /// The job's [`restart_factor`] this round (1 when the rule is off).
+    pub fn restart_factor(&self, config: &PlannerConfig) -> f64 {
+        if !config.restart_factor {
+            return 1.0;
+        }
+        restart_factor((config.now_s - self.job.submit_time_s).max(0.0), self.restarts, self.restart_s(config))
     }
 
     /// The job's weight in the objective: 1, more for jobs starving in the queue.

@@ -79,8 +79,23 @@ pub fn assemble(
                     format!("starts at {}: no faster than its request as far as the data show", gain(normalized))
                 }
                 Change::Started => format!("starts at {} its request's throughput", gain(normalized)),
+                Change::Kept if input.restoring => "kept: in the middle of a checkpoint-restore".to_string(),
+                Change::Kept if jc.locked && input.restarts_spent(&evaluator.config) => format!(
+                    "kept for churn: restarted {} times, the most a job is (it keeps its allocation)",
+                    input.restarts
+                ),
                 Change::Kept if jc.locked => "kept: in its cooldown after a change".to_string(),
-                Change::Kept => "kept: no change pays for its restart".to_string(),
+                Change::Kept => match jc.refused {
+                    Some(r) => format!(
+                        "kept for churn: a change to {:.2}x its request's throughput (now {:.2}x) would repay its restart, but after {} restart(s) its restart factor is {:.2} (a change must gain {:.2}x)",
+                        r.normalized,
+                        jc.current.map_or(0.0, |c| jc.candidates[c].normalized),
+                        input.restarts,
+                        r.factor,
+                        1.0 / r.factor.max(1e-9)
+                    ),
+                    None => "kept: no change pays for its restart".to_string(),
+                },
                 Change::Preempted => "paused: its resources are worth more to other jobs".to_string(),
                 Change::Resized | Change::Replanned | Change::Moved | Change::Recored => {
                     let old = cur.and_then(|_| jc.current.map(|c| jc.candidates[c].normalized)).unwrap_or(0.0);

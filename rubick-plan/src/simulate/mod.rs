@@ -33,8 +33,8 @@ Examples:
       --summary rubick.yaml --jobs-out rubick.parquet --plot-dir plots/
 
   # Every policy under shortest-remaining-work admission, then one table
-  for p in rubick rubick-milp static static-backfill synergy antman elastic \\
-           rubick-no-plan rubick-no-resize; do
+  for p in rubick rubick-milp static static-backfill synergy sia pollux \\
+           static-guaranteed-first rubick-gpus-only rubick-no-plan rubick-no-resize; do
     rubick-plan simulate -q --cluster $C --reference $R \\
         --trace $R/workloads/workload-base.csv --policy $p --queue srpt --summary $p.yaml
   done
@@ -100,6 +100,23 @@ pub struct SimulateArgs {
     /// Seconds over which a restart must pay for itself
     #[arg(long, default_value_t = PlannerConfig::default().horizon_s)]
     pub horizon: f64,
+    /// Every policy decides every this many seconds (and when a job arrives or
+    /// finishes); 0: on those events only, and when cooldowns end (the simulator
+    /// before issue 29)
+    #[arg(long, default_value_t = rubick_sim::engine::DEFAULT_INTERVAL_S)]
+    pub interval: f64,
+    /// The restart factor (Sia/Pollux: a move must gain more the more a job has
+    /// restarted, relative to its age); `false`: the payback share, minimum gain and
+    /// cooldown alone (before issue 29)
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub restart_factor: bool,
+    /// A running job grows to at most this many times its GPUs per round (0: no cap)
+    #[arg(long, default_value_t = 2)]
+    pub max_growth: u32,
+    /// A running job restarted this many times keeps its allocation from then on (only
+    /// a guarantee may take its resources; the Rubick artifact's 5); 0: no cap
+    #[arg(long, default_value_t = 5)]
+    pub restart_cap: u32,
     /// Mark this share of the trace's jobs guaranteed (evenly spread, deterministic),
     /// on top of its own is_sla
     #[arg(long, default_value_t = 0.0)]
@@ -236,6 +253,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     config.planner.change_min_gain = args.change_min_gain;
     config.planner.cooldown_rounds = args.cooldown;
     config.planner.horizon_s = args.horizon;
+    config.planner.restart_factor = args.restart_factor;
+    config.planner.max_growth = (args.max_growth > 0).then_some(args.max_growth);
+    config.planner.restart_cap = (args.restart_cap > 0).then_some(args.restart_cap);
+    anyhow::ensure!(
+        args.interval.is_finite() && args.interval >= 0.0,
+        "--interval: must be a non-negative number of seconds, got {}",
+        args.interval
+    );
+    config.interval_s = (args.interval > 0.0).then_some(args.interval);
     let bar = rubick_io::cli::progress_bar(jobs.len() as u64 * u64::from(args.seeds), "jobs finished");
     let start = Instant::now();
     let done = std::sync::Mutex::new(vec![0usize; args.seeds as usize]);
@@ -283,13 +309,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
 fn report(s: &SimulationSummary, wall: Duration) {
     let pm = |x: &Spread| if s.seeds > 1 { format!("{:.0} ± {:.0}", x.mean, x.sd) } else { format!("{:.0}", x.mean) };
     tracing::info!(
-        "{} ({}) on {}: avg JCT {} s, makespan {} s, {} restarts, {:.1} % extrapolated; {} replica(s) in {:.2} s",
+        "{} ({}) on {}: avg JCT {} s, makespan {} s, {} restarts ({:.2} per job, at most {:.0}), {:.1} % extrapolated; {} replica(s) in {:.2} s",
         s.policy,
         s.queue,
         s.trace,
         pm(&s.avg_jct_s),
         pm(&s.makespan_s),
         pm(&s.restarts),
+        s.restarts.mean / s.jobs.max(1) as f64,
+        s.restarts_max.max,
         s.truth.extrapolated.mean * 100.0,
         s.seeds,
         wall.as_secs_f64()
@@ -357,7 +385,7 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
         rows.push(load_artifact::<SimulationSummary>(path)?);
     }
     let mut md = String::from(
-        "| trace | policy | queue | seeds | unfinished | avg JCT (s) | median JCT (s) | p99 JCT (s) | makespan (s) | restarts | GPU-hours | guarantee violations | extrapolated |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| trace | policy | queue | seeds | unfinished | avg JCT (s) | median JCT (s) | p99 JCT (s) | makespan (s) | restarts | restarts per job (most) | GPU-hours | GPU-hours restarting | guarantee violations | extrapolated |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     // Mean ± sample standard deviation over the replicas (the mean alone for one).
     let pm = |x: &Spread, seeds: u32, decimals: usize| {
@@ -370,7 +398,7 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
     for s in &rows {
         let _ = writeln!(
             md,
-            "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} % |",
+            "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} ({}) | {} | {} | {} | {:.1} % |",
             s.trace,
             truth_label(s),
             s.policy,
@@ -382,7 +410,10 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
             pm(&s.p99_jct_s, s.seeds, 0),
             pm(&s.makespan_s, s.seeds, 0),
             pm(&s.restarts, s.seeds, 1),
+            s.restarts.mean / s.jobs.max(1) as f64,
+            if s.restarts_max.mean.is_nan() { "-".to_owned() } else { format!("{:.0}", s.restarts_max.max) },
             pm(&s.gpu_hours, s.seeds, 1),
+            pm(&s.restart_gpu_hours, s.seeds, 1),
             pm(&s.guarantee_violations, s.seeds, 1),
             s.truth.extrapolated.mean * 100.0,
         );

@@ -2,10 +2,12 @@
 //! ([`REGISTRY`]) by name that `rubick-plan schedule --policy` and `simulate --policy`
 //! share.
 //!
-//! Two families share their machinery: the planner family ([`planner`]: Rubick, its
-//! MILP, its ablations and the elastic baseline) decides through this project's planner;
-//! the queue family ([`queue`]: static, static-backfill, Synergy, AntMan) runs the
-//! user's plan on the user's GPUs with a node allocator. Every policy sees the jobs as
+//! Three families share their machinery: the planner family ([`planner`]: Rubick, its
+//! MILP and its ablations) decides through this project's planner; the goodput-row
+//! peers ([`goodput`]: Sia, Pollux) choose a GPU count per job from its goodput row
+//! and solve their own objective exactly; the queue family ([`queue`]: static,
+//! static-backfill, Synergy, guaranteed-first) runs the user's plan on the user's
+//! GPUs with a node allocator. Every policy sees the jobs as
 //! declared, their progress and their fitted models: never the truth of their speed.
 //!
 //! Adding a policy: a module with its documentation (the paper or system it follows)
@@ -20,15 +22,18 @@ use rubick_core::planner::{Current, PlannerConfig, Restriction};
 use rubick_core::space::resolve_code;
 use rubick_core::{Cluster, Job, MemoryEstimator, Placement, Plan, PlanCode, PlanRequest};
 
-mod antman;
-mod elastic;
+mod goodput;
 pub mod planner;
+mod pollux;
 pub mod queue;
 mod rubick;
+mod rubick_gpus_only;
 mod rubick_milp;
 mod rubick_no_plan;
 mod rubick_no_resize;
+mod sia;
 mod static_backfill;
+mod static_guaranteed_first;
 mod static_queue;
 mod synergy;
 
@@ -101,6 +106,12 @@ pub struct PolicyJob<'a> {
     pub attained_gpu_s: f64,
     /// When it first started, if it did.
     pub first_start_s: Option<f64>,
+    /// Restarts so far (not its first start).
+    pub restarts: u32,
+    /// In the middle of a checkpoint-restore (its restart under way).
+    pub restoring: bool,
+    /// The most GPUs it has held (0: it never ran): Sia's and Pollux's growth bound.
+    pub max_gpus: u32,
 }
 
 /// What a policy sees at a decision.
@@ -163,14 +174,20 @@ impl Registration {
 }
 
 /// Every policy, by name.
-pub static REGISTRY: [Registration; 9] = [
+pub static REGISTRY: [Registration; 11] = [
     Registration { name: "rubick", summary: rubick::SUMMARY, build: rubick::build },
     Registration { name: "rubick-milp", summary: rubick_milp::SUMMARY, build: rubick_milp::build },
     Registration { name: "static", summary: static_queue::SUMMARY, build: static_queue::build },
     Registration { name: "static-backfill", summary: static_backfill::SUMMARY, build: static_backfill::build },
     Registration { name: "synergy", summary: synergy::SUMMARY, build: synergy::build },
-    Registration { name: "antman", summary: antman::SUMMARY, build: antman::build },
-    Registration { name: "elastic", summary: elastic::SUMMARY, build: elastic::build },
+    Registration {
+        name: "static-guaranteed-first",
+        summary: static_guaranteed_first::SUMMARY,
+        build: static_guaranteed_first::build,
+    },
+    Registration { name: "sia", summary: sia::SUMMARY, build: sia::build },
+    Registration { name: "pollux", summary: pollux::SUMMARY, build: pollux::build },
+    Registration { name: "rubick-gpus-only", summary: rubick_gpus_only::SUMMARY, build: rubick_gpus_only::build },
     Registration { name: "rubick-no-plan", summary: rubick_no_plan::SUMMARY, build: rubick_no_plan::build },
     Registration { name: "rubick-no-resize", summary: rubick_no_resize::SUMMARY, build: rubick_no_resize::build },
 ];

@@ -115,6 +115,8 @@ impl super::Policy for PlannerFamily<'_> {
                     current: pj.current.cloned(),
                     allowed,
                     priority,
+                    restarts: pj.restarts,
+                    restoring: pj.restoring,
                 }
             })
             .collect();

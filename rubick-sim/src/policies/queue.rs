@@ -22,6 +22,10 @@ pub(super) struct QueuePolicy<'a> {
     pub guaranteed_first: bool,
     /// The core counts to try, in order (the request's by default).
     pub cores: CoreRule,
+    /// Synergy-TUNE's peer adjustment: a job that fits at none of its core counts
+    /// takes cores from running jobs above the fair share on its group, each brought
+    /// down to the fair share (restarted with it).
+    pub tune: bool,
     /// For jobs without a usable plan of their own: the best plan on their GPUs.
     pub evaluator: Evaluator<'a>,
 }
@@ -33,6 +37,7 @@ impl<'a> QueuePolicy<'a> {
             backfill: true,
             guaranteed_first: false,
             cores: requested_cores,
+            tune: false,
             evaluator: Evaluator::new(cluster, &options.planner),
         }
     }
@@ -103,6 +108,49 @@ pub(super) fn queue_order(ids: &mut [usize], jobs: &[PolicyJob<'_>], queue: Queu
     });
 }
 
+/// Synergy-TUNE (`simulator/resources/cluster.py`, `_tune` and `_reallocate_peer`):
+/// the job at the fair share, room made by bringing running jobs of `group` that
+/// hold more than the fair share of cores down to it, single-node jobs first, the
+/// most cores per GPU first, until it fits. `None` (and nothing changed): it does not.
+fn tune_peers(
+    jobs: &[PolicyJob<'_>],
+    out: &mut [Option<Current>],
+    nodes: &mut Vec<NodeState>,
+    (cluster, group): (&rubick_core::Cluster, usize),
+    (plan, placement, mem, cpus): (rubick_core::Plan, &Placement, f64, u32),
+) -> Option<Current> {
+    let fair = cluster.node_groups[group].fair_cpus_per_gpu();
+    let mut peers: Vec<usize> = (0..out.len())
+        .filter(|&k| out[k].as_ref().is_some_and(|c| c.group == group && c.cpus > fair * c.placement.gpus()))
+        .collect();
+    peers.sort_by(|&a, &b| {
+        let key = |k: usize| {
+            let c = out[k]
+                .as_ref()
+                .map_or((0, 0.0), |c| (c.nodes.len(), f64::from(c.cpus) / f64::from(c.placement.gpus().max(1))));
+            (c.0, -c.1)
+        };
+        let (ka, kb) = (key(a), key(b));
+        ka.0.cmp(&kb.0)
+            .then(ka.1.total_cmp(&kb.1))
+            .then(jobs[a].job.submit_time_s.total_cmp(&jobs[b].job.submit_time_s))
+            .then(a.cmp(&b))
+    });
+    let before: Vec<Option<Current>> = out.to_vec();
+    for k in peers {
+        if let Some(c) = out[k].as_mut() {
+            c.cpus = fair * c.placement.gpus();
+        }
+        *nodes = occupied(cluster, out);
+        if let Some(ix) = place_shape(nodes, group, placement.per_node(), cpus, mem) {
+            return Some(on_nodes(group, plan, placement, ix, cpus, mem));
+        }
+    }
+    out.clone_from_slice(&before);
+    *nodes = occupied(cluster, out);
+    None
+}
+
 fn occupied(cluster: &rubick_core::Cluster, out: &[Option<Current>]) -> Vec<NodeState> {
     let mut nodes = nodes_of(cluster);
     for c in out.iter().flatten() {
@@ -159,6 +207,13 @@ impl super::Policy for QueuePolicy<'_> {
             }
             if placed.is_none() && first.is_none() {
                 continue; // no plan of its own on any group
+            }
+            if let (None, true, Some((group, plan, placement, mem, _))) = (&placed, self.tune, &first) {
+                // At the least of its core counts (its demand made fair).
+                let fair = cluster.node_groups[*group].fair_cpus_per_gpu();
+                let levels = (self.cores)(evaluator, pj, plan, (*group, placement), fair);
+                let cpus = levels.iter().copied().min().unwrap_or(fair * placement.gpus());
+                placed = tune_peers(jobs, &mut out, &mut nodes, (cluster, *group), (*plan, placement, *mem, cpus));
             }
             // A guaranteed job preempts best-effort jobs, latest started first.
             if let (None, true, true, Some((group, plan, placement, mem, cpus))) =

@@ -1,0 +1,356 @@
+//! The goodput-row peers: Sia and Pollux, each as its artifact decides, on this
+//! project's cluster, beliefs and placement.
+//!
+//! Both value every job over a row of (GPU type, GPU count) configurations from its
+//! fitted model, its plan layout fixed (TP, PP, ZeRO, offload: neither chooses them;
+//! data parallelism takes the GPUs), cores the node's fair share per GPU (GPUs are the
+//! only resource they manage), and choose one configuration or none per job. They
+//! differ in the objective and the restart delay:
+//!
+//! * **Sia** (Jayaram Subramanya et al., SOSP 2023; `sia-simulator/sia.py`,
+//!   `SiaPolicy`, and `simulator_config.py`): each row normalised to its minimum over
+//!   the job's valid configurations, the configurations other than the current one
+//!   scaled by the restart factor ([`rubick_core::planner::restart_factor`], with the
+//!   job's own restart cost: Sia measured 25-250 s per model, the simulation charges
+//!   what its truth does), raised to `p = -0.5`, rounded to 0.01 and clipped at 3,000;
+//!   `lambda_n = 1.1` for each job left unallocated; minimised exactly (HiGHS here,
+//!   CBC there). A job mid checkpoint-restore keeps its configuration
+//!   (`preserve_ckpt_allocs`).
+//! * **Pollux** (Qiao et al., OSDI 2021; AdaptDL `sched/adaptdl_sched/policy/pollux.py`,
+//!   `_evaluate`): speedups over one GPU's goodput, the same restart factor with a
+//!   fixed 30 s delay on every configuration but the current one, and the power mean
+//!   with `p = -1` of `speedup + 1e-3` over the jobs maximised (an unallocated job's
+//!   term is `1e-3^-1 = 1000`: Pollux gives every job it can a GPU first). Pollux
+//!   searches with a genetic algorithm; here the same objective is solved exactly.
+//!
+//! Shared, from the artifacts: the configurations of `CONFIGS_8GPU` (1, 2, 4 GPUs in a
+//! node, then whole nodes; halving below a node for other node sizes), at most
+//! `max(2 * the most GPUs the job has held, 1)` GPUs and at most 64
+//! (`sia-simulator/cluster.py`, `max_replicas`): a job starts small and at most doubles
+//! per round. Left out, and why: batch-size tuning (AdaptDL's goodput over batch size:
+//! this project's jobs fix their global batch, so goodput is throughput); Sia's
+//! heterogeneity projection (bootstrapping a new GPU type's throughput: the beliefs here
+//! cover every type); `lambda_a` (defined, unused in the artifact's objective); Pollux's
+//! cluster autoscaling and its interference avoidance. A job whose layout runs on none
+//! of the configurations (e.g. TP 8 on a 4-GPU node) is offered its request.
+
+use std::collections::HashMap;
+
+use rubick_core::planner::curves::{Candidate, CurveBook, Evaluator, JobCurves, host_memory_gib};
+use rubick_core::planner::place::Repack;
+use rubick_core::planner::round::assemble;
+use rubick_core::planner::{Current, JobInput, Restriction, current_of_assignment, eligible_groups, milp};
+use rubick_core::schedule::SolverStats;
+use rubick_core::{Cluster, Placement, Plan};
+
+use super::planner::RoundReport;
+use super::{Policy, PolicyJob, PolicyOptions, View, home_group, request_plan, traced_plan, users_plan};
+
+/// Which peer's objective and constants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Rule {
+    pub name: &'static str,
+    /// Exponent of the power mean (both minimise `sum term^p` for `p < 0`).
+    pub p: f64,
+    /// What an unallocated job costs in the sum (Sia's `lambda_n`; Pollux's `1e-3^p`).
+    pub unallocated: f64,
+    /// Added to the (factored) speedup before the power (Pollux: 1e-3).
+    pub offset: f64,
+    /// Rows normalised to their minimum (Sia) or to one GPU's goodput (Pollux).
+    pub normalise_to_min: bool,
+    /// Terms rounded to 0.01 and clipped at this (Sia: 3,000).
+    pub round_and_clip: Option<f64>,
+    /// The restart delay of the factor: `None`, the job's own restart cost (Sia).
+    pub delay_s: Option<f64>,
+    /// A job mid checkpoint-restore keeps its configuration.
+    pub pin_restoring: bool,
+}
+
+/// Sia's constants (`simulator_config.py`: `sia_default_p_val`, `sia_default_lambda_n`,
+/// `sia_goodput_clip_val`).
+pub(super) const SIA: Rule = Rule {
+    name: "sia",
+    p: -0.5,
+    unallocated: 1.1,
+    offset: 0.0,
+    normalise_to_min: true,
+    round_and_clip: Some(3000.0),
+    delay_s: None,
+    pin_restoring: true,
+};
+
+/// Pollux's constants (`pollux.py`: `delay = 30`, `p = -1`, `+ 1e-3`).
+pub(super) const POLLUX: Rule = Rule {
+    name: "pollux",
+    p: -1.0,
+    unallocated: 1000.0,
+    offset: 1e-3,
+    normalise_to_min: false,
+    round_and_clip: None,
+    delay_s: Some(30.0),
+    pin_restoring: false,
+};
+
+/// Speedups below this count as this (Sia's `ZERO_ALLOC_GAIN`).
+const ZERO_ALLOC_GAIN: f64 = 1e-4;
+/// The artifacts' largest allocation ("simulator can't handle more").
+const MAX_GPUS: u32 = 64;
+
+/// A goodput-row peer.
+pub(super) struct GoodputPolicy<'a> {
+    rule: Rule,
+    evaluator: Evaluator<'a>,
+    time_limit: std::time::Duration,
+    /// Best plan of the job's layout and its throughput per (job, group, GPUs): a row
+    /// is the same every round.
+    rows: HashMap<(String, usize, u32), Option<(Plan, f64)>>,
+    last: Option<RoundReport>,
+}
+
+impl<'a> GoodputPolicy<'a> {
+    pub fn new(rule: Rule, cluster: &'a Cluster, options: &PolicyOptions) -> Self {
+        let mut planner = options.planner.clone();
+        planner.fair_cores_only = true;
+        planner.explain = options.planner.explain;
+        GoodputPolicy {
+            rule,
+            evaluator: Evaluator::new(cluster, &planner),
+            time_limit: options.milp_time_limit,
+            rows: HashMap::new(),
+            last: None,
+        }
+    }
+
+    /// GPU counts of the artifacts' configurations on a group of `gpn`-GPU nodes.
+    fn counts(gpn: u32, nodes: u32) -> Vec<u32> {
+        let mut below: Vec<u32> =
+            std::iter::successors(Some(1u32), |&k| Some(k * 2)).take_while(|&k| k < gpn).collect();
+        below.extend((1..=nodes).map(|k| k * gpn));
+        below
+    }
+
+    /// The job's layout: its request's plan (the trace's when the model rejects it),
+    /// else the best plan on its requested GPUs.
+    fn layout(&mut self, pj: &PolicyJob<'_>) -> Restriction {
+        let cluster = self.evaluator.cluster;
+        let group = home_group(pj.job, cluster);
+        let plan = request_plan(pj.job, cluster, group).or_else(|| traced_plan(pj.job, pj.trace_code, cluster, group));
+        let plan = plan.or_else(|| {
+            let placement = Placement::packed(pj.job.request.gpus, cluster.node_groups[group].gpus_per_node)?;
+            let cpus = cluster.node_groups[group].fair_cpus_per_gpu() * pj.job.request.gpus;
+            users_plan(pj.job, pj.params, pj.trace_code, &mut self.evaluator, (group, &placement), cpus)
+        });
+        plan.map_or(Restriction::Any, |p| Restriction::layout_of(&p))
+    }
+
+    /// The job's best plan of `layout` on `gpus` packed GPUs of `group`, and its
+    /// predicted throughput (cached).
+    fn point(&mut self, pj: &PolicyJob<'_>, layout: Restriction, group: usize, gpus: u32) -> Option<(Plan, f64)> {
+        let key = (pj.job.name.clone(), group, gpus);
+        if let Some(hit) = self.rows.get(&key) {
+            return *hit;
+        }
+        let g = &self.evaluator.cluster.node_groups[group];
+        let point = Placement::packed(gpus, g.gpus_per_node).and_then(|placement| {
+            let cpus = g.fair_cpus_per_gpu() * gpus;
+            self.evaluator
+                .best_plan(pj.job, pj.params, group, &placement, cpus, layout)
+                .filter(|(p, t)| t.is_finite() && *t > 0.0 && pj.job.can_run(p))
+        });
+        self.rows.insert(key, point);
+        point
+    }
+
+    /// The job's candidates: its row of configurations, valued for maximisation as
+    /// `unallocated - term` (the minimised sum's saving over leaving it out).
+    fn curves(&mut self, pj: &PolicyJob<'_>, now_s: f64, restart_s: f64) -> JobCurves {
+        let cluster = self.evaluator.cluster;
+        let layout = self.layout(pj);
+        let cap = (2 * pj.max_gpus).max(1).min(MAX_GPUS.max(pj.job.request.gpus));
+        let mut raw: Vec<(usize, u32, Plan, f64)> = Vec::new();
+        for (group, g) in eligible_groups(pj.job, cluster) {
+            for gpus in Self::counts(g.gpus_per_node, g.count) {
+                if let Some((plan, thr)) = self.point(pj, layout, group, gpus) {
+                    raw.push((group, gpus, plan, thr));
+                }
+            }
+        }
+        // The artifacts' valid configurations: up to the cap, but at least the smallest
+        // the layout runs on (its scale unit).
+        let least = raw.iter().map(|r| r.1).min();
+        raw.retain(|r| r.1 <= cap || Some(r.1) == least);
+        if raw.is_empty() {
+            // No configuration runs its layout: its request, when that runs.
+            let group = home_group(pj.job, cluster);
+            if let Some((plan, thr)) = self.point(pj, Restriction::Any, group, pj.job.request.gpus) {
+                raw.push((group, pj.job.request.gpus, plan, thr));
+            }
+        }
+        let base = if self.rule.normalise_to_min {
+            raw.iter().map(|r| r.3).fold(f64::INFINITY, f64::min)
+        } else {
+            // One GPU's goodput; a layout that needs more: its smallest configuration per GPU.
+            raw.iter().min_by_key(|r| r.1).map_or(1.0, |r| r.3 / f64::from(r.1))
+        };
+        let delay = self.rule.delay_s.unwrap_or(restart_s);
+        let factor = rubick_core::planner::restart_factor((now_s - pj.job.submit_time_s).max(0.0), pj.restarts, delay);
+        let cur = pj.current;
+        let mut candidates: Vec<Candidate> = Vec::with_capacity(raw.len() + 1);
+        let mut has_current = false;
+        for (group, gpus, plan, thr) in raw {
+            let g = &cluster.node_groups[group];
+            let is_current = cur.is_some_and(|c| c.group == group && c.placement.gpus() == gpus);
+            has_current |= is_current;
+            let (plan, placement, cpus, mem) = match cur.filter(|_| is_current) {
+                // The current configuration stays as it runs (placement, plan, cores).
+                Some(c) => (c.plan, c.placement.clone(), c.cpus, c.host_memory_gib),
+                None => {
+                    let Some(placement) = Placement::packed(gpus, g.gpus_per_node) else { continue };
+                    (
+                        plan,
+                        placement,
+                        g.fair_cpus_per_gpu() * gpus,
+                        host_memory_gib(&self.evaluator.config, g, &pj.job.model, &plan),
+                    )
+                }
+            };
+            candidates.push(self.candidate(group, (gpus, cpus, mem), placement, plan, thr, base, is_current, factor));
+        }
+        if let (Some(c), false) = (cur, has_current) {
+            // A current configuration outside the row (e.g. 3 GPUs): exempt, as it runs.
+            let g = &cluster.node_groups[c.group];
+            let cpu_ref = self.evaluator.config.cpu_reference(g);
+            let thr = Evaluator::throughput(&pj.job.model, pj.params, g, &c.plan, &c.placement, c.cpus, cpu_ref);
+            let resources = (c.placement.gpus(), c.cpus, c.host_memory_gib);
+            candidates.push(self.candidate(c.group, resources, c.placement.clone(), c.plan, thr, base, true, factor));
+        }
+        let pinned = self.rule.pin_restoring && pj.restoring && cur.is_some();
+        if pinned {
+            candidates.retain(|c| c.is_current);
+        }
+        candidates.sort_by(|a, b| {
+            (a.group, a.gpus, a.cpus).cmp(&(b.group, b.gpus, b.cpus)).then(b.is_current.cmp(&a.is_current))
+        });
+        let current = candidates.iter().position(|c| c.is_current);
+        JobCurves {
+            name: pj.job.name.clone(),
+            request_throughput: base,
+            guaranteed: false,
+            locked: pinned && current.is_some(),
+            must_run: pinned && current.is_some(),
+            weight: 1.0,
+            candidates,
+            current,
+            refused: None,
+        }
+    }
+
+    /// One configuration valued as the peer does.
+    #[allow(clippy::too_many_arguments)]
+    fn candidate(
+        &self,
+        group: usize,
+        (gpus, cpus, mem): (u32, u32, f64),
+        placement: Placement,
+        plan: Plan,
+        throughput: f64,
+        base: f64,
+        is_current: bool,
+        factor: f64,
+    ) -> Candidate {
+        let rule = &self.rule;
+        let speedup = (throughput / base.max(1e-12)).max(ZERO_ALLOC_GAIN);
+        let scaled = if is_current { speedup } else { speedup * factor };
+        let mut term = (scaled + rule.offset).powf(rule.p);
+        if let Some(clip) = rule.round_and_clip {
+            term = ((term * 100.0).round() / 100.0).min(clip);
+        }
+        Candidate {
+            group,
+            gpus,
+            cpus,
+            host_memory_gib: mem,
+            placement,
+            plan,
+            throughput,
+            normalized: speedup,
+            value: rule.unallocated - term,
+            is_current,
+            is_request: false,
+            meets_guarantee: false,
+        }
+    }
+}
+
+impl Policy for GoodputPolicy<'_> {
+    fn reconfigures(&self) -> bool {
+        true
+    }
+
+    fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<Current>> {
+        self.evaluator.config.now_s = view.now_s;
+        let View { cluster, jobs, now_s, .. } = *view;
+        let restart_s = self.evaluator.config.default_restart_s;
+        let mut curves = Vec::with_capacity(jobs.len());
+        let mut inputs = Vec::with_capacity(jobs.len());
+        for pj in jobs {
+            let own = pj.job.restart_cost_s.unwrap_or(restart_s);
+            curves.push(self.curves(pj, now_s, own));
+            inputs.push(JobInput {
+                job: pj.job.clone(),
+                params: pj.params.clone(),
+                evidence: None,
+                current: pj.current.cloned(),
+                allowed: Restriction::Any,
+                priority: 1.0,
+                restarts: pj.restarts,
+                restoring: pj.restoring,
+            });
+        }
+        let book = CurveBook::new(curves, cluster);
+        let kept: Vec<Option<usize>> = book.jobs.iter().map(|j| j.current).collect();
+        let (choice, stats) = match milp::solve(&book, cluster, None, self.time_limit) {
+            Ok(s) => {
+                let stats =
+                    SolverStats { method: "milp".into(), gap: Some(s.gap), wall_s: None, status: s.status.into() };
+                (s.choice, stats)
+            }
+            Err(e) => {
+                tracing::debug!("{} round at {now_s}: {e}; allocations kept", self.rule.name);
+                let stats = SolverStats { method: "kept".into(), gap: None, wall_s: None, status: e.to_string() };
+                (kept, stats)
+            }
+        };
+        let objective = rubick_core::planner::objective(&book, &choice);
+        let outcome = assemble(
+            &mut self.evaluator,
+            &book,
+            &inputs,
+            &choice,
+            objective,
+            round,
+            self.rule.name,
+            stats,
+            Repack::None,
+        );
+        let out =
+            outcome.schedule.assignments.iter().map(|a| current_of_assignment(a, cluster).ok().flatten()).collect();
+        self.last = Some(RoundReport::Planned(Box::new(outcome.schedule), outcome.explain));
+        out
+    }
+
+    fn last_round(&mut self) -> Option<RoundReport> {
+        self.last.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_artifacts_configurations() {
+        assert_eq!(GoodputPolicy::counts(8, 3), vec![1, 2, 4, 8, 16, 24]);
+        assert_eq!(GoodputPolicy::counts(4, 2), vec![1, 2, 4, 8]);
+    }
+}
