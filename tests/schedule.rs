@@ -361,6 +361,8 @@ fn every_policy_of_the_registry_schedules_a_round() {
         "static-backfill",
         "synergy",
         "static-guaranteed-first",
+        "sia",
+        "pollux",
         "rubick-gpus-only",
         "rubick-no-resize",
     ] {

@@ -52,6 +52,8 @@ fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
         "static-backfill",
         "synergy",
         "static-guaranteed-first",
+        "sia",
+        "pollux",
         "rubick-gpus-only",
         "rubick-no-plan",
         "rubick-no-resize",

@@ -60,8 +60,13 @@ impl SimConfig {
     /// The authors' conventions (60 s rounds, 260 s restarts) and this project's
     /// defaults for replaying traces: plans of the kinds the reference measured,
     /// guaranteed jobs admitted when their guarantee fits and kept to their plan's
-    /// layout with a 30 % margin on predictions, changes worth half a request,
-    /// 20-round cooldowns, the reference's profiled cores per GPU.
+    /// layout with a 30 % margin on predictions, the planner's restart rules
+    /// (restart factor, 2x growth, 5-restart cap, requests kept, scale-out efficiency;
+    /// see [`PlannerConfig`]), decisions every 60 s, the reference's profiled cores per
+    /// GPU. Before issue 29: changes worth half a request, 20-round cooldowns and
+    /// decisions on events only (`--change-min-gain 0.5 --cooldown 20 --interval 0
+    /// --restart-factor false --max-growth 0 --restart-cap 0 --keep-request false
+    /// --scale-out-efficiency 0`).
     pub fn defaults(policy: &'static Registration, queue: Queue) -> Self {
         SimConfig {
             round_s: 60.0,
@@ -74,8 +79,8 @@ impl SimConfig {
                 queue_guaranteed: true,
                 guarantee_margin: 0.3,
                 guarantee_keeps_layout: true,
-                change_min_gain: 0.5,
-                cooldown_rounds: 20,
+                change_min_gain: PlannerConfig::default().change_min_gain,
+                cooldown_rounds: PlannerConfig::default().cooldown_rounds,
                 profiled_cpus_per_gpu: Some(rubick_core::reference::TESTBED_PROFILED_CPUS_PER_GPU),
                 ..PlannerConfig::default()
             },

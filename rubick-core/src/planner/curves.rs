@@ -120,6 +120,21 @@ pub struct JobCurves {
     /// The best change of a running job that its restart factor alone made not worth
     /// its restart (for `--explain`).
     pub refused: Option<Refused>,
+    /// For a running job, the share of a new configuration's value that repays its
+    /// restart (payback over the horizon, times the restart factor).
+    pub keep_share: Option<f64>,
+}
+
+impl JobCurves {
+    /// What a configuration of `throughput` other than the current one is worth to
+    /// this job (as the decision values its candidates, without evidence).
+    pub fn value_of_change(&self, throughput: f64, config: &PlannerConfig) -> f64 {
+        let normalized = throughput / self.request_throughput;
+        match self.keep_share {
+            Some(share) => self.weight * normalized * share - config.change_min_gain,
+            None => self.weight * normalized,
+        }
+    }
 }
 
 /// A change the restart factor refused (see [`super::restart_factor`]).
@@ -567,10 +582,15 @@ impl<'a> Evaluator<'a> {
                 }
             }
         }
-        // Growth of a running job: at most `max_growth` times its GPUs in one round.
+        // Growth of a running job: at most `max_growth` times its GPUs in one round;
+        // once its restarts are spent, it never shrinks.
         if let (Some(cur), Some(k)) = (&input.current, config.max_growth) {
             let cap = cur.placement.gpus().saturating_mul(k.max(1));
             candidates.retain(|c| c.gpus <= cap);
+        }
+        let spent = input.restarts_spent(&config);
+        if let (Some(cur), true) = (&input.current, spent) {
+            candidates.retain(|c| c.gpus >= cur.placement.gpus());
         }
         let mut current_thr = None;
         if let Some(cur) = &input.current {
@@ -641,6 +661,26 @@ impl<'a> Evaluator<'a> {
             .filter(|t| t.is_finite() && *t > 0.0)
             .or_else(|| candidates.iter().map(|c| c.throughput).reduce(f64::max))
             .unwrap_or(1.0);
+        // GPUs beyond the request must each buy their share of the request's throughput
+        // per GPU, at least `scale_out_efficiency` of it.
+        if config.scale_out_efficiency > 0.0 {
+            let (req_gpus, eff) = (f64::from(job.request.gpus.max(1)), config.scale_out_efficiency);
+            let per_gpu = request_throughput / req_gpus;
+            candidates.retain(|c| {
+                let extra = f64::from(c.gpus) - req_gpus;
+                c.is_current
+                    || c.is_request
+                    || extra <= 0.0
+                    || (c.throughput - request_throughput) >= eff * per_gpu * extra
+            });
+        }
+        // A running job keeps at least its request's throughput (or what it has, when
+        // that is less): what it holds beyond is lent, and taken back first.
+        let keeps = config.keep_request && current_thr.is_some();
+        if let (true, Some(thr)) = (keeps, current_thr) {
+            let floor = thr.min(request_throughput) * (1.0 - 1e-9);
+            candidates.retain(|c| c.is_current || c.throughput >= floor);
+        }
         // A restart pays off over the horizon or the job's remaining time, whichever
         // is shorter: progress lost is restart_s of the new throughput.
         // With the restart factor (hysteresis growing with the job's restarts), a change
@@ -713,12 +753,13 @@ impl<'a> Evaluator<'a> {
         });
         JobCurves {
             refused,
+            keep_share,
             name: job.name.clone(),
             request_throughput,
             guaranteed,
             locked: locked && current.is_some(),
             must_run: (guaranteed && (input.current.is_some() || !config.queue_guaranteed))
-                || (locked && current.is_some()),
+                || ((locked || spent || keeps) && current.is_some()),
             weight,
             candidates,
             current,

@@ -91,10 +91,20 @@ pub struct PlannerConfig {
     /// A running job gets at most this many times its present GPUs in one round (Sia
     /// and Pollux: 2); `None`: no cap.
     pub max_growth: Option<u32>,
-    /// A running job restarted this many times keeps its allocation from then on
-    /// (only a guarantee may still take its resources): the Rubick artifact's cap of 5
-    /// restarts per job. `None`: no cap.
+    /// A running job restarted this many times is never shrunk or paused again (only a
+    /// guarantee may still take its resources; it may still grow when that repays its
+    /// restart): the Rubick artifact's cap of 5 shrinks per job. `None`: no cap.
     pub restart_cap: Option<u32>,
+    /// A running job is never shrunk below its request's throughput (or below what it
+    /// has, when that is less) nor paused, except for a guarantee: resources beyond a
+    /// request are lent, and taken back first.
+    pub keep_request: bool,
+    /// Each GPU a job gets beyond its request must add at least this share of its
+    /// request's throughput per GPU (0: any gain beyond `min_gain`). 0.5: the middle
+    /// of the utilities Pollux's autoscaler keeps jobs at (`_min_util` 0.35 to
+    /// `_max_util` 0.65, AdaptDL `policy/pollux.py`): a GPU that buys less than half of
+    /// what the request's GPUs do is spent on the GPU-hours, not on the job.
+    pub scale_out_efficiency: f64,
 }
 
 /// A rule on which configurations the planner may offer.
@@ -204,6 +214,8 @@ impl Default for PlannerConfig {
             restart_factor: true,
             max_growth: Some(2),
             restart_cap: Some(5),
+            keep_request: true,
+            scale_out_efficiency: 0.5,
         }
     }
 }
@@ -407,15 +419,13 @@ impl JobInput {
     /// Whether the job must keep its allocation this round (cooldown after a change,
     /// or a checkpoint-restore under way).
     pub fn in_cooldown(&self, config: &PlannerConfig) -> bool {
-        self.current.as_ref().is_some_and(|c| {
-            self.restoring || c.rounds_since_change < config.cooldown_rounds || self.restarts_spent(config)
-        })
+        self.current.as_ref().is_some_and(|c| self.restoring || c.rounds_since_change < config.cooldown_rounds)
     }
 
-    /// Whether the job has had as many restarts as [`PlannerConfig::restart_cap`]
-    /// allows: it keeps its allocation.
+    /// Whether the job runs and has had as many restarts as
+    /// [`PlannerConfig::restart_cap`] allows: it is never shrunk or paused again.
     pub fn restarts_spent(&self, config: &PlannerConfig) -> bool {
-        config.restart_cap.is_some_and(|cap| self.restarts >= cap)
+        self.current.is_some() && config.restart_cap.is_some_and(|cap| self.restarts >= cap)
     }
 
     /// The job's [`restart_factor`] this round (1 when the rule is off).

@@ -342,11 +342,35 @@ pub fn place(
             (0..jc.candidates.len()).filter(|&k| k != c && jc.candidates[k].gpus <= jc.candidates[c].gpus).collect();
         others.sort_by(|&a, &b| jc.candidates[b].value.total_cmp(&jc.candidates[a].value).then(a.cmp(&b)));
         tries.extend(others);
+        // A running job whose chosen configuration found no room is restarted into a
+        // stand-in only when the stand-in repays the restart as the decision values a
+        // change (else it stays where it is, when that is still free): placement must
+        // not restart a job the decision would not have.
+        let current_thr = input.current.as_ref().filter(|cur| !cur.nodes.is_empty()).map(|cur| {
+            let g = &cluster.node_groups[cur.group];
+            let cpu_ref = evaluator.config.cpu_reference(g);
+            Evaluator::throughput(&input.job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref)
+        });
+        let config = evaluator.config.clone();
+        let stays = |nodes: &mut Vec<NodeState>, index: &mut ByFree, thr: f64| -> Option<Placed> {
+            let (cur, now) = (input.current.as_ref()?, current_thr?);
+            if jc.value_of_change(thr, &config) > jc.weight * now / jc.request_throughput + 1e-12 {
+                return None;
+            }
+            let note = "kept where it runs: its chosen configuration found no room, and no stand-in repays a restart";
+            keep_in_place(nodes, index, cur, || now, Some(note.into()))
+        };
         for (attempt, &k) in tries.iter().enumerate() {
             let cand = &jc.candidates[k];
             let note = |what: &str| {
                 (attempt > 0).then(|| format!("{what}: no node layout for the chosen {} GPUs", jc.candidates[c].gpus))
             };
+            if attempt > 0
+                && let Some(kept) = stays(&mut nodes, &mut index, cand.throughput)
+            {
+                out[j] = Some(kept);
+                break;
+            }
             if let Some(parts) =
                 index.layout(&nodes, cand.group, cand.placement.per_node(), cand.cpus, cand.host_memory_gib, &prefer)
             {
@@ -382,6 +406,10 @@ pub fn place(
                 let margin = evaluator.config.guarantee_margin;
                 if jc.guaranteed && thr < jc.request_throughput * (1.0 + margin) * (1.0 - 1e-9) {
                     continue;
+                }
+                if let Some(kept) = stays(&mut nodes, &mut index, thr) {
+                    out[j] = Some(kept);
+                    break;
                 }
                 let shares =
                     parts.into_iter().map(|(node, g, cc, m)| index.take(&mut nodes, node, g, cc, m, None)).collect();

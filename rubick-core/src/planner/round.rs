@@ -80,11 +80,10 @@ pub fn assemble(
                 }
                 Change::Started => format!("starts at {} its request's throughput", gain(normalized)),
                 Change::Kept if input.restoring => "kept: in the middle of a checkpoint-restore".to_string(),
-                Change::Kept if jc.locked && input.restarts_spent(&evaluator.config) => format!(
-                    "kept for churn: restarted {} times, the most a job is (it keeps its allocation)",
-                    input.restarts
-                ),
                 Change::Kept if jc.locked => "kept: in its cooldown after a change".to_string(),
+                Change::Kept if input.restarts_spent(&evaluator.config) => {
+                    format!("kept for churn: restarted {} times, the most a job is shrunk or paused", input.restarts)
+                }
                 Change::Kept => match jc.refused {
                     Some(r) => format!(
                         "kept for churn: a change to {:.2}x its request's throughput (now {:.2}x) would repay its restart, but after {} restart(s) its restart factor is {:.2} (a change must gain {:.2}x)",

@@ -91,11 +91,13 @@ pub struct SimulateArgs {
     /// Directory for the plots (JCT CDF, GPUs in use over time, Gantt chart of jobs)
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
-    /// A change of a running job must raise the objective by this much (in requests)
-    #[arg(long, default_value_t = 0.5)]
+    /// A change of a running job must raise the objective by this much (in requests;
+    /// 0.5 before issue 29)
+    #[arg(long, default_value_t = PlannerConfig::default().change_min_gain)]
     pub change_min_gain: f64,
-    /// Rounds a job's allocation is left alone after a change
-    #[arg(long, default_value_t = 20)]
+    /// Rounds a job's allocation is left alone after a change (at least the restart
+    /// penalty's rounds + 1; 20 before issue 29)
+    #[arg(long, default_value_t = PlannerConfig::default().cooldown_rounds)]
     pub cooldown: u32,
     /// Seconds over which a restart must pay for itself
     #[arg(long, default_value_t = PlannerConfig::default().horizon_s)]
@@ -110,6 +112,20 @@ pub struct SimulateArgs {
     /// cooldown alone (before issue 29)
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub restart_factor: bool,
+    /// A running job is never shrunk below its request nor paused, except for a
+    /// guarantee (resources beyond a request are lent)
+    #[arg(long, default_value_t = PlannerConfig::default().keep_request, action = clap::ArgAction::Set)]
+    pub keep_request: bool,
+    /// Each GPU beyond a job's request must add at least this share of the request's
+    /// throughput per GPU
+    #[arg(long, default_value_t = PlannerConfig::default().scale_out_efficiency)]
+    pub scale_out_efficiency: f64,
+    /// A job gets at most this many times its requested GPUs (at least a node)
+    #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
+    pub max_scale: u32,
+    /// More resources must buy at least this share more throughput (Pareto pruning)
+    #[arg(long, default_value_t = PlannerConfig::default().min_gain)]
+    pub min_gain: f64,
     /// A running job grows to at most this many times its GPUs per round (0: no cap)
     #[arg(long, default_value_t = 2)]
     pub max_growth: u32,
@@ -254,6 +270,12 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     config.planner.cooldown_rounds = args.cooldown;
     config.planner.horizon_s = args.horizon;
     config.planner.restart_factor = args.restart_factor;
+    anyhow::ensure!(args.max_scale >= 1, "--max-scale: must be at least 1");
+    anyhow::ensure!(args.min_gain.is_finite() && args.min_gain >= 0.0, "--min-gain: must be a non-negative number");
+    config.planner.max_scale = args.max_scale;
+    config.planner.keep_request = args.keep_request;
+    config.planner.scale_out_efficiency = args.scale_out_efficiency;
+    config.planner.min_gain = args.min_gain;
     config.planner.max_growth = (args.max_growth > 0).then_some(args.max_growth);
     config.planner.restart_cap = (args.restart_cap > 0).then_some(args.restart_cap);
     anyhow::ensure!(

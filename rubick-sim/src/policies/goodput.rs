@@ -44,7 +44,10 @@ use rubick_core::schedule::SolverStats;
 use rubick_core::{Cluster, Placement, Plan};
 
 use super::planner::RoundReport;
-use super::{Policy, PolicyJob, PolicyOptions, View, home_group, request_plan, traced_plan, users_plan};
+use super::{
+    Policy, PolicyJob, PolicyOptions, View, home_group, request_config, request_plan, traced_plan, users_plan,
+};
+use crate::truth::MeasuredTable;
 
 /// Which peer's objective and constants.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -163,7 +166,12 @@ impl<'a> GoodputPolicy<'a> {
 
     /// The job's candidates: its row of configurations, valued for maximisation as
     /// `unallocated - term` (the minimised sum's saving over leaving it out).
-    fn curves(&mut self, pj: &PolicyJob<'_>, now_s: f64, restart_s: f64) -> JobCurves {
+    fn curves(
+        &mut self,
+        pj: &PolicyJob<'_>,
+        (now_s, restart_s): (f64, f64),
+        measured: Option<&MeasuredTable>,
+    ) -> JobCurves {
         let cluster = self.evaluator.cluster;
         let layout = self.layout(pj);
         let cap = (2 * pj.max_gpus).max(1).min(MAX_GPUS.max(pj.job.request.gpus));
@@ -179,19 +187,28 @@ impl<'a> GoodputPolicy<'a> {
         // the layout runs on (its scale unit).
         let least = raw.iter().map(|r| r.1).min();
         raw.retain(|r| r.1 <= cap || Some(r.1) == least);
+        let mut fallback = None;
         if raw.is_empty() {
-            // No configuration runs its layout: its request, when that runs.
-            let group = home_group(pj.job, cluster);
-            if let Some((plan, thr)) = self.point(pj, Restriction::Any, group, pj.job.request.gpus) {
-                raw.push((group, pj.job.request.gpus, plan, thr));
-            }
+            // No configuration runs its layout (e.g. the trace's TP 5 of GPT-2): its
+            // request as the user ran it, a rigid job.
+            fallback = request_config(pj.job, pj.params, pj.trace_code, &mut self.evaluator, measured);
         }
-        let base = if self.rule.normalise_to_min {
-            raw.iter().map(|r| r.3).fold(f64::INFINITY, f64::min)
-        } else {
+        // The request as a rigid job: its throughput, and (Sia's `_get_rigid_goodputs`)
+        // its goodput normalised to its GPU count.
+        let rigid = fallback.as_ref().map(|r| {
+            let g = &cluster.node_groups[r.group];
+            let cpu_ref = self.evaluator.config.cpu_reference(g);
+            let thr = Evaluator::throughput(&pj.job.model, pj.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
+            let thr = if thr.is_finite() && thr > 0.0 { thr } else { 1.0 };
+            (r.clone(), thr, host_memory_gib(&self.evaluator.config, g, &pj.job.model, &r.plan))
+        });
+        let base = match &rigid {
+            Some((r, thr, _)) => thr / f64::from(r.placement.gpus().max(1)),
+            None if self.rule.normalise_to_min => raw.iter().map(|r| r.3).fold(f64::INFINITY, f64::min),
             // One GPU's goodput; a layout that needs more: its smallest configuration per GPU.
-            raw.iter().min_by_key(|r| r.1).map_or(1.0, |r| r.3 / f64::from(r.1))
+            None => raw.iter().min_by_key(|r| r.1).map_or(1.0, |r| r.3 / f64::from(r.1)),
         };
+        let base = if base.is_finite() && base > 0.0 { base } else { 1.0 };
         let delay = self.rule.delay_s.unwrap_or(restart_s);
         let factor = rubick_core::planner::restart_factor((now_s - pj.job.submit_time_s).max(0.0), pj.restarts, delay);
         let cur = pj.current;
@@ -215,6 +232,10 @@ impl<'a> GoodputPolicy<'a> {
                 }
             };
             candidates.push(self.candidate(group, (gpus, cpus, mem), placement, plan, thr, base, is_current, factor));
+        }
+        if let (Some((r, thr, mem)), None) = (&rigid, cur) {
+            let resources = (r.placement.gpus(), r.cpus, *mem);
+            candidates.push(self.candidate(r.group, resources, r.placement.clone(), r.plan, *thr, base, false, factor));
         }
         if let (Some(c), false) = (cur, has_current) {
             // A current configuration outside the row (e.g. 3 GPUs): exempt, as it runs.
@@ -242,6 +263,7 @@ impl<'a> GoodputPolicy<'a> {
             candidates,
             current,
             refused: None,
+            keep_share: None,
         }
     }
 
@@ -295,7 +317,7 @@ impl Policy for GoodputPolicy<'_> {
         let mut inputs = Vec::with_capacity(jobs.len());
         for pj in jobs {
             let own = pj.job.restart_cost_s.unwrap_or(restart_s);
-            curves.push(self.curves(pj, now_s, own));
+            curves.push(self.curves(pj, (now_s, own), view.measured));
             inputs.push(JobInput {
                 job: pj.job.clone(),
                 params: pj.params.clone(),
@@ -347,6 +369,85 @@ impl Policy for GoodputPolicy<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SimJob;
+    use crate::policies::lookup;
+    use rubick_core::PlanCode;
+
+    fn options(cluster: &Cluster) -> PolicyOptions {
+        let _ = cluster;
+        PolicyOptions {
+            queue: crate::Queue::Fifo,
+            planner: rubick_core::planner::PlannerConfig { explain: false, ..Default::default() },
+            milp_time_limit: std::time::Duration::from_secs(5),
+        }
+    }
+
+    fn view_job<'a>(sj: &'a SimJob, current: Option<&'a Current>, max_gpus: u32, restoring: bool) -> PolicyJob<'a> {
+        PolicyJob {
+            job: &sj.job,
+            params: &sj.params,
+            evidence: None,
+            trace_code: None,
+            current,
+            remaining: 1000.0,
+            remaining_work: 1.0,
+            attained_gpu_s: 0.0,
+            first_start_s: None,
+            restarts: 0,
+            restoring,
+            max_gpus,
+        }
+    }
+
+    /// A job starts on one GPU and at most doubles per round (the artifacts'
+    /// `max_replicas`), under both peers; mid-restore, Sia keeps it where it is.
+    #[test]
+    fn a_job_starts_small_doubles_per_round_and_sia_pins_a_restore() {
+        let cluster = Cluster::example();
+        let sj = SimJob::example("a", PlanCode::ZeroDp, 8, 96, false);
+        for name in ["sia", "pollux"] {
+            let mut policy = lookup(name).unwrap().build(&cluster, &options(&cluster));
+            let jobs = [view_job(&sj, None, 0, false)];
+            let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
+            let first = first[0].clone().expect("the job starts");
+            assert_eq!(first.placement.gpus(), 1, "{name}");
+            let jobs = [view_job(&sj, Some(&first), 1, false)];
+            let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, measured: None }, 1);
+            let next = next[0].clone().expect("it runs");
+            assert_eq!(next.placement.gpus(), 2, "{name}: doubles with the whole cluster free");
+            let jobs = [view_job(&sj, Some(&next), 2, true)];
+            let pinned = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 120.0, measured: None }, 2);
+            let pinned = pinned[0].clone().expect("it runs");
+            if name == "sia" {
+                assert_eq!(pinned.placement.gpus(), 2, "sia pins a job mid-restore");
+            } else {
+                assert_eq!(pinned.placement.gpus(), 4, "pollux does not");
+            }
+        }
+    }
+
+    /// With more jobs than GPUs, Pollux's unallocated term (1,000) makes it give one GPU
+    /// to as many jobs as it can; Sia's (1.1) is worth less than a second GPU to a job
+    /// (`1 - 2^-0.5` for a linear job), so it uses every GPU on fewer jobs.
+    #[test]
+    fn more_jobs_than_gpus_get_one_gpu_each() {
+        let mut cluster = Cluster::example();
+        cluster.node_groups[0].count = 1;
+        let jobs: Vec<SimJob> =
+            (0..10).map(|k| SimJob::example(&format!("j{k}"), PlanCode::ZeroDp, 4, 48, false)).collect();
+        for name in ["sia", "pollux"] {
+            let mut policy = lookup(name).unwrap().build(&cluster, &options(&cluster));
+            let seen: Vec<PolicyJob<'_>> = jobs.iter().map(|sj| view_job(sj, None, 4, false)).collect();
+            let out = policy.decide(&View { cluster: &cluster, jobs: &seen, now_s: 0.0, measured: None }, 0);
+            let running: Vec<u32> = out.iter().flatten().map(|c| c.placement.gpus()).collect();
+            assert_eq!(running.iter().sum::<u32>(), 8, "{name}: {running:?}");
+            if name == "pollux" {
+                assert_eq!(running, vec![1; 8], "{name}");
+            } else {
+                assert!(running.len() < 8, "{name}: {running:?}");
+            }
+        }
+    }
 
     #[test]
     fn the_artifacts_configurations() {

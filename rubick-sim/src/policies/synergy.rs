@@ -56,3 +56,62 @@ pub(super) fn cores(
 pub(super) fn build<'a>(cluster: &'a Cluster, options: &PolicyOptions) -> Box<dyn Policy + 'a> {
     Box::new(QueuePolicy { cores, tune: true, ..QueuePolicy::new(cluster, options) })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::SimJob;
+    use crate::policies::{PolicyJob, PolicyOptions, View, lookup};
+    use rubick_core::planner::Current;
+    use rubick_core::{Cluster, PlanCode};
+
+    fn seen<'a>(sj: &'a SimJob, current: Option<&'a Current>) -> PolicyJob<'a> {
+        PolicyJob {
+            job: &sj.job,
+            params: &sj.params,
+            evidence: None,
+            trace_code: None,
+            current,
+            remaining: 1000.0,
+            remaining_work: 1.0,
+            attained_gpu_s: 0.0,
+            first_start_s: current.map(|_| 0.0),
+            restarts: 0,
+            restoring: false,
+            max_gpus: current.map_or(0, |c| c.placement.gpus()),
+        }
+    }
+
+    /// Where cores bind (one node of 8 GPUs and 48 cores), an offloading job first gets
+    /// twice the fair share, and a job arriving later takes it back down to the fair
+    /// share (TUNE's peer adjustment) instead of waiting: what static-backfill, which
+    /// gives the request, never does.
+    #[test]
+    fn tune_brings_a_peer_down_to_the_fair_share_where_cores_bind() {
+        let mut cluster = Cluster::example();
+        cluster.node_groups[0].count = 1;
+        cluster.node_groups[0].cpu_cores = 48;
+        let options = PolicyOptions {
+            queue: crate::Queue::Fifo,
+            planner: rubick_core::planner::PlannerConfig { profiled_cpus_per_gpu: Some(4), ..Default::default() },
+            milp_time_limit: std::time::Duration::from_secs(1),
+        };
+        let offload = SimJob::example("offload", PlanCode::ZeroOffload, 4, 24, false);
+        let mut later = SimJob::example("later", PlanCode::ZeroDp, 4, 24, false);
+        later.job.submit_time_s = 60.0;
+        let mut policy = lookup("synergy").unwrap().build(&cluster, &options);
+        let jobs = [seen(&offload, None)];
+        let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
+        let first = first[0].clone().expect("it starts");
+        assert_eq!(first.cpus, 48, "the offloading job's demand: twice the fair share");
+        let jobs = [seen(&offload, Some(&first)), seen(&later, None)];
+        let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, measured: None }, 1);
+        let cores: Vec<Option<u32>> = next.iter().map(|c| c.as_ref().map(|c| c.cpus)).collect();
+        assert_eq!(cores[0], Some(24), "the peer at the fair share");
+        assert!(cores[1].is_some_and(|c| c <= 24), "the newcomer placed at its demand: {cores:?}");
+        // Static-backfill gives each its request: both fit from the start.
+        let mut backfill = lookup("static-backfill").unwrap().build(&cluster, &options);
+        let jobs = [seen(&offload, None)];
+        let out = backfill.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
+        assert_eq!(out[0].as_ref().map(|c| c.cpus), Some(24));
+    }
+}
