@@ -377,7 +377,7 @@ fn every_policy_of_the_registry_schedules_a_round() {
         let running = s["assignments"].as_sequence().unwrap().iter().filter(|a| a.get("plan").is_some()).count();
         assert!(running >= 1, "{policy}: nothing runs");
     }
-    let run = schedule("sia", "sia.yaml");
+    let run = schedule("gavel", "gavel.yaml");
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("static-backfill"), "lists the policies: {}", run.stderr);
 }

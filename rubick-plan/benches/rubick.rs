@@ -285,7 +285,9 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
     let base = rubick_plan::load_cluster(&root.join("data/cluster-a800-8x8.yaml"))?;
     let dir = tempfile::tempdir()?;
     for (gpus, nodes, limit, policies) in [
-        (64u32, 8u32, 1000usize, &["rubick", "static", "static-backfill", "sia", "pollux", "synergy"][..]),
+        // (The peers' rows on Philly take minutes each, Sia's and Pollux's exact
+        // solve every 60 s most: they are in the closing note of issue 29, not here.)
+        (64u32, 8u32, 1000usize, &["rubick", "static", "static-backfill"][..]),
         (512, 64, 8000, &["rubick", "static", "static-backfill"][..]),
     ] {
         let mut cluster = base.clone();
@@ -427,6 +429,7 @@ fn simulation_figures(
     let mut tight = cluster.clone();
     tight.node_groups[0].cpu_cores = 48;
     let (jobs, truth) = load_trace(&trace, &tight, data, TruthMode::Oracle)?;
+    let mut tight_jct = std::collections::HashMap::new();
     for policy in
         ["rubick", "rubick-no-plan", "rubick-gpus-only", "synergy", "static-guaranteed-first", "static-backfill"]
     {
@@ -439,6 +442,16 @@ fn simulation_figures(
         let name = format!("sim_cpu_tight_{}", policy.replace('-', "_"));
         print(&format!("{name}_avg_jct_s"), &s.avg_jct_s, "s");
         println!("bench: {name}_unfinished {:.1} jobs", s.unfinished.mean);
+        // Over every job, an unfinished one counted until the end (static-backfill
+        // cannot start the jobs whose requested cores no node has).
+        println!("bench: {name}_avg_jct_all_s {:.0} s", s.avg_jct_all_s.mean);
+        tight_jct.insert(policy, s.avg_jct_all_s.mean);
     }
+    // Issue 29: Synergy-TUNE acts where cores bind (offloading jobs get twice the fair
+    // share, others give theirs back): it differs from static-backfill here.
+    println!(
+        "bench: sim_cpu_tight_synergy_over_static_backfill_all_jobs {:.3} x",
+        tight_jct["synergy"] / tight_jct["static-backfill"]
+    );
     Ok(())
 }

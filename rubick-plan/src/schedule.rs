@@ -48,8 +48,17 @@ pub struct PlannerArgs {
     /// A running job grows to at most this many times its GPUs per round (0: no cap)
     #[arg(long, default_value_t = 2)]
     pub max_growth: u32,
-    /// A running job restarted this many times (`current.restarts`) keeps its
-    /// allocation (only a guarantee may take its resources); 0: no cap
+    /// A running job is never shrunk below its request nor paused, except for a
+    /// guarantee (resources beyond a request are lent); `false`: waiting jobs that
+    /// starve (`--starvation`) time-share by pausing running ones
+    #[arg(long, default_value_t = PlannerConfig::default().keep_request, action = clap::ArgAction::Set)]
+    pub keep_request: bool,
+    /// Each GPU beyond a job's request must add at least this share of the request's
+    /// throughput per GPU
+    #[arg(long, default_value_t = PlannerConfig::default().scale_out_efficiency)]
+    pub scale_out_efficiency: f64,
+    /// A running job restarted this many times (`current.restarts`) is never shrunk or
+    /// paused again (only a guarantee may take its resources); 0: no cap
     #[arg(long, default_value_t = 5)]
     pub restart_cap: u32,
     /// Time of the round on the jobs' clock (s); default: the batch's `nowS` (`rubick-run
@@ -75,6 +84,7 @@ impl PlannerArgs {
             ("--horizon", self.horizon),
             ("--restart-cost", self.restart_cost),
             ("--starvation", self.starvation),
+            ("--scale-out-efficiency", self.scale_out_efficiency),
         ] {
             anyhow::ensure!(v.is_finite() && v >= 0.0, "{name}: must be a non-negative number, got {v}");
         }
@@ -93,6 +103,8 @@ impl PlannerArgs {
             restart_factor: self.restart_factor,
             max_growth: (self.max_growth > 0).then_some(self.max_growth),
             restart_cap: (self.restart_cap > 0).then_some(self.restart_cap),
+            keep_request: self.keep_request,
+            scale_out_efficiency: self.scale_out_efficiency,
             ..PlannerConfig::default()
         })
     }

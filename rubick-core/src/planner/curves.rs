@@ -166,9 +166,10 @@ impl CurveBook {
         CurveBook { jobs, capacity: cluster.node_groups.iter().map(Capacity::of).collect() }
     }
 
-    /// Lets jobs in their cooldown be paused (they stay locked against any other
-    /// change, and keeping them is still worth [`LOCK_BONUS`] each): for rounds whose
-    /// guarantees cannot all be met otherwise.
+    /// Lets jobs in their cooldown, and running jobs held by the churn rules (their
+    /// request kept, their restarts spent), be paused (they stay locked against any
+    /// other change, and keeping a locked one is still worth [`LOCK_BONUS`]): for
+    /// rounds whose guarantees cannot all be met otherwise.
     pub fn soften_locks(&mut self) {
         for j in &mut self.jobs {
             j.must_run = j.guaranteed;
@@ -674,8 +675,10 @@ impl<'a> Evaluator<'a> {
                     || (c.throughput - request_throughput) >= eff * per_gpu * extra
             });
         }
-        // A running job keeps at least its request's throughput (or what it has, when
-        // that is less): what it holds beyond is lent, and taken back first.
+        // A running job is never shrunk below its request's throughput (or what it
+        // has, when that is less) nor paused, unless a guarantee needs its resources
+        // (`CurveBook::soften_locks`): what it holds beyond is lent, and taken back
+        // first.
         let keeps = config.keep_request && current_thr.is_some();
         if let (true, Some(thr)) = (keeps, current_thr) {
             let floor = thr.min(request_throughput) * (1.0 - 1e-9);

@@ -97,7 +97,9 @@ pub struct PlannerConfig {
     pub restart_cap: Option<u32>,
     /// A running job is never shrunk below its request's throughput (or below what it
     /// has, when that is less) nor paused, except for a guarantee: resources beyond a
-    /// request are lent, and taken back first.
+    /// request are lent, and taken back first. Waiting jobs still gain weight by
+    /// `starvation_s` (admitted first, and first to what is lent or freed), but no
+    /// longer time-share by pausing running ones: `false` brings that back.
     pub keep_request: bool,
     /// Each GPU a job gets beyond its request must add at least this share of its
     /// request's throughput per GPU (0: any gain beyond `min_gain`). 0.5: the middle

@@ -308,7 +308,9 @@ pub fn plan_round_with(
         attempt += 1;
         // With jobs locked in their cooldown, a failed greedy first softens the locks
         // (cheap) before the exact search decides feasibility.
-        let hard_locks = book.jobs.iter().any(|j| j.locked && j.must_run);
+        // (Running jobs that keep their request, or spent their restarts, are held
+        // like locked ones.)
+        let hard_locks = book.jobs.iter().any(|j| j.must_run && !j.guaranteed);
         let deciding = Instant::now();
         let (mut decided, mut heuristic_objective) =
             decide(&book, cluster, config, inputs, policy, time_limit, !hard_locks);

@@ -129,8 +129,8 @@ pub struct SimulateArgs {
     /// A running job grows to at most this many times its GPUs per round (0: no cap)
     #[arg(long, default_value_t = 2)]
     pub max_growth: u32,
-    /// A running job restarted this many times keeps its allocation from then on (only
-    /// a guarantee may take its resources; the Rubick artifact's 5); 0: no cap
+    /// A running job restarted this many times is never shrunk or paused again (only a
+    /// guarantee may take its resources; the Rubick artifact's 5); 0: no cap
     #[arg(long, default_value_t = 5)]
     pub restart_cap: u32,
     /// Mark this share of the trace's jobs guaranteed (evenly spread, deterministic),
