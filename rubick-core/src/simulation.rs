@@ -167,6 +167,11 @@ pub struct SimulationSummary {
     pub per_model: Vec<ModelOutcome>,
     /// JCT of every finished job of the first replica, sorted (for CDF plots).
     pub jct_s: Vec<f64>,
+    /// Jobs of the first replica by their restarts: entry `k` counts the jobs restarted
+    /// `k` times, the last entry those restarted that many times or more (for
+    /// histograms).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restart_counts: Vec<u64>,
 }
 
 impl Artifact for SimulationSummary {

@@ -108,7 +108,20 @@ pub fn summarize(trace: &str, config: &SimConfig, truth: &Truth, results: &[SimR
         decisions: figure(&|r| r.decisions as f64),
         per_model,
         jct_s: results.first().map(finished_jct).unwrap_or_default(),
+        restart_counts: results.first().map(|r| restart_counts(&r.jobs)).unwrap_or_default(),
     };
     rubick_core::Artifact::stamp(&mut summary);
     summary
+}
+
+/// The last bucket of [`SimulationSummary::restart_counts`]: this many restarts or more.
+pub const RESTART_BUCKETS: usize = 11;
+
+/// Jobs by their restarts, the last bucket ([`RESTART_BUCKETS`] - 1) and more together.
+pub fn restart_counts(jobs: &[crate::JobResult]) -> Vec<u64> {
+    let mut counts = vec![0u64; RESTART_BUCKETS];
+    for j in jobs {
+        counts[(j.restarts as usize).min(RESTART_BUCKETS - 1)] += 1;
+    }
+    counts
 }

@@ -19,7 +19,7 @@ use rubick_io::plot::write_figure;
 use rubick_io::reference::ReferenceData;
 use rubick_sim::truth::TruthMode;
 
-use plots::{CdfFigure, GanttFigure, UsageFigure};
+use plots::{CdfFigure, GanttFigure, RestartsFigure, UsageFigure};
 use rubick_sim::policies::Registration;
 use rubick_sim::summary::summarize;
 use rubick_sim::trace::open_trace;
@@ -38,7 +38,7 @@ Examples:
     rubick-plan simulate -q --cluster $C --reference $R \\
         --trace $R/workloads/workload-base.csv --policy $p --queue srpt --summary $p.yaml
   done
-  rubick-plan compare *.yaml --plot jct-cdf.png
+  rubick-plan compare *.yaml --plot jct-cdf.png --restarts-plot restarts.png
 
   # Half the jobs guaranteed; only configurations the authors measured
   rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-bp.csv \\
@@ -88,7 +88,8 @@ pub struct SimulateArgs {
     /// The summary (YAML), `-` for stdout
     #[arg(long)]
     pub summary: PathBuf,
-    /// Directory for the plots (JCT CDF, GPUs in use over time, Gantt chart of jobs)
+    /// Directory for the plots (JCT CDF, GPUs in use over time, Gantt chart of jobs,
+    /// restarts per job)
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
     /// A change of a running job must raise the objective by this much (in requests;
@@ -322,6 +323,10 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
             &UsageFigure { usage: &first.usage, total: cluster.total_gpus() },
         )?;
         write_figure(&dir.join("gantt.png"), (1100, 900), &GanttFigure { jobs: &first.jobs })?;
+        let label = format!("{} ({})", summary.policy, summary.queue);
+        write_figure(&dir.join("restarts.png"), (900, 600), &RestartsFigure {
+            series: vec![(label, summary.restart_counts.clone())],
+        })?;
     }
     rubick_io::write_output(&args.summary, to_yaml(&summary).as_bytes())?;
     Ok(Outcome::Done)
@@ -399,6 +404,9 @@ pub struct CompareArgs {
     /// The JCT CDFs of all runs on one chart (.png or .svg)
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Restarts per job of all runs (first replicas) as one histogram (.png or .svg)
+    #[arg(long)]
+    pub restarts_plot: Option<PathBuf>,
 }
 
 pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
@@ -447,6 +455,13 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
             .map(|s| (format!("{}{} {} ({})", s.trace, truth_label(s), s.policy, s.queue), s.jct_s.clone()))
             .collect();
         write_figure(plot, (900, 600), &CdfFigure { series })?;
+    }
+    if let Some(plot) = &args.restarts_plot {
+        let series = rows
+            .iter()
+            .map(|s| (format!("{}{} {} ({})", s.trace, truth_label(s), s.policy, s.queue), s.restart_counts.clone()))
+            .collect();
+        write_figure(plot, (900, 600), &RestartsFigure { series })?;
     }
     Ok(Outcome::Done)
 }

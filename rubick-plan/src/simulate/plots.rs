@@ -162,3 +162,67 @@ impl Figure for UsageFigure<'_> {
         Ok(())
     }
 }
+
+/// Jobs by their restarts (the last bar: that many or more), one bar group per run: a
+/// histogram of the share of jobs.
+pub(super) struct RestartsFigure {
+    /// (label, jobs by restarts as `SimulationSummary::restart_counts`).
+    pub series: Vec<(String, Vec<u64>)>,
+}
+
+impl Figure for RestartsFigure {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, plotters::coord::Shift>) -> anyhow::Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let err = drawing_error::<DB::ErrorType>;
+        root.fill(&WHITE).map_err(err)?;
+        let buckets = self.series.iter().map(|(_, c)| c.len()).max().unwrap_or(1).max(1);
+        let shares: Vec<Vec<f64>> = self
+            .series
+            .iter()
+            .map(|(_, c)| {
+                let n = c.iter().sum::<u64>().max(1) as f64;
+                c.iter().map(|&k| k as f64 / n).collect()
+            })
+            .collect();
+        let top = shares.iter().flatten().copied().fold(0.0, f64::max).max(0.01);
+        let last = buckets - 1;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Restarts per job (share of jobs; the last bar: that many or more)", ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(55)
+            .build_cartesian_2d(-0.5..(buckets as f64 - 0.5), 0.0..top * 1.1)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .light_line_style(WHITE)
+            .x_desc("restarts")
+            .y_desc("share of jobs")
+            .x_labels(buckets)
+            .x_label_formatter(&|x| {
+                let k = x.round() as usize;
+                if k == last { format!("{k}+") } else { format!("{k}") }
+            })
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+        let width = 0.8 / self.series.len().max(1) as f64;
+        for (i, ((label, _), shares)) in self.series.iter().zip(&shares).enumerate() {
+            let colour = PALETTE[i % PALETTE.len()];
+            let left = -0.4 + width * i as f64;
+            chart
+                .draw_series(shares.iter().enumerate().map(|(k, &s)| {
+                    let x = k as f64 + left;
+                    Rectangle::new([(x, 0.0), (x + width, s)], colour.filled())
+                }))
+                .map_err(err)?
+                .label(label.clone())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+        root.present().map_err(err)?;
+        Ok(())
+    }
+}
