@@ -324,9 +324,11 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
         )?;
         write_figure(&dir.join("gantt.png"), (1100, 900), &GanttFigure { jobs: &first.jobs })?;
         let label = format!("{} ({})", summary.policy, summary.queue);
-        write_figure(&dir.join("restarts.png"), (900, 600), &RestartsFigure {
-            series: vec![(label, summary.restart_counts.clone())],
-        })?;
+        write_figure(
+            &dir.join("restarts.png"),
+            (900, 600),
+            &RestartsFigure { series: vec![(label, summary.restart_counts.clone())] },
+        )?;
     }
     rubick_io::write_output(&args.summary, to_yaml(&summary).as_bytes())?;
     Ok(Outcome::Done)
