@@ -16,6 +16,48 @@ use rubick_sim::policies::{
     PolicyJob, PolicyOptions, Queue, Registration, View, request_config, schedule_of, work_per_iteration,
 };
 
+/// The planner's restart rules (issue 29), shared by `schedule`, `curves` and
+/// `simulate`; each off for ablation.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChurnArgs {
+    /// The restart factor (Sia/Pollux): a running job's move must gain more the more
+    /// it has restarted for its age (`current.restarts`); `false`: the payback share,
+    /// minimum gain and cooldown alone
+    #[arg(long, default_value_t = PlannerConfig::default().restart_factor, action = clap::ArgAction::Set)]
+    pub restart_factor: bool,
+    /// A running job grows to at most this many times its GPUs per round (0: no cap)
+    #[arg(long, default_value_t = PlannerConfig::default().max_growth.unwrap_or(0))]
+    pub max_growth: u32,
+    /// A running job is never shrunk below its request nor paused, except for a
+    /// guarantee (resources beyond a request are lent); `false`: waiting jobs that
+    /// starve (`--starvation`) time-share by pausing running ones
+    #[arg(long, default_value_t = PlannerConfig::default().keep_request, action = clap::ArgAction::Set)]
+    pub keep_request: bool,
+    /// Each GPU beyond a job's request must add at least this share of the request's
+    /// throughput per GPU (0: any gain)
+    #[arg(long, default_value_t = PlannerConfig::default().scale_out_efficiency)]
+    pub scale_out_efficiency: f64,
+    /// A running job restarted this many times (`current.restarts`) is never shrunk or
+    /// paused again (only a guarantee may take its resources; the Rubick artifact's 5);
+    /// 0: no cap
+    #[arg(long, default_value_t = PlannerConfig::default().restart_cap.unwrap_or(0))]
+    pub restart_cap: u32,
+}
+
+impl ChurnArgs {
+    /// Sets the rules on `config`.
+    pub fn apply(&self, config: &mut PlannerConfig) -> anyhow::Result<()> {
+        let e = self.scale_out_efficiency;
+        anyhow::ensure!(e.is_finite() && e >= 0.0, "--scale-out-efficiency: must be a non-negative number, got {e}");
+        config.restart_factor = self.restart_factor;
+        config.max_growth = (self.max_growth > 0).then_some(self.max_growth);
+        config.keep_request = self.keep_request;
+        config.scale_out_efficiency = e;
+        config.restart_cap = (self.restart_cap > 0).then_some(self.restart_cap);
+        Ok(())
+    }
+}
+
 /// Knobs of the planner shared by `schedule` and `curves`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlannerArgs {
@@ -40,27 +82,9 @@ pub struct PlannerArgs {
     /// A job gets at most this many times its requested GPUs (at least a node)
     #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
     pub max_scale: u32,
-    /// The restart factor (Sia/Pollux): a running job's move must gain more the more
-    /// it has restarted for its age (`current.restarts`); `false`: the payback share,
-    /// minimum gain and cooldown alone
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub restart_factor: bool,
-    /// A running job grows to at most this many times its GPUs per round (0: no cap)
-    #[arg(long, default_value_t = 2)]
-    pub max_growth: u32,
-    /// A running job is never shrunk below its request nor paused, except for a
-    /// guarantee (resources beyond a request are lent); `false`: waiting jobs that
-    /// starve (`--starvation`) time-share by pausing running ones
-    #[arg(long, default_value_t = PlannerConfig::default().keep_request, action = clap::ArgAction::Set)]
-    pub keep_request: bool,
-    /// Each GPU beyond a job's request must add at least this share of the request's
-    /// throughput per GPU
-    #[arg(long, default_value_t = PlannerConfig::default().scale_out_efficiency)]
-    pub scale_out_efficiency: f64,
-    /// A running job restarted this many times (`current.restarts`) is never shrunk or
-    /// paused again (only a guarantee may take its resources); 0: no cap
-    #[arg(long, default_value_t = 5)]
-    pub restart_cap: u32,
+    /// The restart rules (issue 29)
+    #[command(flatten)]
+    pub churn: ChurnArgs,
     /// Time of the round on the jobs' clock (s); default: the batch's `nowS` (`rubick-run
     /// jobs` writes the time it was taken), else the latest submission
     #[arg(long)]
@@ -84,14 +108,13 @@ impl PlannerArgs {
             ("--horizon", self.horizon),
             ("--restart-cost", self.restart_cost),
             ("--starvation", self.starvation),
-            ("--scale-out-efficiency", self.scale_out_efficiency),
         ] {
             anyhow::ensure!(v.is_finite() && v >= 0.0, "{name}: must be a non-negative number, got {v}");
         }
         anyhow::ensure!(self.max_scale >= 1, "--max-scale: must be at least 1");
         let latest = || jobs.iter().map(|j| j.submit_time_s).fold(0.0, f64::max);
         let now = self.now.or(batch_now).unwrap_or_else(latest);
-        Ok(PlannerConfig {
+        let mut config = PlannerConfig {
             min_gain: self.min_gain,
             change_min_gain: self.change_min_gain,
             cooldown_rounds: self.cooldown,
@@ -100,13 +123,10 @@ impl PlannerArgs {
             starvation_s: self.starvation,
             max_scale: self.max_scale,
             now_s: now,
-            restart_factor: self.restart_factor,
-            max_growth: (self.max_growth > 0).then_some(self.max_growth),
-            restart_cap: (self.restart_cap > 0).then_some(self.restart_cap),
-            keep_request: self.keep_request,
-            scale_out_efficiency: self.scale_out_efficiency,
             ..PlannerConfig::default()
-        })
+        };
+        self.churn.apply(&mut config)?;
+        Ok(config)
     }
 
     /// The reference data of `--reference`.

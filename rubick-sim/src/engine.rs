@@ -887,20 +887,7 @@ mod tests {
         // ZeRO-Offload on 4 GPUs asking 8 cores per GPU; profiled at 4 per GPU, its CPU
         // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
         let sj = job("s", PlanCode::ZeroOffload, 4, 32, false);
-        let jobs = [PolicyJob {
-            evidence: None,
-            job: &sj.job,
-            params: &sj.params,
-            trace_code: None,
-            current: None,
-            remaining: 100.0,
-            remaining_work: 1.0,
-            attained_gpu_s: 0.0,
-            first_start_s: None,
-            restarts: 0,
-            restoring: false,
-            max_gpus: 0,
-        }];
+        let jobs = [PolicyJob::of(&sj, None, false)];
         let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None };
         let out = policy.decide(&view, 0);
         assert_eq!(out[0].as_ref().map(|a| a.cpus), Some(48));

@@ -128,10 +128,10 @@ pub struct JobCurves {
 impl JobCurves {
     /// What a configuration of `throughput` other than the current one is worth to
     /// this job (as the decision values its candidates, without evidence).
-    pub fn value_of_change(&self, throughput: f64, config: &PlannerConfig) -> f64 {
+    pub fn value_of_change(&self, throughput: f64, change_min_gain: f64) -> f64 {
         let normalized = throughput / self.request_throughput;
         match self.keep_share {
-            Some(share) => self.weight * normalized * share - config.change_min_gain,
+            Some(share) => self.weight * normalized * share - change_min_gain,
             None => self.weight * normalized,
         }
     }
@@ -680,7 +680,7 @@ impl<'a> Evaluator<'a> {
         // (`CurveBook::soften_locks`): what it holds beyond is lent, and taken back
         // first.
         let keeps = config.keep_request && current_thr.is_some();
-        if let (true, Some(thr)) = (keeps, current_thr) {
+        if let Some(thr) = current_thr.filter(|_| keeps) {
             let floor = thr.min(request_throughput) * (1.0 - 1e-9);
             candidates.retain(|c| c.is_current || c.throughput >= floor);
         }

@@ -346,15 +346,12 @@ pub fn place(
         // stand-in only when the stand-in repays the restart as the decision values a
         // change (else it stays where it is, when that is still free): placement must
         // not restart a job the decision would not have.
-        let current_thr = input.current.as_ref().filter(|cur| !cur.nodes.is_empty()).map(|cur| {
-            let g = &cluster.node_groups[cur.group];
-            let cpu_ref = evaluator.config.cpu_reference(g);
-            Evaluator::throughput(&input.job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref)
-        });
-        let config = evaluator.config.clone();
+        // (What it runs now: its current candidate, when the decision kept one.)
+        let current_thr = jc.current.map(|k| jc.candidates[k].throughput);
+        let change_min_gain = evaluator.config.change_min_gain;
         let stays = |nodes: &mut Vec<NodeState>, index: &mut ByFree, thr: f64| -> Option<Placed> {
-            let (cur, now) = (input.current.as_ref()?, current_thr?);
-            if jc.value_of_change(thr, &config) > jc.weight * now / jc.request_throughput + 1e-12 {
+            let (cur, now) = (input.current.as_ref().filter(|c| !c.nodes.is_empty())?, current_thr?);
+            if jc.value_of_change(thr, change_min_gain) > jc.weight * now / jc.request_throughput + 1e-12 {
                 return None;
             }
             let note = "kept where it runs: its chosen configuration found no room, and no stand-in repays a restart";

@@ -108,32 +108,15 @@ pub struct SimulateArgs {
     /// before issue 29)
     #[arg(long, default_value_t = rubick_sim::engine::DEFAULT_INTERVAL_S)]
     pub interval: f64,
-    /// The restart factor (Sia/Pollux: a move must gain more the more a job has
-    /// restarted, relative to its age); `false`: the payback share, minimum gain and
-    /// cooldown alone (before issue 29)
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub restart_factor: bool,
-    /// A running job is never shrunk below its request nor paused, except for a
-    /// guarantee (resources beyond a request are lent)
-    #[arg(long, default_value_t = PlannerConfig::default().keep_request, action = clap::ArgAction::Set)]
-    pub keep_request: bool,
-    /// Each GPU beyond a job's request must add at least this share of the request's
-    /// throughput per GPU
-    #[arg(long, default_value_t = PlannerConfig::default().scale_out_efficiency)]
-    pub scale_out_efficiency: f64,
     /// A job gets at most this many times its requested GPUs (at least a node)
     #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
     pub max_scale: u32,
     /// More resources must buy at least this share more throughput (Pareto pruning)
     #[arg(long, default_value_t = PlannerConfig::default().min_gain)]
     pub min_gain: f64,
-    /// A running job grows to at most this many times its GPUs per round (0: no cap)
-    #[arg(long, default_value_t = 2)]
-    pub max_growth: u32,
-    /// A running job restarted this many times is never shrunk or paused again (only a
-    /// guarantee may take its resources; the Rubick artifact's 5); 0: no cap
-    #[arg(long, default_value_t = 5)]
-    pub restart_cap: u32,
+    /// The restart rules (issue 29)
+    #[command(flatten)]
+    pub churn: crate::schedule::ChurnArgs,
     /// Mark this share of the trace's jobs guaranteed (evenly spread, deterministic),
     /// on top of its own is_sla
     #[arg(long, default_value_t = 0.0)]
@@ -270,15 +253,11 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     config.planner.change_min_gain = args.change_min_gain;
     config.planner.cooldown_rounds = args.cooldown;
     config.planner.horizon_s = args.horizon;
-    config.planner.restart_factor = args.restart_factor;
     anyhow::ensure!(args.max_scale >= 1, "--max-scale: must be at least 1");
     anyhow::ensure!(args.min_gain.is_finite() && args.min_gain >= 0.0, "--min-gain: must be a non-negative number");
     config.planner.max_scale = args.max_scale;
-    config.planner.keep_request = args.keep_request;
-    config.planner.scale_out_efficiency = args.scale_out_efficiency;
     config.planner.min_gain = args.min_gain;
-    config.planner.max_growth = (args.max_growth > 0).then_some(args.max_growth);
-    config.planner.restart_cap = (args.restart_cap > 0).then_some(args.restart_cap);
+    args.churn.apply(&mut config.planner)?;
     anyhow::ensure!(
         args.interval.is_finite() && args.interval >= 0.0,
         "--interval: must be a non-negative number of seconds, got {}",

@@ -104,9 +104,9 @@ pub(super) struct GoodputPolicy<'a> {
     rule: Rule,
     evaluator: Evaluator<'a>,
     time_limit: std::time::Duration,
-    /// Best plan of the job's layout and its throughput per (job, group, GPUs): a row
-    /// is the same every round.
-    rows: HashMap<(String, usize, u32), Option<(Plan, f64)>>,
+    /// Each present job's row: (group, GPUs, best plan of its layout, throughput) for
+    /// every configuration up to the artifacts' largest, the same every round.
+    rows: HashMap<String, Vec<(usize, u32, Plan, f64)>>,
     last: Option<RoundReport>,
 }
 
@@ -114,7 +114,6 @@ impl<'a> GoodputPolicy<'a> {
     pub fn new(rule: Rule, cluster: &'a Cluster, options: &PolicyOptions) -> Self {
         let mut planner = options.planner.clone();
         planner.fair_cores_only = true;
-        planner.explain = options.planner.explain;
         GoodputPolicy {
             rule,
             evaluator: Evaluator::new(cluster, &planner),
@@ -146,22 +145,29 @@ impl<'a> GoodputPolicy<'a> {
         plan.map_or(Restriction::Any, |p| Restriction::layout_of(&p))
     }
 
-    /// The job's best plan of `layout` on `gpus` packed GPUs of `group`, and its
-    /// predicted throughput (cached).
-    fn point(&mut self, pj: &PolicyJob<'_>, layout: Restriction, group: usize, gpus: u32) -> Option<(Plan, f64)> {
-        let key = (pj.job.name.clone(), group, gpus);
-        if let Some(hit) = self.rows.get(&key) {
-            return *hit;
+    /// The job's row: its best plan of its layout on each configuration's packed GPUs
+    /// (up to the artifacts' largest, or its request when that is larger), with its
+    /// predicted throughput; computed once per job.
+    fn row(&mut self, pj: &PolicyJob<'_>) -> Vec<(usize, u32, Plan, f64)> {
+        if let Some(row) = self.rows.get(pj.job.name.as_str()) {
+            return row.clone();
         }
-        let g = &self.evaluator.cluster.node_groups[group];
-        let point = Placement::packed(gpus, g.gpus_per_node).and_then(|placement| {
-            let cpus = g.fair_cpus_per_gpu() * gpus;
-            self.evaluator
-                .best_plan(pj.job, pj.params, group, &placement, cpus, layout)
-                .filter(|(p, t)| t.is_finite() && *t > 0.0 && pj.job.can_run(p))
-        });
-        self.rows.insert(key, point);
-        point
+        let cluster = self.evaluator.cluster;
+        let layout = self.layout(pj);
+        let largest = MAX_GPUS.max(pj.job.request.gpus);
+        let mut row = Vec::new();
+        for (group, g) in eligible_groups(pj.job, cluster) {
+            for gpus in Self::counts(g.gpus_per_node, g.count).into_iter().filter(|&n| n <= largest) {
+                let Some(placement) = Placement::packed(gpus, g.gpus_per_node) else { continue };
+                let cpus = g.fair_cpus_per_gpu() * gpus;
+                let point = self.evaluator.best_plan(pj.job, pj.params, group, &placement, cpus, layout);
+                if let Some((plan, thr)) = point.filter(|(p, t)| t.is_finite() && *t > 0.0 && pj.job.can_run(p)) {
+                    row.push((group, gpus, plan, thr));
+                }
+            }
+        }
+        self.rows.insert(pj.job.name.clone(), row.clone());
+        row
     }
 
     /// The job's candidates: its row of configurations, valued for maximisation as
@@ -173,16 +179,8 @@ impl<'a> GoodputPolicy<'a> {
         measured: Option<&MeasuredTable>,
     ) -> JobCurves {
         let cluster = self.evaluator.cluster;
-        let layout = self.layout(pj);
         let cap = (2 * pj.max_gpus).max(1).min(MAX_GPUS.max(pj.job.request.gpus));
-        let mut raw: Vec<(usize, u32, Plan, f64)> = Vec::new();
-        for (group, g) in eligible_groups(pj.job, cluster) {
-            for gpus in Self::counts(g.gpus_per_node, g.count) {
-                if let Some((plan, thr)) = self.point(pj, layout, group, gpus) {
-                    raw.push((group, gpus, plan, thr));
-                }
-            }
-        }
+        let mut raw = self.row(pj);
         // The artifacts' valid configurations: up to the cap, but at least the smallest
         // the layout runs on (its scale unit).
         let least = raw.iter().map(|r| r.1).min();
@@ -329,6 +327,9 @@ impl Policy for GoodputPolicy<'_> {
                 restoring: pj.restoring,
             });
         }
+        // Rows of jobs that left are dropped.
+        let present: std::collections::HashSet<&str> = jobs.iter().map(|pj| pj.job.name.as_str()).collect();
+        self.rows.retain(|name, _| present.contains(name.as_str()));
         let book = CurveBook::new(curves, cluster);
         let kept: Vec<Option<usize>> = book.jobs.iter().map(|j| j.current).collect();
         let (choice, stats) = match milp::solve(&book, cluster, None, self.time_limit) {
@@ -373,29 +374,11 @@ mod tests {
     use crate::policies::lookup;
     use rubick_core::PlanCode;
 
-    fn options(cluster: &Cluster) -> PolicyOptions {
-        let _ = cluster;
+    fn options() -> PolicyOptions {
         PolicyOptions {
             queue: crate::Queue::Fifo,
             planner: rubick_core::planner::PlannerConfig { explain: false, ..Default::default() },
             milp_time_limit: std::time::Duration::from_secs(5),
-        }
-    }
-
-    fn view_job<'a>(sj: &'a SimJob, current: Option<&'a Current>, max_gpus: u32, restoring: bool) -> PolicyJob<'a> {
-        PolicyJob {
-            job: &sj.job,
-            params: &sj.params,
-            evidence: None,
-            trace_code: None,
-            current,
-            remaining: 1000.0,
-            remaining_work: 1.0,
-            attained_gpu_s: 0.0,
-            first_start_s: None,
-            restarts: 0,
-            restoring,
-            max_gpus,
         }
     }
 
@@ -406,19 +389,19 @@ mod tests {
         let cluster = Cluster::example();
         let sj = SimJob::example("a", PlanCode::ZeroDp, 8, 96, false);
         for name in ["sia", "pollux"] {
-            let mut policy = lookup(name).unwrap().build(&cluster, &options(&cluster));
-            let jobs = [view_job(&sj, None, 0, false)];
+            let mut policy = lookup(name).unwrap().build(&cluster, &options());
+            let jobs = [PolicyJob::of(&sj, None, false)];
             let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
             let first = first[0].clone().expect("the job starts");
             // Its scale unit: the fewest GPUs its layout (ZeRO data parallelism of a
             // 7B model) fits.
             let unit = first.placement.gpus();
             assert!(unit <= 2, "{name}: {unit}");
-            let jobs = [view_job(&sj, Some(&first), unit, false)];
+            let jobs = [PolicyJob::of(&sj, Some(&first), false)];
             let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, measured: None }, 1);
             let next = next[0].clone().expect("it runs");
             assert_eq!(next.placement.gpus(), 2 * unit, "{name}: doubles with the whole cluster free");
-            let jobs = [view_job(&sj, Some(&next), 2 * unit, true)];
+            let jobs = [PolicyJob::of(&sj, Some(&next), true)];
             let pinned = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 120.0, measured: None }, 2);
             let pinned = pinned[0].clone().expect("it runs");
             if name == "sia" {
@@ -441,8 +424,9 @@ mod tests {
             (0..10).map(|k| SimJob::example(&format!("j{k}"), PlanCode::ZeroDp, 4, 48, false)).collect();
         let mut unit = 0;
         for name in ["pollux", "sia"] {
-            let mut policy = lookup(name).unwrap().build(&cluster, &options(&cluster));
-            let seen: Vec<PolicyJob<'_>> = jobs.iter().map(|sj| view_job(sj, None, 4, false)).collect();
+            let mut policy = lookup(name).unwrap().build(&cluster, &options());
+            let seen: Vec<PolicyJob<'_>> =
+                jobs.iter().map(|sj| PolicyJob { max_gpus: 4, ..PolicyJob::of(sj, None, false) }).collect();
             let out = policy.decide(&View { cluster: &cluster, jobs: &seen, now_s: 0.0, measured: None }, 0);
             let running: Vec<u32> = out.iter().flatten().map(|c| c.placement.gpus()).collect();
             assert_eq!(running.iter().sum::<u32>(), 8, "{name}: {running:?}");

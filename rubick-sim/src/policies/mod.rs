@@ -114,6 +114,28 @@ pub struct PolicyJob<'a> {
     pub max_gpus: u32,
 }
 
+#[cfg(test)]
+impl<'a> PolicyJob<'a> {
+    /// A job of a test as a policy sees it: 1,000 iterations left, `current` its
+    /// allocation (the most GPUs it has held), `restoring` whether it restarts now.
+    pub(crate) fn of(sj: &'a crate::SimJob, current: Option<&'a Current>, restoring: bool) -> Self {
+        PolicyJob {
+            job: &sj.job,
+            params: &sj.params,
+            evidence: None,
+            trace_code: None,
+            current,
+            remaining: 1000.0,
+            remaining_work: 1.0,
+            attained_gpu_s: 0.0,
+            first_start_s: current.map(|_| 0.0),
+            restarts: 0,
+            restoring,
+            max_gpus: current.map_or(0, |c| c.placement.gpus()),
+        }
+    }
+}
+
 /// What a policy sees at a decision.
 #[derive(Debug, Clone, Copy)]
 pub struct View<'a> {

@@ -61,25 +61,7 @@ pub(super) fn build<'a>(cluster: &'a Cluster, options: &PolicyOptions) -> Box<dy
 mod tests {
     use crate::SimJob;
     use crate::policies::{PolicyJob, PolicyOptions, View, lookup};
-    use rubick_core::planner::Current;
     use rubick_core::{Cluster, PlanCode};
-
-    fn seen<'a>(sj: &'a SimJob, current: Option<&'a Current>) -> PolicyJob<'a> {
-        PolicyJob {
-            job: &sj.job,
-            params: &sj.params,
-            evidence: None,
-            trace_code: None,
-            current,
-            remaining: 1000.0,
-            remaining_work: 1.0,
-            attained_gpu_s: 0.0,
-            first_start_s: current.map(|_| 0.0),
-            restarts: 0,
-            restoring: false,
-            max_gpus: current.map_or(0, |c| c.placement.gpus()),
-        }
-    }
 
     /// Where cores bind (one node of 8 GPUs and 48 cores), an offloading job first gets
     /// twice the fair share, and a job arriving later takes it back down to the fair
@@ -99,18 +81,18 @@ mod tests {
         let mut later = SimJob::example("later", PlanCode::ZeroDp, 4, 24, false);
         later.job.submit_time_s = 60.0;
         let mut policy = lookup("synergy").unwrap().build(&cluster, &options);
-        let jobs = [seen(&offload, None)];
+        let jobs = [PolicyJob::of(&offload, None, false)];
         let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
         let first = first[0].clone().expect("it starts");
         assert_eq!(first.cpus, 48, "the offloading job's demand: twice the fair share");
-        let jobs = [seen(&offload, Some(&first)), seen(&later, None)];
+        let jobs = [PolicyJob::of(&offload, Some(&first), false), PolicyJob::of(&later, None, false)];
         let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, measured: None }, 1);
         let cores: Vec<Option<u32>> = next.iter().map(|c| c.as_ref().map(|c| c.cpus)).collect();
         assert_eq!(cores[0], Some(24), "the peer at the fair share");
         assert!(cores[1].is_some_and(|c| c <= 24), "the newcomer placed at its demand: {cores:?}");
         // Static-backfill gives each its request: both fit from the start.
         let mut backfill = lookup("static-backfill").unwrap().build(&cluster, &options);
-        let jobs = [seen(&offload, None)];
+        let jobs = [PolicyJob::of(&offload, None, false)];
         let out = backfill.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
         assert_eq!(out[0].as_ref().map(|c| c.cpus), Some(24));
     }
