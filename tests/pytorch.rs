@@ -417,8 +417,10 @@ fn the_same_across_slurm_nodes_under_torchrun_with_a_setsid_helper() {
 /// drained, it moves to the other two; one more drained, it shrinks onto the last;
 /// both resumed, it grows back to two; every change resumes at the next iteration with
 /// the loss continuing; a stop leaves no process on any node. (The Job's `model:` is a
-/// 1.3B GPT for the planner, so that it uses the GPUs the nodes up offer; the script
-/// trains its tiny GPT whatever the plan.)
+/// 1.3B GPT for the planner, so that it uses the GPUs the nodes up offer: GPUs beyond
+/// its request at any scale-out efficiency, and without the restart factor, which
+/// would keep a job a minute old that the drains restarted twice where it is; the
+/// script trains its tiny GPT whatever the plan.)
 #[test]
 fn the_pytorch_workload_follows_the_slurm_nodes_that_are_up_through_cron_rounds() {
     let venv = match venv() {
@@ -459,6 +461,7 @@ fn the_pytorch_workload_follows_the_slurm_nodes_that_are_up_through_cron_rounds(
             &d.join("cluster.yaml"),
             "\"$RR\" cluster --backend slurm -o \"$CLUSTER\" && \"$RR\" jobs --state \"$STATE\" \
              | \"$RP\" schedule --cluster \"$CLUSTER\" --jobs - --current \"$STATE/current.yaml\" --cooldown 0 \
+               --scale-out-efficiency 0 --restart-factor false --explain \
              | \"$RR\" apply - --state \"$STATE\" --backend slurm",
         );
         let s: serde_yaml_ng::Value =
@@ -695,16 +698,20 @@ fn cron_rounds(workload: &Workload, venv: &Path, d: &Path) {
         assert!(text.contains(&format!("name: {name}\n")) && text.contains("iterations: 1000000"), "{text}");
         std::fs::write(
             d.join(format!("{name}.yaml")),
-            format!("{text}perfModel: {}\nguaranteed: true\n", d.join("model.yaml").display()),
+            // A restart of this small model (torchrun, imports, checkpoint) takes seconds.
+            format!("{text}perfModel: {}\nguaranteed: true\nrestartCostS: 10\n", d.join("model.yaml").display()),
         )
         .unwrap();
     }
     let state = d.join("state");
     let sh = |script: &str| cron_shell(venv, &state, &d.join("local.yaml"), script);
     let mut log = String::new();
+    // On this machine a second worker slot adds little (two cores), under the default
+    // scale-out efficiency: the rounds lower it so that the planner moves a to DP 2.
     let round = |log: &mut String| {
         log.push_str(&sh("\"$RR\" jobs --state \"$STATE\" --cluster \"$CLUSTER\" \\
             | \"$RP\" schedule --cluster \"$CLUSTER\" --jobs - --current \"$STATE/current.yaml\" --cooldown 0 --explain \\
+              --scale-out-efficiency 0 \\
             | \"$RR\" apply - --state \"$STATE\""));
     };
     // (plan, attempt) of a job's run as the state says.
@@ -745,8 +752,18 @@ fn cron_rounds(workload: &Workload, venv: &Path, d: &Path) {
     wait("a and b training", &log, &|| {
         losses(&metrics("a", attempt)).len() >= 6 && !losses(&metrics("b", 1)).is_empty()
     });
-    // Round 2: b stopped for good; a grows to DP 2 on both slots.
+    // Round 2: b stopped for good. With the default rules a grows only if the second
+    // slot adds half a slot's throughput, and says so when it does not.
     sh("\"$RR\" stop b --state \"$STATE\"");
+    let default = sh("\"$RR\" jobs --state \"$STATE\" --cluster \"$CLUSTER\" \\
+        | \"$RP\" schedule --cluster \"$CLUSTER\" --jobs - --current \"$STATE/current.yaml\" --cooldown 0 --explain \\
+        > \"$D/round2-default.yaml\"");
+    let kept = std::fs::read_to_string(d.join("round2-default.yaml")).unwrap().contains(&format!("plan: {a1}"));
+    assert!(
+        !kept || default.contains("under the scale-out efficiency"),
+        "a kept on {a1} by the default rules, not for its scale-out:\n{default}"
+    );
+    // a grows to DP 2 on both slots.
     round(&mut log);
     let (a2, attempt2) = run_of("a");
     assert!(

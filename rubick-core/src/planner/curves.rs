@@ -120,6 +120,9 @@ pub struct JobCurves {
     /// The best change of a running job that its restart factor alone made not worth
     /// its restart (for `--explain`).
     pub refused: Option<Refused>,
+    /// The fastest configuration of a running job, faster than its current one, that
+    /// the scale-out efficiency dropped (for `--explain`).
+    pub scaled_out: Option<ScaledOut>,
     /// For a running job, the share of a new configuration's value that repays its
     /// restart (payback over the horizon, times the restart factor).
     pub keep_share: Option<f64>,
@@ -146,6 +149,17 @@ pub struct Refused {
     pub normalized: f64,
     /// The job's restart factor: a change must gain `1 / factor`.
     pub factor: f64,
+}
+
+/// A configuration the scale-out efficiency dropped: its GPUs beyond the request add
+/// too little (see [`super::PlannerConfig::scale_out_efficiency`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaledOut {
+    pub gpus: u32,
+    /// Its predicted throughput over the request's.
+    pub normalized: f64,
+    /// What it would need over the request's throughput to stay.
+    pub needed: f64,
 }
 
 /// Values below this are no gain.
@@ -664,15 +678,26 @@ impl<'a> Evaluator<'a> {
             .unwrap_or(1.0);
         // GPUs beyond the request must each buy their share of the request's throughput
         // per GPU, at least `scale_out_efficiency` of it.
+        let mut scaled_out: Option<ScaledOut> = None;
         if config.scale_out_efficiency > 0.0 {
             let (req_gpus, eff) = (f64::from(job.request.gpus.max(1)), config.scale_out_efficiency);
             let per_gpu = request_throughput / req_gpus;
+            let floor = current_thr.unwrap_or(f64::INFINITY);
             candidates.retain(|c| {
                 let extra = f64::from(c.gpus) - req_gpus;
-                c.is_current
+                let keep = c.is_current
                     || c.is_request
                     || extra <= 0.0
-                    || (c.throughput - request_throughput) >= eff * per_gpu * extra
+                    || (c.throughput - request_throughput) >= eff * per_gpu * extra;
+                if !keep
+                    && c.throughput > floor
+                    && scaled_out.is_none_or(|s: ScaledOut| c.throughput > s.normalized * request_throughput)
+                {
+                    let needed = 1.0 + eff * extra / req_gpus;
+                    scaled_out =
+                        Some(ScaledOut { gpus: c.gpus, normalized: c.throughput / request_throughput, needed });
+                }
+                keep
             });
         }
         // A running job is never shrunk below its request's throughput (or what it
@@ -756,6 +781,7 @@ impl<'a> Evaluator<'a> {
         });
         JobCurves {
             refused,
+            scaled_out: scaled_out.filter(|_| !locked),
             keep_share,
             name: job.name.clone(),
             request_throughput,

@@ -93,7 +93,13 @@ pub fn assemble(
                         r.factor,
                         1.0 / r.factor.max(1e-9)
                     ),
-                    None => "kept: no change pays for its restart".to_string(),
+                    None => match jc.scaled_out {
+                        Some(s) => format!(
+                            "kept: {} GPUs would give {:.2}x its request's throughput, under the scale-out efficiency ({:.2}x needed: each GPU beyond the request must add {} of the request's per GPU)",
+                            s.gpus, s.normalized, s.needed, evaluator.config.scale_out_efficiency
+                        ),
+                        None => "kept: no change pays for its restart".to_string(),
+                    },
                 },
                 Change::Preempted => "paused: its resources are worth more to other jobs".to_string(),
                 Change::Resized | Change::Replanned | Change::Moved | Change::Recored => {

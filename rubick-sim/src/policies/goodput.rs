@@ -261,6 +261,7 @@ impl<'a> GoodputPolicy<'a> {
             candidates,
             current,
             refused: None,
+            scaled_out: None,
             keep_share: None,
         }
     }
