@@ -956,7 +956,12 @@ fn a_job_started_on_a_mispredicted_plan_moves_to_a_faster_one_within_two_rounds(
     let job = std::fs::read_to_string(repo().join("examples/pytorch/job.yaml"))
         .unwrap()
         .replace("iterations: 200\n", "iterations: 100000\n");
-    std::fs::write(d.join("job.yaml"), format!("{job}perfModel: {}\n", d.join("model.yaml").display())).unwrap();
+    // Its restart takes seconds (a small model): a gain of a tenth repays it.
+    std::fs::write(
+        d.join("job.yaml"),
+        format!("{job}perfModel: {}\nrestartCostS: 10\n", d.join("model.yaml").display()),
+    )
+    .unwrap();
     // One worker slot: the plan, not more slots, must make the job faster.
     let mut cluster: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&std::fs::read_to_string(d.join("local.yaml")).unwrap()).unwrap();
@@ -973,11 +978,13 @@ fn a_job_started_on_a_mispredicted_plan_moves_to_a_faster_one_within_two_rounds(
     );
     std::fs::write(d.join("round1.yaml"), first).unwrap();
     sh(&format!("\"$RR\" apply {} --state \"$STATE\"", d.join("round1.yaml").display()));
-    // Rounds of the cron loop (the README's), without the cooldown: the refitted model
-    // decides the next round.
+    // Rounds of the cron loop (the README's), without the cooldown and the restart
+    // factor (which holds a job seconds old where it is): the refitted model decides the
+    // next round.
     let round = || {
         sh("\"$RR\" jobs --state \"$STATE\" --cluster \"$CLUSTER\" \
             | \"$RP\" schedule --cluster \"$CLUSTER\" --jobs - --current \"$STATE/current.yaml\" --cooldown 0 --explain \
+               --restart-factor false \
             | \"$RR\" apply - --state \"$STATE\"")
     };
     let current_plan = || {

@@ -415,6 +415,36 @@ impl<'a> Evaluator<'a> {
         best
     }
 
+    /// The allowed plan of a job on a concrete placement with `cpus` cores whose
+    /// throughput at the low end of its ~95 % interval is highest (as the decision
+    /// values a change), with its predicted throughput.
+    fn best_plan_at_low_end(
+        &mut self,
+        input: &JobInput,
+        group: usize,
+        placement: &Placement,
+        cpus: u32,
+        restriction: Restriction,
+    ) -> Option<(Plan, f64)> {
+        let (job, params) = (&input.job, &input.params);
+        let key = self.model_key(job, params);
+        let space = self.space(key, group, placement.gpus());
+        let g = &self.cluster.node_groups[group];
+        let cpu_ref = self.config.cpu_reference(g);
+        let mut best: Option<(Plan, f64, f64)> = None;
+        for plan in
+            space.iter().filter(|p| restriction.allows(p) && self.config.candidates.config(&job.model, p, placement))
+        {
+            let thr = Self::throughput(&job.model, params, g, plan, placement, cpus, cpu_ref);
+            let spread = self.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h);
+            let low = thr * (-spread).exp();
+            if best.as_ref().is_none_or(|(_, _, b)| low > *b) {
+                best = Some((*plan, thr, low));
+            }
+        }
+        best.map(|(plan, thr, _)| (plan, thr))
+    }
+
     /// GPU counts a job may get on a group: every count up to a node, then whole nodes.
     fn gpu_counts(&self, group: &NodeGroup, request_gpus: u32) -> Vec<u32> {
         let gpn = group.gpus_per_node;
@@ -631,6 +661,35 @@ impl<'a> Evaluator<'a> {
                 is_request: false,
                 meets_guarantee: false,
             });
+            // A re-plan on the resources it holds, the plan valued as a change is (at
+            // the low end of its interval): the curve's points have the group's base
+            // cores, which a running job may not hold, and its best predicted plans.
+            if !locked {
+                if let Some((plan, throughput)) =
+                    self.best_plan_at_low_end(input, cur.group, &cur.placement, cur.cpus, restriction)
+                {
+                    let same = |c: &Candidate| {
+                        c.group == cur.group && c.placement == cur.placement && c.cpus == cur.cpus && c.plan == plan
+                    };
+                    if plan != cur.plan && !candidates.iter().any(same) {
+                        let g = &self.cluster.node_groups[cur.group];
+                        candidates.push(Candidate {
+                            group: cur.group,
+                            gpus: cur.placement.gpus(),
+                            cpus: cur.cpus,
+                            host_memory_gib: host_memory_gib(&config, g, &job.model, &plan),
+                            placement: cur.placement.clone(),
+                            plan,
+                            throughput,
+                            normalized: 0.0,
+                            value: 0.0,
+                            is_current: false,
+                            is_request: false,
+                            meets_guarantee: false,
+                        });
+                    }
+                }
+            }
         }
         let request = self.request_config(input);
         // A guaranteed job may always run exactly as it asked (when its plan fits and
