@@ -2,8 +2,11 @@
 small GPT-2 *configuration built here* (nothing is downloaded from any hub), trained
 on deterministic synthetic token sequences.
 
-    torchrun --standalone --nproc-per-node 2 \
-        --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 train.py --max-steps 50
+    python -m rubick.torchrun --standalone --nproc-per-node 2 train.py --max-steps 50
+
+(`rubick.torchrun`: torchrun that handles the stop signal and exits 0 after a clean
+stop; plain torchrun needs --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+and exits 1 on every stop.)
 
 The lines marked `# rubick` are all the contract needed (15 of them).
 """
@@ -18,7 +21,7 @@ try:  # rubick
 except ImportError:  # not installed: the package of this checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
-import rubick.hf  # rubick
+import rubick.hf  # rubick (fast: it imports transformers only when needed)
 
 # Before the slow imports: torchrun relays the stop signal, then shuts down with SIGTERM.
 callback = rubick.hf.RubickCallback(stop=rubick.StopFlag(rubick.Plan.from_env().stop_signal, signal.SIGTERM))  # rubick

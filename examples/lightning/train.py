@@ -2,8 +2,11 @@
 small regression model on deterministic synthetic data, trained by Lightning's own
 Trainer (DDP across the processes torchrun starts, accumulation from the plan).
 
-    torchrun --standalone --nproc-per-node 2 \
-        --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 train.py
+    python -m rubick.torchrun --standalone --nproc-per-node 2 train.py
+
+(`rubick.torchrun`: torchrun that handles the stop signal and exits 0 after a clean
+stop; plain torchrun needs --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+and exits 1 on every stop.)
 
 The lines marked `# rubick` are all the contract needed (18 of them).
 """
@@ -17,10 +20,11 @@ try:  # rubick
 except ImportError:  # not installed: the package of this checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
-import rubick.lightning  # rubick
 
-# Before the slow imports: torchrun relays the stop signal, then shuts down with SIGTERM.
+# Before the slow imports (rubick.lightning imports Lightning): torchrun relays the stop
+# signal, then shuts down with SIGTERM.
 stop = rubick.StopFlag(rubick.Plan.from_env().stop_signal, signal.SIGTERM)  # rubick
+import rubick.lightning  # noqa: E402  # rubick
 callback = rubick.lightning.RubickCallback(stop=stop)  # rubick
 
 import lightning.pytorch as pl  # noqa: E402

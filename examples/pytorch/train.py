@@ -149,8 +149,26 @@ def parse_plan_string(text):
         fail(str(e))
 
 
+def same(key, raw, said):
+    """Whether a RUBICK_<FIELD> value says what the plan string says (malformed values
+    are reported where they are parsed)."""
+    r = raw.strip().lower()
+    if key == "gc":
+        return (r in ("1", "true", "yes")) == bool(said) or r not in ("1", "true", "yes", "0", "false", "no")
+    if key == "offload":
+        return OFFLOAD_NAMES.get(r, said) == said
+    try:
+        return int(r) == int(said)
+    except ValueError:
+        return True
+
+
 def resolve_plan(args, world):
-    from_plan = parse_plan_string(os.environ.get("RUBICK_PLAN", ""))
+    plan_text = os.environ.get("RUBICK_PLAN", "").strip()
+    from_plan = parse_plan_string(plan_text)
+    if all(k in from_plan for k in ("dp", "tp", "pp", "micro_batch", "ga")):
+        # The launcher's complete form leaves the defaults out: no -z is ZeRO 0.
+        from_plan = {"zero": 0, "offload": "none", "gc": False, **from_plan}
 
     def pick(key, env, default):
         value = getattr(args, key)
@@ -158,6 +176,9 @@ def resolve_plan(args, world):
             raw = os.environ.get(env, "")
             if raw != "":
                 value = raw
+                if key in from_plan and not same(key, raw, from_plan[key]):
+                    fail(f"{env}={raw} contradicts RUBICK_PLAN={plan_text} ({key} {from_plan[key]}): "
+                         "the per-field variable and the plan string must name the same plan")
         if value is None:
             value = from_plan.get(key, default)
         return value

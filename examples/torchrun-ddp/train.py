@@ -2,8 +2,11 @@
 `rubick` package (python/): the plan from the environment, metric lines, the stop
 signal (checkpoint after the step, exit 0), resume at any data parallelism, OOM.
 
-    torchrun --standalone --nproc-per-node 2 \
-        --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 train.py --iterations 50
+    python -m rubick.torchrun --standalone --nproc-per-node 2 train.py --iterations 50
+
+(`rubick.torchrun`: torchrun that handles the stop signal and exits 0 after a clean
+stop; plain torchrun needs --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+and exits 1 on every stop.)
 
 The lines marked `# rubick` are all the contract needed (23 of them, the phase timers
 included).

@@ -13,7 +13,12 @@ event with exit 3. This package is that, once:
 * :class:`StopFlag` — the stop signal as a flag, agreed by all ranks;
 * :mod:`rubick.checkpoint` — atomic save and load;
 * :func:`exit_on_oom` — the ``oom`` event and exit 3;
-* :class:`Run` — all of it around a plain loop.
+* :class:`Run` — all of it around a plain loop;
+* :mod:`rubick.hf`, :mod:`rubick.lightning` — the Trainers' adapters;
+* ``python -m rubick.torchrun`` — torchrun that exits 0 after a stop.
+
+Importing the package installs a ``sys.excepthook`` under which an uncaught
+:class:`PlanError` exits 2 (the contract's bad plan), not Python's 1.
 
 Standard library only; torch is used when the script imported it.
 """
@@ -22,12 +27,15 @@ from . import checkpoint
 from .loop import Run
 from .metrics import Iteration, Reporter, peak_memory_gib
 from .oom import EXIT_OOM, exit_on_oom, is_oom
-from .plan import Plan, PlanError, parse_plan
+from .plan import EXIT_PLAN, Plan, PlanError, install_exit_hook, parse_plan
 from .ranks import is_main, rank, world_size
 from .stop import StopFlag
 
+install_exit_hook()
+
 __all__ = [
     "EXIT_OOM",
+    "EXIT_PLAN",
     "Iteration",
     "Plan",
     "PlanError",
@@ -36,6 +44,7 @@ __all__ = [
     "StopFlag",
     "checkpoint",
     "exit_on_oom",
+    "install_exit_hook",
     "is_main",
     "is_oom",
     "parse_plan",

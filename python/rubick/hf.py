@@ -2,12 +2,13 @@
 
 ::
 
-    import rubick.hf
-    from transformers import Trainer
+    import rubick.hf                                   # fast: transformers is not imported yet
+    callback = rubick.hf.RubickCallback()              # the stop signal caught from here on
+
+    from transformers import Trainer                   # the slow imports after it
 
     args = rubick.hf.training_arguments(max_steps=1000, learning_rate=3e-4)   # the plan mapped
-    trainer = Trainer(model=model, args=args, train_dataset=data,
-                      callbacks=[rubick.hf.RubickCallback()])
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     with rubick.exit_on_oom():
         trainer.train(resume_from_checkpoint=rubick.hf.last_checkpoint(args.output_dir))
 
@@ -22,12 +23,31 @@ global step, at any data parallelism), ``RUBICK_TOTAL_ITERATIONS`` (else a profi
 What cannot be: tensor and pipeline parallelism (the Trainer has no switch for them):
 a plan with tp or pp > 1 is a :class:`~rubick.PlanError` (exit 2 for the launcher).
 
+The run's directories win: under rubick (``RUBICK_CHECKPOINT_DIR`` set) an
+``output_dir`` (or ``logging_dir``, ``resume_from_checkpoint``) passed to
+:func:`training_arguments` is replaced by the run's, with a warning on stderr naming
+the argument: a fixed ``output_dir`` would make every run resume (and profile) some
+other run's checkpoint. Without ``RUBICK_CHECKPOINT_DIR`` (a plain run) the argument is
+used as given. The plan's own fields (batch, accumulation, checkpointing, sharding) win
+the same way, with the same warning when the value passed differs.
+
+``import rubick.hf`` does not import transformers (``training_arguments`` and the
+Trainer do), so the callback, whose stop flag is installed when it is made, can be
+created before anything slow.
+
 The callback writes one metric line per optimizer step (``iter`` is the Trainer's
 global step; ``backward_sync_s`` is forward + backward + gradient sync, which the
 Trainer does not separate; ``optimizer_s`` the step; ``loss`` when the Trainer logs
 it, every step under this mapping), saves and stops after the step in progress on the
 stop signal (the ``checkpointed`` event once the Trainer's checkpoint is complete),
-and saves after the last step.
+and saves after the last step. After each save it prunes the output directory to the
+newest ``keep_checkpoints`` complete checkpoints (``RUBICK_KEEP_CHECKPOINTS``, default
+1; 0 keeps all): one checkpoint per reconfiguration would otherwise pile up. The one
+just written is always kept, and so is every checkpoint until a newer one is complete
+(the one a run resumed from goes only once the run saved past it); a checkpoint is
+removed by renaming it out of :func:`last_checkpoint`'s sight in one step, then
+deleting it, so a kill at any moment leaves the newest complete checkpoint in place.
+A torn save (no completion mark) older than the one just written is removed too.
 """
 
 from __future__ import annotations
@@ -35,31 +55,73 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shutil
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple
 
-from transformers import TrainerCallback, TrainingArguments
-
+from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
-from .plan import Plan, PlanError
+from .plan import Plan, PlanError, _to_int
 from .stop import StopFlag
+
+if TYPE_CHECKING:  # imported for real only when needed (it takes seconds)
+    from transformers import TrainingArguments
 
 #: Written into a Trainer checkpoint once it is complete (after the Trainer's save).
 COMPLETE = "rubick-complete"
 
+#: How many complete checkpoints a run keeps (the newest ones) when nothing says.
+KEEP_CHECKPOINTS = 1
 
-def training_arguments(plan: Optional[Plan] = None, **overrides) -> TrainingArguments:
+#: Arguments naming a directory (or a path in one) that the run owns.
+RUN_PATHS = ("output_dir", "logging_dir", "resume_from_checkpoint")
+
+#: The prefix of a checkpoint being pruned (renamed first: never resumed from).
+_PRUNED = ".rubick-pruned-"
+
+
+def _warn(message: str) -> None:
+    if _rank.is_main():
+        print(f"rubick: warning: {message}", file=sys.stderr, flush=True)
+
+
+def training_arguments(plan: Optional[Plan] = None, **overrides) -> "TrainingArguments":
     """``TrainingArguments`` for this run's plan; ``overrides`` (any of its fields) win,
-    except the plan's own (batch, accumulation, checkpointing, sharding)."""
+    except the plan's own (batch, accumulation, checkpointing, sharding) and, under
+    rubick (``plan.checkpoint_dir`` set), the run's directories: ``output_dir`` is the
+    run's checkpoint directory, ``logging_dir`` is left to the Trainer and
+    ``resume_from_checkpoint`` is the run's newest complete checkpoint. An override the
+    run replaces is named in a warning on stderr (rank 0) when its value differs;
+    nothing is replaced silently. Raises :class:`~rubick.PlanError` for a plan the
+    Trainer cannot run (tp or pp > 1)."""
+    from transformers import TrainingArguments
+
     plan = plan if plan is not None else Plan.from_env()
     if plan.tp > 1 or plan.pp > 1:
         raise PlanError(f"plan {plan.code()}: the Trainer has no tensor or pipeline parallelism (tp, pp must be 1)")
     import torch
 
+    fields = inspect.signature(TrainingArguments.__init__).parameters
     cpu = not torch.cuda.is_available()
+    output_dir = overrides.pop("output_dir", None)
+    if plan.checkpoint_dir:
+        run_paths = {"output_dir": plan.checkpoint_dir, "logging_dir": None,
+                     "resume_from_checkpoint": last_checkpoint(plan.checkpoint_dir)}
+        if output_dir is not None:
+            overrides["output_dir"] = output_dir
+        for name in RUN_PATHS:
+            if name not in overrides:
+                continue
+            given = overrides.pop(name)
+            if given is not None and os.fspath(given) != run_paths[name]:
+                _warn(f"training_arguments({name}={os.fspath(given)!r}) ignored: the run's directories win "
+                      f"(RUBICK_CHECKPOINT_DIR={plan.checkpoint_dir!r}; {name} = {run_paths[name]!r})")
+            if name == "resume_from_checkpoint":
+                overrides[name] = run_paths[name]
+        output_dir = plan.checkpoint_dir
     kwargs = dict(
-        output_dir=plan.checkpoint_dir or overrides.pop("output_dir", "rubick-checkpoints"),
+        output_dir=output_dir or "rubick-checkpoints",
         logging_steps=1,
         report_to="none",
         disable_tqdm=True,
@@ -78,19 +140,81 @@ def training_arguments(plan: Optional[Plan] = None, **overrides) -> TrainingArgu
             break
     kwargs.update(overrides)
     # Transformers 5 renamed `gradient_checkpointing` to `activation_checkpointing`.
-    fields = inspect.signature(TrainingArguments.__init__).parameters
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    kwargs.update(per_device_train_batch_size=plan.micro_batch, gradient_accumulation_steps=plan.ga)
-    kwargs[checkpointing] = plan.gc
+    planned = {"per_device_train_batch_size": plan.micro_batch, "gradient_accumulation_steps": plan.ga,
+               checkpointing: plan.gc}
     if plan.zero > 0:
         try:
             import deepspeed  # noqa: F401
 
-            kwargs["deepspeed"] = plan.deepspeed_config
+            planned["deepspeed"] = plan.deepspeed_config
         except ImportError:
             mode = "full_shard" if plan.zero == 3 else "shard_grad_op"
-            kwargs["fsdp"] = mode + (" offload" if plan.offload != "none" else "")
+            planned["fsdp"] = mode + (" offload" if plan.offload != "none" else "")
+    for name, value in planned.items():
+        if name in overrides and overrides[name] != value:
+            _warn(f"training_arguments({name}={overrides[name]!r}) ignored: the plan {plan.code()} says {value!r}")
+    kwargs.update(planned)
     return TrainingArguments(**kwargs)
+
+
+def checkpoints_to_keep(env: Optional[Any] = None) -> int:
+    """How many complete Trainer checkpoints a run keeps: ``RUBICK_KEEP_CHECKPOINTS``
+    (0: all), else :data:`KEEP_CHECKPOINTS`. A bad value is a :class:`~rubick.PlanError`."""
+    env = os.environ if env is None else env
+    raw = env.get("RUBICK_KEEP_CHECKPOINTS", "").strip()
+    return KEEP_CHECKPOINTS if raw == "" else _to_int("RUBICK_KEEP_CHECKPOINTS", raw, 0)
+
+
+def _checkpoints(output_dir: str) -> List[Tuple[int, str, bool]]:
+    """(step, path, complete) of every ``checkpoint-N`` in ``output_dir``."""
+    found = []
+    for name in os.listdir(output_dir):
+        m = re.fullmatch(r"checkpoint-([0-9]+)", name)
+        path = os.path.join(output_dir, name)
+        if m and os.path.isdir(path):
+            found.append((int(m.group(1)), path, os.path.exists(os.path.join(path, COMPLETE))))
+    return sorted(found)
+
+
+def prune_checkpoints(output_dir: str, keep: int, written: Optional[str] = None,
+                      protected: Iterable[str] = ()) -> List[str]:
+    """Removes the complete checkpoints of ``output_dir`` but the newest ``keep`` (0:
+    none removed), and the torn ones (no completion mark) older than ``written`` (the
+    checkpoint just saved), never ``written`` nor a path in ``protected``. Each goes in
+    one rename (out of :func:`last_checkpoint`'s sight) before it is deleted; leftovers
+    of an interrupted prune are deleted too. Returns the checkpoints removed."""
+    if keep <= 0 or not os.path.isdir(output_dir):
+        return []
+    keep_paths = {os.path.abspath(p) for p in protected}
+    if written is not None:
+        keep_paths.add(os.path.abspath(written))
+    found = _checkpoints(output_dir)
+    complete = [(step, path) for step, path, done in found if done]
+    keep_paths.update(os.path.abspath(path) for _, path in complete[-keep:])
+    newest_kept = max((step for step, path, _ in found if os.path.abspath(path) in keep_paths), default=None)
+    doomed = [path for step, path, done in found
+              if os.path.abspath(path) not in keep_paths
+              and (done or (newest_kept is not None and step < newest_kept))]
+    removed = []
+    for path in doomed:
+        hidden = os.path.join(output_dir, f"{_PRUNED}{os.path.basename(path)}.{os.getpid()}")
+        try:
+            os.replace(path, hidden)
+        except OSError as e:
+            _warn(f"cannot prune {path}: {e}")
+            continue
+        removed.append(path)
+    if removed:
+        fd = os.open(output_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for name in os.listdir(output_dir):
+        if name.startswith(_PRUNED):
+            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+    return removed
 
 
 def last_checkpoint(output_dir: Optional[str]) -> Optional[str]:
@@ -99,26 +223,45 @@ def last_checkpoint(output_dir: Optional[str]) -> Optional[str]:
     is never resumed from. ``None`` when there is none."""
     if not output_dir or not os.path.isdir(output_dir):
         return None
-    found = []
-    for name in os.listdir(output_dir):
-        m = re.fullmatch(r"checkpoint-(\d+)", name)
-        path = os.path.join(output_dir, name)
-        if m and os.path.exists(os.path.join(path, COMPLETE)):
-            found.append((int(m.group(1)), path))
-    return max(found)[1] if found else None
+    complete = [path for _, path, done in _checkpoints(output_dir) if done]
+    return complete[-1] if complete else None
 
 
-class RubickCallback(TrainerCallback):
-    """The contract for a `Trainer` (see the module's documentation)."""
+#: The Trainer's callback events (``TrainerCallback``'s methods), each a no-op here
+#: unless :class:`RubickCallback` defines it.
+_EVENTS = ("on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_step_begin",
+           "on_pre_optimizer_step", "on_optimizer_step", "on_substep_end", "on_step_end", "on_evaluate",
+           "on_predict", "on_save", "on_log", "on_prediction_step", "on_push_begin")
 
-    def __init__(self, plan: Optional[Plan] = None, stop: Optional[StopFlag] = None):
+
+class RubickCallback:
+    """The contract for a `Trainer` (see the module's documentation). A callback in
+    the Trainer's sense (every ``on_*`` event; those it does not use do nothing) that
+    does not derive from ``transformers.TrainerCallback``, so that making it imports
+    nothing slow: make it first thing, its stop flag is installed then.
+
+    ``keep_checkpoints``: the complete checkpoints kept after each save (default
+    ``RUBICK_KEEP_CHECKPOINTS``, else 1; 0 keeps all)."""
+
+    def __init__(self, plan: Optional[Plan] = None, stop: Optional[StopFlag] = None,
+                 keep_checkpoints: Optional[int] = None):
         self.plan = plan if plan is not None else Plan.from_env()
         #: Installed now: make the callback before anything slow.
         self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal)
+        if keep_checkpoints is not None and keep_checkpoints < 0:
+            raise ValueError(f"keep_checkpoints={keep_checkpoints}: must be at least 0")
+        #: Complete checkpoints kept after each save (0: all).
+        self.keep_checkpoints = keep_checkpoints if keep_checkpoints is not None else checkpoints_to_keep()
         self.reporter = Reporter(self.plan)
         self._start = self._optimizer = None
         self._pending: Optional[dict] = None
         self.stopped = False
+
+    def __getattr__(self, name: str):
+        # An event of a newer Transformers than this list knows: nothing to do.
+        if name.startswith("on_"):
+            return _nothing
+        raise AttributeError(name)
 
     def _flush(self) -> None:
         if self._pending is not None:
@@ -167,6 +310,17 @@ class RubickCallback(TrainerCallback):
                     f.flush()
                     os.fsync(f.fileno())
         self.reporter.event("checkpointed", iter=state.global_step)
+        if state.is_world_process_zero:
+            prune_checkpoints(args.output_dir, self.keep_checkpoints, written=path)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._flush()
+
+
+def _nothing(*args, **kwargs):  # noqa: ARG001
+    return None
+
+
+for _event in _EVENTS:
+    if not hasattr(RubickCallback, _event):
+        setattr(RubickCallback, _event, lambda self, *args, **kwargs: None)

@@ -40,13 +40,23 @@ def workers(script):
     return [p for p in out if int(p) != os.getpid()]
 
 
+#: This checkout's package, for the subprocesses (``python -m rubick.torchrun``).
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def with_package(env):
+    """``env`` with this checkout's package first on PYTHONPATH."""
+    return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE, env.get("PYTHONPATH", "")])))
+
+
 def stopped_under_torchrun(script_and_args, env, metrics, after=8, timeout=180):
-    """Runs the script under torchrun with 2 workers until `after` iteration lines, sends
-    torchrun the stop signal (it relays it), and returns (the metric lines, stderr)
-    once it exited; the last line must be the `checkpointed` event."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", *script_and_args]
-    proc = subprocess.Popen(launcher, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Runs the script under torchrun (``python -m rubick.torchrun``, as the example jobs
+    launch it) with 2 workers until `after` iteration lines, sends torchrun the stop
+    signal (it relays it), and returns (the metric lines, stderr) once it exited; the
+    last line must be the `checkpointed` event, and the launcher's exit code 0."""
+    launcher = [sys.executable, "-m", "rubick.torchrun", "--standalone", "--nproc-per-node", "2", *script_and_args]
+    proc = subprocess.Popen(launcher, env=with_package(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     start = time.time()
     while len(iterations(metrics)) < after:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -56,4 +66,5 @@ def stopped_under_torchrun(script_and_args, env, metrics, after=8, timeout=180):
     _, err = proc.communicate(timeout=120)
     lines = metric_lines(metrics)
     assert lines[-1].get("event") == "checkpointed", (lines[-3:], err[-3000:])
+    assert proc.returncode == 0 and "SignalException" not in err, (proc.returncode, err[-3000:])
     return lines, err

@@ -36,6 +36,8 @@ def test_a_trainer_stops_on_the_signal_and_resumes_at_the_next_global_step(tmp_p
     assert last < first, "it learned before the stop"
     assert abs(after[0]["loss"] - last) < abs(after[0]["loss"] - first), (first, last, after[0]["loss"])
     assert metric_lines(metrics)[-1] == {"rubick": 1, "event": "checkpointed", "iter": stopped + 3}
+    # Issue 30 item 5: the checkpoint of the stop was pruned once the next was complete.
+    assert sorted(os.listdir(ckpt)) == [f"checkpoint-{stopped + 3}"], os.listdir(ckpt)
     # Tensor parallelism has no Trainer switch: exit 2, saying so.
     env.update(RUBICK_PLAN="dp1-tp2-pp1-mb4-ga1-z0")
     run = subprocess.run([sys.executable, SCRIPT, "--max-steps", "1"], env=env, capture_output=True, text=True,

@@ -22,8 +22,11 @@ def test_every_variable_of_the_launcher_is_read():
 
 
 def test_a_field_missing_from_its_variable_comes_from_the_plan_string():
-    p = Plan.from_env({"RUBICK_PLAN": "dp2-tp1-pp1-mb4-ga2-z1-offopt-gc", "RUBICK_GA": "3"})
-    assert (p.dp, p.micro_batch, p.ga, p.zero, p.offload, p.gc) == (2, 4, 3, 1, "optimizer", True)
+    p = Plan.from_env({"RUBICK_PLAN": "dp2-tp1-pp1-mb4-ga2-z1-offopt-gc", "RUBICK_GA": "2"})
+    assert (p.dp, p.micro_batch, p.ga, p.zero, p.offload, p.gc) == (2, 4, 2, 1, "optimizer", True)
+    # A partial plan string names only what it names: the variables add the rest.
+    p = Plan.from_env({"RUBICK_PLAN": "dp2-mb4", "RUBICK_GA": "3", "RUBICK_ZERO": "1"})
+    assert (p.dp, p.micro_batch, p.ga, p.zero) == (2, 4, 3, 1)
     assert parse_plan("dp4-tp2-pp2-mb1-ga8-z0") == {"dp": 4, "tp": 2, "pp": 2, "micro_batch": 1, "ga": 8, "zero": 0}
 
 
