@@ -132,20 +132,48 @@ pub fn check_command<T: rubick_core::Artifact>(files: &[std::path::PathBuf]) -> 
     Ok(Outcome::Done)
 }
 
-/// Output format of a listing: YAML (the default) or CSV.
+/// Output format of a listing: YAML (the default), CSV or Parquet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ListFormat {
     Yaml,
     Csv,
+    Parquet,
 }
 
 impl ListFormat {
-    /// `--format` when given, else by the output's extension, else YAML.
-    pub fn resolve(flag: Option<ListFormat>, output: &Path) -> ListFormat {
-        flag.unwrap_or_else(|| match output.extension().and_then(|e| e.to_str()) {
-            Some("csv") => ListFormat::Csv,
-            _ => ListFormat::Yaml,
-        })
+    fn name(self) -> &'static str {
+        match self {
+            ListFormat::Yaml => "yaml",
+            ListFormat::Csv => "csv",
+            ListFormat::Parquet => "parquet",
+        }
+    }
+
+    /// `--format` when given, else by the output's extension, else YAML. An output whose
+    /// extension names another format (`-o space.parquet --format yaml`, `-o
+    /// space.json`) is an error naming both: a file is never written in a format its
+    /// name contradicts.
+    pub fn resolve(flag: Option<ListFormat>, output: &Path) -> anyhow::Result<ListFormat> {
+        let named = match crate::files::extension_format(output) {
+            Some("yaml") => Some(ListFormat::Yaml),
+            Some("csv") => Some(ListFormat::Csv),
+            Some("parquet") => Some(ListFormat::Parquet),
+            Some(other) => anyhow::bail!(
+                "-o {}: the extension names {other}, which this listing is not written in (yaml, csv or parquet)",
+                output.display()
+            ),
+            None => None,
+        };
+        match (flag, named) {
+            (Some(asked), Some(named)) if asked != named => anyhow::bail!(
+                "-o {}: the extension names {}, but --format is {}",
+                output.display(),
+                named.name(),
+                asked.name()
+            ),
+            (Some(format), _) | (None, Some(format)) => Ok(format),
+            (None, None) => Ok(ListFormat::Yaml),
+        }
     }
 }
 

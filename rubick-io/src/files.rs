@@ -35,6 +35,25 @@ pub fn is_std(path: &Path) -> bool {
     path.as_os_str() == "-"
 }
 
+/// The data format a file's extension names, case-insensitively: `yaml` (`.yaml`,
+/// `.yml`), `csv`, `parquet` (`.parquet`, `.pq`), `json` (`.json`, `.jsonl`) or `tsv`;
+/// `None` for stdout, no extension or any other. An output whose extension names
+/// another format than the one written is refused, never written silently.
+pub fn extension_format(path: &Path) -> Option<&'static str> {
+    if is_std(path) {
+        return None;
+    }
+    let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+    Some(match ext.as_str() {
+        "yaml" | "yml" => "yaml",
+        "csv" => "csv",
+        "parquet" | "pq" => "parquet",
+        "json" | "jsonl" => "json",
+        "tsv" => "tsv",
+        _ => return None,
+    })
+}
+
 /// Reads a whole file (or stdin for `-`) as bytes.
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>, IoError> {
     let mut bytes = Vec::new();
@@ -122,12 +141,13 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     }
 }
 
-/// Validates artifact files of kind `T`, logging each; the first bad one is the error.
+/// Validates artifact files of kind `T`, confirming each on stderr (`FILE: valid
+/// KIND`: a `check` that prints nothing cannot be told from one that checked nothing);
+/// the first bad one is the error.
 pub fn check_artifacts<T: Artifact>(paths: &[PathBuf]) -> Result<(), IoError> {
     for path in paths {
         load_artifact::<T>(path)?;
-        let shown = display(path);
-        tracing::info!("{shown}: valid {}", T::KIND);
+        eprintln!("{}: valid {}", display(path), T::KIND);
     }
     Ok(())
 }

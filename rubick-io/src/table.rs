@@ -7,7 +7,7 @@ use std::sync::Arc;
 use polars::prelude::*;
 use rubick_core::tables::{ColumnType, SCHEMA_KEY, TABLE_SCHEMA_VERSION, TableSchema};
 
-use crate::files::{IoError, display, is_std, read_bytes, write_output};
+use crate::files::{IoError, display, read_bytes, write_output};
 
 /// The on-disk form of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -17,11 +17,19 @@ pub enum TableFormat {
 }
 
 impl TableFormat {
+    /// The format's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            TableFormat::Csv => "csv",
+            TableFormat::Parquet => "parquet",
+        }
+    }
+
     /// The format a path's extension names: `.parquet`/`.pq` or `.csv`; `-` and
     /// unknown extensions are CSV unless `flag` says otherwise.
     pub fn for_path(path: &Path, flag: Option<TableFormat>) -> TableFormat {
-        flag.unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
-            Some("parquet" | "pq") => TableFormat::Parquet,
+        flag.unwrap_or_else(|| match crate::files::extension_format(path) {
+            Some("parquet") => TableFormat::Parquet,
             _ => TableFormat::Csv,
         })
     }
@@ -227,9 +235,29 @@ pub fn write_table(
     format: Option<TableFormat>,
     schema: &TableSchema,
 ) -> Result<(), IoError> {
+    // An output named for another format is refused, not written as a table.
+    let named = match crate::files::extension_format(path) {
+        Some("csv") => Some(TableFormat::Csv),
+        Some("parquet") => Some(TableFormat::Parquet),
+        Some(other) => {
+            return Err(IoError::table(
+                path,
+                format!("the extension names {other}, but this output is a table: name it .csv or .parquet"),
+            ));
+        }
+        None => None,
+    };
+    if let (Some(asked), Some(named)) = (format, named)
+        && asked != named
+    {
+        return Err(IoError::table(
+            path,
+            format!("the extension names {}, but the output asked is {}", named.name(), asked.name()),
+        ));
+    }
     let mut bytes = Vec::new();
     let wrap = |e: PolarsError| IoError::table(path, e);
-    let format = if is_std(path) { format.unwrap_or(TableFormat::Csv) } else { TableFormat::for_path(path, format) };
+    let format = format.or(named).unwrap_or(TableFormat::Csv);
     match format {
         TableFormat::Csv => {
             CsvWriter::new(&mut bytes).include_header(true).finish(df).map_err(wrap)?;
@@ -290,6 +318,31 @@ mod tests {
             let back = read_table(&path, None, &["plan", "placement"]).unwrap();
             assert_eq!(back, df, "{name}");
         }
+    }
+
+    /// Issue 30, item 12: a table is never written under a name that says another format.
+    #[test]
+    fn item12_a_table_named_for_another_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut df = df!("plan" => ["ga"]).unwrap();
+        let schema = rubick_core::tables::PROFILE;
+        for (name, format, said) in [
+            ("t.yaml", None, "names yaml"),
+            ("t.json", None, "names json"),
+            ("t.parquet", Some(TableFormat::Csv), "names parquet, but the output asked is csv"),
+            ("t.CSV", Some(TableFormat::Parquet), "names csv, but the output asked is parquet"),
+            ("t.Yml", Some(TableFormat::Csv), "names yaml"),
+        ] {
+            let path = dir.path().join(name);
+            let err = write_table(&mut df, &path, format, &schema).unwrap_err().to_string();
+            assert!(err.contains(name) && err.contains(said), "{name}: {err}");
+            assert!(!path.exists(), "{name}: written anyway");
+        }
+        // Unnamed formats keep the default (CSV); a named one is written as named.
+        write_table(&mut df, &dir.path().join("t.out"), None, &schema).unwrap();
+        write_table(&mut df, &dir.path().join("t.pq"), Some(TableFormat::Parquet), &schema).unwrap();
+        write_table(&mut df, &dir.path().join("t.PARQUET"), None, &schema).unwrap();
+        assert_eq!(&std::fs::read(dir.path().join("t.PARQUET")).unwrap()[..4], b"PAR1");
     }
 
     #[test]

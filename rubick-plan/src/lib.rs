@@ -139,7 +139,7 @@ pub struct SpaceArgs {
     /// GPUs to plan for; default: each job's requested GPUs
     #[arg(long)]
     pub gpus: Option<u32>,
-    /// Output format; default by the extension of -o, else YAML
+    /// Output format; default by the extension of -o (.yaml, .csv, .parquet), else YAML; an extension naming another format is an error
     #[arg(long, value_enum)]
     pub format: Option<ListFormat>,
     /// Output file, `-` for stdout
@@ -203,7 +203,7 @@ fn check(files: &[PathBuf]) -> anyhow::Result<Outcome> {
             Kind::Schedule => drop(parse_artifact::<rubick_core::schedule::Schedule>(path, &text)?),
             Kind::SimulationSummary => drop(parse_artifact::<rubick_core::simulation::SimulationSummary>(path, &text)?),
         }
-        tracing::info!("{}: valid {kind}", path.display());
+        eprintln!("{}: valid {kind}", rubick_io::files::display(path));
     }
     Ok(Outcome::Done)
 }

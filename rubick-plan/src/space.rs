@@ -34,6 +34,7 @@ pub fn run(args: &SpaceArgs) -> anyhow::Result<Outcome> {
         anyhow::bail!("--gpus: expected at least 1 GPU, got 0");
     }
     rubick_io::cli::ensure_not_an_input(&args.output, &[args.jobs.as_path(), args.cluster.as_path()])?;
+    let format = ListFormat::resolve(args.format, &args.output)?;
     let cluster = load_cluster(&args.cluster)?;
     let jobs = load_jobs(&args.jobs)?;
     let estimator = MemoryEstimator { reserve_gib: args.reserve_gib };
@@ -60,11 +61,15 @@ pub fn run(args: &SpaceArgs) -> anyhow::Result<Outcome> {
         }
     }
 
-    match ListFormat::resolve(args.format, &args.output) {
+    match format {
         ListFormat::Yaml => rubick_io::write_output(&args.output, serde_yaml_ng::to_string(&listing)?.as_bytes())?,
         ListFormat::Csv => {
             let mut df = to_frame(&listing)?;
             rubick_io::table::write_table(&mut df, &args.output, Some(TableFormat::Csv), &SPACE_TABLE)?;
+        }
+        ListFormat::Parquet => {
+            let mut df = to_frame(&listing)?;
+            rubick_io::table::write_table(&mut df, &args.output, Some(TableFormat::Parquet), &SPACE_TABLE)?;
         }
     }
 

@@ -417,30 +417,60 @@ pub fn render(comparisons: &[Comparison], format: Format, suite: &str) -> String
 }
 
 /// Every row names a valid plan and placement, and a measured row a positive, finite
-/// time (and sd, and throughput): a verdict from garbage is no verdict. The error names
-/// the file and line.
-fn check_rows(path: &Path, rows: &[ProfileRow]) -> anyhow::Result<()> {
+/// time (and sd, and throughput): a verdict from garbage is no verdict. An `ok` row
+/// must have its time: a row whose time is empty, infinite or not a number (which
+/// read as empty) would otherwise leave its configuration out of the gate. The error
+/// names the file, line and column, with the value as the file holds it.
+fn check_rows(path: &Path, raw: &RawTimes, rows: &[ProfileRow]) -> anyhow::Result<()> {
     for (i, r) in rows.iter().enumerate() {
         let at = |what: String| anyhow::anyhow!("{}: line {}: {what}", path.display(), i + 2);
         r.plan.parse::<rubick_core::Plan>().map_err(|e| at(format!("plan `{}`: {e}", r.plan)))?;
         r.placement.parse::<rubick_core::Placement>().map_err(|e| at(format!("placement `{}`: {e}", r.placement)))?;
-        if !r.measured() {
+        let ok = r.status.as_deref() == Some("ok");
+        if !r.measured() && !ok {
             continue;
         }
-        for (name, v, positive) in [
+        for (column, (name, typed, positive)) in raw.iter().zip([
             ("iter_time_s", r.iter_time_s, true),
             ("samples_per_s", r.samples_per_s, true),
             ("iter_time_sd_s", r.iter_time_sd_s, false),
-        ] {
-            if let Some(v) = v
-                && !(v.is_finite() && (v > 0.0 || (!positive && v == 0.0)))
-            {
-                let want = if positive { "positive" } else { "non-negative" };
-                return Err(at(format!("{name}: expected a {want}, finite number, got {v}")));
+        ]) {
+            let want = if positive { "positive" } else { "non-negative" };
+            // The file's value (an infinity or NaN reads as empty in the row).
+            let v = column.get(i).copied().flatten().or(typed);
+            match v {
+                Some(v) if !(v.is_finite() && (v > 0.0 || (!positive && v == 0.0))) => {
+                    return Err(at(format!("{name}: expected a {want}, finite number, got {v}")));
+                }
+                None if name == "iter_time_s" => {
+                    return Err(at(
+                        "iter_time_s: expected a positive, finite number in a row of status `ok`, got none".to_owned(),
+                    ));
+                }
+                _ => {}
             }
         }
     }
     Ok(())
+}
+
+/// A profile's time columns as the file holds them (`iter_time_s`, `samples_per_s`,
+/// `iter_time_sd_s`; empty where the column is absent), infinities and NaN included.
+type RawTimes = [Vec<Option<f64>>; 3];
+
+/// A profile's rows and its raw time columns.
+fn read_profile(path: &Path) -> anyhow::Result<(Vec<ProfileRow>, RawTimes)> {
+    let df = rubick_io::table::read_typed_table(path, &PROFILE)?;
+    let rows: Vec<ProfileRow> = rubick_io::table::rows_of(path, &df, &PROFILE)?;
+    let column = |name: &str| -> anyhow::Result<Vec<Option<f64>>> {
+        if df.get_column_names().iter().any(|c| c.as_str() == name) {
+            Ok(rubick_io::table::f64_column(path, &df, name)?)
+        } else {
+            Ok(Vec::new())
+        }
+    };
+    let raw = [column("iter_time_s")?, column("samples_per_s")?, column("iter_time_sd_s")?];
+    Ok((rows, raw))
 }
 
 /// Both tables (and every row of each) measure one job of one model: a comparison of
@@ -468,10 +498,10 @@ fn same_job(a_path: &Path, a: &[ProfileRow], b_path: &Path, b: &[ProfileRow]) ->
 pub fn run(args: &CompareArgs) -> anyhow::Result<Outcome> {
     rubick_io::cli::ensure_one_stdin(&[&args.baseline, &args.new])?;
     anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha: must be between 0 and 1, got {}", args.alpha);
-    let baseline: Vec<ProfileRow> = rubick_io::table::read_rows(&args.baseline, &PROFILE)?;
-    let new: Vec<ProfileRow> = rubick_io::table::read_rows(&args.new, &PROFILE)?;
-    check_rows(&args.baseline, &baseline)?;
-    check_rows(&args.new, &new)?;
+    let (baseline, baseline_raw) = read_profile(&args.baseline)?;
+    let (new, new_raw) = read_profile(&args.new)?;
+    check_rows(&args.baseline, &baseline_raw, &baseline)?;
+    check_rows(&args.new, &new_raw, &new)?;
     same_job(&args.baseline, &baseline, &args.new, &new)?;
     let comparisons = compare(&baseline, &new, args.max_regression, args.alpha);
     anyhow::ensure!(

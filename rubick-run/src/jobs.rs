@@ -88,8 +88,7 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
         let Ok(text) = std::fs::read_to_string(adir.join("run.yaml")) else { continue };
         let run: RunRecord =
             serde_yaml_ng::from_str(&text).with_context(|| format!("{}", adir.join("run.yaml").display()))?;
-        let metrics = std::fs::read_to_string(adir.join("metrics.jsonl")).unwrap_or_default();
-        let lines: Vec<MetricLine> = metrics.lines().filter_map(MetricLine::parse).collect();
+        let lines: Vec<MetricLine> = crate::backends::metric_lines(&adir, rec.job.iterations);
         let times =
             rubick_core::launch::iteration_times(rubick_core::launch::measured_iterations(&lines, warmup, None));
         let Some(placement) = Placement::new(run.nodes.iter().map(|n| n.gpus.len() as u32).collect()) else { continue };

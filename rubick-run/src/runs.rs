@@ -12,7 +12,8 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
     for (name, rec) in &mut state.jobs {
         let Some(run) = rec.run.clone() else { continue };
         let attempt_dir = dir.attempt_dir(name, run.attempt);
-        rec.iterations_done = rec.iterations_done.max(backends::last_iteration(&attempt_dir).unwrap_or(0));
+        rec.iterations_done =
+            rec.iterations_done.max(backends::last_iteration(&attempt_dir, rec.job.iterations).unwrap_or(0));
         let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
         let recover = || backend.recover(&attempt_dir, backends::run_name(&attempt_dir).as_deref());
         match run.phase {
@@ -60,7 +61,8 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
                         if let Some(last) =
                             rec.reconfigurations.last_mut().filter(|r| r.first_iteration_s.is_none() && r.to.is_some())
                         {
-                            last.first_iteration_s = first_iteration_s(&attempt_dir, run.started_unix_s);
+                            last.first_iteration_s =
+                                first_iteration_s(&attempt_dir, run.started_unix_s, rec.job.iterations);
                         }
                     }
                 }
@@ -77,15 +79,18 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
 }
 
 /// Seconds from a run's start to its first metric line: the metrics file's last change,
-/// less the iterations written since at their mean time (exact when one line is there).
-pub(crate) fn first_iteration_s(attempt_dir: &Path, started_unix_s: f64) -> Option<f64> {
-    let progress = backends::progress(attempt_dir);
-    progress.last?;
+/// less the iterations written since (the last one's number less the first's: the
+/// file's head and tail, never all of it) at their mean time (exact when one line is
+/// there).
+pub(crate) fn first_iteration_s(attempt_dir: &Path, started_unix_s: f64, iterations: u64) -> Option<f64> {
+    let progress = backends::progress(attempt_dir, iterations);
+    let last = progress.last?;
+    let first_iter = backends::first_iteration(attempt_dir, iterations)?;
     let path = attempt_dir.join("metrics.jsonl");
     let modified =
         std::fs::metadata(&path).ok()?.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64();
-    let written = rubick_launch::supervise::iterations_in(&attempt_dir.join("metrics.jsonl"));
-    let first = modified - (written.saturating_sub(1) as f64) * progress.recent_iter_time_s.unwrap_or(0.0);
+    let since = last.saturating_sub(first_iter);
+    let first = modified - (since as f64) * progress.recent_iter_time_s.unwrap_or(0.0);
     (first >= started_unix_s).then_some(first - started_unix_s)
 }
 
@@ -206,11 +211,7 @@ pub enum Failure {
 /// exit 126/127 (the command could not be run) apart.
 pub fn classify(code: Option<i32>, attempt_dir: &Path) -> Option<Failure> {
     use rubick_launch::RunStatus;
-    let text = std::fs::read_to_string(attempt_dir.join("metrics.jsonl")).unwrap_or_default();
-    let oom_event = text
-        .lines()
-        .filter_map(rubick_core::launch::MetricLine::parse)
-        .any(|m| matches!(m, rubick_core::launch::MetricLine::Event { event, .. } if event == "oom"));
+    let oom_event = backends::oom_event(attempt_dir);
     match rubick_launch::supervise::classify(false, code, oom_event, &attempt_dir.join("log.txt")) {
         RunStatus::Ok => None,
         RunStatus::Oom => Some(Failure::OutOfMemory),
@@ -221,7 +222,7 @@ pub fn classify(code: Option<i32>, attempt_dir: &Path) -> Option<Failure> {
 }
 
 pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunRecord, secs: f64, clean: bool) {
-    let progress = backends::progress(attempt_dir);
+    let progress = backends::progress_and_checkpoint(attempt_dir, rec.job.iterations);
     rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
     rec.reconfigurations.push(Reconfiguration {
         from: run.plan.to_string(),

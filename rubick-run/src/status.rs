@@ -3,6 +3,18 @@
 #[allow(clippy::wildcard_imports)]
 use crate::*;
 
+/// The retries a job has left, where they matter: a queued job (its next failure may
+/// spend one) whose reason does not already say; nothing for a finished, failed or
+/// stopped job, which is never retried.
+fn retries_note(r: &JobRecord) -> String {
+    let said = r.reason.as_deref().is_some_and(|why| why.contains("retries left"));
+    if r.status == JobStatus::Queued && !said {
+        format!("; {} {} left", r.retries_left, if r.retries_left == 1 { "retry" } else { "retries" })
+    } else {
+        String::new()
+    }
+}
+
 pub(crate) fn status(
     args: &StateArgs,
     format: StatusFormat,
@@ -17,8 +29,9 @@ pub(crate) fn status(
     let (state, _) = refreshed(&dir)?;
     let mut rows = Vec::new();
     for (name, r) in &state.jobs {
-        let mean =
-            r.run.as_ref().and_then(|run| backends::progress(&dir.attempt_dir(name, run.attempt)).recent_iter_time_s);
+        let mean = r.run.as_ref().and_then(|run| {
+            backends::progress(&dir.attempt_dir(name, run.attempt), r.job.iterations).recent_iter_time_s
+        });
         rows.push((name, r, mean));
     }
     // What the round that placed each running job predicted (seconds per iteration).
@@ -79,7 +92,7 @@ pub(crate) fn status(
                 {
                     // The reason within the 100 columns (whole in `--format yaml`); the
                     // log on a line of its own.
-                    out.push_str(&fit(format!("  why: {reason}; {} retries left", r.retries_left), 100));
+                    out.push_str(&fit(format!("  why: {reason}{}", retries_note(r)), 100));
                     out.push('\n');
                     if let Some(log) = log_of(name, r) {
                         out.push_str(&format!("  log: {}\n", log.display()));

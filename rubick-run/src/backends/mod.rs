@@ -178,70 +178,232 @@ pub struct Progress {
     pub checkpointed: Option<u64>,
 }
 
-/// How much of the end of a metrics file a round reads: the last iterations' lines.
-const TAIL_BYTES: usize = 64 * 1024;
+/// The longest line a metrics reader takes: a protocol line is a few hundred bytes; a
+/// longer one (a runaway print into the file) is skipped, never held in memory.
+pub const MAX_METRIC_LINE_BYTES: usize = 16 * 1024;
 
-/// What a run's metric lines (in its directory) say so far. Every round asks this of
-/// every running job, and a job that has run for a week wrote a hundred thousand lines:
-/// only the file's tail is parsed (the whole file only when the tail holds fewer than
-/// ten iterations, and, for a checkpoint event older than the tail, only the lines that
-/// name one).
-pub fn progress(dir: &Path) -> Progress {
-    use rubick_core::launch::{MetricLine, iteration_times, mean_sd};
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
-    let mut start = text.len().saturating_sub(TAIL_BYTES);
-    while start > 0 && !text.is_char_boundary(start) {
-        start -= 1;
+/// How far back from its end a metrics file is read for its last iterations (and an
+/// `oom` event): every round, `status` and `stop` ask this of every run, whatever the
+/// file holds (a week of lines, or one line of 100 MB).
+const TAIL_BYTES: u64 = 1024 * 1024;
+
+/// How far back a stop looks for the run's last checkpoint event.
+const CHECKPOINT_SCAN_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Calls `visit` on the lines of the last `limit` bytes of the file at `path`, the
+/// last line first, until it returns false. Memory is bounded: the file is read
+/// backwards in blocks; a line over [`MAX_METRIC_LINE_BYTES`], a line that is not
+/// UTF-8, and the line cut by the limit are skipped.
+pub fn lines_backwards(path: &Path, limit: u64, mut visit: impl FnMut(&str) -> bool) {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    const BLOCK: usize = 64 * 1024;
+    let Ok(mut file) = std::fs::File::open(path) else { return };
+    let Ok(len) = file.metadata().map(|m| m.len()) else { return };
+    let floor = len.saturating_sub(limit);
+    let mut pos = len;
+    // The end of the line being read (its bytes after the current block); `None` once
+    // it grew over the limit (skipped up to its start).
+    let mut pending: Option<Vec<u8>> = Some(Vec::new());
+    let mut block = vec![0u8; BLOCK];
+    let mut emit = |head: &[u8], tail: Option<Vec<u8>>| -> bool {
+        let Some(mut tail) = tail else { return true };
+        if head.len() + tail.len() > MAX_METRIC_LINE_BYTES {
+            return true;
+        }
+        let line = if tail.is_empty() {
+            std::str::from_utf8(head).ok().map(str::to_owned)
+        } else {
+            tail.splice(0..0, head.iter().copied());
+            String::from_utf8(tail).ok()
+        };
+        line.is_none_or(|l| visit(&l))
+    };
+    while pos > floor {
+        let start = pos.saturating_sub(BLOCK as u64).max(floor);
+        let n = (pos - start) as usize;
+        if file.seek(SeekFrom::Start(start)).is_err() || file.read_exact(&mut block[..n]).is_err() {
+            return;
+        }
+        pos = start;
+        let chunk = &block[..n];
+        let mut end = n;
+        while let Some(i) = chunk[..end].iter().rposition(|&b| b == b'\n') {
+            if !emit(&chunk[i + 1..end], pending.take()) {
+                return;
+            }
+            pending = Some(Vec::new());
+            end = i;
+        }
+        // The rest belongs to a line that starts in an earlier block.
+        pending = pending.and_then(|p| {
+            (end + p.len() <= MAX_METRIC_LINE_BYTES).then(|| {
+                let mut whole = chunk[..end].to_vec();
+                whole.extend(p);
+                whole
+            })
+        });
     }
-    // The first whole line of the tail.
-    let start = if start == 0 { 0 } else { text[start..].find('\n').map_or(text.len(), |i| start + i + 1) };
-    let mut lines: Vec<MetricLine> = text[start..].lines().filter_map(MetricLine::parse).collect();
-    let mut head = &text[..start];
-    if start > 0 && iteration_times(&lines).len() < 10 {
-        lines = text.lines().filter_map(MetricLine::parse).collect();
-        head = "";
-    }
-    let times = iteration_times(&lines);
-    fn checkpointed(mut lines: impl Iterator<Item = MetricLine>) -> Option<u64> {
-        lines.find_map(|m| match m {
-            MetricLine::Event { event, iter, .. } if event == "checkpointed" => iter,
-            _ => None,
-        })
-    }
-    Progress {
-        last: lines
-            .iter()
-            .rev()
-            .find_map(|m| if let MetricLine::Iteration { iter, .. } = m { Some(*iter) } else { None }),
-        recent_iter_time_s: mean_sd(&times[times.len().saturating_sub(10)..]).map(|(mean, _)| mean),
-        checkpointed: checkpointed(lines.iter().rev().cloned()).or_else(|| {
-            checkpointed(head.lines().rev().filter(|l| l.contains("checkpointed")).filter_map(MetricLine::parse))
-        }),
+    // At the file's start the first line is whole; at the limit it is cut.
+    if floor == 0 {
+        emit(&[], pending);
     }
 }
 
-/// The last iteration a run's metric lines name (what every command records of every
-/// run): read from the file's last few kilobytes, backwards; [`progress`] when they name
-/// none.
-pub fn last_iteration(dir: &Path) -> Option<u64> {
-    use std::io::{Read as _, Seek as _, SeekFrom};
-    const END: u64 = 4096;
-    let mut file = std::fs::File::open(dir.join("metrics.jsonl")).ok()?;
-    let len = file.metadata().ok()?.len();
-    let from = len.saturating_sub(END);
-    file.seek(SeekFrom::Start(from)).ok()?;
-    let mut bytes = Vec::with_capacity((len - from) as usize);
-    file.read_to_end(&mut bytes).ok()?;
+/// The metric lines of a run's whole file (in its directory) within the job's
+/// `iterations`, in order, read as a stream: a line over [`MAX_METRIC_LINE_BYTES`] is
+/// skipped, never held in memory.
+pub fn metric_lines(dir: &Path, iterations: u64) -> Vec<rubick_core::launch::MetricLine> {
+    use std::io::BufRead as _;
+    let path = dir.join("metrics.jsonl");
+    let Ok(file) = std::fs::File::open(&path) else { return Vec::new() };
+    let mut reader = std::io::BufReader::new(file);
+    let (mut lines, mut line, mut overlong, mut warned) = (Vec::new(), Vec::new(), false, false);
+    while let Ok(buf) = reader.fill_buf()
+        && !buf.is_empty()
+    {
+        let (part, used, ended) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], i + 1, true),
+            None => (buf, buf.len(), false),
+        };
+        if !overlong {
+            if line.len() + part.len() > MAX_METRIC_LINE_BYTES {
+                overlong = true;
+                line.clear();
+            } else {
+                line.extend_from_slice(part);
+            }
+        }
+        reader.consume(used);
+        if ended {
+            if !overlong && let Ok(text) = std::str::from_utf8(&line) {
+                lines.extend(in_range(text, iterations, &path, &mut warned));
+            }
+            line.clear();
+            overlong = false;
+        }
+    }
+    if !overlong && let Ok(text) = std::str::from_utf8(&line) {
+        lines.extend(in_range(text, iterations, &path, &mut warned));
+    }
+    lines
+}
+
+/// A metric line whose iteration is within the job's `iterations` (a line naming
+/// another, e.g. `"iter": 2^64-1`, is not the run's progress: `None`, with a warning
+/// naming the file once per read through `warned`).
+fn in_range(line: &str, iterations: u64, path: &Path, warned: &mut bool) -> Option<rubick_core::launch::MetricLine> {
+    use rubick_core::launch::MetricLine;
+    let m = MetricLine::parse(line)?;
+    let iter = match &m {
+        MetricLine::Iteration { iter, .. } => Some(*iter),
+        MetricLine::Event { iter, .. } => *iter,
+    };
+    match iter {
+        Some(i) if i > iterations => {
+            if !std::mem::replace(warned, true) {
+                tracing::warn!(
+                    "{}: a metric line names iteration {i}, beyond the job's {iterations} iterations: ignored",
+                    path.display()
+                );
+            }
+            None
+        }
+        _ => Some(m),
+    }
+}
+
+/// What a run's metric lines (in its directory) say so far, for a job of `iterations`
+/// iterations. Every round asks this of every running job, and a job that has run for
+/// a week wrote a hundred thousand lines: only the file's tail is read, backwards, up to
+/// the last ten iterations (within its last MiB), lines over
+/// [`MAX_METRIC_LINE_BYTES`] skipped; a checkpoint event only as far as that (see
+/// [`progress_and_checkpoint`]). Iterations beyond the job's are ignored with a warning.
+pub fn progress(dir: &Path, iterations: u64) -> Progress {
+    read_progress(dir, iterations, false)
+}
+
+/// [`progress`], and the run's last checkpoint event even when it is older than the
+/// tail (what a stop records): looked for within the file's last 16 MiB.
+pub fn progress_and_checkpoint(dir: &Path, iterations: u64) -> Progress {
+    read_progress(dir, iterations, true)
+}
+
+fn read_progress(dir: &Path, iterations: u64, checkpoint: bool) -> Progress {
+    use rubick_core::launch::{MetricLine, mean_sd};
+    let path = dir.join("metrics.jsonl");
+    let (mut times, mut last, mut checkpointed, mut warned) = (Vec::new(), None, None, false);
+    let limit = if checkpoint { CHECKPOINT_SCAN_BYTES } else { TAIL_BYTES };
+    lines_backwards(&path, limit, |line| {
+        let enough = times.len() >= 10;
+        if enough && (!checkpoint || checkpointed.is_some()) {
+            return false;
+        }
+        if enough && !line.contains("checkpointed") {
+            return true;
+        }
+        match in_range(line, iterations, &path, &mut warned) {
+            Some(MetricLine::Iteration { iter, iter_time_s, .. }) if !enough => {
+                last.get_or_insert(iter);
+                times.push(iter_time_s);
+            }
+            Some(MetricLine::Event { event, iter: Some(i), .. }) if event == "checkpointed" => {
+                checkpointed.get_or_insert(i);
+            }
+            _ => {}
+        }
+        true
+    });
+    times.reverse();
+    Progress { last, recent_iter_time_s: mean_sd(&times).map(|(mean, _)| mean), checkpointed }
+}
+
+/// The first iteration a run's metric lines name (read from the file's first 64 KiB,
+/// within the job's `iterations`).
+pub fn first_iteration(dir: &Path, iterations: u64) -> Option<u64> {
+    use std::io::Read as _;
+    let path = dir.join("metrics.jsonl");
+    let mut bytes = Vec::new();
+    std::fs::File::open(&path).ok()?.take(64 * 1024).read_to_end(&mut bytes).ok()?;
     let text = String::from_utf8_lossy(&bytes);
-    // A line cut by the start of the window is skipped (it cannot parse).
-    let found = text.lines().rev().find_map(|l| match rubick_core::launch::MetricLine::parse(l)? {
+    let mut warned = false;
+    text.lines().find_map(|l| match in_range(l, iterations, &path, &mut warned)? {
         rubick_core::launch::MetricLine::Iteration { iter, .. } => Some(iter),
         _ => None,
+    })
+}
+
+/// Whether a run's metrics file ends with an `oom` event (within its last MiB).
+pub fn oom_event(dir: &Path) -> bool {
+    use rubick_core::launch::MetricLine;
+    let mut found = false;
+    lines_backwards(&dir.join("metrics.jsonl"), TAIL_BYTES, |line| {
+        found = line.contains("oom")
+            && matches!(MetricLine::parse(line), Some(MetricLine::Event { event, .. }) if event == "oom");
+        !found
     });
-    if found.is_some() || from == 0 {
+    found
+}
+
+/// The last iteration a run's metric lines name within the job's `iterations` (what
+/// every command records of every run): read from the file's last few kilobytes,
+/// backwards; [`progress`] when they name none.
+pub fn last_iteration(dir: &Path, iterations: u64) -> Option<u64> {
+    const END: u64 = 4096;
+    let path = dir.join("metrics.jsonl");
+    let (mut found, mut warned) = (None, false);
+    lines_backwards(&path, END, |line| {
+        if let Some(rubick_core::launch::MetricLine::Iteration { iter, .. }) =
+            in_range(line, iterations, &path, &mut warned)
+        {
+            found = Some(iter);
+        }
+        found.is_none()
+    });
+    let small = std::fs::metadata(&path).is_ok_and(|m| m.len() <= END);
+    if found.is_some() || small {
         return found;
     }
-    progress(dir).last
+    progress(dir, iterations).last
 }
 
 #[cfg(test)]
@@ -250,6 +412,41 @@ mod progress_tests {
 
     fn line(i: u64, t: f64) -> String {
         format!("{{\"rubick\":1,\"iter\":{i},\"iter_time_s\":{t}}}\n")
+    }
+
+    /// Issue 30, item 12: a line of 100 MB (a hole in a sparse file) is skipped, never
+    /// held; the lines after it are read, the ones before it beyond the tail are not;
+    /// iterations beyond the job's are ignored.
+    #[test]
+    fn item12_a_metrics_file_is_read_from_its_tail_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        std::fs::write(&path, line(1, 0.5)).unwrap();
+        let file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        file.set_len(file.metadata().unwrap().len() + 100 * 1024 * 1024).unwrap();
+        drop(file);
+        let mut text = String::from("\n");
+        text.push_str(&line(2, 0.3));
+        text.push_str(&line(u64::MAX, 0.1));
+        text.push_str("{\"rubick\":1,\"event\":\"checkpointed\",\"iter\":2}\n");
+        text.push_str(&line(3, 0.4));
+        let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
+        drop(file);
+        let mut seen = Vec::new();
+        lines_backwards(&path, u64::MAX, |l| {
+            seen.push(l.len());
+            true
+        });
+        assert_eq!(seen.len(), 6, "five short lines and the first; the long one skipped: {seen:?}");
+        let p = progress_and_checkpoint(dir.path(), 100);
+        assert_eq!((p.last, p.checkpointed), (Some(3), Some(2)));
+        assert!((p.recent_iter_time_s.unwrap() - 0.35).abs() < 1e-12, "{p:?}");
+        assert_eq!(last_iteration(dir.path(), 100), Some(3));
+        assert_eq!(first_iteration(dir.path(), 100), Some(1));
+        assert_eq!(last_iteration(dir.path(), 2), Some(2), "iteration 3 is beyond a job of 2");
+        let lines = metric_lines(dir.path(), 100);
+        assert_eq!(lines.len(), 4, "{lines:?}");
     }
 
     /// A week-long run's file: the tail answers, as the whole file would.
@@ -262,7 +459,7 @@ mod progress_tests {
         }
         text.push_str("not json\n");
         std::fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
-        let p = progress(dir.path());
+        let p = progress_and_checkpoint(dir.path(), 100_000);
         assert_eq!(p.last, Some(49_999));
         assert_eq!(p.checkpointed, Some(7), "an event older than the tail is found");
         let recent: f64 = (49_990..50_000u64).map(|i| 0.1 + (i % 10) as f64 / 100.0).sum::<f64>() / 10.0;
@@ -271,9 +468,9 @@ mod progress_tests {
         // A newer checkpoint in the tail wins; a short file is read whole.
         text.push_str("{\"rubick\":1,\"event\":\"checkpointed\",\"iter\":49999}\n");
         std::fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
-        assert_eq!(progress(dir.path()).checkpointed, Some(49_999));
+        assert_eq!(progress(dir.path(), 100_000).checkpointed, Some(49_999));
         std::fs::write(dir.path().join("metrics.jsonl"), line(1, 0.5) + &line(2, 0.7)).unwrap();
-        let p = progress(dir.path());
+        let p = progress_and_checkpoint(dir.path(), 100_000);
         assert_eq!((p.last, p.checkpointed), (Some(2), None));
         assert!((p.recent_iter_time_s.unwrap() - 0.6).abs() < 1e-12);
     }
