@@ -9,7 +9,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use rubick_core::artifact::to_yaml;
 use rubick_core::planner::curves;
-use rubick_core::planner::round::{RoundResult, Solver, plan_round};
+use rubick_core::planner::round::{RoundResult, Solver, plan_round, plan_round_strict};
 use rubick_core::planner::{JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_core::{Artifact, Cluster};
@@ -119,12 +119,23 @@ proptest! {
             brute::solve(&soft)
         });
         let limit = Duration::from_secs(20);
-        let heuristic = plan_round(&cluster, &config, &inputs, Solver::Heuristic, limit, 0);
-        let milp = plan_round(&cluster, &config, &inputs, Solver::Milp, limit, 0);
+        let heuristic = plan_round_strict(&cluster, &config, &inputs, Solver::Heuristic, limit, 0);
+        let milp = plan_round_strict(&cluster, &config, &inputs, Solver::Milp, limit, 0);
         match best {
             None => {
                 prop_assert!(heuristic.is_err(), "brute force finds no feasible round, the heuristic did");
                 prop_assert!(milp.is_err(), "brute force finds no feasible round, the MILP did");
+                // The round itself goes on: a guarantee it cannot keep is reported, not fatal.
+                for policy in [Solver::Heuristic, Solver::Milp] {
+                    let r = plan_round(&cluster, &config, &inputs, policy, limit, 0);
+                    let r = r.map_err(|e| TestCaseError::fail(format!("{policy:?}: a round failed: {e}")))?;
+                    check_schedule(&cluster, &inputs, &r)?;
+                    let s = &r.outcome.schedule;
+                    prop_assert!(!guarantees_hold(s), "{policy:?}: a guarantee brute force cannot keep is reported held");
+                    for a in s.assignments.iter().filter(|a| a.guarantee.as_ref().is_some_and(|g| !g.holds)) {
+                        prop_assert!(a.reason.contains("guarantee NOT held"), "{}: {}", a.job, a.reason);
+                    }
+                }
             }
             Some((best, best_choice)) => {
                 let (h, m) = (heuristic.expect("feasible: heuristic"), milp.expect("feasible: MILP"));

@@ -664,30 +664,29 @@ impl<'a> Evaluator<'a> {
             // A re-plan on the resources it holds, the plan valued as a change is (at
             // the low end of its interval): the curve's points have the group's base
             // cores, which a running job may not hold, and its best predicted plans.
-            if !locked {
-                if let Some((plan, throughput)) =
+            if !locked
+                && let Some((plan, throughput)) =
                     self.best_plan_at_low_end(input, cur.group, &cur.placement, cur.cpus, restriction)
-                {
-                    let same = |c: &Candidate| {
-                        c.group == cur.group && c.placement == cur.placement && c.cpus == cur.cpus && c.plan == plan
-                    };
-                    if plan != cur.plan && !candidates.iter().any(same) {
-                        let g = &self.cluster.node_groups[cur.group];
-                        candidates.push(Candidate {
-                            group: cur.group,
-                            gpus: cur.placement.gpus(),
-                            cpus: cur.cpus,
-                            host_memory_gib: host_memory_gib(&config, g, &job.model, &plan),
-                            placement: cur.placement.clone(),
-                            plan,
-                            throughput,
-                            normalized: 0.0,
-                            value: 0.0,
-                            is_current: false,
-                            is_request: false,
-                            meets_guarantee: false,
-                        });
-                    }
+            {
+                let same = |c: &Candidate| {
+                    c.group == cur.group && c.placement == cur.placement && c.cpus == cur.cpus && c.plan == plan
+                };
+                if plan != cur.plan && !candidates.iter().any(same) {
+                    let g = &self.cluster.node_groups[cur.group];
+                    candidates.push(Candidate {
+                        group: cur.group,
+                        gpus: cur.placement.gpus(),
+                        cpus: cur.cpus,
+                        host_memory_gib: host_memory_gib(&config, g, &job.model, &plan),
+                        placement: cur.placement.clone(),
+                        plan,
+                        throughput,
+                        normalized: 0.0,
+                        value: 0.0,
+                        is_current: false,
+                        is_request: false,
+                        meets_guarantee: false,
+                    });
                 }
             }
         }

@@ -295,7 +295,81 @@ pub fn plan_round(
 
 /// [`plan_round`] with an evaluator kept across rounds (its caches of plan spaces and
 /// curves stay warm; set `evaluator.config.now_s` for each round).
+///
+/// A guarantee that cannot be kept never fails the round: the job it belongs to is
+/// planned best-effort (run degraded where there is room, else paused), its
+/// assignment's guarantee `holds: false` and its reason saying why, and every other job
+/// is planned as usual. Only a round with no job to demote fails.
 pub fn plan_round_with(
+    evaluator: &mut Evaluator<'_>,
+    inputs: &[JobInput],
+    policy: Solver,
+    time_limit: Duration,
+    round: u64,
+) -> Result<RoundResult, Infeasible> {
+    let mut demoted: Vec<(String, String)> = Vec::new();
+    let mut owned: Option<Vec<JobInput>> = None;
+    loop {
+        let now = owned.as_deref().unwrap_or(inputs);
+        let e = match plan_round_once(evaluator, now, policy, time_limit, round) {
+            Ok(mut r) => {
+                mark_demoted(&mut r, inputs, &demoted);
+                return Ok(r);
+            }
+            Err(e) => e,
+        };
+        // The job the round could not keep its guarantee (the last named when several).
+        let Some(victim) = e.jobs.iter().rev().find(|n| now.iter().any(|i| i.job.guaranteed && i.job.name == **n))
+        else {
+            return Err(e);
+        };
+        tracing::warn!("{}; `{victim}` is planned best-effort this round", e.reason);
+        demoted.push((victim.clone(), e.reason.clone()));
+        owned = Some(
+            now.iter()
+                .map(|i| {
+                    let mut i = i.clone();
+                    if i.job.name == *victim {
+                        i.job.guaranteed = false;
+                    }
+                    i
+                })
+                .collect(),
+        );
+    }
+}
+
+/// The demoted jobs' guarantees, not held, in the schedule and its explanation.
+fn mark_demoted(r: &mut RoundResult, inputs: &[JobInput], demoted: &[(String, String)]) {
+    for (name, why) in demoted {
+        let Some(j) = inputs.iter().position(|i| i.job.name == *name) else { continue };
+        let required = r.book.jobs[j].request_throughput;
+        let a = &mut r.outcome.schedule.assignments[j];
+        a.guarantee = Some(GuaranteeStatus { required_throughput: round6(required), holds: false });
+        let note = format!("guarantee NOT held: {why}; planned best-effort");
+        a.reason = if a.reason.is_empty() { note.clone() } else { format!("{note}; {}", a.reason) };
+        let prefix = format!("{name}: ");
+        if let Some(line) = r.outcome.explain.iter_mut().find(|l| l.starts_with(&prefix)) {
+            line.push_str(&format!(" [{note}]"));
+        }
+    }
+}
+
+/// [`plan_round`] that fails when a guarantee cannot be kept (naming the job), rather
+/// than planning its job best-effort: the decision's feasibility as the exact search
+/// and brute force see it.
+pub fn plan_round_strict(
+    cluster: &Cluster,
+    config: &PlannerConfig,
+    inputs: &[JobInput],
+    policy: Solver,
+    time_limit: Duration,
+    round: u64,
+) -> Result<RoundResult, Infeasible> {
+    plan_round_once(&mut Evaluator::new(cluster, config), inputs, policy, time_limit, round)
+}
+
+fn plan_round_once(
     evaluator: &mut Evaluator<'_>,
     inputs: &[JobInput],
     policy: Solver,
