@@ -31,7 +31,8 @@ pub type Belief = (Params, Option<std::sync::Arc<rubick_core::planner::Evidence>
 /// Each job's belief, reading every `perfModel` once: from its file, else a fit on the
 /// reference data when that has the model, else the FLOPs-based default. A job whose
 /// `perfModel` cannot be used (missing, unreadable, another form) is `Err` with why
-/// (`perfModel: ...`); a reference fit that fails is the error of the whole.
+/// (`perfModel: ...`); a reference fit that fails is the error of the whole. Jobs left on
+/// the default are named on stderr (a warning with the commands that fit a model).
 pub fn job_beliefs(
     jobs: &[Job],
     cluster: &Cluster,
@@ -40,6 +41,7 @@ pub fn job_beliefs(
     let mut fitted: HashMap<String, Params> = HashMap::new();
     let links = cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from);
     let mut out = Vec::with_capacity(jobs.len());
+    let mut defaulted: Vec<&str> = Vec::new();
     for job in jobs {
         if let Some(path) = perf_model_path(job, source) {
             out.push(match load_artifact::<PerfModel>(&path) {
@@ -67,9 +69,48 @@ pub fn job_beliefs(
             }
             _ => None,
         };
+        if from_reference.is_none() {
+            defaulted.push(job.name.as_str());
+        }
         out.push(Ok((from_reference.unwrap_or_else(|| default_params(&job.model)), None)));
     }
+    warn_default_models(&defaulted, source);
     Ok(out)
+}
+
+/// How many jobs on the default model are named one per line; the rest in one line.
+const NAMED_DEFAULTS: usize = 8;
+
+/// A job without a `perfModel` (and none fitted on the reference data) is planned on
+/// the FLOPs-based default, which can be off by an order of magnitude for a real
+/// script: said on stderr, naming the job and the commands that fit its model.
+fn warn_default_models(names: &[&str], source: &ModelSource<'_>) {
+    if names.is_empty() {
+        return;
+    }
+    let jobs =
+        source.jobs_path.filter(|p| !crate::files::is_std(p)).map_or_else(|| "JOB.yaml".into(), crate::files::display);
+    let fit = format!(
+        "fit one: `rubick-profile run {jobs} --cluster CLUSTER.yaml -o profile.csv`, then `rubick-fit fit profile.csv \
+         --job {jobs} --cluster CLUSTER.yaml -o model.yaml`, and name it in the job: `perfModel: model.yaml` (README: \
+         Quick start)"
+    );
+    for name in names.iter().take(NAMED_DEFAULTS) {
+        tracing::warn!(
+            "job `{name}` has no perfModel: it is planned on a default model guessed from its FLOPs, which can be far \
+             from its real speed; {fit}"
+        );
+    }
+    if names.len() > NAMED_DEFAULTS {
+        let more = &names[NAMED_DEFAULTS..];
+        let shown: Vec<String> = more.iter().take(NAMED_DEFAULTS).map(|n| format!("`{n}`")).collect();
+        let rest = if more.len() > shown.len() { ", ..." } else { "" };
+        tracing::warn!(
+            "{} more job(s) have no perfModel and are planned on the default model ({}{rest}); {fit}",
+            more.len(),
+            shown.join(", ")
+        );
+    }
 }
 
 /// Performance-model parameters of every job ([`job_beliefs`]); a job whose
