@@ -614,7 +614,8 @@ request: { gpus: 4, cpus: 32, plan: dp4-tp1-pp1-mb8-ga1-z2 }
         .stdin(std::fs::File::open(dir.path().join("job.yaml")).unwrap())
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&piped.stderr).contains("job `bert-0` has no perfModel"));
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(err.contains("job `bert-0` has no perfModel") && err.contains("--job bert-0.yaml"), "{err}");
     let fit = run_in(
         dir.path(),
         "rubick-fit",

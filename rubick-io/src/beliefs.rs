@@ -41,7 +41,7 @@ pub fn job_beliefs(
     let mut fitted: HashMap<String, Params> = HashMap::new();
     let links = cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from);
     let mut out = Vec::with_capacity(jobs.len());
-    let mut defaulted: Vec<&str> = Vec::new();
+    let mut defaulted: Vec<&Job> = Vec::new();
     for job in jobs {
         if let Some(path) = perf_model_path(job, source) {
             out.push(match load_artifact::<PerfModel>(&path) {
@@ -70,7 +70,7 @@ pub fn job_beliefs(
             _ => None,
         };
         if from_reference.is_none() {
-            defaulted.push(job.name.as_str());
+            defaulted.push(job);
         }
         out.push(Ok((from_reference.unwrap_or_else(|| default_params(&job.model)), None)));
     }
@@ -84,31 +84,36 @@ const NAMED_DEFAULTS: usize = 8;
 /// A job without a `perfModel` (and none fitted on the reference data) is planned on
 /// the FLOPs-based default, which can be off by an order of magnitude for a real
 /// script: said on stderr, naming the job and the commands that fit its model.
-fn warn_default_models(names: &[&str], source: &ModelSource<'_>) {
-    if names.is_empty() {
-        return;
-    }
-    let jobs =
-        source.jobs_path.filter(|p| !crate::files::is_std(p)).map_or_else(|| "JOB.yaml".into(), crate::files::display);
-    let fit = format!(
-        "fit one: `rubick-profile run {jobs} --cluster CLUSTER.yaml -o profile.csv`, then `rubick-fit fit profile.csv \
-         --job {jobs} --cluster CLUSTER.yaml -o model.yaml`, and name it in the job: `perfModel: model.yaml` (README: \
-         Quick start)"
-    );
-    for name in names.iter().take(NAMED_DEFAULTS) {
+fn warn_default_models(jobs: &[&Job], source: &ModelSource<'_>) {
+    // The file to profile: the jobs file when it is one Job, else the job's own file.
+    let file = |job: &Job| match source.jobs_path.filter(|p| !crate::files::is_std(p)) {
+        Some(path) if job.kind == Some(rubick_core::artifact::Kind::Job) => crate::files::display(path),
+        _ => format!("{}.yaml", job.name),
+    };
+    let fit = |file: &str| {
+        format!(
+            "fit one: `rubick-profile run {file} --cluster CLUSTER.yaml -o profile.csv`, then `rubick-fit fit \
+             profile.csv --job {file} --cluster CLUSTER.yaml -o model.yaml`, and name it in the job: `perfModel: \
+             model.yaml` (README: Quick start)"
+        )
+    };
+    for job in jobs.iter().take(NAMED_DEFAULTS) {
         tracing::warn!(
-            "job `{name}` has no perfModel: it is planned on a default model guessed from its FLOPs, which can be far \
-             from its real speed; {fit}"
+            "job `{}` has no perfModel: it is planned on a default model guessed from its FLOPs, which can be far \
+             from its real speed; {}",
+            job.name,
+            fit(&file(job))
         );
     }
-    if names.len() > NAMED_DEFAULTS {
-        let more = &names[NAMED_DEFAULTS..];
-        let shown: Vec<String> = more.iter().take(NAMED_DEFAULTS).map(|n| format!("`{n}`")).collect();
+    if jobs.len() > NAMED_DEFAULTS {
+        let more = &jobs[NAMED_DEFAULTS..];
+        let shown: Vec<String> = more.iter().take(NAMED_DEFAULTS).map(|j| format!("`{}`", j.name)).collect();
         let rest = if more.len() > shown.len() { ", ..." } else { "" };
         tracing::warn!(
-            "{} more job(s) have no perfModel and are planned on the default model ({}{rest}); {fit}",
+            "{} more job(s) have no perfModel and are planned on the default model ({}{rest}); {}",
             more.len(),
-            shown.join(", ")
+            shown.join(", "),
+            fit("JOB.yaml")
         );
     }
 }
