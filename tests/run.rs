@@ -392,7 +392,7 @@ fn item6_a_guarantee_the_drained_nodes_cannot_keep_pauses_or_degrades_its_job_an
         };
         assert!(demoted.contains("guarantee NOT held") && demoted.contains("best-effort"), "{what}: {demoted}");
         assert!(log.contains("guarantee NOT held"), "{what}: --explain says it:\n{log}");
-        assert_eq!(nodes_of(kept), [up.clone()], "{what}: {kept} keeps its guarantee on {up}\n{log}");
+        assert_eq!(nodes_of(kept), std::slice::from_ref(up), "{what}: {kept} keeps its guarantee on {up}\n{log}");
         for job in ["a", "b"] {
             let on = nodes_of(job);
             assert!(on.iter().all(|n| !drained.contains(n)), "{what}: {job} on {on:?}, drained {drained:?}\n{log}");
@@ -400,6 +400,17 @@ fn item6_a_guarantee_the_drained_nodes_cannot_keep_pauses_or_degrades_its_job_an
         let other = if kept == "a" { "b" } else { "a" };
         let out = ok(d, &["status", "--format", "prometheus"]);
         assert!(out.contains(&format!("rubick_job_guarantee_held{{job=\"{other}\"}} 0")), "{what}: {out}");
+        let table = ok(d, &["status"]);
+        let under: Vec<&str> = table
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("{other} ")))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .collect();
+        assert!(
+            under.iter().any(|l| l.contains("guarantee NOT held")),
+            "{what}: status says why {other} has no guarantee:\n{table}"
+        );
     }
     ok(d, &["stop", "a"]);
     ok(d, &["stop", "b"]);
@@ -1530,4 +1541,59 @@ fn the_run_wrapper_leaves_nothing_its_launcher_started_behind() {
         .unwrap();
     assert_eq!(out.status.code(), Some(127));
     assert_eq!(std::fs::read_to_string(d.join("missing-code")).unwrap(), "127\n");
+}
+
+/// Issue 30, item 7: the state is input. A hand-edited state.yaml whose job key is
+/// `../../victim` (a directory outside the state) is refused by every command that
+/// reads the state (exit 2, naming the key), and nothing outside is touched: no
+/// `delete` of the victim, no run started there. Its cache edited to say the same is
+/// refused alike; `check` refuses a Schedule naming such a job.
+#[test]
+fn item7_a_hand_edited_state_naming_a_path_outside_is_exit_2_for_every_command() {
+    let dir = temp();
+    let d = dir.path();
+    setup(d, 100);
+    two_slot_cluster(d);
+    ok(d, &["submit", "a.yaml"]);
+    std::fs::create_dir_all(d.join("victim")).unwrap();
+    std::fs::write(d.join("victim/keep"), "precious").unwrap();
+    let text = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
+    assert!(text.contains("\n  a:\n") && text.contains("name: a\n"), "{text}");
+    let edited = text.replace("\n  a:\n", "\n  ../../victim:\n").replace("name: a\n", "name: ../../victim\n");
+    std::fs::write(d.join("state/state.yaml"), &edited).unwrap();
+    schedule(d, "evil.yaml", 1, &[("../../victim", "dp1-tp1-pp1-mb16-ga1", &[0])]);
+    schedule(d, "fine.yaml", 1, &[("a", "dp1-tp1-pp1-mb16-ga1", &[0])]);
+    let commands: [&[&str]; 8] = [
+        &["submit", "b.yaml"],
+        &["jobs"],
+        &["apply", "fine.yaml"],
+        &["status"],
+        &["stop", "../../victim"],
+        &["delete", "../../victim"],
+        &["logs", "../../victim"],
+        &["apply", "evil.yaml"],
+    ];
+    let check = |what: &str| {
+        for args in commands {
+            let (code, out, err) = rr(d, args, None);
+            assert_eq!(code, Some(2), "{what}: rubick-run {args:?} exit 2: {out}{err}");
+            assert!(err.contains("victim"), "{what}: rubick-run {args:?} names the key: {err}");
+            assert_eq!(std::fs::read_to_string(d.join("victim/keep")).unwrap(), "precious", "{args:?}");
+            assert!(!d.join("victim/attempt-1").exists() && !d.join("victim/checkpoints").exists(), "{args:?}");
+            assert!(!d.join("outside").exists(), "{args:?}");
+        }
+    };
+    check("state.yaml edited");
+    // The cache, keyed by the original YAML, edited to say the same.
+    std::fs::write(d.join("state/state.yaml"), &text).unwrap();
+    ok(d, &["status"]);
+    let cache = std::fs::read_to_string(d.join("state/state.cache.json")).unwrap();
+    let (key, json) = cache.split_once('\n').unwrap();
+    let json = json.replace("\"a\":{", "\"../../victim\":{").replace("\"name\":\"a\"", "\"name\":\"../../victim\"");
+    std::fs::write(d.join("state/state.cache.json"), format!("{key}\n{json}")).unwrap();
+    check("the cache edited");
+    let out = Command::new(binary("rubick-run")).args(["check", "evil.yaml"]).current_dir(d).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "check refuses a schedule naming ../../victim: {err}");
+    assert!(err.contains("assignments[0].job"), "{err}");
 }

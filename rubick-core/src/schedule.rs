@@ -206,7 +206,7 @@ impl Artifact for Schedule {
         let mut seen = std::collections::HashSet::with_capacity(self.assignments.len());
         for (i, a) in self.assignments.iter().enumerate() {
             let field = format!("assignments[{i}]");
-            ensure(!a.job.trim().is_empty(), &format!("{field}.job"), || "must not be empty".into())?;
+            crate::job::check_name(&a.job).map_err(|why| ValidationError::new(format!("{field}.job"), why))?;
             if !seen.insert(a.job.as_str()) {
                 return Err(ValidationError::new(format!("{field}.job"), format!("`{}` is assigned twice", a.job)));
             }

@@ -174,6 +174,64 @@ pub struct State {
 }
 
 impl State {
+    /// The state checked as any input is (a hand edit, a restored backup, an edited
+    /// cache): every job's key a job name (`submit`'s rule: it becomes a directory, so
+    /// `../x` is refused), its record's Job valid and named as its key, its run within
+    /// its attempts and its plan's GPUs on its nodes, where `submit` ran an absolute
+    /// path. The error names the key and field.
+    pub fn validate(&self) -> Result<(), rubick_core::ValidationError> {
+        use rubick_core::ValidationError;
+        for (key, r) in &self.jobs {
+            let at = |field: &str| {
+                if field.is_empty() { format!("jobs.{key:?}") } else { format!("jobs.{key:?}.{field}") }
+            };
+            rubick_core::job::check_name(key).map_err(|why| ValidationError::new(at(""), why))?;
+            r.job.check().map_err(|e| e.within(&at("job")))?;
+            if r.job.name != *key {
+                return Err(ValidationError::new(
+                    at("job.name"),
+                    format!("`{}` is not the job's key `{key}`", r.job.name.escape_debug()),
+                ));
+            }
+            if let Some(run) = &r.run {
+                if run.attempt == 0 || run.attempt > r.attempts {
+                    return Err(ValidationError::new(
+                        at("run.attempt"),
+                        format!("{} is not one of the job's {} attempt(s)", run.attempt, r.attempts),
+                    ));
+                }
+                let gpus: usize = run.nodes.iter().map(|n| n.gpus.len()).sum();
+                if gpus != run.plan.gpus() as usize {
+                    return Err(ValidationError::new(
+                        at("run.nodes"),
+                        format!("{gpus} GPUs on the nodes but plan `{}` needs {}", run.plan, run.plan.gpus()),
+                    ));
+                }
+                for (k, n) in run.nodes.iter().enumerate() {
+                    let bad = n.node.is_empty() || n.node.contains(['/', '\\', '\0']) || n.node.starts_with('.');
+                    if bad {
+                        return Err(ValidationError::new(
+                            at(&format!("run.nodes[{k}].node")),
+                            format!("`{}` is not a node name", n.node.escape_debug()),
+                        ));
+                    }
+                }
+                if !(run.started_unix_s.is_finite() && run.started_unix_s >= 0.0) {
+                    return Err(ValidationError::new(at("run.startedUnixS"), "must be a time (non-negative seconds)"));
+                }
+            }
+            if let Some(from) = &r.submitted_from
+                && !from.is_absolute()
+            {
+                return Err(ValidationError::new(
+                    at("submittedFrom"),
+                    format!("`{}` is not an absolute path", from.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Equal, or different only in the iterations done of jobs that run.
     fn equal_but_progress(&self, other: &State) -> bool {
         let State { version, round, cluster, backend, jobs } = self;
@@ -279,7 +337,17 @@ impl StateDir {
         }
         let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read", path.display()))?;
         let key = cache_key(text.as_bytes());
+        let valid = |state: State| -> anyhow::Result<State> {
+            state.validate().map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: {e}; the state is refused as it is (fix or restore it; nothing was done)",
+                    path.display()
+                )
+            })?;
+            Ok(state)
+        };
         if let Some(state) = self.cached(&key) {
+            let state = valid(state)?;
             *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(state.clone());
             return Ok(state);
         }
@@ -309,6 +377,7 @@ impl StateDir {
         if state.version > STATE_VERSION {
             return Err(newer(state.version));
         }
+        let state = valid(state)?;
         self.write_cache(&key, &state);
         *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(state.clone());
         Ok(state)

@@ -44,6 +44,11 @@ pub(crate) fn status(
     };
     let log_of =
         |name: &str, r: &JobRecord| (r.attempts > 0).then(|| dir.attempt_dir(name, r.attempts).join("log.txt"));
+    // The last applied round's assignment of a job whose guarantee it did not keep.
+    let not_held = |name: &str| {
+        let a = applied.as_ref()?.assignments.iter().find(|a| a.job == name)?;
+        a.guarantee.as_ref().is_some_and(|g| !g.holds).then_some(a)
+    };
     let text = match format {
         StatusFormat::Yaml => {
             // The records, with what a person reads in the table: why, the measured and
@@ -54,6 +59,9 @@ pub(crate) fn status(
                 entry["measuredIterTimeS"] = serde_yaml_ng::to_value(mean)?;
                 entry["predictedIterTimeS"] = serde_yaml_ng::to_value(predicted_s(name, r))?;
                 entry["log"] = serde_yaml_ng::to_value(log_of(name, r))?;
+                if let Some(a) = not_held(name) {
+                    entry["guaranteeNotHeld"] = serde_yaml_ng::to_value(&a.reason)?;
+                }
             }
             serde_yaml_ng::to_string(&doc)?
         }
@@ -97,6 +105,16 @@ pub(crate) fn status(
                     if let Some(log) = log_of(name, r) {
                         out.push_str(&format!("  log: {}\n", log.display()));
                     }
+                }
+                // A guarantee the last round could not keep, running or not.
+                if let Some(a) = not_held(name) {
+                    let why = if a.reason.starts_with("guarantee NOT held") {
+                        a.reason.clone()
+                    } else {
+                        format!("guarantee NOT held: {}", a.reason)
+                    };
+                    out.push_str(&fit(format!("  {why}"), 100));
+                    out.push('\n');
                 }
             }
             out
