@@ -64,7 +64,8 @@ lint: setup
 # is evaluated too (out/demo-llama7-summary.yaml and .svg), and the authors' 10-job
 # trace is simulated under Rubick and a static queue (out/demo-sim-*). Last, rubick-run
 # drives two copies of the PyTorch workload through rounds of rubick-plan on this
-# machine (one stopped, the other reconfigured) and prints its status.
+# machine (one stopped; the planner then decides whether the other takes both worker
+# slots, and says why) and prints its status.
 REFERENCE ?= $(or $(RUBICK_REFERENCE),../shared/reference/rubick-artifact)
 demo: build
 	@mkdir -p out
@@ -96,7 +97,7 @@ demo: build
 	  $(BIN)/rubick-fit evaluate --reference "$(REFERENCE)" --model llama7 --cluster data/cluster-a800-8x8.yaml \
 	    --samples 8 --summary out/demo-llama7-summary.yaml --plot out/demo-llama7.svg --model-out out/demo-llama7-model.yaml; \
 	fi
-	@echo "# rubick-run: two copies of the PyTorch workload on the local backend, a round of rubick-plan each time (the cron loop); one stopped, the other reconfigured" >&2
+	@echo "# rubick-run: two copies of the PyTorch workload on the local backend, a round of rubick-plan each time (the cron loop); one stopped, then the planner decides whether the other takes both slots (the last line says what it did and why)" >&2
 	@scripts/demo-run.sh $(BIN) "$$(scripts/python-env.sh)" out/local.yaml out/demo-pytorch-model.yaml out
 	@echo "demo: schedules out/demo-round0.yaml, out/demo-round1.yaml; curves out/demo-curves.png; rubick-run state out/demo-run/dir" >&2
 

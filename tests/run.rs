@@ -1597,3 +1597,32 @@ fn item7_a_hand_edited_state_naming_a_path_outside_is_exit_2_for_every_command()
     assert_eq!(out.status.code(), Some(2), "check refuses a schedule naming ../../victim: {err}");
     assert!(err.contains("assignments[0].job"), "{err}");
 }
+
+/// Issue 30, item 9: a `rubick-run stop` killed (SIGKILL) after it recorded its intent,
+/// after it signalled the run, or after the run stopped stays a stop: the next command
+/// finishes it, the job is `stopped` (not queued), no round lists or starts it again,
+/// and no process of it is left.
+#[test]
+fn item9_a_killed_stop_stays_a_stop() {
+    for point in ["stop-recorded", "stop-signalled", "stopped"] {
+        let dir = temp();
+        let _reaper = Reaper(dir.path().to_path_buf());
+        let d = dir.path();
+        setup(d, 100_000);
+        ok(d, &["submit", "a.yaml"]);
+        schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+        ok(d, &["apply", "r1.yaml"]);
+        wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+        let (code, _, err) = rr(d, &["stop", "a"], Some(point));
+        assert_eq!(code, None, "{point}: killed by a signal: {err}");
+        let status = ok(d, &["status"]);
+        assert_eq!(state(d)["jobs"]["a"]["status"].as_str(), Some("stopped"), "{point}: {status}");
+        assert!(!ok(d, &["jobs"]).contains("name: a"), "{point}: a stopped job is in no round");
+        ok(d, &["apply", "r1.yaml"]);
+        let s = state(d);
+        assert_eq!(s["jobs"]["a"]["status"].as_str(), Some("stopped"), "{point}: not started again");
+        assert!(s["jobs"]["a"]["run"].is_null(), "{point}: {s:?}");
+        assert_eq!(s["jobs"]["a"]["attempts"].as_u64(), Some(1), "{point}");
+        wait_for("no process left", || workers(d).is_empty());
+    }
+}

@@ -497,13 +497,16 @@ fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args, false);
     let (mut state, backend) = refreshed(&dir)?;
     let was = record(&dir, &state, job)?.status;
-    if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
-        eprintln!("{job}: stopped in {secs:.1} s{}", if clean { "" } else { " (killed after stopTimeoutS)" });
-    }
-    let rec = state.jobs.get_mut(job).context("record")?;
+    // The intent first, saved with the run's phase (stopping) before any signal: a stop
+    // killed midway is finished as a stop by the next command, never repaired into a
+    // pause that a round would start again.
     if matches!(was, JobStatus::Queued | JobStatus::Running) {
+        let rec = state.jobs.get_mut(job).context("record")?;
         rec.status = JobStatus::Stopped;
         rec.reason = Some("stopped by `rubick-run stop`".into());
+    }
+    if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
+        eprintln!("{job}: stopped in {secs:.1} s{}", if clean { "" } else { " (killed after stopTimeoutS)" });
     }
     dir.save(&state)?;
     Ok(Outcome::Done)

@@ -157,7 +157,10 @@ pub(crate) fn stop_runs(
         let rec = state.jobs.get_mut(jobs[*k]).context("record")?;
         record_stop(rec, &dir.attempt_dir(jobs[*k], run.attempt), run, secs, clean);
         rec.run = None;
-        rec.status = JobStatus::Queued;
+        // A stop for good (`rubick-run stop`, its intent saved first) stays one.
+        if rec.status != JobStatus::Stopped {
+            rec.status = JobStatus::Queued;
+        }
         out[*k] = Some((secs, clean));
     }
     dir.save(state)?;
