@@ -1626,3 +1626,50 @@ fn item9_a_killed_stop_stays_a_stop() {
         wait_for("no process left", || workers(d).is_empty());
     }
 }
+
+/// Issue 30, item 8: a state that lost a live run's record (restored from a backup taken
+/// before the run started): the run is found by its mark and stopped by the next
+/// command, so `stop` reaches it, and a new start (the job queued again) is one run, not
+/// a second copy on the same checkpoints.
+#[test]
+fn item8_a_run_whose_record_was_lost_is_found_by_its_mark_never_orphaned_or_doubled() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml"]);
+    let backup = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    let restore = || {
+        std::fs::write(d.join("state/state.yaml"), &backup).unwrap();
+        let _ = std::fs::remove_file(d.join("state/state.cache.json"));
+    };
+    // `stop` of the restored state: the unrecorded run stopped, nothing left.
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+    assert_eq!(workers(d).len(), 1);
+    restore();
+    let (code, _, err) = rr(d, &["stop", "a"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("without a record"), "the unrecorded run is named: {err}");
+    wait_for("the unrecorded run stopped", || workers(d).is_empty());
+    // A start on the restored state: one run of a, never two.
+    let dir = temp();
+    let _reaper2 = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml"]);
+    let backup = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml"]);
+    wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+    std::fs::write(d.join("state/state.yaml"), &backup).unwrap();
+    let _ = std::fs::remove_file(d.join("state/state.cache.json"));
+    let (code, _, err) = rr(d, &["apply", "r1.yaml"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("without a record"), "{err}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(workers(d).len(), 1, "one run of a, not a second copy: {:?}", workers(d));
+    ok(d, &["stop", "a"]);
+    wait_for("no process left", || workers(d).is_empty());
+}

@@ -151,6 +151,24 @@ pub fn marked_processes(metrics: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Every live process (but this one) whose run mark (`RUBICK_METRICS=PATH`, see
+/// [`marked_processes`]) lies under `prefix`, with its mark: the runs of a state
+/// directory, recorded or not. A scan of /proc.
+pub fn marked_under(prefix: &str) -> Vec<(u32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let me = std::process::id();
+    let key = format!("RUBICK_METRICS={prefix}");
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && proc_stat(pid).is_some_and(|s| !s.zombie))
+        .filter_map(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let mark = env.split(|b| *b == 0).find(|v| v.starts_with(key.as_bytes()))?;
+            let mark = std::str::from_utf8(mark).ok()?.strip_prefix("RUBICK_METRICS=")?.to_owned();
+            Some((pid, mark))
+        })
+        .collect()
+}
+
 /// What `/proc/PID/stat` says of a process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcStat {

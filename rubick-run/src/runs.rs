@@ -75,7 +75,48 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
     }
     let unfinished: Vec<&str> = unfinished.iter().map(String::as_str).collect();
     stop_runs(dir, state, &unfinished, backend)?;
+    if backend.name() == "local" {
+        stop_unrecorded(dir, state);
+    }
     Ok(())
+}
+
+/// Runs of this state's jobs that live without a record (a state restored from a
+/// backup, an edited cache): found by their mark, stopped (the contract's signal, its
+/// timeout, then KILL), so that nothing runs that no record knows of: a stop of the job
+/// reaches them, a delete orphans nothing, a new start is never a second copy.
+fn stop_unrecorded(dir: &StateDir, state: &State) {
+    let jobs = dir.root.join("jobs");
+    let prefix = format!("{}/", jobs.display());
+    let mut orphans: BTreeMap<String, (String, u32)> = BTreeMap::new();
+    for (_, mark) in rubick_launch::supervise::marked_under(&prefix) {
+        let Some(rest) = mark.strip_prefix(&prefix) else { continue };
+        let mut parts = rest.split('/');
+        let (Some(job), Some(attempt)) = (parts.next(), parts.next()) else { continue };
+        let attempt = attempt.strip_prefix("attempt-").and_then(|a| a.parse::<u32>().ok()).unwrap_or(0);
+        let recorded = state.jobs.get(job).and_then(|r| r.run.as_ref()).is_some_and(|r| r.attempt == attempt);
+        if !recorded {
+            orphans.entry(mark.clone()).or_insert((job.to_owned(), attempt));
+        }
+    }
+    for (mark, (job, attempt)) in orphans {
+        let (signal, timeout) = state.jobs.get(&job).map_or((Default::default(), Duration::from_secs(120)), |r| {
+            stop_settings(&r.job)
+        });
+        tracing::warn!(
+            "`{job}`: run {attempt} lives without a record (a state restored or edited?): stopping it ({:.0} s at most)",
+            timeout.as_secs_f64()
+        );
+        use rubick_launch::supervise::{RunSignal, marked_processes, signal_run};
+        signal_run(None, &mark, RunSignal::Stop(signal));
+        let start = Instant::now();
+        while !marked_processes(&mark).is_empty() && start.elapsed() < timeout {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if !marked_processes(&mark).is_empty() {
+            signal_run(None, &mark, RunSignal::Kill);
+        }
+    }
 }
 
 /// Seconds from a run's start to its first metric line: the metrics file's last change,
