@@ -1673,3 +1673,37 @@ fn item8_a_run_whose_record_was_lost_is_found_by_its_mark_never_orphaned_or_doub
     ok(d, &["stop", "a"]);
     wait_for("no process left", || workers(d).is_empty());
 }
+
+/// Issue 30, item 10: a helper started with `env -i` (no mark) under `setsid` (no
+/// process group of the run), ignoring TERM, does not survive a stop, whether the
+/// launcher ignores the stop signal (killed after stopTimeoutS) or exits at once (within
+/// the wrapper's grace).
+#[test]
+fn item10_unmarked_setsid_helpers_do_not_survive_a_stop() {
+    for (case, launcher) in [
+        ("the launcher ignores the stop", "trap '' USR1 TERM INT; while :; do sleep 0.1; done"),
+        ("the launcher exits at once", "trap 'exit 0' USR1; while :; do sleep 0.1; done"),
+    ] {
+        let dir = temp();
+        let _reaper = Reaper(dir.path().to_path_buf());
+        let d = dir.path();
+        setup(d, 100_000);
+        let pid_file = d.join("helper.pid");
+        let script = format!(
+            "env -i setsid sh -c 'trap \"\" TERM USR1; echo $$ > {}; while :; do sleep 1; done' &\n\
+             echo '{{\"rubick\":1,\"iter\":1,\"iter_time_s\":0.1}}' >> \"$RUBICK_METRICS\"\n{launcher}\n",
+            pid_file.display()
+        );
+        std::fs::write(d.join("work.sh"), script).unwrap();
+        let job = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("stopTimeoutS: 10", "stopTimeoutS: 2");
+        std::fs::write(d.join("a.yaml"), job).unwrap();
+        ok(d, &["submit", "a.yaml"]);
+        schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+        ok(d, &["apply", "r1.yaml"]);
+        wait_for("the helper", || std::fs::read_to_string(&pid_file).is_ok_and(|t| t.trim().parse::<u32>().is_ok()));
+        let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_owned();
+        assert!(alive(&pid), "{case}: the helper runs");
+        ok(d, &["stop", "a"]);
+        wait_for(&format!("{case}: the helper gone"), || !alive(&pid));
+    }
+}

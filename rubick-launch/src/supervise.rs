@@ -197,11 +197,23 @@ pub fn carries_mark(pid: u32, metrics: &str) -> bool {
 }
 
 /// Signals every process of a run: its process group and [`marked_processes`].
+///
+/// A `KILL` also reaches their descendants, first: what the run wrapper (a child
+/// subreaper, marked) holds that carries no mark (a helper started with `env -i` in a
+/// session of its own) would otherwise be re-parented to init once the wrapper dies,
+/// and outlive the run.
 pub fn signal_run(pgid: Option<u32>, metrics: &str, signal: RunSignal) {
+    let marked = marked_processes(metrics);
+    if matches!(signal, RunSignal::Kill) {
+        // Of the marked processes only: a group id may have been reused.
+        for pid in crate::wrap::descendants_of(&marked).into_iter().filter_map(pid_of) {
+            let _ = rustix::process::kill_process(pid, signal.raw());
+        }
+    }
     if let Some(pgid) = pgid {
         signal_group(pgid, signal);
     }
-    for pid in marked_processes(metrics).into_iter().filter_map(pid_of) {
+    for pid in marked.into_iter().filter_map(pid_of) {
         let _ = rustix::process::kill_process(pid, signal.raw());
     }
 }

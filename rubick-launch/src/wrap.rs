@@ -289,6 +289,12 @@ fn end_descendants(grace: Duration) {
 
 /// Live (not zombie) processes whose ancestry leads to `root`, from `/proc`.
 pub fn descendants(root: u32) -> Vec<u32> {
+    descendants_of(&[root])
+}
+
+/// Live (not zombie) processes whose ancestry leads to any of `roots` (the roots
+/// themselves not included unless one descends from another), from one read of `/proc`.
+pub fn descendants_of(roots: &[u32]) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let procs: Vec<(u32, u32)> = dir
         .filter_map(|e| {
@@ -298,7 +304,7 @@ pub fn descendants(root: u32) -> Vec<u32> {
         })
         .collect();
     let mut found: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
-    let mut frontier = vec![root];
+    let mut frontier = roots.to_vec();
     while let Some(parent) = frontier.pop() {
         for &(pid, _) in procs.iter().filter(|(_, ppid)| *ppid == parent) {
             if found.insert(pid) {
