@@ -1707,3 +1707,80 @@ fn item10_unmarked_setsid_helpers_do_not_survive_a_stop() {
         wait_for(&format!("{case}: the helper gone"), || !alive(&pid));
     }
 }
+
+/// A tmpfs of `size` mounted on `dir` (root only), unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> Result<SmallDisk, String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("mount -t tmpfs: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(SmallDisk(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Issue 30, item 11: a run fills the disk its state lives on. Its `stop` still stops it
+/// (exit 2: the state cannot be written, and says so), the wrapper's exit status is
+/// recorded in the space reserved at the start, no empty temporary file is left in the
+/// run's directory, and once there is room again the next command records the job as
+/// stopped with no retry spent.
+#[test]
+fn item11_a_full_disk_loses_no_stop_and_no_exit_status() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    let disk = match SmallDisk::mount(&d.join("state"), "2m") {
+        Ok(disk) => disk,
+        Err(why) => {
+            return rubick_io::testing::skip_unless_required(
+                "RUBICK_REQUIRE_SLURM",
+                &format!("item 11 needs a small tmpfs (root): {why}"),
+            );
+        }
+    };
+    let script = "echo '{\"rubick\":1,\"iter\":1,\"iter_time_s\":0.1}' >> \"$RUBICK_METRICS\"\n\
+                  dd if=/dev/zero of=\"$RUBICK_CHECKPOINT_DIR/fill\" bs=64k 2>/dev/null\n\
+                  touch \"$RUBICK_CHECKPOINT_DIR/full\"\n\
+                  trap 'exit 0' USR1\nwhile :; do sleep 0.1; done\n";
+    std::fs::write(d.join("work.sh"), script).unwrap();
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml"]);
+    let ckpt = d.join("state/jobs/a/checkpoints");
+    wait_for("the disk full", || ckpt.join("full").exists());
+    let retries = state(d)["jobs"]["a"]["retriesLeft"].as_u64();
+    let (code, _, err) = rr(d, &["stop", "a"], None);
+    assert_eq!(code, Some(2), "the state cannot be written: {err}");
+    assert!(err.contains("the runs stopped"), "{err}");
+    wait_for("no process left", || workers(d).is_empty());
+    let attempt = d.join("state/jobs/a/attempt-1");
+    assert_eq!(std::fs::read_to_string(attempt.join("exit-code")).unwrap().trim(), "0", "the exit status kept");
+    let empty: Vec<_> = std::fs::read_dir(&attempt)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("tmp") && e.metadata().is_ok_and(|m| m.len() == 0))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(empty.is_empty(), "empty temporary files left: {empty:?}");
+    std::fs::remove_file(ckpt.join("fill")).unwrap();
+    ok(d, &["status"]);
+    let s = state(d);
+    assert_eq!(s["jobs"]["a"]["status"].as_str(), Some("stopped"), "{s:?}");
+    assert_eq!(s["jobs"]["a"]["retriesLeft"].as_u64(), retries, "no retry spent");
+    assert!(!ok(d, &["jobs"]).contains("name: a"));
+    drop(disk);
+}

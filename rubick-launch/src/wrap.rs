@@ -215,6 +215,10 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
     if let Some(path) = &wrap.pid_file {
         write_atomically(path, &format!("{}\n", std::process::id()))?;
     }
+    if let Some(path) = &wrap.exit_file {
+        // Best effort: without it the status is still written while the disk has room.
+        let _ = std::fs::write(reserved(path), " ".repeat(RESERVED_EXIT_BYTES));
+    }
     let (program, rest) = wrap.argv.split_first().ok_or_else(|| std::io::Error::other("no command"))?;
     let mut command = Command::new(program);
     command.args(rest);
@@ -229,7 +233,7 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         Err(e) => {
             eprintln!("rubick run wrapper: {e}");
             if let Some(path) = &wrap.exit_file {
-                write_atomically(path, "127\n")?;
+                write_exit(path, 127)?;
             }
             return Ok(127);
         }
@@ -258,7 +262,7 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
     };
     end_descendants(wrap.grace);
     if let Some(path) = &wrap.exit_file {
-        write_atomically(path, &format!("{code}\n"))?;
+        write_exit(path, code)?;
     }
     Ok(code)
 }
@@ -317,8 +321,42 @@ pub fn descendants_of(roots: &[u32]) -> Vec<u32> {
 
 pub(crate) fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        // A full disk leaves no empty temporary file behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Bytes reserved for the exit status (`--exit-file`) while the disk has room.
+const RESERVED_EXIT_BYTES: usize = 32;
+
+/// The exit file's reservation: written when the run starts, so that its status can be
+/// recorded whatever the run does to the disk ([`write_exit`]).
+fn reserved(path: &Path) -> PathBuf {
+    path.with_extension("reserved")
+}
+
+/// Writes the launcher's exit status: atomically, else (a disk the run filled) into the
+/// reservation made at the start, in place (no new block), renamed over the exit file.
+fn write_exit(path: &Path, code: i32) -> std::io::Result<()> {
+    let text = format!("{code}\n");
+    let reservation = reserved(path);
+    match write_atomically(path, &text) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&reservation);
+            Ok(())
+        }
+        Err(e) => {
+            use std::io::Write as _;
+            let padded = format!("{text:<RESERVED_EXIT_BYTES$}");
+            let mut file = std::fs::OpenOptions::new().write(true).open(&reservation).map_err(|_| e)?;
+            file.write_all(padded.as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&reservation, path)
+        }
+    }
 }
 
 #[cfg(test)]

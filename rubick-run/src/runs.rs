@@ -54,6 +54,12 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
                     continue;
                 };
                 match backend.poll(&handle, &attempt_dir, &nodes) {
+                    RunState::Ended(_) if attempt_dir.join(STOP_MARK).exists() => {
+                        tracing::warn!("`{name}`: run {} ended by a stop that could not write the state", run.attempt);
+                        rec.run = None;
+                        rec.status = JobStatus::Stopped;
+                        rec.reason = Some("stopped by `rubick-run stop`".into());
+                    }
                     RunState::Ended(end) => ended(rec, end, &attempt_dir),
                     RunState::Stranded(why) => lost(rec, backend, &handle, &why),
                     RunState::Unknown(why) => tracing::warn!("`{name}`: {why} (taken for running)"),
@@ -154,6 +160,10 @@ pub(crate) fn stop_run(
     Ok(stop_runs(dir, state, &[job], backend)?.pop().flatten())
 }
 
+/// The empty file a stop for good leaves in its run's directory when it could not write
+/// the state: the run's end is then the stop's, not its own.
+pub(crate) const STOP_MARK: &str = "stopped-for-good";
+
 /// Stops the runs of `jobs` together: every intent recorded durably first (phase
 /// stopping, which an interrupted rubick-run finishes next time), then each run asked
 /// to stop (the contract's signal, `stopTimeoutS`, KILL of what is left) on a thread of
@@ -179,7 +189,18 @@ pub(crate) fn stop_runs(
     if runs.is_empty() {
         return Ok(out);
     }
-    dir.save(state)?;
+    // A stop needs no state write to signal: when the state cannot be written (a full
+    // disk, perhaps filled by the very run to stop), a stop for good leaves an empty
+    // mark in the run's directory (no data block needed) that the next command reads.
+    if let Err(e) = dir.save(state) {
+        tracing::warn!("{e:#}: the runs are stopped all the same; the state is written when it can be");
+        for (k, run, ..) in &runs {
+            let for_good = state.jobs.get(jobs[*k]).is_some_and(|r| r.status == JobStatus::Stopped);
+            if for_good {
+                let _ = std::fs::File::create(dir.attempt_dir(jobs[*k], run.attempt).join(STOP_MARK));
+            }
+        }
+    }
     failpoint("stop-recorded");
     let stopped: Vec<(f64, bool)> = std::thread::scope(|scope| {
         let waits: Vec<_> = runs
@@ -204,7 +225,7 @@ pub(crate) fn stop_runs(
         }
         out[*k] = Some((secs, clean));
     }
-    dir.save(state)?;
+    dir.save(state).context("the runs stopped, but the state could not be written (the next command records it)")?;
     Ok(out)
 }
 
