@@ -380,8 +380,8 @@ impl LaunchContext {
 /// The environment every job gets: `RUBICK_JOB`, `RUBICK_PLAN` (readable form), one
 /// variable per plan field, `RUBICK_GPUS`, `RUBICK_NODES`, `RUBICK_NODE_RANK`, `RUBICK_CPUS`,
 /// `RUBICK_METRICS`, `RUBICK_CHECKPOINT_DIR`, `RUBICK_DEEPSPEED_CONFIG`,
-/// `CUDA_VISIBLE_DEVICES` (when the context names devices), `RUBICK_STOP_SIGNAL` (with a
-/// launch section); then the launch section's own `env` (substituted).
+/// `CUDA_VISIBLE_DEVICES` (when the context names devices), `RUBICK_STOP_SIGNAL` and
+/// `RUBICK_STOP_TIMEOUT_S` (with a launch section); then the launch section's own `env` (substituted).
 pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTreeMap<String, String>, String> {
     let p = &ctx.plan;
     let mut env: BTreeMap<String, String> = [
@@ -417,6 +417,9 @@ pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTree
     }
     if let Some(l) = launch {
         env.insert("RUBICK_STOP_SIGNAL".to_owned(), l.stop_signal.name().to_owned());
+        // How long the run has to checkpoint and exit (`python -m rubick.torchrun` gives
+        // torchrun's shutdown as long).
+        env.insert("RUBICK_STOP_TIMEOUT_S".to_owned(), format!("{}", l.stop_timeout_s));
     }
     for (k, v) in launch.map(|l| &l.env).into_iter().flatten() {
         env.insert(k.clone(), ctx.substitute(v)?);
