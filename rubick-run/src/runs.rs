@@ -106,9 +106,8 @@ fn stop_unrecorded(dir: &StateDir, state: &State) {
         }
     }
     for (mark, (job, attempt)) in orphans {
-        let (signal, timeout) = state.jobs.get(&job).map_or((Default::default(), Duration::from_secs(120)), |r| {
-            stop_settings(&r.job)
-        });
+        let (signal, timeout) =
+            state.jobs.get(&job).map_or((Default::default(), Duration::from_secs(120)), |r| stop_settings(&r.job));
         tracing::warn!(
             "`{job}`: run {attempt} lives without a record (a state restored or edited?): stopping it ({:.0} s at most)",
             timeout.as_secs_f64()
