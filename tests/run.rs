@@ -414,6 +414,12 @@ fn item6_a_guarantee_the_drained_nodes_cannot_keep_pauses_or_degrades_its_job_an
     }
     ok(d, &["stop", "a"]);
     ok(d, &["stop", "b"]);
+    // The nodes back before the lock goes: the next Slurm test counts them.
+    drop(_undrain);
+    wait_for("the drained nodes resumed", || {
+        let up = rubick_launch::slurm::nodes().unwrap_or_default();
+        usable.iter().all(|u| up.iter().any(|n| n.name == *u && n.usable()))
+    });
 }
 
 /// Issue 19, multi-node on Slurm: on the 3-node test Slurm (`scripts/slurm-up.sh --nodes
