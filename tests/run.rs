@@ -141,6 +141,13 @@ fn first_iter(dir: &Path, job: &str, attempt: u64) -> Option<u64> {
     text.lines().find_map(|l| l.split("\"iter\":").nth(1)?.split([',', '}']).next()?.parse().ok())
 }
 
+/// Submits `a` (after [`setup`]) and starts it on slot 0 at DP 1 (`r1.yaml`).
+fn start_a(d: &Path) {
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    ok(d, &["apply", "r1.yaml"]);
+}
+
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !f() {
@@ -1613,9 +1620,7 @@ fn item9_a_killed_stop_stays_a_stop() {
         let _reaper = Reaper(dir.path().to_path_buf());
         let d = dir.path();
         setup(d, 100_000);
-        ok(d, &["submit", "a.yaml"]);
-        schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
-        ok(d, &["apply", "r1.yaml"]);
+        start_a(d);
         wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
         let (code, _, err) = rr(d, &["stop", "a"], Some(point));
         assert_eq!(code, None, "{point}: killed by a signal: {err}");
@@ -1637,38 +1642,32 @@ fn item9_a_killed_stop_stays_a_stop() {
 /// a second copy on the same checkpoints.
 #[test]
 fn item8_a_run_whose_record_was_lost_is_found_by_its_mark_never_orphaned_or_doubled() {
-    let dir = temp();
-    let _reaper = Reaper(dir.path().to_path_buf());
-    let d = dir.path();
-    setup(d, 100_000);
-    ok(d, &["submit", "a.yaml"]);
-    let backup = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
-    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
-    let restore = || {
+    // `a` running, then its state restored from a backup taken before it started.
+    let restored = |d: &Path| {
+        setup(d, 100_000);
+        ok(d, &["submit", "a.yaml"]);
+        let backup = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
+        schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+        ok(d, &["apply", "r1.yaml"]);
+        wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+        assert_eq!(workers(d).len(), 1);
         std::fs::write(d.join("state/state.yaml"), &backup).unwrap();
         let _ = std::fs::remove_file(d.join("state/state.cache.json"));
     };
-    // `stop` of the restored state: the unrecorded run stopped, nothing left.
-    ok(d, &["apply", "r1.yaml"]);
-    wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
-    assert_eq!(workers(d).len(), 1);
-    restore();
+    // `stop`: the unrecorded run stopped, nothing left.
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    restored(d);
     let (code, _, err) = rr(d, &["stop", "a"], None);
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("without a record"), "the unrecorded run is named: {err}");
     wait_for("the unrecorded run stopped", || workers(d).is_empty());
-    // A start on the restored state: one run of a, never two.
+    // A start: one run of a, never two.
     let dir = temp();
     let _reaper2 = Reaper(dir.path().to_path_buf());
     let d = dir.path();
-    setup(d, 100_000);
-    ok(d, &["submit", "a.yaml"]);
-    let backup = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
-    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
-    ok(d, &["apply", "r1.yaml"]);
-    wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
-    std::fs::write(d.join("state/state.yaml"), &backup).unwrap();
-    let _ = std::fs::remove_file(d.join("state/state.cache.json"));
+    restored(d);
     let (code, _, err) = rr(d, &["apply", "r1.yaml"], None);
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("without a record"), "{err}");
@@ -1701,9 +1700,7 @@ fn item10_unmarked_setsid_helpers_do_not_survive_a_stop() {
         std::fs::write(d.join("work.sh"), script).unwrap();
         let job = std::fs::read_to_string(d.join("a.yaml")).unwrap().replace("stopTimeoutS: 10", "stopTimeoutS: 2");
         std::fs::write(d.join("a.yaml"), job).unwrap();
-        ok(d, &["submit", "a.yaml"]);
-        schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
-        ok(d, &["apply", "r1.yaml"]);
+        start_a(d);
         wait_for("the helper", || std::fs::read_to_string(&pid_file).is_ok_and(|t| t.trim().parse::<u32>().is_ok()));
         let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_owned();
         assert!(alive(&pid), "{case}: the helper runs");
@@ -1761,9 +1758,7 @@ fn item11_a_full_disk_loses_no_stop_and_no_exit_status() {
                   touch \"$RUBICK_CHECKPOINT_DIR/full\"\n\
                   trap 'exit 0' USR1\nwhile :; do sleep 0.1; done\n";
     std::fs::write(d.join("work.sh"), script).unwrap();
-    ok(d, &["submit", "a.yaml"]);
-    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
-    ok(d, &["apply", "r1.yaml"]);
+    start_a(d);
     let ckpt = d.join("state/jobs/a/checkpoints");
     wait_for("the disk full", || ckpt.join("full").exists());
     let retries = state(d)["jobs"]["a"]["retriesLeft"].as_u64();

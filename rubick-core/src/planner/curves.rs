@@ -398,21 +398,7 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        let model = &job.model;
-        let key = self.model_key(job, params);
-        let space = self.space(key, group, placement.gpus());
-        let g = &self.cluster.node_groups[group];
-        let cpu_ref = self.config.cpu_reference(g);
-        let mut best: Option<(Plan, f64)> = None;
-        let candidates = &self.config.candidates;
-        let ok = |p: &Plan| candidates.config(model, p, placement);
-        for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
-            let thr = Self::throughput(model, params, g, plan, placement, cpus, cpu_ref);
-            if best.as_ref().is_none_or(|(_, b)| thr > *b) {
-                best = Some((*plan, thr));
-            }
-        }
-        best
+        self.best_plan_by(job, params, group, placement, cpus, restriction, |_, _, thr| thr)
     }
 
     /// The allowed plan of a job on a concrete placement with `cpus` cores whose
@@ -426,20 +412,36 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        let (job, params) = (&input.job, &input.params);
+        self.best_plan_by(&input.job, &input.params, group, placement, cpus, restriction, |me, plan, thr| {
+            thr * (-me.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h)).exp()
+        })
+    }
+
+    /// The allowed plan of highest `score(self, plan, predicted throughput)`, with its
+    /// predicted throughput.
+    #[allow(clippy::too_many_arguments)]
+    fn best_plan_by(
+        &mut self,
+        job: &Job,
+        params: &Params,
+        group: usize,
+        placement: &Placement,
+        cpus: u32,
+        restriction: Restriction,
+        score: impl Fn(&Self, &Plan, f64) -> f64,
+    ) -> Option<(Plan, f64)> {
+        let model = &job.model;
         let key = self.model_key(job, params);
         let space = self.space(key, group, placement.gpus());
         let g = &self.cluster.node_groups[group];
         let cpu_ref = self.config.cpu_reference(g);
         let mut best: Option<(Plan, f64, f64)> = None;
-        for plan in
-            space.iter().filter(|p| restriction.allows(p) && self.config.candidates.config(&job.model, p, placement))
-        {
-            let thr = Self::throughput(&job.model, params, g, plan, placement, cpus, cpu_ref);
-            let spread = self.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h);
-            let low = thr * (-spread).exp();
-            if best.as_ref().is_none_or(|(_, _, b)| low > *b) {
-                best = Some((*plan, thr, low));
+        let candidates = &self.config.candidates;
+        for plan in space.iter().filter(|p| restriction.allows(p) && candidates.config(model, p, placement)) {
+            let thr = Self::throughput(model, params, g, plan, placement, cpus, cpu_ref);
+            let s = score(self, plan, thr);
+            if best.as_ref().is_none_or(|(_, _, b)| s > *b) {
+                best = Some((*plan, thr, s));
             }
         }
         best.map(|(plan, thr, _)| (plan, thr))
