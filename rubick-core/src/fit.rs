@@ -396,7 +396,7 @@ mod tests {
         assert!(lo <= mid && mid <= hi);
     }
 
-    /// Issue 22, "fit on a 1M-row profile > 300 s": repeated configurations are fitted as
+    /// A profile of a million rows fits in seconds: repeated configurations are fitted as
     /// one weighted row, with the same optimum as every row apart.
     #[test]
     fn repeated_rows_fit_as_their_configurations() {

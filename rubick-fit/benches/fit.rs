@@ -54,7 +54,7 @@ fn main() -> anyhow::Result<()> {
             times.sort_by(f64::total_cmp);
             println!("bench: fit_one_job_ms {:.2} ms", times[times.len() / 2]);
             println!("bench: fit_one_job_max_ms {:.2} ms", times.last().copied().unwrap_or(f64::NAN));
-            // Issue 22: a profile of a million rows (repeats of a job's 8 selected rows):
+            // A profile of a million rows (repeats of a job's 8 selected rows):
             // repeated configurations are fitted as one weighted row.
             if let Some(job) = data.jobs.iter().find(|j| j.rows.len() >= 9) {
                 let links = rubick_core::perfmodel::Links::of_cluster(&job.cluster);

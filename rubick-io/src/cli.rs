@@ -232,7 +232,7 @@ pub fn man_pages(command: clap::Command, out_dir: Option<&Path>) -> anyhow::Resu
 mod tests {
     use super::*;
 
-    /// Issue 18, "every error is printed twice": a cause already in the message is not
+    /// An error is printed once: a cause already in the message is not
     /// printed again; a cause that adds something is.
     #[test]
     fn every_error_is_printed_twice() {

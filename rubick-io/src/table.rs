@@ -320,9 +320,9 @@ mod tests {
         }
     }
 
-    /// Issue 30, item 12: a table is never written under a name that says another format.
+    /// A table is never written under a name that says another format.
     #[test]
-    fn item12_a_table_named_for_another_format_is_refused() {
+    fn a_table_named_for_another_format_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut df = df!("plan" => ["ga"]).unwrap();
         let schema = rubick_core::tables::PROFILE;

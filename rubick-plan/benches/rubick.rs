@@ -231,7 +231,7 @@ const NOISE: f64 = 0.02;
 /// with its standard deviation: avg JCT per policy and queue order, the ratios, per-model
 /// JCT and extrapolated shares, guarantees on a half-guaranteed trace, Rubick under the
 /// stricter and the old truths.
-/// Issue 21: the whole Philly trace (82,247 jobs) mapped onto a 4,096-GPU cluster, and
+/// The whole Philly trace (82,247 jobs) mapped onto a 4,096-GPU cluster, and
 /// a 100,000-job trace (the Philly log replayed once more after its end, from its first
 /// job, until 100,000) simulated once under Rubick (FIFO), one seed.
 fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::Result<()> {
@@ -275,7 +275,7 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
     Ok(())
 }
 
-/// Issue 29: Philly-derived traces on the A800 testbed's node shape (`rubick-plan trace
+/// Philly-derived traces on the A800 testbed's node shape (`rubick-plan trace
 /// --format philly --seed 1 --limit N` onto 8 and 64 nodes: the first 1,000 jobs on 64
 /// GPUs, the first 8,000 on 512), one replica with the usual noise: every policy's
 /// restarts per job, makespan, GPU-hours and average JCT, and Rubick's against the
@@ -395,7 +395,7 @@ fn simulation_figures(
             }
         }
     }
-    // Issue 29: the peers against Rubick on the paper's setting (FIFO).
+    // The peers against Rubick on the paper's setting (FIFO).
     for peer in ["sia", "pollux", "synergy", "static-guaranteed-first", "rubick-gpus-only"] {
         let (key, rubick) = ((peer, Queue::Fifo), ("rubick", Queue::Fifo));
         let name = peer.replace('-', "_");
@@ -452,7 +452,7 @@ fn simulation_figures(
         println!("bench: {name}_avg_jct_all_s {:.0} s", s.avg_jct_all_s.mean);
         tight_jct.insert(policy, s.avg_jct_all_s.mean);
     }
-    // Issue 29: Synergy-TUNE acts where cores bind (offloading jobs get twice the fair
+    // Synergy-TUNE acts where cores bind (offloading jobs get twice the fair
     // share, others give theirs back): it differs from static-backfill here.
     println!(
         "bench: sim_cpu_tight_synergy_over_static_backfill_all_jobs {:.3} x",
