@@ -508,29 +508,6 @@ crate::string_serde!(
 mod tests {
     use super::*;
 
-    #[test]
-    fn readable_form_round_trips() {
-        for text in ["dp4-tp2-pp1-mb2-ga1", "dp8-tp1-pp1-mb1-ga1-z2-offopt-gc", "dp1-tp4-pp2-mb1-ga4"] {
-            let plan: Plan = text.parse().unwrap();
-            assert_eq!(plan.to_string(), text);
-        }
-    }
-
-    #[test]
-    fn readable_form_accepts_any_order_and_defaults() {
-        let plan: Plan = "gc-mb2-dp4".parse().unwrap();
-        assert_eq!(plan, Plan { checkpointing: true, ..Plan::data_parallel(4, 2) });
-    }
-
-    #[test]
-    fn readable_form_rejects_nonsense() {
-        for bad in
-            ["", "dp4", "dp0-mb1", "dp4-mb1-zz", "dp4-mb1-z7", "dp4-dp2-mb1", "dp1-mb1-z2", "dp2-mb1-offopt", "gc3-mb1"]
-        {
-            assert!(bad.parse::<Plan>().is_err(), "{bad} should not parse");
-        }
-    }
-
     /// `data/plan-vectors.json`, shared with the Python package's tests.
     fn vectors() -> serde_json::Value {
         serde_json::from_str(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/plan-vectors.json"))).unwrap()
@@ -580,9 +557,6 @@ mod tests {
         assert!("208".parse::<PlanCode>().is_err());
         assert!("zero".parse::<PlanCode>().is_err());
     }
-
-
-
 }
 
 #[cfg(test)]
