@@ -32,13 +32,22 @@ build: setup
 # The PyTorch reference workload's virtual environment (reused from /var/tmp when
 # present; a fresh machine installs torch, ~3 GB): the real-profile tests use it. When
 # it cannot be made they skip, saying why (CI requires them: .ci/run).
+# python/tests run against this checkout's package as pip installs it (py.typed and
+# all), built into a temporary directory of this run: the venv is shared by every
+# clone on the machine, so nothing of one checkout is installed into it (with an
+# install there, two clones testing at once would each test whichever installed last).
 test: setup
 	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv" || \
 	  echo "test: no PyTorch environment (scripts/python-env.sh failed); its tests skip" >&2; \
 	skipped=$$(mktemp) && export RUBICK_SKIPPED="$$skipped"; \
 	$(CARGO) test --workspace --locked; rc=$$?; \
 	if [ -n "$${RUBICK_VENV:-}" ] && "$$RUBICK_VENV/bin/python" -c 'import pytest' 2>/dev/null; then \
-	  "$$RUBICK_VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests || rc=1; \
+	  package=$$(mktemp -d) && mkdir "$$package/src" && \
+	  cp -r python/pyproject.toml python/README.md python/rubick "$$package/src/" && \
+	  "$$RUBICK_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+	    --no-index --target "$$package/lib" "$$package/src" && \
+	  PYTHONPATH="$$package/lib" "$$RUBICK_VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests || rc=1; \
+	  rm -rf "$$package"; \
 	elif [ "$${RUBICK_REQUIRE_PYTORCH:-}" = 1 ]; then \
 	  echo "test: RUBICK_REQUIRE_PYTORCH=1 but no venv with pytest for python/tests" >&2; rc=1; \
 	else \
@@ -49,9 +58,19 @@ test: setup
 	  sort -u "$$skipped" | sed 's/^/  /' >&2; \
 	fi; rm -f "$$skipped"; exit $$rc
 
+# python/ is linted with ruff and type-checked with mypy (strict; python/pyproject.toml)
+# from the venv of scripts/python-env.sh; without one it is skipped, saying so (CI
+# requires it: RUBICK_REQUIRE_PYTORCH=1).
 lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	@if venv=$$(scripts/python-env.sh); then \
+	  cd python && set -x && "$$venv/bin/ruff" check . && "$$venv/bin/ruff" format --check . && "$$venv/bin/mypy"; \
+	elif [ "$${RUBICK_REQUIRE_PYTORCH:-}" = 1 ]; then \
+	  echo "lint: RUBICK_REQUIRE_PYTORCH=1 but scripts/python-env.sh failed: python/ cannot be linted" >&2; exit 1; \
+	else \
+	  echo "lint: no Python environment (scripts/python-env.sh failed): python/ is not linted (ruff, mypy)" >&2; \
+	fi
 
 # The main job on the embedded local default: first a real profile of the PyTorch
 # reference workload on this machine's CPU or GPUs, of the 8 configurations the

@@ -38,7 +38,7 @@ case $venv in
 esac
 
 marker=$venv/.rubick-ok
-check='import torch, numpy, kubernetes_validate, pytest, transformers, accelerate, lightning, deepspeed'
+check='import torch, numpy, kubernetes_validate, pytest, transformers, accelerate, lightning, deepspeed, setuptools, ruff, mypy'
 
 venv_ok() {
     [[ -f $marker && -x $venv/bin/python ]] &&
@@ -106,8 +106,10 @@ rm -f "$marker"
 # accelerate: its Hugging Face Trainer adapter and examples/hf-trainer (no model is
 # downloaded: the example builds its GPT-2 configuration); lightning: its Lightning adapter;
 # deepspeed: examples/deepspeed (its engine runs CPU workers where there is no GPU) with
-# ninja, which builds DeepSpeed's CPU communication op the first time an engine starts.
-packages=(torch numpy kubernetes-validate pytest transformers accelerate lightning deepspeed ninja)
+# ninja, which builds DeepSpeed's CPU communication op the first time an engine starts;
+# setuptools: `make test` builds python/ with it (offline, no build isolation) for its
+# tests; ruff and mypy: `make lint` of python/.
+packages=(torch numpy kubernetes-validate pytest transformers accelerate lightning deepspeed ninja setuptools ruff mypy)
 log "pip install ${packages[*]} (the default torch wheel is ~3 GB; takes minutes)"
 # shellcheck disable=SC2086 # RUBICK_PIP_ARGS is a list of words on purpose
 "$venv/bin/python" -m pip install --disable-pip-version-check ${RUBICK_PIP_ARGS:-} \

@@ -142,7 +142,7 @@ OFFLOAD_NAMES = {"none": "none", "optimizer": "optimizer", "offopt": "optimizer"
 
 
 def parse_plan_string(text):
-    """`dp2-tp1-pp1-mb4-ga2-z1-offopt-gc` -> dict of the fields it names."""
+    """`dp2-tp1-pp1-mb4-ga2-z1-offopt-gc` -> the fields it names (`rubick.PlanFields`)."""
     try:
         return rubick.parse_plan(text)
     except rubick.PlanError as e:
@@ -165,22 +165,22 @@ def same(key, raw, said):
 
 def resolve_plan(args, world):
     plan_text = os.environ.get("RUBICK_PLAN", "").strip()
+    # A complete plan string (the launcher's form) also says ZeRO 0, no offload and no
+    # checkpointing by leaving them out: parse_plan fills those in.
     from_plan = parse_plan_string(plan_text)
-    if all(k in from_plan for k in ("dp", "tp", "pp", "micro_batch", "ga")):
-        # The launcher's complete form leaves the defaults out: no -z is ZeRO 0.
-        from_plan = {"zero": 0, "offload": "none", "gc": False, **from_plan}
 
     def pick(key, env, default):
         value = getattr(args, key)
+        said = getattr(from_plan, key)
         if value is None:
             raw = os.environ.get(env, "")
             if raw != "":
                 value = raw
-                if key in from_plan and not same(key, raw, from_plan[key]):
-                    fail(f"{env}={raw} contradicts RUBICK_PLAN={plan_text} ({key} {from_plan[key]}): "
+                if said is not None and not same(key, raw, said):
+                    fail(f"{env}={raw} contradicts RUBICK_PLAN={plan_text} ({key} {said}): "
                          "the per-field variable and the plan string must name the same plan")
         if value is None:
-            value = from_plan.get(key, default)
+            value = default if said is None else said
         return value
 
     plan = {}

@@ -7,7 +7,8 @@ step, checkpoint atomically, the ``checkpointed`` event, exit 0), a resume from 
 newest checkpoint at whatever plan the new run has, and, out of memory, the ``oom``
 event with exit 3. This package is that, once:
 
-* :class:`Plan` — the plan and resources from the environment;
+* :class:`Plan` — the plan and resources from the environment; :func:`parse_plan`
+  reads a plan string into :class:`PlanFields`;
 * :class:`Reporter` — iteration timing (forward / backward+sync / optimizer) and
   metric lines;
 * :class:`StopFlag` — the stop signal as a flag, agreed by all ranks;
@@ -27,7 +28,7 @@ from . import checkpoint
 from .loop import Run
 from .metrics import Iteration, Reporter, peak_memory_gib
 from .oom import EXIT_OOM, exit_on_oom, is_oom
-from .plan import EXIT_PLAN, Plan, PlanError, install_exit_hook, parse_plan
+from .plan import EXIT_PLAN, OFFLOADS, Offload, Plan, PlanError, PlanFields, install_exit_hook, parse_plan
 from .ranks import is_main, rank, world_size
 from .stop import StopFlag
 
@@ -36,9 +37,12 @@ install_exit_hook()
 __all__ = [
     "EXIT_OOM",
     "EXIT_PLAN",
+    "OFFLOADS",
     "Iteration",
+    "Offload",
     "Plan",
     "PlanError",
+    "PlanFields",
     "Reporter",
     "Run",
     "StopFlag",

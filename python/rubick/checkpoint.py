@@ -8,11 +8,12 @@ one, at whatever plan it now has: what is saved should be the full, unsharded st
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
 import sys
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable
 
 #: The checkpoint's file name in ``RUBICK_CHECKPOINT_DIR``.
 FILE = "checkpoint.pt"
@@ -31,10 +32,8 @@ def write_atomic(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -43,7 +42,7 @@ def write_atomic(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
         os.close(fd)
 
 
-def _dump(obj: Any, f) -> None:
+def _dump(obj: Any, f: io.BufferedWriter) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.save(obj, f)
@@ -68,7 +67,7 @@ def save(directory: str, iteration: int, state: Any, plan: str = "") -> str:
     return path
 
 
-def load(directory: Optional[str]) -> Optional[Tuple[int, Any, str]]:
+def load(directory: str | None) -> tuple[int, Any, str] | None:
     """The newest complete checkpoint in ``directory``: (iteration, state, plan it was
     saved at), or ``None`` when there is none. Leftover temporary files of a killed
     save are ignored."""

@@ -58,7 +58,8 @@ import re
 import shutil
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
@@ -66,7 +67,7 @@ from .plan import Plan, PlanError, _to_int
 from .stop import StopFlag
 
 if TYPE_CHECKING:  # imported for real only when needed (it takes seconds)
-    from transformers import TrainingArguments
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 #: Written into a Trainer checkpoint once it is complete (after the Trainer's save).
 COMPLETE = "rubick-complete"
@@ -86,7 +87,7 @@ def _warn(message: str) -> None:
         print(f"rubick: warning: {message}", file=sys.stderr, flush=True)
 
 
-def training_arguments(plan: Optional[Plan] = None, **overrides) -> "TrainingArguments":
+def training_arguments(plan: Plan | None = None, **overrides: Any) -> TrainingArguments:
     """``TrainingArguments`` for this run's plan; ``overrides`` (any of its fields) win,
     except the plan's own (batch, accumulation, checkpointing, sharding) and, under
     rubick (``plan.checkpoint_dir`` set), the run's directories: ``output_dir`` is the
@@ -106,8 +107,11 @@ def training_arguments(plan: Optional[Plan] = None, **overrides) -> "TrainingArg
     cpu = not torch.cuda.is_available()
     output_dir = overrides.pop("output_dir", None)
     if plan.checkpoint_dir:
-        run_paths = {"output_dir": plan.checkpoint_dir, "logging_dir": None,
-                     "resume_from_checkpoint": last_checkpoint(plan.checkpoint_dir)}
+        run_paths = {
+            "output_dir": plan.checkpoint_dir,
+            "logging_dir": None,
+            "resume_from_checkpoint": last_checkpoint(plan.checkpoint_dir),
+        }
         if output_dir is not None:
             overrides["output_dir"] = output_dir
         for name in RUN_PATHS:
@@ -115,12 +119,14 @@ def training_arguments(plan: Optional[Plan] = None, **overrides) -> "TrainingArg
                 continue
             given = overrides.pop(name)
             if given is not None and os.fspath(given) != run_paths[name]:
-                _warn(f"training_arguments({name}={os.fspath(given)!r}) ignored: the run's directories win "
-                      f"(RUBICK_CHECKPOINT_DIR={plan.checkpoint_dir!r}; {name} = {run_paths[name]!r})")
+                _warn(
+                    f"training_arguments({name}={os.fspath(given)!r}) ignored: the run's directories win "
+                    f"(RUBICK_CHECKPOINT_DIR={plan.checkpoint_dir!r}; {name} = {run_paths[name]!r})"
+                )
             if name == "resume_from_checkpoint":
                 overrides[name] = run_paths[name]
         output_dir = plan.checkpoint_dir
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         output_dir=output_dir or "rubick-checkpoints",
         logging_steps=1,
         report_to="none",
@@ -141,8 +147,11 @@ def training_arguments(plan: Optional[Plan] = None, **overrides) -> "TrainingArg
     kwargs.update(overrides)
     # Transformers 5 renamed `gradient_checkpointing` to `activation_checkpointing`.
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    planned = {"per_device_train_batch_size": plan.micro_batch, "gradient_accumulation_steps": plan.ga,
-               checkpointing: plan.gc}
+    planned: dict[str, Any] = {
+        "per_device_train_batch_size": plan.micro_batch,
+        "gradient_accumulation_steps": plan.ga,
+        checkpointing: plan.gc,
+    }
     if plan.zero > 0:
         try:
             import deepspeed  # noqa: F401
@@ -158,7 +167,7 @@ def training_arguments(plan: Optional[Plan] = None, **overrides) -> "TrainingArg
     return TrainingArguments(**kwargs)
 
 
-def checkpoints_to_keep(env: Optional[Any] = None) -> int:
+def checkpoints_to_keep(env: Any | None = None) -> int:
     """How many complete Trainer checkpoints a run keeps: ``RUBICK_KEEP_CHECKPOINTS``
     (0: all), else :data:`KEEP_CHECKPOINTS`. A bad value is a :class:`~rubick.PlanError`."""
     env = os.environ if env is None else env
@@ -166,7 +175,7 @@ def checkpoints_to_keep(env: Optional[Any] = None) -> int:
     return KEEP_CHECKPOINTS if raw == "" else _to_int("RUBICK_KEEP_CHECKPOINTS", raw, 0)
 
 
-def _checkpoints(output_dir: str) -> List[Tuple[int, str, bool]]:
+def _checkpoints(output_dir: str) -> list[tuple[int, str, bool]]:
     """(step, path, complete) of every ``checkpoint-N`` in ``output_dir``."""
     found = []
     for name in os.listdir(output_dir):
@@ -177,8 +186,9 @@ def _checkpoints(output_dir: str) -> List[Tuple[int, str, bool]]:
     return sorted(found)
 
 
-def prune_checkpoints(output_dir: str, keep: int, written: Optional[str] = None,
-                      protected: Iterable[str] = ()) -> List[str]:
+def prune_checkpoints(
+    output_dir: str, keep: int, written: str | None = None, protected: Iterable[str] = ()
+) -> list[str]:
     """Removes the complete checkpoints of ``output_dir`` but the newest ``keep`` (0:
     none removed), and the torn ones (no completion mark) older than ``written`` (the
     checkpoint just saved), never ``written`` nor a path in ``protected``. Each goes in
@@ -193,9 +203,11 @@ def prune_checkpoints(output_dir: str, keep: int, written: Optional[str] = None,
     complete = [(step, path) for step, path, done in found if done]
     keep_paths.update(os.path.abspath(path) for _, path in complete[-keep:])
     newest_kept = max((step for step, path, _ in found if os.path.abspath(path) in keep_paths), default=None)
-    doomed = [path for step, path, done in found
-              if os.path.abspath(path) not in keep_paths
-              and (done or (newest_kept is not None and step < newest_kept))]
+    doomed = [
+        path
+        for step, path, done in found
+        if os.path.abspath(path) not in keep_paths and (done or (newest_kept is not None and step < newest_kept))
+    ]
     removed = []
     for path in doomed:
         hidden = os.path.join(output_dir, f"{_PRUNED}{os.path.basename(path)}.{os.getpid()}")
@@ -217,7 +229,7 @@ def prune_checkpoints(output_dir: str, keep: int, written: Optional[str] = None,
     return removed
 
 
-def last_checkpoint(output_dir: Optional[str]) -> Optional[str]:
+def last_checkpoint(output_dir: str | None) -> str | None:
     """The newest complete Trainer checkpoint (``checkpoint-N`` holding the mark this
     callback writes after the Trainer's save) in ``output_dir``: a save killed half-way
     is never resumed from. ``None`` when there is none."""
@@ -229,9 +241,24 @@ def last_checkpoint(output_dir: Optional[str]) -> Optional[str]:
 
 #: The Trainer's callback events (``TrainerCallback``'s methods), each a no-op here
 #: unless :class:`RubickCallback` defines it.
-_EVENTS = ("on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_step_begin",
-           "on_pre_optimizer_step", "on_optimizer_step", "on_substep_end", "on_step_end", "on_evaluate",
-           "on_predict", "on_save", "on_log", "on_prediction_step", "on_push_begin")
+_EVENTS = (
+    "on_init_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_step_begin",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_substep_end",
+    "on_step_end",
+    "on_evaluate",
+    "on_predict",
+    "on_save",
+    "on_log",
+    "on_prediction_step",
+    "on_push_begin",
+)
 
 
 class RubickCallback:
@@ -243,8 +270,7 @@ class RubickCallback:
     ``keep_checkpoints``: the complete checkpoints kept after each save (default
     ``RUBICK_KEEP_CHECKPOINTS``, else 1; 0 keeps all)."""
 
-    def __init__(self, plan: Optional[Plan] = None, stop: Optional[StopFlag] = None,
-                 keep_checkpoints: Optional[int] = None):
+    def __init__(self, plan: Plan | None = None, stop: StopFlag | None = None, keep_checkpoints: int | None = None):
         self.plan = plan if plan is not None else Plan.from_env()
         #: Installed now: make the callback before anything slow.
         self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal)
@@ -253,11 +279,12 @@ class RubickCallback:
         #: Complete checkpoints kept after each save (0: all).
         self.keep_checkpoints = keep_checkpoints if keep_checkpoints is not None else checkpoints_to_keep()
         self.reporter = Reporter(self.plan)
-        self._start = self._optimizer = None
-        self._pending: Optional[dict] = None
+        self._start: float | None = None
+        self._optimizer: float | None = None
+        self._pending: dict[str, Any] | None = None
         self.stopped = False
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Callable[..., None]:
         # An event of a newer Transformers than this list knows: nothing to do.
         if name.startswith("on_"):
             return _nothing
@@ -268,17 +295,23 @@ class RubickCallback:
             self.reporter.write(self._pending)
             self._pending = None
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._flush()
         self._start = time.perf_counter()
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._optimizer = time.perf_counter()
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         end = time.perf_counter()
         start = self._start if self._start is not None else end
-        line = {"iter": state.global_step, "iter_time_s": round(end - start, 6)}
+        line: dict[str, Any] = {"iter": state.global_step, "iter_time_s": round(end - start, 6)}
         if self._optimizer is not None:
             line["backward_sync_s"] = round(self._optimizer - start, 6)
             line["optimizer_s"] = round(end - self._optimizer, 6)
@@ -295,32 +328,40 @@ class RubickCallback:
             control.should_save = True
         return control
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if self._pending is not None and logs and "loss" in logs:
             self._pending["loss"] = float(logs["loss"])
             self._flush()
 
-    def on_save(self, args, state, control, **kwargs):
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._flush()
         if state.is_world_process_zero:
             path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            with self.stop.held():
-                with open(os.path.join(path, COMPLETE), "w") as f:
-                    f.write(f"{state.global_step} {self.plan.code()}\n")
-                    f.flush()
-                    os.fsync(f.fileno())
+            with self.stop.held(), open(os.path.join(path, COMPLETE), "w") as f:
+                f.write(f"{state.global_step} {self.plan.code()}\n")
+                f.flush()
+                os.fsync(f.fileno())
         self.reporter.event("checkpointed", iter=state.global_step)
         if state.is_world_process_zero:
             prune_checkpoints(args.output_dir, self.keep_checkpoints, written=path)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._flush()
 
 
-def _nothing(*args, **kwargs):  # noqa: ARG001
-    return None
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """An event this callback has nothing to do on."""
 
 
 for _event in _EVENTS:
     if not hasattr(RubickCallback, _event):
-        setattr(RubickCallback, _event, lambda self, *args, **kwargs: None)
+        setattr(RubickCallback, _event, _nothing)

@@ -33,12 +33,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Optional
+from typing import Any
 
 try:
     import lightning.pytorch as pl
 except ImportError:  # the older package name
-    import pytorch_lightning as pl  # type: ignore[no-redef]
+    import pytorch_lightning as pl
 
 from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
@@ -49,14 +49,14 @@ from .stop import StopFlag
 FILE = "last.ckpt"
 
 
-def trainer_kwargs(plan: Optional[Plan] = None, **overrides) -> dict:
+def trainer_kwargs(plan: Plan | None = None, **overrides: Any) -> dict[str, Any]:
     """Keyword arguments of ``pl.Trainer`` for this run's plan; ``overrides`` win."""
     plan = plan if plan is not None else Plan.from_env()
     if plan.tp > 1 or plan.pp > 1:
         raise PlanError(f"plan {plan.code()}: Lightning's Trainer has no tensor or pipeline parallelism here")
     import torch
 
-    kw = dict(
+    kw: dict[str, Any] = dict(
         accelerator="gpu" if torch.cuda.is_available() else "cpu",
         devices=max(1, plan.dp // max(1, plan.nodes)),
         num_nodes=plan.nodes,
@@ -89,7 +89,7 @@ def trainer_kwargs(plan: Optional[Plan] = None, **overrides) -> dict:
     return kw
 
 
-def last_checkpoint(plan: Optional[Plan] = None) -> Optional[str]:
+def last_checkpoint(plan: Plan | None = None) -> str | None:
     """The checkpoint to resume from (``ckpt_path`` of ``fit``), ``None`` when there is
     none (a save killed half-way left only a temporary file, which is ignored)."""
     plan = plan if plan is not None else Plan.from_env()
@@ -99,23 +99,25 @@ def last_checkpoint(plan: Optional[Plan] = None) -> Optional[str]:
     return path if os.path.exists(path) else None
 
 
-class RubickCallback(pl.Callback):
+class RubickCallback(pl.Callback):  # type: ignore[misc]  # Lightning is checked as Any
     """The contract for a Lightning `Trainer` (see the module's documentation)."""
 
-    def __init__(self, plan: Optional[Plan] = None, stop: Optional[StopFlag] = None):
+    def __init__(self, plan: Plan | None = None, stop: StopFlag | None = None):
         self.plan = plan if plan is not None else Plan.from_env()
         #: Installed now: make the callback before anything slow.
         self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal)
         self.reporter = Reporter(self.plan)
-        self._step_start: Optional[float] = None
+        self._step_start: float | None = None
         self._mark = 0.0
         self._phases = {"forward": 0.0, "backward_sync": 0.0, "optimizer": 0.0}
-        self._losses = []
+        self._losses: list[float] = []
         self._samples = 0
-        self._last_step = None
+        self._last_step: int | None = None
         self.stopped = False
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         now = time.perf_counter()
         if self._last_step is None:
             self._last_step = trainer.global_step
@@ -123,20 +125,22 @@ class RubickCallback(pl.Callback):
             self._step_start = now
         self._mark = now
 
-    def on_before_backward(self, trainer, pl_module, loss):
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
         now = time.perf_counter()
         self._phases["forward"] += now - self._mark
         self._mark = now
 
-    def on_after_backward(self, trainer, pl_module):
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         now = time.perf_counter()
         self._phases["backward_sync"] += now - self._mark
         self._mark = now
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         self._mark = time.perf_counter()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None:
             self._losses.append(float(loss.detach()) if hasattr(loss, "detach") else float(loss))
@@ -145,7 +149,7 @@ class RubickCallback(pl.Callback):
             return  # accumulating: no optimizer step yet
         end = time.perf_counter()
         self._phases["optimizer"] += end - self._mark
-        line = {"iter": trainer.global_step, "iter_time_s": round(end - (self._step_start or end), 6)}
+        line: dict[str, Any] = {"iter": trainer.global_step, "iter_time_s": round(end - (self._step_start or end), 6)}
         line.update({f"{k}_s": round(v, 6) for k, v in self._phases.items()})
         line["samples"] = self._samples * trainer.world_size
         line["peak_memory_gib"] = round(peak_memory_gib(), 4)
@@ -162,7 +166,7 @@ class RubickCallback(pl.Callback):
         elif trainer.max_steps and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
             self.save(trainer)
 
-    def save(self, trainer) -> None:
+    def save(self, trainer: pl.Trainer) -> None:
         """The Trainer's checkpoint, atomically (every rank calls it: it is collective),
         then the ``checkpointed`` event."""
         if not self.plan.checkpoint_dir:
@@ -183,7 +187,8 @@ class RubickCallback(pl.Callback):
         self.reporter.event("checkpointed", iter=trainer.global_step)
 
 
-def _batch_size(batch) -> int:
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
     if hasattr(batch, "shape"):
         return int(batch.shape[0])
     if isinstance(batch, (list, tuple)) and batch:

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Any, Callable, Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+from typing import Any, Callable, Literal
 
 from . import checkpoint as _checkpoint
 from . import ranks as _rank
@@ -41,8 +43,9 @@ from .stop import StopFlag
 class Run:
     """One run of a training script under the contract (see the module's example)."""
 
-    def __init__(self, plan: Optional[Plan] = None, *, stop: Optional[StopFlag] = None,
-                 stop_also: Iterable[signal.Signals] = ()):
+    def __init__(
+        self, plan: Plan | None = None, *, stop: StopFlag | None = None, stop_also: Iterable[signal.Signals] = ()
+    ):
         #: The plan this run was launched with.
         self.plan = plan if plan is not None else Plan.from_env()
         #: The stop flag (installed now: before anything slow), on the plan's stop
@@ -55,10 +58,12 @@ class Run:
         #: Set once the run stopped on the signal.
         self.stopped = False
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, kind, exc, tb) -> bool:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if exc is not None and is_oom(exc):
             report_oom(self.plan.metrics)
             print(f"rubick: out of memory: {exc}", file=sys.stderr)
@@ -73,8 +78,10 @@ class Run:
             return None
         self.resumed_at, state, at = saved
         self.reporter.next_iteration = self.resumed_at + 1
-        print(f"rubick: resuming after iteration {self.resumed_at} (saved at {at or '?'}, now {self.plan.code()})",
-              file=sys.stderr)
+        print(
+            f"rubick: resuming after iteration {self.resumed_at} (saved at {at or '?'}, now {self.plan.code()})",
+            file=sys.stderr,
+        )
         return state
 
     def checkpoint(self, state: Callable[[], Any], iteration: int) -> None:
@@ -89,8 +96,9 @@ class Run:
                 _checkpoint.save(self.plan.checkpoint_dir, iteration, value, self.plan.code())
         self.reporter.event("checkpointed", iter=iteration)
 
-    def iterations(self, total: int, state: Optional[Callable[[], Any]] = None,
-                   samples: Optional[int] = None) -> Iterator[Iteration]:
+    def iterations(
+        self, total: int, state: Callable[[], Any] | None = None, samples: int | None = None
+    ) -> Iterator[Iteration]:
         """Iterations up to global number ``total`` (after the resumed one), each timed
         and reported; ``samples`` per iteration default to the plan's global batch.
         On the stop signal (after the iteration in progress) and after the last one,

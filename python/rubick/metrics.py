@@ -18,20 +18,24 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any
 
 from . import ranks as _rank
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 PHASES = ("forward", "backward_sync", "optimizer")
 
 
-def write_line(path: Optional[str], obj: dict) -> None:
+def write_line(path: str | None, obj: dict[str, Any]) -> None:
     """Appends one JSON line to ``path`` (stdout when ``None``) in one write."""
     _write_line(path, obj)
 
 
-def _write_line(path: Optional[str], obj: dict) -> None:
+def _write_line(path: str | None, obj: dict[str, Any]) -> None:
     line = json.dumps(obj, separators=(",", ":")) + "\n"
     if path:
         # One write of the whole line, appended: lines from several writers never interleave.
@@ -48,9 +52,9 @@ def _write_line(path: Optional[str], obj: dict) -> None:
 def peak_memory_gib() -> float:
     """Peak memory of this process: CUDA's max allocated on a GPU run (when torch is
     imported and CUDA is up), else the peak resident set."""
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.max_memory_allocated() / 2**30
+        return float(torch.cuda.max_memory_allocated()) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
@@ -78,23 +82,23 @@ class Reporter:
                 it.loss = loss.item()
     """
 
-    def __init__(self, plan=None, *, metrics: Optional[str] = None, first_iteration: int = 1):
+    def __init__(self, plan: Plan | None = None, *, metrics: str | None = None, first_iteration: int = 1):
         self.path = metrics if metrics is not None else (plan.metrics if plan is not None else None)
         #: The global number the next iteration gets (a resumed run continues).
         self.next_iteration = first_iteration
         self.main = _rank.is_main()
 
-    def write(self, obj: dict) -> None:
+    def write(self, obj: dict[str, Any]) -> None:
         """A raw line (``rubick: 1`` is added), from rank 0 only."""
         if self.main:
             _write_line(self.path, {"rubick": 1, **obj})
 
-    def event(self, name: str, **fields) -> None:
+    def event(self, name: str, **fields: Any) -> None:
         """An event line, e.g. ``checkpointed`` with ``iter``."""
         self.write({"event": name, **fields})
 
     @contextmanager
-    def iteration(self, samples: int, loss: Optional[float] = None) -> Iterator["Iteration"]:
+    def iteration(self, samples: int, loss: float | None = None) -> Iterator[Iteration]:
         """One iteration: its phases timed inside, its line written when it ends (not
         when it raised)."""
         it = Iteration(self.next_iteration, samples, loss)
@@ -110,12 +114,12 @@ class Reporter:
 class Iteration:
     """One iteration being timed (see :meth:`Reporter.iteration`)."""
 
-    def __init__(self, number: int, samples: int, loss: Optional[float]):
+    def __init__(self, number: int, samples: int, loss: float | None):
         self.number = number
         self.samples = samples
         self.loss = loss
         self.time_s = 0.0
-        self.phases: Dict[str, float] = {}
+        self.phases: dict[str, float] = {}
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -131,8 +135,9 @@ class Iteration:
             _synchronize()
             self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - start
 
-    def line(self) -> dict:
-        out = {"iter": self.number, "iter_time_s": round(self.time_s, 6)}
+    def line(self) -> dict[str, Any]:
+        """The iteration's metric line (without ``rubick: 1``)."""
+        out: dict[str, Any] = {"iter": self.number, "iter_time_s": round(self.time_s, 6)}
         for name in PHASES:
             if name in self.phases:
                 out[f"{name}_s"] = round(self.phases[name], 6)

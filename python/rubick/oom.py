@@ -4,8 +4,8 @@ does not fit (and does not retry it as if it could)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional
 
 from .metrics import _write_line
 
@@ -33,18 +33,18 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _MARKERS)
 
 
-def report_oom(metrics: Optional[str]) -> None:
+def report_oom(metrics: str | None) -> None:
     """Writes the ``oom`` event (from any rank: whichever ran out says so)."""
     _write_line(metrics, {"rubick": 1, "event": "oom"})
 
 
 @contextmanager
-def exit_on_oom(metrics: Optional[str] = None) -> Iterator[None]:
+def exit_on_oom(metrics: str | None = None) -> Iterator[None]:
     """Inside, running out of memory writes the ``oom`` event and exits 3; any other
     error passes through. ``metrics`` defaults to ``RUBICK_METRICS``."""
     try:
         yield
-    except BaseException as exc:  # noqa: BLE001 - re-raised unless it is an OOM
+    except BaseException as exc:  # re-raised unless it is an OOM
         if not is_oom(exc):
             raise
         if metrics is None:

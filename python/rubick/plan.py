@@ -22,18 +22,39 @@ import os
 import re
 import signal
 import sys
-from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Literal, get_args
 
-OFFLOADS = ("none", "optimizer", "all")
-_OFFLOAD_TOKENS = {"offopt": "optimizer", "offall": "all"}
+#: What a plan offloads to the CPU: nothing, the optimizer, or the optimizer and the
+#: parameters.
+Offload = Literal["none", "optimizer", "all"]
 
+#: Every :data:`Offload`.
+OFFLOADS: tuple[Offload, ...] = get_args(Offload)
+
+#: The plan string's offload tokens.
+_OFFLOAD_TOKENS: dict[str, Offload] = {"offopt": "optimizer", "offall": "all"}
 
 #: The exit status of a run whose plan or environment the contract refuses.
 EXIT_PLAN = 2
 
 #: The largest value of any integer variable (the launcher's fields are 32-bit unsigned).
 MAX_INT = 2**32 - 1
+
+#: The plan string's numbered tokens: prefix -> (field, smallest, largest value).
+_NUMBERED: dict[str, tuple[str, int, int]] = {
+    "dp": ("dp", 1, MAX_INT),
+    "tp": ("tp", 1, MAX_INT),
+    "pp": ("pp", 1, MAX_INT),
+    "mb": ("micro_batch", 1, MAX_INT),
+    "ga": ("ga", 1, MAX_INT),
+    "z": ("zero", 0, 3),
+}
+
+#: One token of a plan string: a lower-case name, then ASCII digits or none.
+_TOKEN = re.compile(r"([a-z]+)([0-9]*)")
 
 #: Signals a process cannot catch: a stop on one of them could never checkpoint.
 _UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
@@ -57,7 +78,7 @@ def install_exit_hook() -> None:
     if getattr(previous, "_rubick_exit_hook", False):
         return
 
-    def hook(kind, value, tb):
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         previous(kind, value, tb)
         if isinstance(value, PlanError):
             print(f"rubick: exit {EXIT_PLAN}: the plan cannot run here ({value})", file=sys.stderr)
@@ -83,49 +104,86 @@ def _to_int(name: str, raw: str, minimum: int = 0, maximum: int = MAX_INT) -> in
     return value
 
 
-def parse_plan(text: str) -> dict:
+@dataclass(frozen=True)
+class PlanFields:
+    """The fields a plan string names (see :func:`parse_plan`); ``None`` where it names
+    nothing."""
+
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    micro_batch: int | None = None
+    ga: int | None = None
+    zero: int | None = None
+    offload: Offload | None = None
+    gc: bool | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the string names dp, tp, pp, mb and ga, as the launcher writes it."""
+        return None not in (self.dp, self.tp, self.pp, self.micro_batch, self.ga)
+
+
+def parse_plan(text: str) -> PlanFields:
     """The fields a plan string names: ``dp2-tp1-pp1-mb4-ga2-z1-offopt-gc`` ->
-    ``{"dp": 2, "tp": 1, "pp": 1, "micro_batch": 4, "ga": 2, "zero": 1,
-    "offload": "optimizer", "gc": True}``. Unknown tokens, a field named twice and a
-    number out of range (degrees and factors 1 to 2**32 - 1, ZeRO 0 to 3) are errors."""
-    out: dict = {}
-    for token in filter(None, (text or "").strip().split("-")):
-        for prefix, key in (("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("mb", "micro_batch"),
-                            ("ga", "ga"), ("z", "zero")):
-            rest = token[len(prefix):]
-            if token.startswith(prefix) and re.fullmatch(r"[0-9]+", rest):
-                low, high = (0, 3) if key == "zero" else (1, MAX_INT)
-                digits = rest.lstrip("0") or "0"
-                value = int(digits) if len(digits) <= len(str(MAX_INT)) else MAX_INT + 1
-                if not low <= value <= high:
-                    raise PlanError(f"RUBICK_PLAN: {token!r} in {text!r}: {key} must be {low} to {high}")
-                break
+    ``PlanFields(dp=2, tp=1, pp=1, micro_batch=4, ga=2, zero=1, offload="optimizer",
+    gc=True)``. A complete string (:attr:`PlanFields.complete`) also says ZeRO 0, no
+    offload and no activation checkpointing by leaving them out; a partial one names
+    only what it names; an empty one nothing. Unknown or empty tokens, a field named
+    twice and a number out of range (degrees and factors 1 to 2**32 - 1, ZeRO 0 to 3)
+    are :class:`PlanError`\\ s. ``data/plan-vectors.json`` holds the test vectors this
+    parser shares with rubick's."""
+    text = (text or "").strip()
+    numbers: dict[str, int] = {}
+    offload: Offload | None = None
+    gc: bool | None = None
+    named: set[str] = set()
+    for token in text.split("-") if text else ():
+        match = _TOKEN.fullmatch(token)
+        name, digits = match.groups() if match else (token, "")
+        if name in _NUMBERED and digits:
+            key, low, high = _NUMBERED[name]
+            digits = digits.lstrip("0") or "0"
+            value = int(digits) if len(digits) <= len(str(MAX_INT)) else MAX_INT + 1
+            if not low <= value <= high:
+                raise PlanError(f"RUBICK_PLAN: {token!r} in {text!r}: {key} must be {low} to {high}")
+            numbers[key] = value
+        elif token in _OFFLOAD_TOKENS:
+            key, offload = "offload", _OFFLOAD_TOKENS[token]
+        elif token == "gc":
+            key, gc = "gc", True
+        elif token == "":
+            raise PlanError(f"RUBICK_PLAN: an empty part in {text!r}")
         else:
-            if token in _OFFLOAD_TOKENS:
-                key, value = "offload", _OFFLOAD_TOKENS[token]
-            elif token == "gc":
-                key, value = "gc", True
-            else:
-                raise PlanError(f"RUBICK_PLAN: unknown part {token!r} in {text!r}")
-        if key in out:
+            raise PlanError(f"RUBICK_PLAN: unknown part {token!r} in {text!r}")
+        if key in named:
             raise PlanError(f"RUBICK_PLAN={text!r}: names {key} twice")
-        out[key] = value
-    return out
+        named.add(key)
+    plan = PlanFields(
+        dp=numbers.get("dp"),
+        tp=numbers.get("tp"),
+        pp=numbers.get("pp"),
+        micro_batch=numbers.get("micro_batch"),
+        ga=numbers.get("ga"),
+        zero=numbers.get("zero"),
+        offload=offload,
+        gc=gc,
+    )
+    if not plan.complete:
+        return plan
+    # The launcher's form leaves the defaults out: `dp2-tp1-pp1-mb4-ga2` is ZeRO 0.
+    return replace(plan, zero=plan.zero or 0, offload=offload or "none", gc=bool(gc))
 
 
-#: The fields a complete plan string (the launcher's form) always names.
-_COMPLETE = ("dp", "tp", "pp", "micro_batch", "ga")
-
-
-def _int(env: Mapping[str, str], name: str, default: Optional[int], minimum: int = 0,
-         maximum: int = MAX_INT) -> Optional[int]:
+def _int(env: Mapping[str, str], name: str, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
+    """The integer variable ``name`` (``None`` when unset or empty)."""
     raw = env.get(name, "").strip()
     if raw == "":
-        return default
+        return None
     return _to_int(name, raw, minimum, maximum)
 
 
-def stop_signal(env: Optional[Mapping[str, str]] = None) -> signal.Signals:
+def stop_signal(env: Mapping[str, str] | None = None) -> signal.Signals:
     """The stop signal ``RUBICK_STOP_SIGNAL`` names (``SIGUSR1`` by default; ``USR2``,
     ``SIGTERM`` and numbers also work), without reading the rest of the plan. A signal
     no process can catch (``SIGKILL``, ``SIGSTOP``) is a :class:`PlanError`."""
@@ -160,6 +218,14 @@ def _sources(source: Mapping[str, str]) -> str:
     return ", ".join(f"{k} from {source.get(k, 'the default')}" for k in ("dp", "tp", "pp"))
 
 
+def _offload(raw: str) -> Offload:
+    """``RUBICK_OFFLOAD``'s value as an :data:`Offload`."""
+    for offload in OFFLOADS:
+        if raw == offload:
+            return offload
+    raise PlanError(f"RUBICK_OFFLOAD={raw!r}: expected one of {', '.join(OFFLOADS)}")
+
+
 @dataclass(frozen=True)
 class Plan:
     """A run's execution plan and resources, as the launcher set them."""
@@ -169,8 +235,8 @@ class Plan:
     pp: int = 1
     #: ZeRO stage, 0 (plain data parallelism) to 3.
     zero: int = 0
-    #: ``none``, ``optimizer`` or ``all`` (optimizer and parameters) offloaded to the CPU.
-    offload: str = "none"
+    #: What is offloaded to the CPU (:data:`Offload`).
+    offload: Offload = "none"
     #: Gradient accumulation: micro-steps per iteration.
     ga: int = 1
     #: Activation (gradient) checkpointing.
@@ -185,15 +251,18 @@ class Plan:
     cpus: int = 0
     job: str = ""
     #: Where metric lines go (``None``: stdout).
-    metrics: Optional[str] = None
+    metrics: str | None = None
     #: Where checkpoints are written and found (``None``: nowhere).
-    checkpoint_dir: Optional[str] = None
+    checkpoint_dir: str | None = None
     #: The DeepSpeed JSON the launcher wrote for this plan.
-    deepspeed_config: Optional[str] = None
+    deepspeed_config: str | None = None
     #: The signal that asks the run to checkpoint and stop.
     stop_signal: signal.Signals = signal.SIGUSR1
-    #: The plan string, e.g. ``dp2-tp1-pp1-mb4-ga2-z1``.
-    name: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        """The plan string (:meth:`code`)."""
+        return self.code()
 
     @property
     def global_batch(self) -> int:
@@ -206,7 +275,7 @@ class Plan:
         return self.dp * self.tp * self.pp
 
     @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Plan":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Plan:
         """The plan of this run (``env`` defaults to ``os.environ``). Raises
         :class:`PlanError` naming the variable(s) when one is malformed or out of range,
         when a ``RUBICK_<FIELD>`` contradicts ``RUBICK_PLAN``, when ``RUBICK_GPUS`` is not
@@ -215,93 +284,95 @@ class Plan:
         env = os.environ if env is None else env
         plan_text = env.get("RUBICK_PLAN", "").strip()
         named = parse_plan(plan_text)
-        if all(k in named for k in _COMPLETE):
-            # The launcher's form leaves the defaults out: `dp2-tp1-pp1-mb4-ga2` is ZeRO 0.
-            named = {"zero": 0, "offload": "none", "gc": False, **named}
         #: Where each field came from, for the messages.
-        source: Dict[str, str] = {}
+        source: dict[str, str] = {}
 
-        def agree(key: str, var: str, value, shown: str):
-            """``value`` (from ``var``), checked against the plan string's."""
-            if key in named and named[key] != value:
-                said = named[key] if not isinstance(named[key], bool) else int(named[key])
+        def agree(key: str, var: str, said: object, value: object, shown: str) -> None:
+            """``value`` (from ``var``), checked against what the plan string ``said``."""
+            if said is not None and said != value:
                 raise PlanError(
-                    f"{var}={shown} contradicts RUBICK_PLAN={plan_text} ({key} {said}): "
+                    f"{var}={shown} contradicts RUBICK_PLAN={plan_text} ({key} {said!s}): "
                     "the per-field variable and the plan string must name the same plan"
                 )
             source[key] = var
+
+        def pick(key: str, var: str, said: int | None, default: int, minimum: int = 0, maximum: int = MAX_INT) -> int:
+            """The integer field ``key``: from ``var``, else from the plan string, else ``default``."""
+            value = _int(env, var, minimum, maximum)
+            if value is None:
+                source[key] = "the default" if said is None else "RUBICK_PLAN"
+                return default if said is None else said
+            agree(key, var, said, value, str(value))
             return value
 
-        def pick(key: str, var: str, default, minimum: int = 0, maximum: int = MAX_INT):
-            value = _int(env, var, None, minimum, maximum)
-            if value is None:
-                source[key] = "RUBICK_PLAN" if key in named else "the default"
-                return named.get(key, default)
-            return agree(key, var, value, str(value))
-
-        dp = pick("dp", "RUBICK_DP", 1, 1)
-        tp = pick("tp", "RUBICK_TP", 1, 1)
-        pp = pick("pp", "RUBICK_PP", 1, 1)
-        zero = pick("zero", "RUBICK_ZERO", 0, 0, 3)
-        ga = pick("ga", "RUBICK_GA", 1, 1)
+        dp = pick("dp", "RUBICK_DP", named.dp, 1, 1)
+        tp = pick("tp", "RUBICK_TP", named.tp, 1, 1)
+        pp = pick("pp", "RUBICK_PP", named.pp, 1, 1)
+        zero = pick("zero", "RUBICK_ZERO", named.zero, 0, 0, 3)
+        ga = pick("ga", "RUBICK_GA", named.ga, 1, 1)
         raw_gc = env.get("RUBICK_GC", "").strip().lower()
+        said_gc = None if named.gc is None else int(named.gc)
         if raw_gc == "":
-            gc = bool(named.get("gc", False))
-        elif raw_gc in ("1", "true", "yes"):
-            gc = agree("gc", "RUBICK_GC", True, raw_gc)
-        elif raw_gc in ("0", "false", "no"):
-            gc = agree("gc", "RUBICK_GC", False, raw_gc)
+            gc = bool(named.gc)
+        elif raw_gc in ("1", "true", "yes", "0", "false", "no"):
+            gc = raw_gc in ("1", "true", "yes")
+            agree("gc", "RUBICK_GC", said_gc, int(gc), raw_gc)
         else:
             raise PlanError(f"RUBICK_GC={raw_gc!r}: expected 0 or 1")
         raw_offload = env.get("RUBICK_OFFLOAD", "").strip().lower()
-        if raw_offload == "":
-            offload = named.get("offload", "none")
-        elif raw_offload not in OFFLOADS:
-            raise PlanError(f"RUBICK_OFFLOAD={raw_offload!r}: expected one of {', '.join(OFFLOADS)}")
-        else:
-            offload = agree("offload", "RUBICK_OFFLOAD", raw_offload, raw_offload)
+        offload: Offload = named.offload or "none"
+        if raw_offload != "":
+            offload = _offload(raw_offload)
+            agree("offload", "RUBICK_OFFLOAD", named.offload, offload, raw_offload)
         if offload != "none" and zero == 0:
             raise PlanError(f"RUBICK_OFFLOAD={offload}: offloading needs ZeRO (RUBICK_ZERO >= 1)")
         if offload == "all" and zero != 3:
             raise PlanError("RUBICK_OFFLOAD=all: offloading parameters needs RUBICK_ZERO=3")
-        micro_batch = pick("micro_batch", "RUBICK_MICRO_BATCH", 1, 1)
+        micro_batch = pick("micro_batch", "RUBICK_MICRO_BATCH", named.micro_batch, 1, 1)
         world = dp * tp * pp
         if world > MAX_INT:
             raise PlanError(f"dp*tp*pp = {dp}*{tp}*{pp} = {world} ({_sources(source)}): must be at most {MAX_INT}")
-        gpus = _int(env, "RUBICK_GPUS", None, 1)
+        gpus = _int(env, "RUBICK_GPUS", 1)
         if gpus is not None and gpus != world:
             raise PlanError(
                 f"RUBICK_GPUS={gpus} but the plan needs dp*tp*pp = {dp}*{tp}*{pp} = {world} processes "
                 f"({_sources(source)}): the plan does not fit the GPUs the run was given"
             )
-        nodes = _int(env, "RUBICK_NODES", 1, 1)
-        node_rank = _int(env, "RUBICK_NODE_RANK", None)
+        nodes = _int(env, "RUBICK_NODES", 1)
+        nodes = 1 if nodes is None else nodes
+        node_rank = _int(env, "RUBICK_NODE_RANK")
         if node_rank is None:
-            node_rank = _int(env, "NODE_RANK", 0)
+            node_rank = _int(env, "NODE_RANK") or 0
         if node_rank >= nodes:
             raise PlanError(f"RUBICK_NODE_RANK={node_rank}: must be below RUBICK_NODES={nodes}")
-        empty = lambda v: env.get(v) or None  # noqa: E731
-        plan = cls(
-            dp=dp, tp=tp, pp=pp, zero=zero, offload=offload, ga=ga, gc=gc, micro_batch=micro_batch,
+        return cls(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            zero=zero,
+            offload=offload,
+            ga=ga,
+            gc=gc,
+            micro_batch=micro_batch,
             gpus=world if gpus is None else gpus,
             nodes=nodes,
             node_rank=node_rank,
-            cpus=_int(env, "RUBICK_CPUS", 0),
+            cpus=_int(env, "RUBICK_CPUS") or 0,
             job=env.get("RUBICK_JOB", ""),
-            metrics=empty("RUBICK_METRICS"),
-            checkpoint_dir=empty("RUBICK_CHECKPOINT_DIR"),
-            deepspeed_config=empty("RUBICK_DEEPSPEED_CONFIG"),
+            metrics=env.get("RUBICK_METRICS") or None,
+            checkpoint_dir=env.get("RUBICK_CHECKPOINT_DIR") or None,
+            deepspeed_config=env.get("RUBICK_DEEPSPEED_CONFIG") or None,
             stop_signal=_stop_signal(env.get("RUBICK_STOP_SIGNAL", "")),
-            name="",
         )
-        object.__setattr__(plan, "name", plan.code())
-        return plan
 
     def code(self) -> str:
-        """The plan string, e.g. ``dp2-tp1-pp1-mb4-ga2-z1-offopt-gc``."""
-        s = f"dp{self.dp}-tp{self.tp}-pp{self.pp}-mb{self.micro_batch}-ga{self.ga}-z{self.zero}"
-        s += {"none": "", "optimizer": "-offopt", "all": "-offall"}[self.offload]
-        return s + ("-gc" if self.gc else "")
+        """The plan string as rubick writes it (``RUBICK_PLAN``), e.g.
+        ``dp2-tp1-pp1-mb4-ga2-z1-offopt-gc``: dp, tp, pp, mb and ga always; ZeRO, offload
+        and checkpointing only when they apply."""
+        code = f"dp{self.dp}-tp{self.tp}-pp{self.pp}-mb{self.micro_batch}-ga{self.ga}"
+        code += f"-z{self.zero}" if self.zero else ""
+        code += {"none": "", "optimizer": "-offopt", "all": "-offall"}[self.offload]
+        return code + ("-gc" if self.gc else "")
 
     def check_world(self, world_size: int) -> None:
         """Raises :class:`PlanError` unless dp x tp x pp is ``world_size`` (the processes

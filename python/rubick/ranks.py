@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
-def _distributed():
+def _distributed() -> Any:
+    """``torch.distributed`` when the script imported torch and initialised it, else ``None``."""
     torch = sys.modules.get("torch")  # only when the script imported it
     if torch is None:
         return None
@@ -21,7 +23,7 @@ def rank() -> int:
     """This process's global rank."""
     dist = _distributed()
     if dist is not None:
-        return dist.get_rank()
+        return int(dist.get_rank())
     for var in ("RANK", "SLURM_PROCID"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
@@ -32,7 +34,7 @@ def world_size() -> int:
     """How many processes run the job."""
     dist = _distributed()
     if dist is not None:
-        return dist.get_world_size()
+        return int(dist.get_world_size())
     for var in ("WORLD_SIZE", "SLURM_NTASKS"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from types import FrameType
+from typing import Any, Callable
 
 
 class StopFlag:
@@ -25,7 +27,7 @@ class StopFlag:
         self.signals = (sig, *[s for s in also if s != sig])
         self.signal = sig
         self._set = False
-        self._previous = {}
+        self._previous: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | None] = {}
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._handle)
             # Python installs handlers without SA_RESTART: a system call the signal
@@ -33,7 +35,7 @@ class StopFlag:
             # thread (gloo's, NCCL's) may take that for a broken connection. Restart them.
             signal.siginterrupt(s, False)
 
-    def _handle(self, signum, frame) -> None:  # noqa: ARG002
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self._set = True
 
     @property
@@ -49,7 +51,7 @@ class StopFlag:
         """Whether *any* rank got the signal, agreed by all ranks (one all-reduce when
         ``torch.distributed`` is initialised): every rank then stops after the same
         step, even when the signal reached only some of them."""
-        torch = sys.modules.get("torch")
+        torch: Any = sys.modules.get("torch")
         dist = getattr(torch, "distributed", None) if torch is not None else None
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return self._set
@@ -80,7 +82,7 @@ class StopFlag:
             signal.signal(s, previous if previous is not None else signal.SIG_DFL)
 
 
-def install(sig: Optional[signal.Signals] = None) -> StopFlag:
+def install(sig: signal.Signals | None = None) -> StopFlag:
     """A :class:`StopFlag` for ``sig`` (default: the plan's, from ``RUBICK_STOP_SIGNAL``)."""
     if sig is None:
         from .plan import Plan

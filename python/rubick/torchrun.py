@@ -42,10 +42,12 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
 
-from .plan import EXIT_PLAN, stop_signal
 from .oom import EXIT_OOM
+from .plan import EXIT_PLAN, stop_signal
 
 #: Exit codes of workers that pass through the launcher.
 PASSED_THROUGH = (EXIT_PLAN, EXIT_OOM)
@@ -55,7 +57,7 @@ DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 #: The local workers' exit codes at torch's last shutdown of them (``None``: still
 #: running or unknown); empty until one happened.
-_exits: Dict[int, Optional[int]] = {}
+_exits: dict[int, int | None] = {}
 _watching = False
 
 
@@ -76,7 +78,7 @@ def _watch_workers() -> bool:
     if original is None:
         return False
 
-    def close(self, *args, **kwargs):
+    def close(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return original(self, *args, **kwargs)
         finally:
@@ -94,14 +96,14 @@ def _watch_workers() -> bool:
     return True
 
 
-def _signal_list(current: Optional[str], sig: signal.Signals) -> str:
+def _signal_list(current: str | None, sig: signal.Signals) -> str:
     names = [s.strip() for s in (current or ",".join(DEFAULT_SIGNALS)).split(",") if s.strip()]
     if sig.name not in names:
         names.append(sig.name)
     return ",".join(names)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Runs torchrun with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     sig = stop_signal()  # a bad RUBICK_STOP_SIGNAL: PlanError, exit 2
@@ -119,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if hasattr(args, "signals_to_handle"):
         args.signals_to_handle = _signal_list(args.signals_to_handle, sig)
     else:  # a torchrun without --signals-to-handle: the stop signal raises as its own do
-        def handle(signum, frame):  # noqa: ARG001
+
+        def handle(signum: int, frame: FrameType | None) -> None:
             raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
         signal.signal(sig, handle)
@@ -145,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if first.exitcode in PASSED_THROUGH:
             print(e, file=sys.stderr)
             _say(f"the first worker to fail exited {first.exitcode}: exit {first.exitcode}")
-            return first.exitcode
+            return int(first.exitcode)
         raise
     return 0
 

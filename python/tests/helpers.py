@@ -1,5 +1,6 @@
 """What the tests of the adapters and examples share: the modules they need, metric
-lines, and a training script under torchrun at DP 2 stopped by the signal."""
+lines, a Python subprocess, and a training script under torchrun at DP 2 stopped by the
+signal. The subprocesses import the installed package, as the tests do."""
 
 import json
 import os
@@ -40,13 +41,15 @@ def workers(script):
     return [p for p in out if int(p) != os.getpid()]
 
 
-#: This checkout's package, for the subprocesses (``python -m rubick.torchrun``).
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The checkout's root (the examples are under it).
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def with_package(env):
-    """``env`` with this checkout's package first on PYTHONPATH."""
-    return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE, env.get("PYTHONPATH", "")])))
+def run_python(code, **env):
+    """``python -c code`` with ``env`` added to this environment: its exit status and output."""
+    return subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True, timeout=120
+    )
 
 
 def stopped_under_torchrun(script_and_args, env, metrics, after=8, timeout=180):
@@ -55,8 +58,7 @@ def stopped_under_torchrun(script_and_args, env, metrics, after=8, timeout=180):
     signal (it relays it), and returns (the metric lines, stderr) once it exited; the
     last line must be the `checkpointed` event, and the launcher's exit code 0."""
     launcher = [sys.executable, "-m", "rubick.torchrun", "--standalone", "--nproc-per-node", "2", *script_and_args]
-    proc = subprocess.Popen(launcher, env=with_package(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(launcher, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     start = time.time()
     while len(iterations(metrics)) < after:
         assert proc.poll() is None, proc.communicate()[1][-3000:]

@@ -12,9 +12,6 @@ import pytest
 
 from rubick import Reporter, checkpoint
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PACKAGE = os.path.dirname(HERE)
-
 # A plain loop: a counter as the model, `sleep` as the work.
 SCRIPT = r"""
 import sys, time
@@ -39,10 +36,16 @@ with rubick.Run() as run:
 def start(tmp_path, total, sleep, mode="", **env):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    full = dict(os.environ, PYTHONPATH=PACKAGE, RUBICK_METRICS=str(tmp_path / "metrics.jsonl"),
-                RUBICK_CHECKPOINT_DIR=str(tmp_path / "ckpt"), **env)
-    return subprocess.Popen([sys.executable, str(script), str(total), str(sleep), mode], env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    full = dict(
+        os.environ, RUBICK_METRICS=str(tmp_path / "metrics.jsonl"), RUBICK_CHECKPOINT_DIR=str(tmp_path / "ckpt"), **env
+    )
+    return subprocess.Popen(
+        [sys.executable, str(script), str(total), str(sleep), mode],
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def lines(tmp_path):
@@ -112,15 +115,16 @@ def test_signals_during_a_save_do_not_tear_it(tmp_path):
     checkpoint.save(str(directory), 1, {"w": "old"})
     flag = __import__("rubick").StopFlag(signal.SIGUSR1)
     try:
+
         def slow(f):
             for _ in range(50):
                 os.kill(os.getpid(), signal.SIGUSR1)
                 f.write(b"x" * 1000)
                 assert checkpoint.load(str(directory))[1] == {"w": "old"}
             raise RuntimeError("killed mid-save")
-        with pytest.raises(RuntimeError):
-            with flag.held():
-                checkpoint.write_atomic(str(directory / checkpoint.FILE), slow)
+
+        with pytest.raises(RuntimeError), flag.held():
+            checkpoint.write_atomic(str(directory / checkpoint.FILE), slow)
         assert checkpoint.load(str(directory))[1] == {"w": "old"}, "a failed save leaves the previous one"
         assert [p.name for p in directory.iterdir()] == [checkpoint.FILE], "no temporary file left"
         assert flag.requested, "the held signals were delivered after the save"
@@ -160,9 +164,13 @@ def test_a_signal_during_the_agreement_is_not_lost(monkeypatch):
     def all_reduce(t, op=None):
         flag._handle(signal.SIGUSR1, None)  # the signal arrives mid-collective
 
-    dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
-                                 get_backend=lambda: "gloo", all_reduce=all_reduce,
-                                 ReduceOp=types.SimpleNamespace(MAX="max"))
+    dist = types.SimpleNamespace(
+        is_available=lambda: True,
+        is_initialized=lambda: True,
+        get_backend=lambda: "gloo",
+        all_reduce=all_reduce,
+        ReduceOp=types.SimpleNamespace(MAX="max"),
+    )
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(distributed=dist, tensor=Tensor))
     try:
         assert flag.agreed() is False, "every rank voted 0 at this step"

@@ -18,9 +18,14 @@ SCRIPT = os.path.join(REPO, "examples", "deepspeed", "train.py")
 
 def deepspeed_json(path, dp, micro_batch, ga, zero):
     """What rubick writes for the plan (rubick_core::launch::deepspeed_config)."""
-    config = {"train_batch_size": dp * micro_batch * ga, "train_micro_batch_size_per_gpu": micro_batch,
-              "gradient_accumulation_steps": ga, "zero_optimization": {"stage": zero}, "bf16": {"enabled": True},
-              "steps_per_print": 1_000_000}
+    config = {
+        "train_batch_size": dp * micro_batch * ga,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": ga,
+        "zero_optimization": {"stage": zero},
+        "bf16": {"enabled": True},
+        "steps_per_print": 1_000_000,
+    }
     with open(path, "w") as f:
         json.dump(config, f)
     return path
@@ -30,15 +35,26 @@ def test_a_deepspeed_engine_stops_on_the_signal_and_resumes_at_another_plan(tmp_
     need("torch", "deepspeed")
     metrics, ckpt = str(tmp_path / "m.jsonl"), str(tmp_path / "ckpt")
     launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    env = dict(os.environ, RUBICK_PLAN="dp2-tp1-pp1-mb4-ga2-z2", RUBICK_METRICS=metrics, RUBICK_CHECKPOINT_DIR=ckpt,
-               RUBICK_CPUS="2", OMP_NUM_THREADS="1",
-               RUBICK_DEEPSPEED_CONFIG=deepspeed_json(str(tmp_path / "z2.json"), 2, 4, 2, 2),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(
+        os.environ,
+        RUBICK_PLAN="dp2-tp1-pp1-mb4-ga2-z2",
+        RUBICK_METRICS=metrics,
+        RUBICK_CHECKPOINT_DIR=ckpt,
+        RUBICK_CPUS="2",
+        OMP_NUM_THREADS="1",
+        RUBICK_DEEPSPEED_CONFIG=deepspeed_json(str(tmp_path / "z2.json"), 2, 4, 2, 2),
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+    )
     # The launcher in a session of its own, as rubick starts a run: the signal reaches
     # the group (the launcher dies of it; its workers catch it and checkpoint).
-    proc = subprocess.Popen([launcher, "--num_gpus=2", "--master_port=29561", SCRIPT, "--iterations", "100000"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [launcher, "--num_gpus=2", "--master_port=29561", SCRIPT, "--iterations", "100000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     start = time.time()
     while len(iterations(metrics)) < 10:
         assert proc.poll() is None, proc.communicate()[0][-3000:]
@@ -57,12 +73,19 @@ def test_a_deepspeed_engine_stops_on_the_signal_and_resumes_at_another_plan(tmp_
     assert [x["iter"] for x in steps] == list(range(1, stopped + 1))
     assert all(x["samples"] == 16 for x in steps), "dp 2 x mb 4 x ga 2"
     # Resumed by one process at dp 1, ZeRO 0, ga 4: numbering and the loss continue.
-    env.update(RUBICK_PLAN="dp1-tp1-pp1-mb4-ga4-z0",
-               RUBICK_DEEPSPEED_CONFIG=deepspeed_json(str(tmp_path / "z0.json"), 1, 4, 4, 0))
-    run = subprocess.run([launcher, "--num_gpus=1", "--master_port=29562", SCRIPT, "--iterations", str(stopped + 3)],
-                         env=env, capture_output=True, text=True, timeout=240)
+    env.update(
+        RUBICK_PLAN="dp1-tp1-pp1-mb4-ga4-z0",
+        RUBICK_DEEPSPEED_CONFIG=deepspeed_json(str(tmp_path / "z0.json"), 1, 4, 4, 0),
+    )
+    run = subprocess.run(
+        [launcher, "--num_gpus=1", "--master_port=29562", SCRIPT, "--iterations", str(stopped + 3)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    resumed = iterations(metrics)[len(steps):]
+    resumed = iterations(metrics)[len(steps) :]
     assert [x["iter"] for x in resumed] == [stopped + 1, stopped + 2, stopped + 3]
     assert resumed[0]["loss"] < 0.5 * steps[0]["loss"], "the loss continues, not from the start"
     assert metric_lines(metrics)[-1] == {"rubick": 1, "event": "checkpointed", "iter": stopped + 3}

@@ -16,8 +16,14 @@ SCRIPT = os.path.join(REPO, "examples", "lightning", "train.py")
 def test_a_lightning_trainer_stops_on_the_signal_and_resumes_at_the_next_global_step(tmp_path):
     need("torch", "lightning")
     metrics, ckpt = str(tmp_path / "m.jsonl"), str(tmp_path / "ckpt")
-    env = dict(os.environ, RUBICK_PLAN="dp2-tp1-pp1-mb8-ga2-z0", RUBICK_METRICS=metrics,
-               RUBICK_CHECKPOINT_DIR=ckpt, OMP_NUM_THREADS="1", RUBICK_TOTAL_ITERATIONS="100000")
+    env = dict(
+        os.environ,
+        RUBICK_PLAN="dp2-tp1-pp1-mb8-ga2-z0",
+        RUBICK_METRICS=metrics,
+        RUBICK_CHECKPOINT_DIR=ckpt,
+        OMP_NUM_THREADS="1",
+        RUBICK_TOTAL_ITERATIONS="100000",
+    )
     lines, _ = stopped_under_torchrun([SCRIPT], env, metrics)
     stopped = lines[-1]["iter"]
     steps = iterations(metrics)
@@ -29,7 +35,7 @@ def test_a_lightning_trainer_stops_on_the_signal_and_resumes_at_the_next_global_
     env.update(RUBICK_PLAN="dp1-tp1-pp1-mb8-ga4-z0", RUBICK_TOTAL_ITERATIONS=str(stopped + 3))
     run = subprocess.run([sys.executable, SCRIPT], env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
-    after = iterations(metrics)[len(steps):]
+    after = iterations(metrics)[len(steps) :]
     assert [x["iter"] for x in after] == [stopped + 1, stopped + 2, stopped + 3]
     first, last = steps[0]["loss"], steps[-1]["loss"]
     assert last < first, "it learned before the stop"

@@ -1,16 +1,44 @@
+"""The plan from the environment: RUBICK_PLAN and the per-field variables, their
+agreement, the refusals (a PlanError, exit 2), and the plan-string vectors shared with
+rubick's parser (data/plan-vectors.json)."""
+
+import json
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
+from helpers import REPO, need, run_python
 
-from rubick import Plan, PlanError, parse_plan
+from rubick import Plan, PlanError, PlanFields, parse_plan
+
+with open(os.path.join(REPO, "data", "plan-vectors.json")) as f:
+    VECTORS = json.load(f)
+
+#: The fields of a vector's ``plan``.
+FIELDS = ("dp", "tp", "pp", "micro_batch", "ga", "zero", "offload", "gc")
 
 
 def test_every_variable_of_the_launcher_is_read():
     env = {
-        "RUBICK_DP": "2", "RUBICK_TP": "2", "RUBICK_PP": "1", "RUBICK_ZERO": "3", "RUBICK_OFFLOAD": "all",
-        "RUBICK_GA": "4", "RUBICK_GC": "1", "RUBICK_MICRO_BATCH": "8", "RUBICK_GPUS": "4", "RUBICK_NODES": "2",
-        "RUBICK_NODE_RANK": "1", "RUBICK_CPUS": "32", "RUBICK_JOB": "gpt", "RUBICK_METRICS": "/m.jsonl",
-        "RUBICK_CHECKPOINT_DIR": "/ckpt", "RUBICK_DEEPSPEED_CONFIG": "/ds.json", "RUBICK_STOP_SIGNAL": "USR2",
+        "RUBICK_DP": "2",
+        "RUBICK_TP": "2",
+        "RUBICK_PP": "1",
+        "RUBICK_ZERO": "3",
+        "RUBICK_OFFLOAD": "all",
+        "RUBICK_GA": "4",
+        "RUBICK_GC": "1",
+        "RUBICK_MICRO_BATCH": "8",
+        "RUBICK_GPUS": "4",
+        "RUBICK_NODES": "2",
+        "RUBICK_NODE_RANK": "1",
+        "RUBICK_CPUS": "32",
+        "RUBICK_JOB": "gpt",
+        "RUBICK_METRICS": "/m.jsonl",
+        "RUBICK_CHECKPOINT_DIR": "/ckpt",
+        "RUBICK_DEEPSPEED_CONFIG": "/ds.json",
+        "RUBICK_STOP_SIGNAL": "USR2",
     }
     p = Plan.from_env(env)
     assert (p.dp, p.tp, p.pp, p.zero, p.offload, p.ga, p.gc, p.micro_batch) == (2, 2, 1, 3, "all", 4, True, 8)
@@ -27,7 +55,11 @@ def test_a_field_missing_from_its_variable_comes_from_the_plan_string():
     # A partial plan string names only what it names: the variables add the rest.
     p = Plan.from_env({"RUBICK_PLAN": "dp2-mb4", "RUBICK_GA": "3", "RUBICK_ZERO": "1"})
     assert (p.dp, p.micro_batch, p.ga, p.zero) == (2, 4, 3, 1)
-    assert parse_plan("dp4-tp2-pp2-mb1-ga8-z0") == {"dp": 4, "tp": 2, "pp": 2, "micro_batch": 1, "ga": 8, "zero": 0}
+    assert parse_plan("dp2-mb4") == PlanFields(dp=2, micro_batch=4)
+    # A complete one (the launcher's form) says ZeRO 0, no offload, no checkpointing.
+    assert parse_plan("dp4-tp2-pp2-mb1-ga8") == PlanFields(
+        dp=4, tp=2, pp=2, micro_batch=1, ga=8, zero=0, offload="none", gc=False
+    )
 
 
 def test_no_variable_is_a_single_process_run():
@@ -36,18 +68,21 @@ def test_no_variable_is_a_single_process_run():
     assert p.stop_signal == signal.SIGUSR1
 
 
-@pytest.mark.parametrize("env, names", [
-    ({"RUBICK_DP": "two"}, "RUBICK_DP"),
-    ({"RUBICK_DP": "0"}, "RUBICK_DP"),
-    ({"RUBICK_ZERO": "4"}, "RUBICK_ZERO"),
-    ({"RUBICK_OFFLOAD": "disk", "RUBICK_ZERO": "1"}, "RUBICK_OFFLOAD"),
-    ({"RUBICK_OFFLOAD": "optimizer"}, "RUBICK_OFFLOAD"),
-    ({"RUBICK_OFFLOAD": "all", "RUBICK_ZERO": "2"}, "RUBICK_OFFLOAD"),
-    ({"RUBICK_GC": "maybe"}, "RUBICK_GC"),
-    ({"RUBICK_STOP_SIGNAL": "SIGNOPE"}, "RUBICK_STOP_SIGNAL"),
-    ({"RUBICK_PLAN": "dp2-fast"}, "RUBICK_PLAN"),
-    ({"RUBICK_NODES": "2", "RUBICK_NODE_RANK": "2"}, "RUBICK_NODE_RANK"),
-])
+@pytest.mark.parametrize(
+    "env, names",
+    [
+        ({"RUBICK_DP": "two"}, "RUBICK_DP"),
+        ({"RUBICK_DP": "0"}, "RUBICK_DP"),
+        ({"RUBICK_ZERO": "4"}, "RUBICK_ZERO"),
+        ({"RUBICK_OFFLOAD": "disk", "RUBICK_ZERO": "1"}, "RUBICK_OFFLOAD"),
+        ({"RUBICK_OFFLOAD": "optimizer"}, "RUBICK_OFFLOAD"),
+        ({"RUBICK_OFFLOAD": "all", "RUBICK_ZERO": "2"}, "RUBICK_OFFLOAD"),
+        ({"RUBICK_GC": "maybe"}, "RUBICK_GC"),
+        ({"RUBICK_STOP_SIGNAL": "SIGNOPE"}, "RUBICK_STOP_SIGNAL"),
+        ({"RUBICK_PLAN": "dp2-fast"}, "RUBICK_PLAN"),
+        ({"RUBICK_NODES": "2", "RUBICK_NODE_RANK": "2"}, "RUBICK_NODE_RANK"),
+    ],
+)
 def test_a_bad_value_is_an_error_naming_its_variable(env, names):
     with pytest.raises(PlanError, match=names):
         Plan.from_env(env)
@@ -58,3 +93,125 @@ def test_the_world_must_match_the_plan():
     p.check_world(4)
     with pytest.raises(PlanError, match="does not match the 2 process"):
         p.check_world(2)
+
+
+def test_an_uncaught_plan_error_exits_2(tmp_path):
+    marker = tmp_path / "atexit-ran"
+    run = run_python(
+        f"import atexit, rubick\natexit.register(lambda: open({str(marker)!r}, 'w').close())\nrubick.Plan.from_env()\n",
+        RUBICK_DP="two",
+    )
+    assert run.returncode == 2, run.stderr
+    assert "RUBICK_DP='two'" in run.stderr and "Traceback" in run.stderr
+    assert marker.exists(), "Python finalized as for sys.exit (atexit handlers ran)"
+    # Inside Run, as a script would: the same.
+    run = run_python("import rubick\nwith rubick.Run() as run:\n    pass\n", RUBICK_STOP_SIGNAL="SIGKILL")
+    assert run.returncode == 2 and "SIGKILL cannot be caught" in run.stderr, run.stderr
+    # Other errors keep Python's exit 1.
+    run = run_python("import rubick\nraise RuntimeError('not a plan')\n")
+    assert run.returncode == 1 and "not a plan" in run.stderr
+
+
+def test_a_per_field_variable_contradicting_rubick_plan_is_an_error():
+    with pytest.raises(PlanError, match=r"RUBICK_GA=3 contradicts RUBICK_PLAN=dp2-tp1-pp1-mb4-ga2"):
+        Plan.from_env({"RUBICK_PLAN": "dp2-tp1-pp1-mb4-ga2", "RUBICK_GA": "3"})
+    # The launcher's complete form leaves ZeRO 0, no offload and no checkpointing out.
+    for var, value in (("RUBICK_ZERO", "1"), ("RUBICK_GC", "1"), ("RUBICK_OFFLOAD", "optimizer")):
+        with pytest.raises(PlanError, match=f"{var}={value} contradicts RUBICK_PLAN"):
+            Plan.from_env({"RUBICK_PLAN": "dp2-tp1-pp1-mb4-ga2", var: value})
+    # What the launcher writes (every variable, agreeing) is fine.
+    env = {
+        "RUBICK_PLAN": "dp2-tp1-pp1-mb4-ga2-z1-offopt-gc",
+        "RUBICK_DP": "2",
+        "RUBICK_TP": "1",
+        "RUBICK_PP": "1",
+        "RUBICK_ZERO": "1",
+        "RUBICK_OFFLOAD": "optimizer",
+        "RUBICK_GA": "2",
+        "RUBICK_GC": "1",
+        "RUBICK_MICRO_BATCH": "4",
+        "RUBICK_GPUS": "2",
+    }
+    assert Plan.from_env(env).code() == "dp2-tp1-pp1-mb4-ga2-z1-offopt-gc"
+    env = {"RUBICK_PLAN": "dp1-tp1-pp1-mb4-ga2", "RUBICK_ZERO": "0", "RUBICK_OFFLOAD": "none", "RUBICK_GC": "0"}
+    assert Plan.from_env(env).code() == "dp1-tp1-pp1-mb4-ga2"
+    # The pytorch reference script refuses the same way (exit 2).
+    need("torch")
+    run = subprocess.run(
+        [sys.executable, os.path.join(REPO, "examples", "pytorch", "train.py"), "--iterations", "1"],
+        env=dict(os.environ, RUBICK_PLAN="dp1-tp1-pp1-mb16-ga1", RUBICK_GA="2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "RUBICK_GA=2 contradicts RUBICK_PLAN" in run.stderr, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        # The plan string and a per-field variable disagree.
+        ({"RUBICK_PLAN": "dp2-tp1-pp1-mb4-ga2", "RUBICK_DP": "1"}, r"RUBICK_DP=1 contradicts RUBICK_PLAN=dp2-tp1-pp1"),
+        # 4 processes on the 1 GPU the run was given.
+        (
+            {"RUBICK_DP": "4", "RUBICK_GPUS": "1"},
+            r"RUBICK_GPUS=1 but the plan needs dp\*tp\*pp = 4\*1\*1 = 4 .*RUBICK_DP",
+        ),
+        ({"RUBICK_PLAN": "dp4-tp1-pp1-mb1-ga1", "RUBICK_GPUS": "1"}, r"RUBICK_GPUS=1 .*dp from RUBICK_PLAN"),
+        # Numbers out of range (a 23-digit DP), in a variable or in the plan string.
+        ({"RUBICK_DP": "1" * 23}, r"RUBICK_DP=1{23}: must be at most 4294967295"),
+        ({"RUBICK_PLAN": "dp" + "9" * 23 + "-tp1"}, r"RUBICK_PLAN: .*dp must be 1 to 4294967295"),
+        ({"RUBICK_PLAN": "dp0-tp1"}, r"RUBICK_PLAN: 'dp0'"),
+        ({"RUBICK_DP": "65536", "RUBICK_TP": "65536", "RUBICK_PP": "2"}, r"dp\*tp\*pp .* must be at most"),
+        ({"RUBICK_DP": "1_000"}, r"RUBICK_DP='1_000': expected an integer"),
+        ({"RUBICK_CPUS": "9" * 30}, r"RUBICK_CPUS=9+: must be at most"),
+        ({"RUBICK_PLAN": "dp2-dp4"}, r"names dp twice"),
+        # A stop signal no process can catch.
+        ({"RUBICK_STOP_SIGNAL": "SIGKILL"}, r"RUBICK_STOP_SIGNAL='SIGKILL': SIGKILL cannot be caught"),
+        ({"RUBICK_STOP_SIGNAL": "9"}, r"SIGKILL cannot be caught"),
+        ({"RUBICK_STOP_SIGNAL": "STOP"}, r"SIGSTOP cannot be caught"),
+    ],
+)
+def test_the_plan_refuses_contradictions_mismatches_bounds_and_uncatchable_signals(env, message):
+    with pytest.raises(PlanError, match=message):
+        Plan.from_env(env)
+
+
+def test_a_stop_signal_kill_is_a_plan_error_not_an_os_error():
+    from rubick.plan import stop_signal
+
+    with pytest.raises(PlanError, match="cannot be caught"):
+        stop_signal({"RUBICK_STOP_SIGNAL": "SIGKILL"})
+    assert stop_signal({"RUBICK_STOP_SIGNAL": "USR2"}) == signal.SIGUSR2
+    # And a script given one exits 2 naming it, before anything else.
+    run = run_python("import rubick\nrubick.Run()\n", RUBICK_STOP_SIGNAL="SIGKILL")
+    assert run.returncode == 2 and "RUBICK_STOP_SIGNAL" in run.stderr and "OSError" not in run.stderr
+
+
+def test_a_plan_that_agrees_with_its_gpus_still_runs():
+    # The checks refuse only what is wrong: RUBICK_GPUS = dp*tp*pp is fine.
+    p = Plan.from_env({"RUBICK_PLAN": "dp2-tp2-pp1-mb1-ga1", "RUBICK_GPUS": "4", "RUBICK_DP": "2"})
+    assert (p.world_size, p.gpus) == (4, 4)
+
+
+@pytest.mark.parametrize("case", VECTORS["accepted"], ids=lambda c: c["text"])
+def test_a_plan_string_reads_and_writes_as_rubick_does(case):
+    named = {k: getattr(parse_plan(case["text"]), k) for k in FIELDS}
+    assert {k: v for k, v in named.items() if v is not None}.items() <= case["plan"].items()
+    plan = Plan.from_env({"RUBICK_PLAN": case["text"]})
+    assert {k: getattr(plan, k) for k in FIELDS} == case["plan"]
+    assert plan.code() == case["canonical"]
+    # The canonical form is complete: it names every field.
+    assert {k: getattr(parse_plan(case["canonical"]), k) for k in FIELDS} == case["plan"]
+
+
+@pytest.mark.parametrize("case", VECTORS["rejected"], ids=lambda c: c["text"])
+def test_a_plan_string_rubick_refuses_is_refused(case):
+    with pytest.raises(PlanError, match=r"RUBICK_PLAN|RUBICK_OFFLOAD"):
+        Plan.from_env({"RUBICK_PLAN": case["text"]})
+
+
+@pytest.mark.parametrize("case", VECTORS["python_only"], ids=lambda c: c["text"] or "empty")
+def test_a_plan_string_rubick_never_launches_still_runs_by_hand(case):
+    plan = Plan.from_env({"RUBICK_PLAN": case["text"]})
+    assert {k: getattr(plan, k) for k in FIELDS} == case["plan"]

@@ -15,8 +15,13 @@ SCRIPT = os.path.join(REPO, "examples", "torchrun-ddp", "train.py")
 def test_torchrun_ddp_stops_on_the_signal_and_resumes_at_another_plan(tmp_path):
     need("torch")
     metrics, ckpt = str(tmp_path / "m.jsonl"), str(tmp_path / "ckpt")
-    env = dict(os.environ, RUBICK_PLAN="dp2-tp1-pp1-mb8-ga2-z0", RUBICK_METRICS=metrics,
-               RUBICK_CHECKPOINT_DIR=ckpt, RUBICK_CPUS="2")
+    env = dict(
+        os.environ,
+        RUBICK_PLAN="dp2-tp1-pp1-mb8-ga2-z0",
+        RUBICK_METRICS=metrics,
+        RUBICK_CHECKPOINT_DIR=ckpt,
+        RUBICK_CPUS="2",
+    )
     lines, _ = stopped_under_torchrun([SCRIPT, "--iterations", "100000"], env, metrics, after=3)
     stopped = lines[-1]["iter"]
     steps = iterations(metrics)
@@ -25,13 +30,15 @@ def test_torchrun_ddp_stops_on_the_signal_and_resumes_at_another_plan(tmp_path):
     assert not workers(SCRIPT), "a worker outlived the stop"
     # Resumed by one process at dp 1, ga 4: numbering continues.
     env.update(RUBICK_PLAN="dp1-tp1-pp1-mb8-ga4-z0")
-    run = subprocess.run([sys.executable, SCRIPT, "--iterations", str(stopped + 3)], env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, SCRIPT, "--iterations", str(stopped + 3)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
-    assert [x["iter"] for x in iterations(metrics)[len(steps):]] == [stopped + 1, stopped + 2, stopped + 3]
+    assert [x["iter"] for x in iterations(metrics)[len(steps) :]] == [stopped + 1, stopped + 2, stopped + 3]
     assert metric_lines(metrics)[-1] == {"rubick": 1, "event": "checkpointed", "iter": stopped + 3}
     # A plan the script cannot run (tensor parallelism) exits 2 naming why.
     env.update(RUBICK_PLAN="dp1-tp2-pp1-mb8-ga1-z0")
-    run = subprocess.run([sys.executable, SCRIPT, "--iterations", "1"], env=env, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [sys.executable, SCRIPT, "--iterations", "1"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 2 and "does not match" in run.stderr, run.stderr

@@ -7,7 +7,15 @@
 //! * our readable form, e.g. `dp4-tp2-pp1-mb2-ga1-z1-gc` (see [`Plan::from_str`]);
 //! * the plan *codes* of the authors' reference data (`ga`, `gc`, `zero-dp`,
 //!   `zero-offload`, or three digits P T D), parsed into [`PlanCode`]. A code names a
-//!   family and its degrees but not the micro-batch; [`PlanCode::resolve`] completes it.
+//!   family and its degrees but not the micro-batch; [`crate::space::resolve_code`]
+//!   completes it.
+//!
+//! This module knows plans alone: the rules that hold whatever the job
+//! ([`Plan::check_shape`]). What a model adds (a plan's validity for it, the plans a
+//! code stands for) is in [`crate::space`], which sits above both.
+//!
+//! The readable form is the one jobs get in `RUBICK_PLAN`; `data/plan-vectors.json`
+//! holds its test vectors, shared with the Python package's parser (`python/rubick/plan.py`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,7 +24,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
-use crate::model::ModelSpec;
 
 /// ZeRO stage (Rajbhandari et al., 2020): which model states are sharded over the
 /// data-parallel group. 1 = optimizer states, 2 = + gradients, 3 = + parameters.
@@ -216,27 +223,6 @@ impl Plan {
         }
         Ok(())
     }
-
-    /// All validity rules of this plan for `model` on `gpus` GPUs.
-    pub fn check(&self, model: &ModelSpec, gpus: u32) -> Result<(), PlanViolation> {
-        self.check_shape()?;
-        if self.gpus() != gpus {
-            return Err(PlanViolation::GpuCount { product: self.gpus(), gpus });
-        }
-        if self.global_batch() != model.global_batch {
-            return Err(PlanViolation::GlobalBatch { product: self.global_batch(), global_batch: model.global_batch });
-        }
-        if !model.heads.is_multiple_of(self.tp) {
-            return Err(PlanViolation::TpHeads { tp: self.tp, heads: model.heads });
-        }
-        if !model.hidden.is_multiple_of(self.tp) {
-            return Err(PlanViolation::TpHidden { tp: self.tp, hidden: model.hidden });
-        }
-        if !model.layers.is_multiple_of(self.pp) {
-            return Err(PlanViolation::PpLayers { pp: self.pp, layers: model.layers });
-        }
-        Ok(())
-    }
 }
 
 impl fmt::Display for Plan {
@@ -274,9 +260,7 @@ impl FromStr for Plan {
             }
             let digits = &token[key.len()..];
             let number = || -> Result<u32, ParseError> {
-                digits
-                    .parse::<u32>()
-                    .ok()
+                unsigned::<u32>(digits)
                     .filter(|&n| n > 0)
                     .ok_or_else(|| err(format!("`{token}`: expected a positive integer after `{key}`")))
             };
@@ -290,9 +274,7 @@ impl FromStr for Plan {
                     seen_mb = true;
                 }
                 "z" => {
-                    plan.zero = digits
-                        .parse::<u8>()
-                        .ok()
+                    plan.zero = unsigned::<u8>(digits)
                         .and_then(ZeroStage::from_level)
                         .ok_or_else(|| err(format!("`{token}`: expected a ZeRO stage z0..z3")))?;
                 }
@@ -316,6 +298,14 @@ impl FromStr for Plan {
         plan.check_shape().map_err(|v| err(v.to_string()))?;
         Ok(plan)
     }
+}
+
+/// `digits` as a number when they are ASCII digits only (no sign, as the schema says).
+fn unsigned<T: FromStr>(digits: &str) -> Option<T> {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// A plan code of the authors' reference data: a family, and for 3-D plans the
@@ -396,26 +386,6 @@ impl PlanCode {
             plan.zero = ZeroStage::None;
         }
         plan
-    }
-
-    /// The complete plans this code stands for on `gpus` GPUs for `model`: every
-    /// micro-batch that divides the per-replica batch, largest first. The caller
-    /// picks the first that fits in memory.
-    pub fn candidates(&self, model: &ModelSpec, gpus: u32) -> Vec<Plan> {
-        let skeleton = self.skeleton(gpus);
-        let dp = u64::from(skeleton.dp);
-        if gpus == 0 || skeleton.gpus() != gpus || !model.global_batch.is_multiple_of(dp) {
-            return Vec::new();
-        }
-        let per_replica = model.global_batch / dp;
-        crate::space::divisors(per_replica)
-            .rev()
-            .filter_map(|mb| {
-                let micro_batch = u32::try_from(mb).ok()?;
-                let ga = u32::try_from(per_replica / mb).ok()?;
-                Some(Plan { micro_batch, ga, ..skeleton })
-            })
-            .collect()
     }
 }
 
@@ -538,26 +508,43 @@ crate::string_serde!(
 mod tests {
     use super::*;
 
-    #[test]
-    fn readable_form_round_trips() {
-        for text in ["dp4-tp2-pp1-mb2-ga1", "dp8-tp1-pp1-mb1-ga1-z2-offopt-gc", "dp1-tp4-pp2-mb1-ga4"] {
-            let plan: Plan = text.parse().unwrap();
-            assert_eq!(plan.to_string(), text);
+    /// `data/plan-vectors.json`, shared with the Python package's tests.
+    fn vectors() -> serde_json::Value {
+        serde_json::from_str(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/plan-vectors.json"))).unwrap()
+    }
+
+    /// The plan a vector's `plan` object names.
+    fn vector_plan(fields: &serde_json::Value) -> Plan {
+        let number = |name: &str| u32::try_from(fields[name].as_u64().unwrap()).unwrap();
+        Plan {
+            dp: number("dp"),
+            tp: number("tp"),
+            pp: number("pp"),
+            zero: ZeroStage::from_level(u8::try_from(number("zero")).unwrap()).unwrap(),
+            offload: match fields["offload"].as_str().unwrap() {
+                "none" => Offload::None,
+                "optimizer" => Offload::Optimizer,
+                "all" => Offload::OptimizerAndParams,
+                other => panic!("offload {other} in data/plan-vectors.json"),
+            },
+            ga: number("ga"),
+            checkpointing: fields["gc"].as_bool().unwrap(),
+            micro_batch: number("micro_batch"),
         }
     }
 
     #[test]
-    fn readable_form_accepts_any_order_and_defaults() {
-        let plan: Plan = "gc-mb2-dp4".parse().unwrap();
-        assert_eq!(plan, Plan { checkpointing: true, ..Plan::data_parallel(4, 2) });
-    }
-
-    #[test]
-    fn readable_form_rejects_nonsense() {
-        for bad in
-            ["", "dp4", "dp0-mb1", "dp4-mb1-zz", "dp4-mb1-z7", "dp4-dp2-mb1", "dp1-mb1-z2", "dp2-mb1-offopt", "gc3-mb1"]
-        {
-            assert!(bad.parse::<Plan>().is_err(), "{bad} should not parse");
+    fn the_shared_plan_vectors_parse_print_and_refuse_as_written() {
+        let vectors = vectors();
+        for case in vectors["accepted"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let plan: Plan = text.parse().unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(plan, vector_plan(&case["plan"]), "{text:?}");
+            assert_eq!(plan.to_string(), case["canonical"].as_str().unwrap(), "{text:?}");
+        }
+        for case in vectors["rejected"].as_array().unwrap().iter().chain(vectors["python_only"].as_array().unwrap()) {
+            let text = case["text"].as_str().unwrap();
+            assert!(text.parse::<Plan>().is_err(), "{text:?} parsed, but {}", case["why"]);
         }
     }
 
@@ -569,40 +556,6 @@ mod tests {
         assert_eq!("248".parse::<PlanCode>().unwrap(), PlanCode::ThreeD { pp: 2, tp: 4, dp: 8 });
         assert!("208".parse::<PlanCode>().is_err());
         assert!("zero".parse::<PlanCode>().is_err());
-    }
-
-    #[test]
-    fn zero_is_dropped_on_one_gpu_without_offload() {
-        let model = ModelSpec::example();
-        let plans = PlanCode::ZeroDp.candidates(&model, 1);
-        assert!(plans.iter().all(|p| p.zero == ZeroStage::None));
-        let plans = PlanCode::ZeroOffload.candidates(&model, 1);
-        assert!(plans.iter().all(|p| p.zero == ZeroStage::Two && p.offload == Offload::Optimizer));
-    }
-
-    #[test]
-    fn candidates_keep_the_global_batch() {
-        let model = ModelSpec::example();
-        for gpus in 1..=16 {
-            for plan in PlanCode::Ga.candidates(&model, gpus) {
-                assert_eq!(plan.global_batch(), model.global_batch);
-                assert_eq!(plan.gpus(), gpus);
-            }
-        }
-    }
-
-    #[test]
-    fn validity_rules_name_the_violation() {
-        let model = ModelSpec::example(); // 32 heads, hidden 4096, 32 layers, batch 16
-        let mut plan = Plan::data_parallel(4, 4);
-        assert_eq!(plan.check(&model, 4), Ok(()));
-        assert_eq!(plan.check(&model, 8), Err(PlanViolation::GpuCount { product: 4, gpus: 8 }));
-        plan.micro_batch = 3;
-        assert!(matches!(plan.check(&model, 4), Err(PlanViolation::GlobalBatch { .. })));
-        let plan = Plan { tp: 3, dp: 1, micro_batch: 16, ..Plan::data_parallel(1, 16) };
-        assert!(matches!(plan.check(&model, 3), Err(PlanViolation::TpHeads { .. })));
-        let plan = Plan { pp: 3, dp: 1, micro_batch: 16, ..Plan::data_parallel(1, 16) };
-        assert!(matches!(plan.check(&model, 3), Err(PlanViolation::PpLayers { .. })));
     }
 }
 

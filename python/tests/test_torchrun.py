@@ -1,0 +1,79 @@
+"""python -m rubick.torchrun: a stop exits 0 once every worker did, and the contract's
+exit codes pass through."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from helpers import REPO, need
+
+
+def test_a_stop_exits_0_once_every_worker_did(tmp_path):
+    need("torch")
+    # The example jobs launch through the package's launcher, torchrun's flags intact.
+    for example in ("hf-trainer", "lightning", "torchrun-ddp"):
+        with open(os.path.join(REPO, "examples", example, "job.yaml")) as f:
+            text = f.read()
+        assert '"rubick.torchrun"' in text or " rubick.torchrun," in text, example
+        assert "--signals-to-handle" not in text and "PYTHONPATH: python" in text, example
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "import rubick\n"
+        "flag = rubick.StopFlag(rubick.Plan.from_env().stop_signal, signal.SIGTERM)\n"
+        "if os.environ.get('IGNORE') == '1':\n"
+        "    signal.signal(rubick.Plan.from_env().stop_signal, signal.SIG_IGN)\n"
+        "rank = os.environ['RANK']\n"
+        "open(os.environ['READY'] + rank, 'w').close()\n"
+        "while not flag.requested:\n"
+        "    time.sleep(0.05)\n"
+        "print('worker', rank, 'stopped cleanly', flush=True)\n"
+    )
+
+    def run(**extra):
+        ready = str(tmp_path / f"ready{len(extra)}-")
+        env = dict(os.environ, READY=ready, OMP_NUM_THREADS="1", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="3", **extra)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rubick.torchrun", "--standalone", "--nproc-per-node=2", str(script)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        start = time.time()
+        while not all(os.path.exists(ready + r) for r in "01"):
+            assert proc.poll() is None, proc.communicate()
+            assert time.time() - start < 120, "the workers did not start"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGUSR1)  # as rubick: the stop signal to the launcher (it relays it)
+        out, err = proc.communicate(timeout=120)
+        return proc.returncode, out, err
+
+    code, out, err = run()
+    assert code == 0, err[-3000:]
+    assert out.count("stopped cleanly") == 2
+    assert "SignalException" not in err and "Traceback" not in err, err[-3000:]
+    assert "stopped by SIGUSR1: all 2 worker(s) exited 0; exit 0" in err
+    # Workers that ignore the stop are killed after torchrun's shutdown timeout: not a
+    # clean stop, torchrun's failure is kept.
+    code, out, err = run(IGNORE="1")
+    assert code == 1 and "not every worker exited 0" in err, (code, err[-3000:])
+
+
+def test_the_contract_exit_codes_pass_the_contract_exit_codes_through(tmp_path):
+    need("torch")
+    script = tmp_path / "bad.py"
+    script.write_text("import rubick\nrubick.Plan.from_env().check_world(2)\n")
+    env = dict(os.environ, RUBICK_PLAN="dp4-tp1-pp1-mb1-ga1", OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "rubick.torchrun", "--standalone", "--nproc-per-node=2", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "the first worker to fail exited 2" in run.stderr
