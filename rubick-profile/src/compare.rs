@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use rubick_core::tables::{PROFILE, ProfileRow};
+use rubick_core::tables::{PROFILE, ProfileRow, ProfileStatus};
 use rubick_io::cli::Outcome;
 
 /// Report formats (their renderers are in [`render`]).
@@ -79,7 +79,7 @@ pub struct Side {
 
 fn side(rows: &[&ProfileRow]) -> Option<Side> {
     let measured: Vec<&ProfileRow> = rows.iter().copied().filter(|r| r.measured()).collect();
-    let not_measured = rows.iter().filter(|r| !r.measured()).map(|r| r.status.clone().unwrap_or_default()).collect();
+    let not_measured = rows.iter().filter(|r| !r.measured()).map(|r| r.status.map_or_else(String::new, |s| s.to_string())).collect();
     let times: Vec<f64> = measured.iter().filter_map(|r| r.iter_time_s).collect();
     if times.is_empty() {
         return (!rows.is_empty()).then_some(Side {
@@ -336,7 +336,7 @@ fn check_rows(path: &Path, raw: &RawTimes, rows: &[ProfileRow]) -> anyhow::Resul
         let at = |what: String| anyhow::anyhow!("{}: line {}: {what}", path.display(), i + 2);
         r.plan.parse::<rubick_core::Plan>().map_err(|e| at(format!("plan `{}`: {e}", r.plan)))?;
         r.placement.parse::<rubick_core::Placement>().map_err(|e| at(format!("placement `{}`: {e}", r.placement)))?;
-        let ok = r.status.as_deref() == Some("ok");
+        let ok = r.status == Some(ProfileStatus::Ok);
         if !r.measured() && !ok {
             continue;
         }
@@ -446,7 +446,7 @@ mod tests {
             model: "m".into(),
             plan: plan.into(),
             placement: "1".into(),
-            status: Some("ok".into()),
+            status: Some(ProfileStatus::Ok),
             repeat: Some(repeat),
             iterations: Some(10),
             iter_time_s: Some(t),
@@ -487,7 +487,7 @@ mod tests {
     #[test]
     fn a_configuration_that_no_longer_runs_regresses() {
         let mut oom = row("a", 0, 1.0, 0.0);
-        oom.status = Some("oom".into());
+        oom.status = Some(ProfileStatus::Oom);
         oom.iter_time_s = None;
         let c = compare(&[row("a", 0, 1.0, 0.01)], &[oom], 0.05, 0.05);
         assert_eq!(c[0].verdict, Verdict::Regressed);
