@@ -79,7 +79,8 @@ pub struct Side {
 
 fn side(rows: &[&ProfileRow]) -> Option<Side> {
     let measured: Vec<&ProfileRow> = rows.iter().copied().filter(|r| r.measured()).collect();
-    let not_measured = rows.iter().filter(|r| !r.measured()).map(|r| r.status.map_or_else(String::new, |s| s.to_string())).collect();
+    let not_measured =
+        rows.iter().filter(|r| !r.measured()).map(|r| r.status.map_or_else(String::new, |s| s.to_string())).collect();
     let times: Vec<f64> = measured.iter().filter_map(|r| r.iter_time_s).collect();
     if times.is_empty() {
         return (!rows.is_empty()).then_some(Side {

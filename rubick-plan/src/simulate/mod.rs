@@ -339,17 +339,11 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
     }
     rubick_io::write_output(Path::new("-"), render::markdown(&rows).as_bytes())?;
     if let Some(plot) = &args.plot {
-        let series = rows
-            .iter()
-            .map(|s| (render::run_label(s), s.jct_s.clone()))
-            .collect();
+        let series = rows.iter().map(|s| (render::run_label(s), s.jct_s.clone())).collect();
         write_figure(plot, (900, 600), &CdfFigure { series })?;
     }
     if let Some(plot) = &args.restarts_plot {
-        let series = rows
-            .iter()
-            .map(|s| (render::run_label(s), s.restart_counts.clone()))
-            .collect();
+        let series = rows.iter().map(|s| (render::run_label(s), s.restart_counts.clone())).collect();
         write_figure(plot, (900, 600), &RestartsFigure { series })?;
     }
     Ok(Outcome::Done)

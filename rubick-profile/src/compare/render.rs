@@ -106,8 +106,11 @@ fn junit(report: &Report) -> String {
         let _ = write!(out, "    <testcase classname=\"{suite}\" name=\"{name}\">");
         match c.verdict {
             Verdict::Regressed => {
-                let _ =
-                    write!(out, "<failure message=\"{}\" type=\"regression\">{detail}</failure>", xml_escape(&c.reason));
+                let _ = write!(
+                    out,
+                    "<failure message=\"{}\" type=\"regression\">{detail}</failure>",
+                    xml_escape(&c.reason)
+                );
             }
             Verdict::Incomparable => {
                 let _ = write!(out, "<skipped message=\"{}\"/>", xml_escape(&c.reason));
