@@ -15,6 +15,7 @@ pub mod fit;
 pub mod job;
 pub mod launch;
 pub mod limits;
+pub mod markdown;
 pub mod memory;
 pub mod model;
 pub mod perf;

@@ -348,28 +348,34 @@ pub fn memory_agreement(
 
 /// The comparison as a Markdown table, one line per (model, family).
 pub fn agreement_table(rows: &[AgreementRow]) -> String {
-    let mut out = String::from(
-        "| model | family | global batch | fact max mb | estimated max mb | deciding plan | its GiB | verdict |\n|---|---|---|---|---|---|---|---|\n",
-    );
+    let mut table = crate::markdown::Table::new(&[
+        "model",
+        "family",
+        "global batch",
+        "fact max mb",
+        "estimated max mb",
+        "deciding plan",
+        "its GiB",
+        "verdict",
+    ]);
     for r in rows {
         let verdict = match r.agreement {
             Agreement::Agree => "agree",
             Agreement::FactBelowEstimate => "fact below estimate (a cap, not memory)",
             Agreement::FactAboveEstimate => "FACT ABOVE ESTIMATE (estimate too conservative)",
         };
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.model,
-            r.family,
-            r.global_batch,
-            r.fact,
-            r.estimate,
-            r.deciding_plan.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-            r.deciding_total_gib.map(|g| format!("{g:.1}")).unwrap_or_else(|| "-".into()),
-            verdict
-        ));
+        table.row(&[
+            r.model.clone(),
+            r.family.to_string(),
+            r.global_batch.to_string(),
+            r.fact.to_string(),
+            r.estimate.to_string(),
+            r.deciding_plan.map_or_else(|| "-".into(), |p| p.to_string()),
+            r.deciding_total_gib.map_or_else(|| "-".into(), |g| format!("{g:.1}")),
+            verdict.to_owned(),
+        ]);
     }
-    out
+    table.to_string()
 }
 
 #[cfg(test)]

@@ -119,6 +119,42 @@ pub const SIM_JOBS: TableSchema = TableSchema {
     ],
 };
 
+/// How a profiling run ended: the `status` column of [`PROFILE`], written as today's
+/// files hold it (`ok`, `oom`, `unsupported`, `failed`, `timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProfileStatus {
+    /// Measured its configuration.
+    Ok,
+    /// Out of memory: the configuration is infeasible.
+    Oom,
+    /// The script refused the plan (exit 2).
+    Unsupported,
+    /// Exited otherwise, or measured nothing.
+    Failed,
+    /// Overran its time limit.
+    Timeout,
+}
+
+impl ProfileStatus {
+    /// The status as the column holds it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProfileStatus::Ok => "ok",
+            ProfileStatus::Oom => "oom",
+            ProfileStatus::Unsupported => "unsupported",
+            ProfileStatus::Failed => "failed",
+            ProfileStatus::Timeout => "timeout",
+        }
+    }
+}
+
+impl std::fmt::Display for ProfileStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// A row of [`PROFILE`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -130,7 +166,7 @@ pub struct ProfileRow {
     pub gpu_type: Option<String>,
     pub cpus: Option<i64>,
     pub host_memory_gib: Option<f64>,
-    pub status: Option<String>,
+    pub status: Option<ProfileStatus>,
     #[serde(default)]
     pub exit_code: Option<i64>,
     #[serde(default)]
@@ -154,7 +190,7 @@ pub struct ProfileRow {
 impl ProfileRow {
     /// Whether the run measured its configuration (`status` ok or absent) with a time.
     pub fn measured(&self) -> bool {
-        matches!(self.status.as_deref(), None | Some("ok")) && self.iter_time_s.is_some()
+        matches!(self.status, None | Some(ProfileStatus::Ok)) && self.iter_time_s.is_some()
     }
 }
 

@@ -17,7 +17,7 @@ use rubick_core::artifact::to_yaml;
 use rubick_core::fit::{Fit, FitOptions, Observation, fit};
 use rubick_core::perf::PerfModel;
 use rubick_core::perfmodel::{Links, Params, predict};
-use rubick_core::tables::ProfileRow;
+use rubick_core::tables::{ProfileRow, ProfileStatus};
 use rubick_core::{Cluster, Job, ModelSpec, Placement, Plan};
 use rubick_io::cli::{LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::load_artifact;
@@ -441,8 +441,8 @@ pub fn profile_observations(path: &Path, job: &Job, cluster: &Cluster) -> anyhow
         }
         let plan: Plan = row.plan.parse().with_context(|| at("plan"))?;
         let placement: Placement = row.placement.parse().with_context(|| at("placement"))?;
-        if let Some(status) = row.status.as_deref().filter(|s| *s != "ok") {
-            *skipped.entry(status.to_owned()).or_default() += 1;
+        if let Some(status) = row.status.filter(|s| *s != ProfileStatus::Ok) {
+            *skipped.entry(status.to_string()).or_default() += 1;
             continue;
         }
         let iter_time_s = row.iter_time_s.with_context(|| {

@@ -9,14 +9,16 @@
 //! the test says the slowdown is beyond the noise (p < `--alpha`), or when it measured
 //! in the baseline and no longer does (out of memory, failed, timed out).
 
+mod render;
+
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
-use rubick_core::tables::{PROFILE, ProfileRow};
+use rubick_core::tables::{PROFILE, ProfileRow, ProfileStatus};
 use rubick_io::cli::Outcome;
 
-/// Report formats.
+/// Report formats (their renderers are in [`render`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
     Text,
@@ -77,7 +79,8 @@ pub struct Side {
 
 fn side(rows: &[&ProfileRow]) -> Option<Side> {
     let measured: Vec<&ProfileRow> = rows.iter().copied().filter(|r| r.measured()).collect();
-    let not_measured = rows.iter().filter(|r| !r.measured()).map(|r| r.status.clone().unwrap_or_default()).collect();
+    let not_measured =
+        rows.iter().filter(|r| !r.measured()).map(|r| r.status.map_or_else(String::new, |s| s.to_string())).collect();
     let times: Vec<f64> = measured.iter().filter_map(|r| r.iter_time_s).collect();
     if times.is_empty() {
         return (!rows.is_empty()).then_some(Side {
@@ -132,6 +135,18 @@ pub enum Verdict {
     Incomparable,
 }
 
+impl fmt::Display for Verdict {
+    /// The verdict as every report writes it: `ok`, `improved`, `REGRESSED`, `n/a`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Ok => "ok",
+            Verdict::Improved => "improved",
+            Verdict::Regressed => "REGRESSED",
+            Verdict::Incomparable => "n/a",
+        })
+    }
+}
+
 /// One configuration compared.
 #[derive(Debug, Clone)]
 pub struct Comparison {
@@ -146,6 +161,15 @@ pub struct Comparison {
     pub p_faster: Option<f64>,
     pub verdict: Verdict,
     pub reason: String,
+}
+
+/// The report of a comparison: every configuration of either profile, compared.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The job both profiles measured (the JUnit test suite).
+    pub suite: String,
+    /// One per configuration, by plan and placement.
+    pub comparisons: Vec<Comparison>,
 }
 
 /// Compares two profiles' rows configuration by configuration.
@@ -303,119 +327,6 @@ fn regularized_incomplete_beta(x: f64, a: f64, b: f64) -> f64 {
     front * f / a
 }
 
-fn cell(side: &Option<Side>) -> String {
-    match side {
-        Some(s) if s.runs > 0 => format!("{:.3} ± {:.3} (n={})", s.median, s.spread, s.runs),
-        Some(s) => s.not_measured.join(","),
-        None => "-".into(),
-    }
-}
-
-fn verdict_word(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Ok => "ok",
-        Verdict::Improved => "improved",
-        Verdict::Regressed => "REGRESSED",
-        Verdict::Incomparable => "n/a",
-    }
-}
-
-fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&apos;")
-}
-
-/// The report in `format`.
-pub fn render(comparisons: &[Comparison], format: Format, suite: &str) -> String {
-    let mut out = String::new();
-    // The cells every format shows: baseline, new, change, p (slower).
-    let cells = |c: &Comparison| {
-        [
-            cell(&c.baseline),
-            cell(&c.new),
-            c.change.map_or_else(|| "-".to_owned(), |x| format!("{:+.1}%", x * 100.0)),
-            c.p_slower.map_or_else(|| "-".to_owned(), |x| format!("{x:.3}")),
-        ]
-    };
-    match format {
-        Format::Text => {
-            let _ = writeln!(
-                out,
-                "{:<34} {:>9} {:>26} {:>26} {:>8} {:>7}  verdict",
-                "plan", "placement", "baseline samples/s", "new samples/s", "change", "p"
-            );
-            for c in comparisons {
-                let [base, new, change, p] = cells(c);
-                let _ = writeln!(
-                    out,
-                    "{:<34} {:>9} {base:>26} {new:>26} {change:>8} {p:>7}  {}: {}",
-                    c.plan,
-                    c.placement,
-                    verdict_word(c.verdict),
-                    c.reason
-                );
-            }
-        }
-        Format::Markdown => {
-            out.push_str("| plan | placement | baseline samples/s | new samples/s | change | p (slower) | verdict |\n");
-            out.push_str("|---|---|---|---|---|---|---|\n");
-            for c in comparisons {
-                let verdict = if c.verdict == Verdict::Regressed {
-                    format!("**{}**: {}", verdict_word(c.verdict), c.reason)
-                } else {
-                    format!("{}: {}", verdict_word(c.verdict), c.reason)
-                };
-                let [base, new, change, p] = cells(c);
-                let _ = writeln!(
-                    out,
-                    "| `{}` | {} | {base} | {new} | {change} | {p} | {} |",
-                    c.plan,
-                    c.placement,
-                    verdict.replace('|', "\\|")
-                );
-            }
-        }
-        Format::Junit => {
-            let failures = comparisons.iter().filter(|c| c.verdict == Verdict::Regressed).count();
-            let skipped = comparisons.iter().filter(|c| c.verdict == Verdict::Incomparable).count();
-            let n = comparisons.len();
-            let suite = xml_escape(suite);
-            out.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-            let _ = writeln!(
-                out,
-                "<testsuites name=\"rubick-profile compare\" tests=\"{n}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\">"
-            );
-            let _ = writeln!(
-                out,
-                "  <testsuite name=\"{suite}\" tests=\"{n}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\">"
-            );
-            for c in comparisons {
-                let name = xml_escape(&format!("{} on {}", c.plan, c.placement));
-                let [base, new, change, p] = cells(c);
-                let detail = xml_escape(&format!("baseline {base}; new {new}; change {change}; p(slower) {p}"));
-                let _ = write!(out, "    <testcase classname=\"{suite}\" name=\"{name}\">");
-                match c.verdict {
-                    Verdict::Regressed => {
-                        let _ = write!(
-                            out,
-                            "<failure message=\"{}\" type=\"regression\">{detail}</failure>",
-                            xml_escape(&c.reason)
-                        );
-                    }
-                    Verdict::Incomparable => {
-                        let _ = write!(out, "<skipped message=\"{}\"/>", xml_escape(&c.reason));
-                    }
-                    Verdict::Ok | Verdict::Improved => {
-                        let _ = write!(out, "<system-out>{detail}</system-out>");
-                    }
-                }
-                out.push_str("</testcase>\n");
-            }
-            out.push_str("  </testsuite>\n</testsuites>\n");
-        }
-    }
-    out
-}
-
 /// Every row names a valid plan and placement, and a measured row a positive, finite
 /// time (and sd, and throughput): a verdict from garbage is no verdict. An `ok` row
 /// must have its time: a row whose time is empty, infinite or not a number (which
@@ -426,7 +337,7 @@ fn check_rows(path: &Path, raw: &RawTimes, rows: &[ProfileRow]) -> anyhow::Resul
         let at = |what: String| anyhow::anyhow!("{}: line {}: {what}", path.display(), i + 2);
         r.plan.parse::<rubick_core::Plan>().map_err(|e| at(format!("plan `{}`: {e}", r.plan)))?;
         r.placement.parse::<rubick_core::Placement>().map_err(|e| at(format!("placement `{}`: {e}", r.placement)))?;
-        let ok = r.status.as_deref() == Some("ok");
+        let ok = r.status == Some(ProfileStatus::Ok);
         if !r.measured() && !ok {
             continue;
         }
@@ -510,9 +421,11 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<Outcome> {
         args.baseline.display(),
         args.new.display()
     );
-    let suite = baseline.first().or(new.first()).map_or("profile", |r| r.job.as_str());
-    rubick_io::write_output(std::path::Path::new("-"), render(&comparisons, args.format, suite).as_bytes())?;
-    let regressed: Vec<String> = comparisons
+    let suite = baseline.first().or(new.first()).map_or("profile", |r| r.job.as_str()).to_owned();
+    let report = Report { suite, comparisons };
+    rubick_io::write_output(std::path::Path::new("-"), args.format.render(&report).as_bytes())?;
+    let regressed: Vec<String> = report
+        .comparisons
         .iter()
         .filter(|c| c.verdict == Verdict::Regressed)
         .map(|c| format!("{} on {}: {}", c.plan, c.placement, c.reason))
@@ -534,7 +447,7 @@ mod tests {
             model: "m".into(),
             plan: plan.into(),
             placement: "1".into(),
-            status: Some("ok".into()),
+            status: Some(ProfileStatus::Ok),
             repeat: Some(repeat),
             iterations: Some(10),
             iter_time_s: Some(t),
@@ -575,7 +488,7 @@ mod tests {
     #[test]
     fn a_configuration_that_no_longer_runs_regresses() {
         let mut oom = row("a", 0, 1.0, 0.0);
-        oom.status = Some("oom".into());
+        oom.status = Some(ProfileStatus::Oom);
         oom.iter_time_s = None;
         let c = compare(&[row("a", 0, 1.0, 0.01)], &[oom], 0.05, 0.05);
         assert_eq!(c[0].verdict, Verdict::Regressed);
@@ -585,7 +498,7 @@ mod tests {
     #[test]
     fn junit_marks_regressions_as_failures_and_escapes() {
         let c = compare(&[row("a<b", 0, 1.0, 0.01)], &[row("a<b", 0, 1.5, 0.01)], 0.05, 0.05);
-        let xml = render(&c, Format::Junit, "job&1");
+        let xml = Format::Junit.render(&Report { suite: "job&1".into(), comparisons: c });
         assert!(xml.contains("failures=\"1\"") && xml.contains("<failure ") && xml.contains("a&lt;b"), "{xml}");
         assert!(xml.contains("job&amp;1") && !xml.contains("job&1"));
     }

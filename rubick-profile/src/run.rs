@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use rubick_core::launch::{Launch, LaunchContext, MetricLine, iteration_times, mean_sd, measured_iterations};
 use rubick_core::select::{Candidate, select};
-use rubick_core::tables::{PROFILE, ProfileRow};
+use rubick_core::tables::{PROFILE, ProfileRow, ProfileStatus};
 use rubick_core::{Cluster, Job, MemoryEstimator, NodeGroup, Placement, Plan};
 use rubick_io::cli::Outcome;
 use rubick_io::files::{is_std, load_artifact};
@@ -284,7 +284,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
     // Failed and timed-out runs are measured again (an answer — ok, oom, unsupported —
     // is kept).
     let before = rows.len();
-    rows.retain(|r| !matches!(r.status.as_deref(), Some("failed" | "timeout")));
+    rows.retain(|r| !matches!(r.status, Some(ProfileStatus::Failed | ProfileStatus::Timeout)));
     if rows.len() < before {
         tracing::warn!("{}: {} failed or timed-out run(s) are run again", args.output.display(), before - rows.len());
     }
@@ -393,9 +393,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
         if let Ok(outcome) = &finished.result {
             measured_wall += outcome.wall;
         }
-        let status = row.status.clone().unwrap_or_default();
+        let status = row.status.map_or_else(String::new, |s| s.to_string());
         // Out of memory and unsupported (exit 2) are answers about the configuration.
-        if !matches!(status.as_str(), "ok" | "oom" | "unsupported") {
+        if !matches!(row.status, Some(ProfileStatus::Ok | ProfileStatus::Oom | ProfileStatus::Unsupported)) {
             failures.push(format!("{} on {} ({status}; log {})", row.plan, row.placement, finished.log.display()));
         }
         match &finished.result {
@@ -544,7 +544,7 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
     let outcome = match &finished.result {
         Ok(outcome) => outcome,
         Err(e) => {
-            row.status = Some(RunStatus::Failed.as_str().into());
+            row.status = Some(ProfileStatus::Failed);
             row.reason = Some(format!("could not run: {e}"));
             return row;
         }
@@ -571,7 +571,13 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
         RunStatus::Timeout => Some(format!("over timeoutS ({} s): its process group was killed", launch.timeout_s)),
         RunStatus::Failed => Some(exit),
     };
-    row.status = Some(status.as_str().into());
+    row.status = Some(match status {
+        RunStatus::Ok => ProfileStatus::Ok,
+        RunStatus::Oom => ProfileStatus::Oom,
+        RunStatus::Unsupported => ProfileStatus::Unsupported,
+        RunStatus::Failed => ProfileStatus::Failed,
+        RunStatus::Timeout => ProfileStatus::Timeout,
+    });
     if status == RunStatus::Ok {
         let field = |f: fn(&MetricLine) -> Option<f64>| mean(&lines.iter().copied().filter_map(f).collect::<Vec<_>>());
         let times = iteration_times(lines.iter().copied());
@@ -620,7 +626,7 @@ fn summary(rows: &[ProfileRow]) {
             r.plan,
             r.placement,
             r.repeat.unwrap_or(0),
-            r.status.as_deref().unwrap_or("ok"),
+            r.status.unwrap_or(ProfileStatus::Ok),
             f(r.iter_time_s, 4),
             f(r.samples_per_s, 2),
             f(r.wall_s, 1)

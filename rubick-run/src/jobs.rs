@@ -79,7 +79,7 @@ pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> a
 pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyhow::Result<Option<PathBuf>> {
     use rubick_core::fit::{FitOptions, Observation, fit};
     use rubick_core::launch::MetricLine;
-    use rubick_core::tables::{PROFILE, ProfileRow};
+    use rubick_core::tables::{PROFILE, ProfileRow, ProfileStatus};
     let warmup = rec.job.launch.as_ref().map_or(3, |l| l.warmup_iterations);
     let links = rubick_core::perfmodel::Links::of_cluster(cluster);
     let (mut rows, mut observations) = (Vec::new(), Vec::new());
@@ -99,7 +99,7 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
             plan: run.plan.to_string(),
             placement: placement.to_string(),
             cpus: Some(i64::from(run.nodes.iter().map(|n| n.cpus).sum::<u32>())),
-            status: Some("ok".into()),
+            status: Some(ProfileStatus::Ok),
             repeat: Some(i64::from(attempt)),
             iterations: Some(times.len() as i64),
             iter_time_s: Some(mean),

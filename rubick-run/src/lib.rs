@@ -334,7 +334,7 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace: bool) -> a
             bail!("{}: job `{}` is submitted twice", paths[i].display(), job.name);
         }
         if let Some(old) = state.jobs.get(&job.name) {
-            let status = format!("{:?}", old.status).to_lowercase();
+            let status = old.status.to_string();
             if matches!(old.status, JobStatus::Queued | JobStatus::Running) {
                 bail!(
                     "{}: job `{}` already exists in {} and is {status}; stop it first (`rubick-run stop {}`)",

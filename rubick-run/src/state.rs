@@ -45,6 +45,25 @@ pub enum JobStatus {
     Stopped,
 }
 
+impl JobStatus {
+    /// Every status, in the order of a job's life.
+    pub const ALL: [JobStatus; 5] =
+        [JobStatus::Queued, JobStatus::Running, JobStatus::Finished, JobStatus::Failed, JobStatus::Stopped];
+}
+
+impl std::fmt::Display for JobStatus {
+    /// The status as the state file writes it (`queued`, `running`, ...).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Finished => "finished",
+            JobStatus::Failed => "failed",
+            JobStatus::Stopped => "stopped",
+        })
+    }
+}
+
 /// Where a run is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -1,19 +1,11 @@
-//! `rubick-run status`: what runs where and how fast (table, YAML, Prometheus, plot).
+//! `rubick-run status`: what runs where and how fast. The command builds a
+//! [`StatusReport`] from the state and the last applied round; one renderer per format
+//! writes it (a table for a person, YAML for a program, Prometheus text for
+//! node-exporter's textfile collector); `--plot` draws every job's runs.
 
 #[allow(clippy::wildcard_imports)]
 use crate::*;
-
-/// The retries a job has left, where they matter: a queued job (its next failure may
-/// spend one) whose reason does not already say; nothing for a finished, failed or
-/// stopped job, which is never retried.
-fn retries_note(r: &JobRecord) -> String {
-    let said = r.reason.as_deref().is_some_and(|why| why.contains("retries left"));
-    if r.status == JobStatus::Queued && !said {
-        format!("; {} {} left", r.retries_left, if r.retries_left == 1 { "retry" } else { "retries" })
-    } else {
-        String::new()
-    }
-}
+use rubick_core::schedule::Assignment;
 
 pub(crate) fn status(
     args: &StateArgs,
@@ -27,211 +19,10 @@ pub(crate) fn status(
         ensure_outside(&dir, p)?;
     }
     let (state, _) = refreshed(&dir)?;
-    let mut rows = Vec::new();
-    for (name, r) in &state.jobs {
-        let mean = r.run.as_ref().and_then(|run| {
-            backends::progress(&dir.attempt_dir(name, run.attempt), r.job.iterations).recent_iter_time_s
-        });
-        rows.push((name, r, mean));
-    }
-    // What the round that placed each running job predicted (seconds per iteration).
     let applied: Option<Schedule> =
         dir.current_path().exists().then(|| load_artifact(&dir.current_path())).transpose().unwrap_or(None);
-    let predicted_s = |name: &str, r: &JobRecord| -> Option<f64> {
-        let a = applied.as_ref()?.assignments.iter().find(|a| a.job == name)?;
-        (r.status == JobStatus::Running && a.predicted_throughput > 0.0)
-            .then(|| r.job.model.global_batch as f64 / a.predicted_throughput)
-    };
-    let log_of =
-        |name: &str, r: &JobRecord| (r.attempts > 0).then(|| dir.attempt_dir(name, r.attempts).join("log.txt"));
-    // The last applied round's assignment of a job whose guarantee it did not keep.
-    let not_held = |name: &str| {
-        let a = applied.as_ref()?.assignments.iter().find(|a| a.job == name)?;
-        a.guarantee.as_ref().is_some_and(|g| !g.holds).then_some(a)
-    };
-    let text = match format {
-        StatusFormat::Yaml => {
-            // The records, with what a person reads in the table: why, the measured and
-            // predicted seconds per iteration, the log.
-            let mut doc = serde_yaml_ng::to_value(&state)?;
-            for (name, r, mean) in &rows {
-                let entry = &mut doc["jobs"][name.as_str()];
-                entry["measuredIterTimeS"] = serde_yaml_ng::to_value(mean)?;
-                entry["predictedIterTimeS"] = serde_yaml_ng::to_value(predicted_s(name, r))?;
-                entry["log"] = serde_yaml_ng::to_value(log_of(name, r))?;
-                if let Some(a) = not_held(name) {
-                    entry["guaranteeNotHeld"] = serde_yaml_ng::to_value(&a.reason)?;
-                }
-            }
-            serde_yaml_ng::to_string(&doc)?
-        }
-        StatusFormat::Table => {
-            // 100 columns; a job that is not running says why on a line of its own.
-            let fit = |text: String, width: usize| {
-                if text.chars().count() > width {
-                    format!("{}~", text.chars().take(width - 1).collect::<String>())
-                } else {
-                    text
-                }
-            };
-            let mut out = format!(
-                "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>13}\n",
-                "job", "status", "plan", "where", "run", "iterations", "iter_s (pred)"
-            );
-            for (name, r, mean) in &rows {
-                let times = match (mean, predicted_s(name, r)) {
-                    (Some(m), Some(p)) => format!("{m:.3} ({p:.3})"),
-                    (Some(m), None) => format!("{m:.3}"),
-                    (None, Some(p)) => format!("- ({p:.3})"),
-                    (None, None) => "-".to_owned(),
-                };
-                out.push_str(&format!(
-                    "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>13}\n",
-                    fit((*name).clone(), 14),
-                    format!("{:?}", r.status).to_lowercase(),
-                    fit(r.run.as_ref().map_or("-".to_owned(), |run| run.plan.to_string()), 30),
-                    fit(r.run.as_ref().map_or("-".to_owned(), |run| where_(&run.nodes)), 14),
-                    r.attempts,
-                    fit(format!("{}/{}", r.iterations_done, r.job.iterations), 11),
-                    fit(times, 13),
-                ));
-                if r.status != JobStatus::Running
-                    && let Some(reason) = &r.reason
-                {
-                    // The reason within the 100 columns (whole in `--format yaml`); the
-                    // log on a line of its own.
-                    out.push_str(&fit(format!("  why: {reason}{}", retries_note(r)), 100));
-                    out.push('\n');
-                    if let Some(log) = log_of(name, r) {
-                        out.push_str(&format!("  log: {}\n", log.display()));
-                    }
-                }
-                // A guarantee the last round could not keep, running or not.
-                if let Some(a) = not_held(name) {
-                    let why = if a.reason.starts_with("guarantee NOT held") {
-                        a.reason.clone()
-                    } else {
-                        format!("guarantee NOT held: {}", a.reason)
-                    };
-                    out.push_str(&fit(format!("  {why}"), 100));
-                    out.push('\n');
-                }
-            }
-            out
-        }
-        StatusFormat::Prometheus => {
-            let mut out = String::new();
-            let metric = |out: &mut String, name: &str, kind: &str, help: &str, values: &[(String, f64)]| {
-                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-                for (labels, v) in values {
-                    out.push_str(&format!("{name}{{{labels}}} {v}\n"));
-                }
-            };
-            // Label values escaped as the exposition format says (\\, \", \n); series keyed by
-            // the job only, so a reconfiguration never starts new ones (the plan is in
-            // rubick_job_info).
-            let escape = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
-            let label = |name: &str, _: &JobRecord| format!("job=\"{}\"", escape(name));
-            let of = |f: &dyn Fn(&JobRecord, Option<f64>) -> f64| -> Vec<(String, f64)> {
-                rows.iter().map(|(n, r, mean)| (label(n, r), f(r, *mean))).collect()
-            };
-            let info: Vec<(String, f64)> = rows
-                .iter()
-                .map(|(n, r, _)| {
-                    let plan = r.run.as_ref().map_or("none".to_owned(), |run| run.plan.to_string());
-                    (format!("job=\"{}\",plan=\"{}\"", escape(n), escape(&plan)), 1.0)
-                })
-                .collect();
-            metric(&mut out, "rubick_job_info", "gauge", "the plan the job runs (none when it does not)", &info);
-            let statuses: Vec<(String, f64)> = rows
-                .iter()
-                .flat_map(|(n, r, _)| {
-                    ["queued", "running", "finished", "failed", "stopped"].map(|s| {
-                        let on = format!("{:?}", r.status).to_lowercase() == s;
-                        (format!("job=\"{}\",status=\"{s}\"", escape(n)), f64::from(u8::from(on)))
-                    })
-                })
-                .collect();
-            metric(&mut out, "rubick_job_status", "gauge", "1 for the job's status, 0 for the others", &statuses);
-            metric(
-                &mut out,
-                "rubick_job_running",
-                "gauge",
-                "1 while the job runs",
-                &of(&|r, _| f64::from(u8::from(r.status == JobStatus::Running))),
-            );
-            metric(
-                &mut out,
-                "rubick_job_retries_left",
-                "gauge",
-                "restarts left after retryable failures",
-                &of(&|r, _| f64::from(r.retries_left)),
-            );
-            metric(
-                &mut out,
-                "rubick_job_iterations_done",
-                "gauge",
-                "highest iteration reported",
-                &of(&|r, _| r.iterations_done as f64),
-            );
-            metric(
-                &mut out,
-                "rubick_job_runs_total",
-                "counter",
-                "runs started (first start and restarts)",
-                &of(&|r, _| f64::from(r.attempts)),
-            );
-            metric(
-                &mut out,
-                "rubick_job_reconfigure_seconds_total",
-                "counter",
-                "seconds spent stopping for reconfigurations and preemptions",
-                // `+ 0.0`: an empty f64 sum is -0.0, which prints `-0`.
-                &of(&|r, _| r.reconfigurations.iter().map(|c| c.stop_s).sum::<f64>() + 0.0),
-            );
-            let measured: Vec<(String, f64)> = rows
-                .iter()
-                .filter_map(|(n, r, mean)| mean.map(|m| (label(n, r), r.job.model.global_batch as f64 / m)))
-                .collect();
-            metric(
-                &mut out,
-                "rubick_job_measured_samples_per_second",
-                "gauge",
-                "throughput of the last ten iterations",
-                &measured,
-            );
-            // What the round that placed it predicted, and whether its guarantee held.
-            let assignment = |name: &str| applied.as_ref().and_then(|s| s.assignments.iter().find(|a| a.job == name));
-            let predicted: Vec<(String, f64)> = rows
-                .iter()
-                .filter(|(_, r, _)| r.status == JobStatus::Running)
-                .filter_map(|(n, r, _)| assignment(n).map(|a| (label(n, r), a.predicted_throughput)))
-                .collect();
-            metric(
-                &mut out,
-                "rubick_job_predicted_samples_per_second",
-                "gauge",
-                "throughput the schedule predicted for the running job",
-                &predicted,
-            );
-            let held: Vec<(String, f64)> = rows
-                .iter()
-                .filter_map(|(n, r, _)| {
-                    assignment(n)?.guarantee.as_ref().map(|g| (label(n, r), f64::from(u8::from(g.holds))))
-                })
-                .collect();
-            metric(&mut out, "rubick_job_guarantee_held", "gauge", "1 when the guaranteed job's request is met", &held);
-            metric(
-                &mut out,
-                "rubick_job_queue_seconds",
-                "gauge",
-                "submission to first start (to now while it waits)",
-                &of(&|r, _| r.first_started_unix_s.unwrap_or_else(unix_now) - r.submitted_unix_s),
-            );
-            out
-        }
-    };
-    rubick_io::write_output(output, text.as_bytes())?;
+    let report = StatusReport::new(&dir, &state, applied.as_ref());
+    rubick_io::write_output(output, format.render(&report)?.as_bytes())?;
     if let Some(path) = plot {
         let rows = run_history(&dir, &state);
         rubick_io::plot::write_figure(
@@ -241,6 +32,257 @@ pub(crate) fn status(
         )?;
     }
     Ok(Outcome::Done)
+}
+
+/// What `status` reports: the state's records and, per job, what its run measured and
+/// what the last applied round decided for it.
+pub(crate) struct StatusReport<'a> {
+    state: &'a State,
+    /// In the state's order (by name).
+    jobs: Vec<JobLine<'a>>,
+    /// When the report was made (Unix seconds): the end of a queued job's wait.
+    now_s: f64,
+}
+
+/// One job of a [`StatusReport`].
+struct JobLine<'a> {
+    name: &'a str,
+    record: &'a JobRecord,
+    /// Seconds per iteration of the current run's recent iterations.
+    measured_iter_s: Option<f64>,
+    /// The last applied round's assignment of the job.
+    assignment: Option<&'a Assignment>,
+    /// The log of the job's last run, once it ran.
+    log: Option<PathBuf>,
+}
+
+impl<'a> StatusReport<'a> {
+    /// The report on `state` (of `dir`), with `applied`, the last applied schedule.
+    fn new(dir: &StateDir, state: &'a State, applied: Option<&'a Schedule>) -> Self {
+        let jobs = state
+            .jobs
+            .iter()
+            .map(|(name, r)| JobLine {
+                name,
+                record: r,
+                measured_iter_s: r.run.as_ref().and_then(|run| {
+                    backends::progress(&dir.attempt_dir(name, run.attempt), r.job.iterations).recent_iter_time_s
+                }),
+                assignment: applied.and_then(|s| s.assignments.iter().find(|a| a.job == *name)),
+                log: (r.attempts > 0).then(|| dir.attempt_dir(name, r.attempts).join("log.txt")),
+            })
+            .collect();
+        StatusReport { state, jobs, now_s: unix_now() }
+    }
+}
+
+impl JobLine<'_> {
+    fn running(&self) -> bool {
+        self.record.status == JobStatus::Running
+    }
+
+    /// What the round that placed the running job predicted, in seconds per iteration.
+    fn predicted_iter_s(&self) -> Option<f64> {
+        let a = self.assignment?;
+        (self.running() && a.predicted_throughput > 0.0)
+            .then(|| self.record.job.model.global_batch as f64 / a.predicted_throughput)
+    }
+
+    /// The last applied round's assignment, when it did not keep the job's guarantee.
+    fn guarantee_not_held(&self) -> Option<&Assignment> {
+        self.assignment.filter(|a| a.guarantee.as_ref().is_some_and(|g| !g.holds))
+    }
+
+    /// The retries the job has left, where they matter: a queued job (its next failure
+    /// may spend one) whose reason does not already say; nothing for a finished, failed
+    /// or stopped job, which is never retried.
+    fn retries_note(&self) -> String {
+        let r = self.record;
+        let said = r.reason.as_deref().is_some_and(|why| why.contains("retries left"));
+        if r.status == JobStatus::Queued && !said {
+            format!("; {} {} left", r.retries_left, if r.retries_left == 1 { "retry" } else { "retries" })
+        } else {
+            String::new()
+        }
+    }
+}
+
+impl StatusFormat {
+    /// `report` in this format.
+    fn render(self, report: &StatusReport<'_>) -> anyhow::Result<String> {
+        Ok(match self {
+            StatusFormat::Table => table(report),
+            StatusFormat::Yaml => yaml(report)?,
+            StatusFormat::Prometheus => prometheus(report),
+        })
+    }
+}
+
+/// The state's records, with what a person reads in the table: why, the measured and
+/// predicted seconds per iteration, the log.
+fn yaml(report: &StatusReport<'_>) -> anyhow::Result<String> {
+    let mut doc = serde_yaml_ng::to_value(report.state)?;
+    for line in &report.jobs {
+        let entry = &mut doc["jobs"][line.name];
+        entry["measuredIterTimeS"] = serde_yaml_ng::to_value(line.measured_iter_s)?;
+        entry["predictedIterTimeS"] = serde_yaml_ng::to_value(line.predicted_iter_s())?;
+        entry["log"] = serde_yaml_ng::to_value(&line.log)?;
+        if let Some(a) = line.guarantee_not_held() {
+            entry["guaranteeNotHeld"] = serde_yaml_ng::to_value(&a.reason)?;
+        }
+    }
+    Ok(serde_yaml_ng::to_string(&doc)?)
+}
+
+/// `text` cut to `width` characters, a `~` marking the cut.
+fn fit(text: String, width: usize) -> String {
+    if text.chars().count() > width { format!("{}~", text.chars().take(width - 1).collect::<String>()) } else { text }
+}
+
+/// 100 columns; a job that is not running says why on a line of its own.
+fn table(report: &StatusReport<'_>) -> String {
+    let mut out = format!(
+        "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>13}\n",
+        "job", "status", "plan", "where", "run", "iterations", "iter_s (pred)"
+    );
+    for line in &report.jobs {
+        let r = line.record;
+        let times = match (line.measured_iter_s, line.predicted_iter_s()) {
+            (Some(m), Some(p)) => format!("{m:.3} ({p:.3})"),
+            (Some(m), None) => format!("{m:.3}"),
+            (None, Some(p)) => format!("- ({p:.3})"),
+            (None, None) => "-".to_owned(),
+        };
+        out.push_str(&format!(
+            "{:<14} {:<9} {:<30} {:<14} {:>3} {:>11} {:>13}\n",
+            fit(line.name.to_owned(), 14),
+            r.status.to_string(),
+            fit(r.run.as_ref().map_or("-".to_owned(), |run| run.plan.to_string()), 30),
+            fit(r.run.as_ref().map_or("-".to_owned(), |run| where_(&run.nodes)), 14),
+            r.attempts,
+            fit(format!("{}/{}", r.iterations_done, r.job.iterations), 11),
+            fit(times, 13),
+        ));
+        if !line.running()
+            && let Some(reason) = &r.reason
+        {
+            // The reason within the 100 columns (whole in `--format yaml`); the log on a
+            // line of its own.
+            out.push_str(&fit(format!("  why: {reason}{}", line.retries_note()), 100));
+            out.push('\n');
+            if let Some(log) = &line.log {
+                out.push_str(&format!("  log: {}\n", log.display()));
+            }
+        }
+        // A guarantee the last round could not keep, running or not.
+        if let Some(a) = line.guarantee_not_held() {
+            let why = if a.reason.starts_with("guarantee NOT held") {
+                a.reason.clone()
+            } else {
+                format!("guarantee NOT held: {}", a.reason)
+            };
+            out.push_str(&fit(format!("  {why}"), 100));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The Prometheus text exposition format. Label values are escaped as the format says
+/// (`\\`, `\"`, `\n`); series are keyed by the job only, so that a reconfiguration never
+/// starts new ones (the plan is in `rubick_job_info`).
+fn prometheus(report: &StatusReport<'_>) -> String {
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, values: &[(String, f64)]| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (labels, v) in values {
+            out.push_str(&format!("{name}{{{labels}}} {v}\n"));
+        }
+    };
+    let escape = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+    let label = |line: &JobLine<'_>| format!("job=\"{}\"", escape(line.name));
+    // One series per job, of `f`.
+    let of = |f: &dyn Fn(&JobLine<'_>) -> f64| -> Vec<(String, f64)> {
+        report.jobs.iter().map(|line| (label(line), f(line))).collect()
+    };
+    let info: Vec<(String, f64)> = report
+        .jobs
+        .iter()
+        .map(|line| {
+            let plan = line.record.run.as_ref().map_or("none".to_owned(), |run| run.plan.to_string());
+            (format!("job=\"{}\",plan=\"{}\"", escape(line.name), escape(&plan)), 1.0)
+        })
+        .collect();
+    metric("rubick_job_info", "gauge", "the plan the job runs (none when it does not)", &info);
+    let statuses: Vec<(String, f64)> = report
+        .jobs
+        .iter()
+        .flat_map(|line| {
+            JobStatus::ALL.map(|s| {
+                let on = line.record.status == s;
+                (format!("job=\"{}\",status=\"{s}\"", escape(line.name)), f64::from(u8::from(on)))
+            })
+        })
+        .collect();
+    metric("rubick_job_status", "gauge", "1 for the job's status, 0 for the others", &statuses);
+    metric("rubick_job_running", "gauge", "1 while the job runs", &of(&|l| f64::from(u8::from(l.running()))));
+    metric(
+        "rubick_job_retries_left",
+        "gauge",
+        "restarts left after retryable failures",
+        &of(&|l| f64::from(l.record.retries_left)),
+    );
+    metric(
+        "rubick_job_iterations_done",
+        "gauge",
+        "highest iteration reported",
+        &of(&|l| l.record.iterations_done as f64),
+    );
+    metric(
+        "rubick_job_runs_total",
+        "counter",
+        "runs started (first start and restarts)",
+        &of(&|l| f64::from(l.record.attempts)),
+    );
+    metric(
+        "rubick_job_reconfigure_seconds_total",
+        "counter",
+        "seconds spent stopping for reconfigurations and preemptions",
+        // `+ 0.0`: an empty f64 sum is -0.0, which prints `-0`.
+        &of(&|l| l.record.reconfigurations.iter().map(|c| c.stop_s).sum::<f64>() + 0.0),
+    );
+    let measured: Vec<(String, f64)> = report
+        .jobs
+        .iter()
+        .filter_map(|l| l.measured_iter_s.map(|m| (label(l), l.record.job.model.global_batch as f64 / m)))
+        .collect();
+    metric("rubick_job_measured_samples_per_second", "gauge", "throughput of the last ten iterations", &measured);
+    // What the round that placed it predicted, and whether its guarantee held.
+    let predicted: Vec<(String, f64)> = report
+        .jobs
+        .iter()
+        .filter(|l| l.running())
+        .filter_map(|l| l.assignment.map(|a| (label(l), a.predicted_throughput)))
+        .collect();
+    metric(
+        "rubick_job_predicted_samples_per_second",
+        "gauge",
+        "throughput the schedule predicted for the running job",
+        &predicted,
+    );
+    let held: Vec<(String, f64)> = report
+        .jobs
+        .iter()
+        .filter_map(|l| l.assignment?.guarantee.as_ref().map(|g| (label(l), f64::from(u8::from(g.holds)))))
+        .collect();
+    metric("rubick_job_guarantee_held", "gauge", "1 when the guaranteed job's request is met", &held);
+    metric(
+        "rubick_job_queue_seconds",
+        "gauge",
+        "submission to first start (to now while it waits)",
+        &of(&|l| l.record.first_started_unix_s.unwrap_or(report.now_s) - l.record.submitted_unix_s),
+    );
+    out
 }
 
 /// Every job's runs from its attempt directories (`run.yaml`: plan and start; the end:

@@ -3,15 +3,15 @@
 //! [`rubick_sim`]).
 
 mod plots;
+mod render;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use rubick_core::artifact::to_yaml;
 use rubick_core::planner::PlannerConfig;
-use rubick_core::simulation::{SimulationSummary, Spread};
+use rubick_core::simulation::SimulationSummary;
 use rubick_core::tables::{SIM_JOBS, SimJobRow};
 use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
@@ -173,22 +173,6 @@ impl From<TruthArg> for TruthMode {
     }
 }
 
-/// How a run's truth differs from the default, for labels: `""`, `" (measured only)"`,
-/// `" (belief truth)"`, `" (extrapolated 30 % slower)"`.
-fn truth_label(s: &SimulationSummary) -> String {
-    let mut parts = Vec::new();
-    if s.truth_mode == TruthMode::Belief {
-        parts.push("belief truth".to_owned());
-    }
-    if s.measured_only {
-        parts.push("measured only".to_owned());
-    }
-    if s.extrapolated_slowdown > 0.0 {
-        parts.push(format!("extrapolated {:.0} % slower", s.extrapolated_slowdown * 100.0));
-    }
-    if parts.is_empty() { String::new() } else { format!(" ({})", parts.join(", ")) }
-}
-
 /// Marks `share` of the jobs guaranteed, evenly spread over the trace's order
 /// (deterministic), on top of those the trace marks.
 pub fn mark_guaranteed(jobs: &mut [SimJob], share: f64) {
@@ -283,18 +267,17 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     }
     let trace_name = args.trace.file_stem().map_or_else(|| "trace".into(), |s| s.to_string_lossy().into_owned());
     let summary = summarize(&trace_name, &config, &truth, &results);
-    report(&summary, wall);
+    render::log(&summary, wall);
     let first = results.first().context("no replica ran")?;
     if let Some(path) = &args.jobs_out {
         write_jobs(path, first)?;
     }
     if let Some(dir) = &args.plot_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create the directory", dir.display()))?;
-        let label = format!("{} ({})", summary.policy, summary.queue);
         write_figure(
             &dir.join("jct-cdf.png"),
             (900, 600),
-            &CdfFigure { series: vec![(label, summary.jct_s.clone())] },
+            &CdfFigure { series: vec![(render::policy_label(&summary), summary.jct_s.clone())] },
         )?;
         write_figure(
             &dir.join("gpus-in-use.png"),
@@ -302,55 +285,14 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
             &UsageFigure { usage: &first.usage, total: cluster.total_gpus() },
         )?;
         write_figure(&dir.join("gantt.png"), (1100, 900), &GanttFigure { jobs: &first.jobs })?;
-        let label = format!("{} ({})", summary.policy, summary.queue);
         write_figure(
             &dir.join("restarts.png"),
             (900, 600),
-            &RestartsFigure { series: vec![(label, summary.restart_counts.clone())] },
+            &RestartsFigure { series: vec![(render::policy_label(&summary), summary.restart_counts.clone())] },
         )?;
     }
     rubick_io::write_output(&args.summary, to_yaml(&summary).as_bytes())?;
     Ok(Outcome::Done)
-}
-
-/// The run on stderr: one line, the unfinished jobs, the per-model truth shares.
-fn report(s: &SimulationSummary, wall: Duration) {
-    let pm = |x: &Spread| if s.seeds > 1 { format!("{:.0} ± {:.0}", x.mean, x.sd) } else { format!("{:.0}", x.mean) };
-    tracing::info!(
-        "{} ({}) on {}: avg JCT {} s, makespan {} s, {} restarts ({:.2} per job, at most {:.0}), {:.1} % extrapolated; {} replica(s) in {:.2} s",
-        s.policy,
-        s.queue,
-        s.trace,
-        pm(&s.avg_jct_s),
-        pm(&s.makespan_s),
-        pm(&s.restarts),
-        s.restarts.mean / s.jobs.max(1) as f64,
-        s.restarts_max.max,
-        s.truth.extrapolated.mean * 100.0,
-        s.seeds,
-        wall.as_secs_f64()
-    );
-    if s.unfinished.max > 0.0 {
-        tracing::warn!(
-            "{} of {} jobs did not finish (mean over replicas {:.1}): average JCT counts finished jobs only; with \
-             the unfinished ones counted until the end: {} s (a lower bound)",
-            s.unfinished.max,
-            s.jobs,
-            s.unfinished.mean,
-            pm(&s.avg_jct_all_s)
-        );
-    }
-    for m in &s.per_model {
-        tracing::debug!(
-            "{}: {} jobs, avg JCT {} s; time measured {:.1} %, interpolated {:.1} %, extrapolated {:.1} %",
-            m.model,
-            m.jobs,
-            pm(&m.avg_jct_s),
-            m.truth.measured.mean * 100.0,
-            m.truth.interpolated.mean * 100.0,
-            m.truth.extrapolated.mean * 100.0
-        );
-    }
 }
 
 fn write_jobs(path: &Path, result: &SimResult) -> anyhow::Result<()> {
@@ -395,53 +337,13 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
     for path in &args.summaries {
         rows.push(load_artifact::<SimulationSummary>(path)?);
     }
-    let mut md = String::from(
-        "| trace | policy | queue | seeds | unfinished | avg JCT (s) | median JCT (s) | p99 JCT (s) | makespan (s) | restarts | restarts per job (most) | GPU-hours | GPU-hours restarting | guarantee violations | extrapolated |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    // Mean ± sample standard deviation over the replicas (the mean alone for one).
-    let pm = |x: &Spread, seeds: u32, decimals: usize| {
-        if seeds > 1 {
-            format!("{:.*} ± {:.*}", decimals, x.mean, decimals, x.sd)
-        } else {
-            format!("{:.*}", decimals, x.mean)
-        }
-    };
-    for s in &rows {
-        let _ = writeln!(
-            md,
-            "| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} ({}) | {} | {} | {} | {:.1} % |",
-            s.trace,
-            truth_label(s),
-            s.policy,
-            s.queue,
-            s.seeds,
-            pm(&s.unfinished, s.seeds, 1),
-            pm(&s.avg_jct_s, s.seeds, 0),
-            pm(&s.median_jct_s, s.seeds, 0),
-            pm(&s.p99_jct_s, s.seeds, 0),
-            pm(&s.makespan_s, s.seeds, 0),
-            pm(&s.restarts, s.seeds, 1),
-            s.restarts.mean / s.jobs.max(1) as f64,
-            if s.restarts_max.mean.is_nan() { "-".to_owned() } else { format!("{:.0}", s.restarts_max.max) },
-            pm(&s.gpu_hours, s.seeds, 1),
-            pm(&s.restart_gpu_hours, s.seeds, 1),
-            pm(&s.guarantee_violations, s.seeds, 1),
-            s.truth.extrapolated.mean * 100.0,
-        );
-    }
-    rubick_io::write_output(Path::new("-"), md.as_bytes())?;
+    rubick_io::write_output(Path::new("-"), render::markdown(&rows).as_bytes())?;
     if let Some(plot) = &args.plot {
-        let series = rows
-            .iter()
-            .map(|s| (format!("{}{} {} ({})", s.trace, truth_label(s), s.policy, s.queue), s.jct_s.clone()))
-            .collect();
+        let series = rows.iter().map(|s| (render::run_label(s), s.jct_s.clone())).collect();
         write_figure(plot, (900, 600), &CdfFigure { series })?;
     }
     if let Some(plot) = &args.restarts_plot {
-        let series = rows
-            .iter()
-            .map(|s| (format!("{}{} {} ({})", s.trace, truth_label(s), s.policy, s.queue), s.restart_counts.clone()))
-            .collect();
+        let series = rows.iter().map(|s| (render::run_label(s), s.restart_counts.clone())).collect();
         write_figure(plot, (900, 600), &RestartsFigure { series })?;
     }
     Ok(Outcome::Done)
