@@ -86,9 +86,12 @@ pub fn parse_artifact<T: Artifact>(path: &Path, text: &str) -> Result<T, IoError
     artifact::parse_yaml(text).map_err(|source| IoError::Artifact { path: display(path), source })
 }
 
-/// Writes `bytes` to `path` atomically: into a temporary file in the same directory,
-/// flushed and synced, then renamed over the target. A crash leaves either the old
-/// file or the new one, never a partial one.
+/// Writes `bytes` to `path` atomically and durably: into a temporary file in the same
+/// directory, synced, renamed over the target, then the directory synced (so that the
+/// rename survives a crash too). A crash leaves either the old file or the new one,
+/// never a partial one; a failed write (a full disk) leaves no temporary file behind.
+/// The one atomic write of the workspace: artifacts, the run wrapper's pid and exit
+/// files, `rubick-run`'s state, Kubernetes manifests.
 ///
 /// A target that exists and is not a regular file (`/dev/null`, a FIFO, a terminal)
 /// is written in place: renaming over it would replace the device.
@@ -107,6 +110,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
     tmp.write_all(bytes).map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;
     tmp.persist(path).map_err(|e| err(e.error))?;
+    // Best effort: some file systems cannot sync a directory; the file itself is synced.
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
     Ok(())
 }
 

@@ -98,4 +98,3 @@ pub fn append(path: &Path, line: &str) {
         tracing::warn!(path = %path.display(), error = %e, "cannot append to the log");
     }
 }
-

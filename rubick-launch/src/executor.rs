@@ -22,7 +22,6 @@ use crate::end::{Exit, RunOutcome, RunStatus, collect};
 use crate::error::LaunchError;
 use crate::proc::RunSignal;
 
-
 /// A run as its backend knows it. Written in a state file as text ([`Handle`]'s
 /// `Display`), read back by the backend that made it ([`Executor::handle`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +67,6 @@ impl Handle {
         }
     }
 }
-
 
 /// What one look at a run says ([`Executor::poll`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

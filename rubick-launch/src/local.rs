@@ -11,9 +11,11 @@ use crate::end::{Exit, RunOutcome};
 use crate::error::{LaunchError, io};
 use crate::executor::{Executor, Handle, RunState, Submission, run_to_end};
 use crate::guard::{Guard, Watch, Watches, lock};
+use crate::proc::{
+    RunSignal, carries_mark, group_members, in_group, marked_processes, signal_group, signal_run, status_code,
+};
 use crate::wrap::Wrap;
 use rubick_io::files::write_atomic;
-use crate::proc::{RunSignal, carries_mark, group_members, in_group, marked_processes, signal_group, signal_run, status_code};
 
 /// A local run's process group id (its wrapper's pid), in its directory.
 pub const PID_FILE: &str = "pgid";
@@ -264,7 +266,6 @@ mod tests {
         odd.request.context.metrics = dir.path().join("m.jsonl").display().to_string();
         assert!(matches!(local.submit(&odd), Err(LaunchError::Contract(_))));
     }
-
 
     #[test]
     fn a_run_reports_its_metric_lines_and_is_inert_to_its_name() {

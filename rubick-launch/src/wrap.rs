@@ -316,7 +316,8 @@ fn write_exit(path: &Path, code: i32) -> std::io::Result<()> {
         Err(e) => {
             use std::io::Write as _;
             let padded = format!("{text:<RESERVED_EXIT_BYTES$}");
-            let mut file = std::fs::OpenOptions::new().write(true).open(&reservation).map_err(|_| std::io::Error::other(e))?;
+            let mut file =
+                std::fs::OpenOptions::new().write(true).open(&reservation).map_err(|_| std::io::Error::other(e))?;
             file.write_all(padded.as_bytes())?;
             file.sync_all()?;
             std::fs::rename(&reservation, path)

@@ -17,7 +17,6 @@ use crate::executor::{Executor, Handle, RunState, Submission};
 use crate::guard::{Guard, Watch};
 use crate::proc::RunSignal;
 
-
 /// The run's manifests, in its directory: the record (both modes write it).
 pub(crate) const MANIFESTS: &str = "manifests.yaml";
 /// What kubectl mode applies (the ConfigMap and the active resource), in its directory.

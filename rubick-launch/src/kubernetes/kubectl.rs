@@ -53,7 +53,11 @@ fn kubectl(args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// `(exists, true conditions)` of a training resource.
-pub(crate) fn resource_conditions(k: &Kubernetes, kind: TrainingKind, name: &str) -> anyhow::Result<Option<Vec<String>>> {
+pub(crate) fn resource_conditions(
+    k: &Kubernetes,
+    kind: TrainingKind,
+    name: &str,
+) -> anyhow::Result<Option<Vec<String>>> {
     let path = r#"jsonpath={.metadata.name}{range .status.conditions[?(@.status=="True")]} {.type}{end}"#;
     let out = k.kubectl(&["get", kind.resource(), name, "--ignore-not-found", "-o", path])?;
     let mut words = out.split_whitespace();

@@ -24,7 +24,6 @@ const TRAINJOB_PORT: u16 = 29400;
 /// The TrainJob torch runtimes' replicated job and container.
 const TRAINJOB_NODE: &str = "node";
 
-
 pub(crate) fn s(text: impl Into<String>) -> Value {
     Value::String(text.into())
 }

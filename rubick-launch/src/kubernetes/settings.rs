@@ -233,7 +233,6 @@ impl Kubernetes {
     pub fn shares(&self, dir: &Path) -> bool {
         self.runs.as_ref().is_some_and(|r| dir.starts_with(&r.root))
     }
-
 }
 
 /// Whether `program` is an executable file in a directory of `PATH`.

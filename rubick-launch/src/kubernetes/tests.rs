@@ -208,8 +208,7 @@ fn a_runs_volume_holds_the_runs_directories_where_this_machine_reads_them() {
     k.checkpoint_pvc = Some("ckpt".into());
     let (_, docs) = start(&k, root.path(), &job, &allocation("dp2-tp1-pp1-mb4-ga2", 1, 2));
     let pod = at(&docs[1], &["spec", "pytorchReplicaSpecs", "Master", "template", "spec"]);
-    let names: Vec<&str> =
-        pod["volumes"].as_sequence().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = pod["volumes"].as_sequence().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["checkpoints", "run", "plan"]);
     // A run outside the volume: its directory is an emptyDir, as without one.
     let elsewhere = tempfile::tempdir().unwrap();
@@ -349,8 +348,8 @@ fn broken_manifests_fail_the_validator() {
         ("replicas a string", |v| v["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = s("one")),
         ("nprocPerNode an integer", |v| v["spec"]["nprocPerNode"] = Value::from(4)),
         ("a bad quantity", |v| {
-            v["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-                ["memory"] = s("64 GiB")
+            v["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] =
+                s("64 GiB")
         }),
         ("no pytorchReplicaSpecs", |v| {
             v["spec"].as_mapping_mut().unwrap().remove("pytorchReplicaSpecs");

@@ -7,7 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::batch::{SlurmResources, batch_script, check_resources};
-use super::query::{JobInfo, NodeInfo, available, cancel, completion_log, find_by_name, output, parse_job_id, query, scancel};
+use super::query::{
+    JobInfo, NodeInfo, available, cancel, completion_log, find_by_name, output, parse_job_id, query, scancel,
+};
 use super::state::JobState;
 use crate::contract::{KEPT_ENV as CONTRACT_ENV, Prepared, RunRequest, prepare, resolve};
 use crate::end::{Exit, RunOutcome};
@@ -121,6 +123,10 @@ impl Executor for Slurm {
     }
 
     fn submit(&self, run: &Submission<'_>) -> Result<Handle, LaunchError> {
+        // Resources that cannot make a job are refused first, with or without a Slurm.
+        if let Some(fixed) = &self.resources {
+            check_resources(fixed)?;
+        }
         available().map_err(LaunchError::Slurm)?;
         match &self.resources {
             Some(fixed) => self.submit_with(run, fixed),

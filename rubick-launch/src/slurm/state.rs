@@ -98,7 +98,10 @@ impl JobState {
     /// `REQUEUED` again, never in one of these).
     pub fn is_terminal(self) -> bool {
         use JobState::*;
-        matches!(self, BootFail | Cancelled | Completed | Deadline | Failed | NodeFail | OutOfMemory | Preempted | Timeout)
+        matches!(
+            self,
+            BootFail | Cancelled | Completed | Deadline | Failed | NodeFail | OutOfMemory | Preempted | Timeout
+        )
     }
 
     /// Whether the job waits for its resources (submitted, requeued, held or suspended)

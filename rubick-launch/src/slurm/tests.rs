@@ -315,9 +315,7 @@ exec 'python' 'a b' ''\'''
     );
     let bad = prepared(&[("A B", "x")], &["true"], None);
     assert!(batch_script("j", &[bad], &one_cpu(0), &l, Path::new("/l"), Path::new("/")).is_err());
-    assert!(
-        batch_script("j", std::slice::from_ref(&p), &one_cpu(0), &l, Path::new("/l\nx"), Path::new("/")).is_err()
-    );
+    assert!(batch_script("j", std::slice::from_ref(&p), &one_cpu(0), &l, Path::new("/l\nx"), Path::new("/")).is_err());
     assert_eq!((time_limit_minutes(0.1), time_limit_minutes(60.0), time_limit_minutes(60.5)), (1, 1, 2));
 }
 
@@ -339,9 +337,8 @@ fn every_launcher_runs_under_the_wrapper_when_one_is_given() {
     let under = format!("'/opt/rubick run' '{}' '--grace' '10' '--' 'python' 'train.py'", crate::wrap::SUBCOMMAND);
     let p = prepared(&[("RUBICK_NODE_RANK", "0")], &["python", "train.py"], None);
     let one = SlurmResources { wrapper: wrapper.clone(), ..one_cpu(0) };
-    let s =
-        batch_script("n", std::slice::from_ref(&p), &one, &launch("true", 1.0), Path::new("/l"), Path::new("/"))
-            .unwrap();
+    let s = batch_script("n", std::slice::from_ref(&p), &one, &launch("true", 1.0), Path::new("/l"), Path::new("/"))
+        .unwrap();
     assert!(s.contains(&format!("exec {under}")), "{s}");
     let mut q = p.clone();
     q.env.insert("RUBICK_NODE_RANK".into(), "1".into());
@@ -358,10 +355,7 @@ fn sinfo_describes_each_node_once_with_its_gpus_and_state() {
     assert_eq!(nodes.len(), 3);
     assert_eq!(nodes[0].partitions, ["debug", "long"]);
     assert!(nodes[0].in_default && nodes[0].usable());
-    assert_eq!(
-        (nodes[0].cpus, nodes[0].memory_mb, nodes[0].gpus, nodes[0].gpu_type.as_deref()),
-        (2, 23000, 2, None)
-    );
+    assert_eq!((nodes[0].cpus, nodes[0].memory_mb, nodes[0].gpus, nodes[0].gpu_type.as_deref()), (2, 23000, 2, None));
     assert_eq!((nodes[1].gpus, nodes[1].gpu_type.as_deref(), nodes[1].usable()), (4, Some("a100"), false));
     assert_eq!((nodes[2].cpus, nodes[2].gpus, nodes[2].usable()), (64, 0, false));
     // `allocated*`: not responding; `idle~`: powered down, started on demand.
@@ -415,9 +409,30 @@ fn slurms_out_of_memory_state_makes_the_run_an_oom() {
 #[test]
 fn every_documented_job_state_is_known_and_an_unknown_one_is_an_error() {
     let names = [
-        "BOOT_FAIL", "CANCELLED", "COMPLETED", "CONFIGURING", "COMPLETING", "DEADLINE", "FAILED", "NODE_FAIL",
-        "OUT_OF_MEMORY", "PENDING", "PREEMPTED", "RUNNING", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD",
-        "REQUEUED", "RESIZING", "REVOKED", "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "SUSPENDED", "TIMEOUT",
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "CONFIGURING",
+        "COMPLETING",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PENDING",
+        "PREEMPTED",
+        "RUNNING",
+        "RESV_DEL_HOLD",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "REQUEUED",
+        "RESIZING",
+        "REVOKED",
+        "SIGNALING",
+        "SPECIAL_EXIT",
+        "STAGE_OUT",
+        "STOPPED",
+        "SUSPENDED",
+        "TIMEOUT",
     ];
     for name in names {
         let state: JobState = name.parse().unwrap();
@@ -426,7 +441,17 @@ fn every_documented_job_state_is_known_and_an_unknown_one_is_an_error() {
     let terminal: Vec<&str> = names.iter().copied().filter(|n| n.parse::<JobState>().unwrap().is_terminal()).collect();
     assert_eq!(
         terminal,
-        ["BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"]
+        [
+            "BOOT_FAIL",
+            "CANCELLED",
+            "COMPLETED",
+            "DEADLINE",
+            "FAILED",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "PREEMPTED",
+            "TIMEOUT"
+        ]
     );
     let waiting: Vec<&str> = names.iter().copied().filter(|n| n.parse::<JobState>().unwrap().waits()).collect();
     assert_eq!(waiting, ["PENDING", "REQUEUE_FED", "REQUEUE_HOLD", "REQUEUED", "SUSPENDED"]);

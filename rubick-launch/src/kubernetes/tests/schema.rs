@@ -30,14 +30,12 @@ fn decimal(text: &str) -> Option<&str> {
 /// Whether `text` matches [`QUANTITY_PATTERN`].
 pub(super) fn is_quantity(text: &str) -> bool {
     let Some(suffix) = decimal(text) else { return false };
-    matches!(
-        suffix,
-        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E"
-    ) || suffix
-        .strip_prefix(['e', 'E'])
-        .filter(|e| !e.starts_with(['+', '-']) || e.len() > 1)
-        .and_then(decimal)
-        .is_some_and(str::is_empty)
+    matches!(suffix, "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E")
+        || suffix
+            .strip_prefix(['e', 'E'])
+            .filter(|e| !e.starts_with(['+', '-']) || e.len() > 1)
+            .and_then(decimal)
+            .is_some_and(str::is_empty)
 }
 
 fn type_name(value: &Value) -> &'static str {
