@@ -28,10 +28,10 @@ pub struct RunRequest<'a> {
     pub clear_env: bool,
     /// Stop the run (the contract's stop signal, then a kill after `stopTimeoutS`) once
     /// its metrics hold this many iterations, whether or not the script honours
-    /// `RUBICK_ITERATIONS`: a profile needs no more. Only the local executor's [`run`](crate::local::run) does this.
+    /// `RUBICK_ITERATIONS`: a profile needs no more. Read by [`run_to_end`](crate::executor::run_to_end).
     pub stop_after_iterations: Option<u32>,
     /// Run the launcher under the run wrapper ([`crate::wrap::command`]): whatever it leaves
-    /// behind ends with it, marked or not. Only the local executor's [`run`](crate::local::run) reads it.
+    /// behind ends with it, marked or not.
     pub wrapper: Option<Vec<String>>,
 }
 

@@ -6,6 +6,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
+use rubick_io::files::write_atomic;
+
 use crate::contract::{KEPT_ENV, METRICS_FILE, RunRequest, prepare};
 use crate::end::{Exit, RunOutcome};
 use crate::error::{LaunchError, io};
@@ -15,7 +17,6 @@ use crate::proc::{
     RunSignal, carries_mark, group_members, in_group, marked_processes, signal_group, signal_run, status_code,
 };
 use crate::wrap::Wrap;
-use rubick_io::files::write_atomic;
 
 /// A local run's process group id (its wrapper's pid), in its directory.
 pub const PID_FILE: &str = "pgid";
@@ -23,8 +24,8 @@ pub const PID_FILE: &str = "pgid";
 pub const EXIT_FILE: &str = "exit-code";
 
 /// Runs the request on this machine to its end (or its timeout) and reports what it did:
-/// [`run_to_end`] over [`Local`],
-/// the run's directory the one of its metrics file (which must be `metrics.jsonl`).
+/// [`run_to_end`] over [`Local`], the run's directory the one of its metrics file
+/// (which must be `metrics.jsonl`).
 pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
     let dir = Path::new(&request.context.metrics).parent().unwrap_or(Path::new(".")).to_path_buf();
     let run = Submission {
@@ -57,6 +58,7 @@ pub struct Local {
 }
 
 impl Local {
+    /// The local executor, holding no run yet.
     pub fn new() -> Local {
         Local::default()
     }

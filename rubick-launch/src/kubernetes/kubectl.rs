@@ -1,8 +1,9 @@
 //! kubectl: every call with the settings' context and namespace, and what it says of a
 //! run (its resource's conditions, its pods).
 
-use anyhow::Context as _;
 use std::process::{Command, Stdio};
+
+use anyhow::Context as _;
 
 use super::settings::{Kubernetes, TrainingKind};
 

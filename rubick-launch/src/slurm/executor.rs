@@ -61,6 +61,7 @@ pub struct Slurm {
 }
 
 impl Slurm {
+    /// The Slurm executor: each submission's own resources, no run watched yet.
     pub fn new() -> Slurm {
         Slurm::default()
     }
