@@ -18,7 +18,7 @@
 //!   configured, else written to a directory; its settings from the state directory's
 //!   `kubernetes.yaml`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -33,19 +33,21 @@ pub use rubick_launch::kubernetes;
 
 /// What a backend needs to start a run.
 #[derive(Debug)]
-pub struct StartSpec<'a> {
-    pub job: &'a Job,
-    pub launch: &'a Launch,
-    pub allocation: &'a Allocation,
+pub struct StartSpec {
+    pub job: Job,
+    /// The job's launch section as this run takes it (its working directory resolved,
+    /// its iterations in the environment).
+    pub launch: Launch,
+    pub allocation: Allocation,
     /// This run's directory (log, metric lines, pid and exit files).
-    pub dir: &'a Path,
+    pub dir: PathBuf,
     /// The job's checkpoints, kept across its runs.
-    pub checkpoint_dir: &'a Path,
+    pub checkpoint_dir: PathBuf,
     /// CPU cores to pin the run to (local backend); empty: not pinned.
-    pub cores: &'a [u32],
+    pub cores: Vec<u32>,
 }
 
-impl StartSpec<'_> {
+impl StartSpec {
     /// Creates the run's directory (`dir`) and the job's checkpoint directory, and
     /// builds the run's launch request: the contract's context for this allocation
     /// (files in `dir`), with the master address and port and the GPU indices the
@@ -60,10 +62,10 @@ impl StartSpec<'_> {
         std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
         std::fs::create_dir_all(checkpoint_dir)
             .with_context(|| format!("{}: cannot create", checkpoint_dir.display()))?;
-        let a = self.allocation;
+        let a = &self.allocation;
         let path = |name: &str| dir.join(name).display().to_string();
         Ok(RunRequest {
-            launch: self.launch,
+            launch: &self.launch,
             context: LaunchContext {
                 job: self.job.name.clone(),
                 plan: a.plan,
@@ -90,15 +92,15 @@ impl StartSpec<'_> {
     /// (Slurm's runs: their first node), the first node's GPU indices (the local
     /// backend's; Slurm's and Kubernetes' schedulers pick their own).
     pub fn submission(&self) -> anyhow::Result<Submission<'_>> {
-        let a = self.allocation;
+        let a = &self.allocation;
         let gpus = a.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default();
-        let request = self.request(self.dir, self.checkpoint_dir, ("127.0.0.1", rubick_launch::free_port()), gpus)?;
+        let request = self.request(&self.dir, &self.checkpoint_dir, ("127.0.0.1", rubick_launch::free_port()), gpus)?;
         Ok(Submission {
             request,
-            dir: self.dir.to_path_buf(),
+            dir: self.dir.clone(),
             nodes: a.nodes.clone(),
-            cores: self.cores.to_vec(),
-            name: run_name(self.dir),
+            cores: self.cores.clone(),
+            name: run_name(&self.dir),
             detached: true,
             partition: None,
         })
