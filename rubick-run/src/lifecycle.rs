@@ -117,31 +117,31 @@ mod tests {
 
     /// How a run of the tests ended: with an exit code and status, or lost.
     #[derive(Debug, Clone)]
-    enum End {
+    enum How {
         Ran(Option<i32>, RunStatus),
         Lost(&'static str),
     }
 
-    fn end(rec: &mut JobRecord, end: &End) {
+    fn end(rec: &mut JobRecord, end: &How) {
         match end {
-            End::Ran(code, status) => after(rec, *code, *status),
-            End::Lost(why) => lost(rec, why),
+            How::Ran(code, status) => after(rec, *code, *status),
+            How::Lost(why) => lost(rec, why),
         }
     }
 
-    fn exited(code: i32, status: RunStatus) -> End {
-        End::Ran(Some(code), status)
+    fn exited(code: i32, status: RunStatus) -> How {
+        How::Ran(Some(code), status)
     }
 
     #[test]
     fn every_end_leads_to_one_state_and_says_why() {
         // (ended how, retries before, refused before) -> (status, retries after, unsupported after, reason holds)
-        type Case<'a> = (End, u32, Vec<&'a str>, JobStatus, u32, usize, &'a str);
+        type Case<'a> = (How, u32, Vec<&'a str>, JobStatus, u32, usize, &'a str);
         let cases: Vec<Case> = vec![
             (exited(0, RunStatus::Ok), 1, vec![], JobStatus::Finished, 1, 0, "finished"),
             (exited(1, RunStatus::Failed), 1, vec![], JobStatus::Queued, 0, 0, "retried (0 retries left)"),
             (exited(1, RunStatus::Failed), 0, vec![], JobStatus::Failed, 0, 0, "no retries left"),
-            (End::Ran(None, RunStatus::Timeout), 1, vec![], JobStatus::Queued, 0, 0, "retried (0 retries left)"),
+            (How::Ran(None, RunStatus::Timeout), 1, vec![], JobStatus::Queued, 0, 0, "retried (0 retries left)"),
             (exited(2, RunStatus::Unsupported), 1, vec![], JobStatus::Queued, 1, 1, "refused plan dp2"),
             (
                 exited(2, RunStatus::Unsupported),
@@ -154,8 +154,8 @@ mod tests {
             ),
             (exited(3, RunStatus::Oom), 1, vec![], JobStatus::Failed, 1, 0, "out of memory under dp2"),
             (exited(127, RunStatus::NotRunnable), 1, vec![], JobStatus::Failed, 1, 0, "could not be run"),
-            (End::Ran(None, RunStatus::Preempted), 0, vec![], JobStatus::Queued, 0, 0, "preempted"),
-            (End::Lost("mn2 down"), 0, vec![], JobStatus::Queued, 0, 0, "node failure under run 2: mn2"),
+            (How::Ran(None, RunStatus::Preempted), 0, vec![], JobStatus::Queued, 0, 0, "preempted"),
+            (How::Lost("mn2 down"), 0, vec![], JobStatus::Queued, 0, 0, "node failure under run 2: mn2"),
         ];
         for (how, retries, refused, status, retries_after, unsupported, why) in cases {
             let mut rec = running(retries, &refused);
@@ -177,7 +177,7 @@ mod tests {
         // A node failure keeps the exit code of the last run that exited.
         let mut rec = running(1, &[]);
         rec.exit_code = Some(1);
-        end(&mut rec, &End::Lost("gone"));
+        end(&mut rec, &How::Lost("gone"));
         assert_eq!(rec.exit_code, Some(1));
     }
 }

@@ -50,6 +50,8 @@ fn applied_kind(dir: &Path) -> Option<TrainingKind> {
 }
 
 impl Kubernetes {
+    /// Writes a run's manifests (and its GitOps copy), applies them in kubectl mode
+    /// (watched by a guard unless the run is detached); its handle.
     fn start(&self, run: &Submission<'_>) -> anyhow::Result<Handle> {
         let launch = run.request.launch;
         if launch.stop_signal != StopSignal::Term {

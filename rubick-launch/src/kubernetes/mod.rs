@@ -108,7 +108,7 @@
 //!
 //! # Validation
 //!
-//! The tests ([`tests`](self)) parse the generated manifests back and validate the PyTorchJob and the
+//! The tests (`kubernetes/tests.rs`) parse the generated manifests back and validate the PyTorchJob and the
 //! TrainJob against the OpenAPI v3 schemas of their CRDs (read from
 //! `shared/reference/engines/kubeflow/` beside the workspace; skipped when absent) with a
 //! structural validator that, like `kubectl apply --validate=strict`, rejects unknown
