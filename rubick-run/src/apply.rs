@@ -121,7 +121,7 @@ pub(crate) fn apply(
     // The backend's settings (Kubernetes) are the state's from now on.
     if let Some((from, s)) = &settings {
         let text = serde_yaml_ng::to_string(s)?;
-        rubick_io::files::write_atomic(&dir.root.join(backends::kubernetes::SETTINGS_FILE), text.as_bytes())
+        state::write_private(&dir.root.join(backends::kubernetes::SETTINGS_FILE), text.as_bytes())
             .with_context(|| format!("--kubernetes {}", from.display()))?;
     }
     let backend = backends::backend(backend_name, Some(&dir.root))?
@@ -331,7 +331,7 @@ pub(crate) fn apply(
             run.handle = Some(handle.to_string());
             run.phase = RunPhase::Running;
             // What this run was, beside what it measures (the online refit reads both).
-            rubick_io::files::write_atomic(&s.spec.dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
+            state::write_private(&s.spec.dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
         }
         eprintln!(
             "{job}: started {} on {} (run {}, {} {})",

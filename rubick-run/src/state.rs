@@ -9,7 +9,7 @@
 //!                       pid and exit-code files of each run)
 //! ```
 //!
-//! `state.yaml` is rewritten atomically and durably ([`write_atomic`]: temporary
+//! `state.yaml` is rewritten atomically and durably ([`write_atomic_as`]: temporary
 //! file, fsync, rename, fsync of the directory) before and
 //! after every action, so a `rubick-run` killed at any point leaves a state that says
 //! what it was doing: a run `starting` (its process may or may not exist: its pid file
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rubick_core::schedule::NodeShare;
 use rubick_core::{Job, Plan};
-use rubick_io::files::write_atomic;
+use rubick_io::files::{Access, write_atomic_as};
 use serde::{Deserialize, Serialize};
 
 use crate::reconcile::Allocation;
@@ -397,7 +397,7 @@ impl StateDir {
         let write = || -> anyhow::Result<()> {
             let mut text = format!("{key}\n").into_bytes();
             serde_json::to_writer(&mut text, state)?;
-            write_atomic(&self.root.join(CACHE_FILE), &text)?;
+            write_atomic_as(&self.root.join(CACHE_FILE), &text, Access::Private)?;
             Ok(())
         };
         if let Err(e) = write() {
@@ -414,20 +414,26 @@ impl StateDir {
             return Ok(());
         }
         let yaml = serde_yaml_ng::to_string(state)?;
-        write_atomic(&self.state_path(), yaml.as_bytes())?;
+        write_private(&self.state_path(), yaml.as_bytes())?;
         self.write_cache(&cache_key(yaml.as_bytes()), state);
         *on_disk = Some(state.clone());
         Ok(())
     }
 }
 
-/// [`write_atomic`] unless the file already holds exactly `bytes` (a no-op round
-/// rewrites nothing).
+/// [`write_atomic_as`] (readable by its owner only) unless the file already holds
+/// exactly `bytes` (a no-op round rewrites nothing).
 pub fn write_if_changed(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     if std::fs::read(path).is_ok_and(|old| old == bytes) {
         return Ok(());
     }
-    Ok(write_atomic(path, bytes)?)
+    write_private(path, bytes)
+}
+
+/// A file of the state directory, written atomically and durably, readable by its owner
+/// only (the state holds jobs' environments).
+pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    Ok(write_atomic_as(path, bytes, Access::Private)?)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rubick_core::launch::StopSignal;
-use rubick_io::files::write_atomic;
+use rubick_io::files::{Access, write_atomic_as};
 
 use super::kubectl::{resource_conditions, terminal};
 use super::manifests::{multi_document, parse_documents};
@@ -67,20 +67,20 @@ impl Kubernetes {
         let docs = self.manifests(&shape);
         let text = multi_document(&docs)?;
         let _ = std::fs::remove_file(dir.join(DELETED));
-        write_atomic(&dir.join(MANIFESTS), text.as_bytes())?;
+        write_atomic_as(&dir.join(MANIFESTS), text.as_bytes(), Access::Private)?;
         if let Some(gitops) = &self.manifest_dir {
             let copy = std::path::absolute(gitops.join(format!("{}.yaml", shape.name)))?;
             if let Some(parent) = copy.parent() {
                 std::fs::create_dir_all(parent).with_context(|| format!("{}: cannot create", parent.display()))?;
             }
-            write_atomic(&copy, text.as_bytes())?;
-            write_atomic(&dir.join(GITOPS_PATH), copy.display().to_string().as_bytes())?;
+            write_atomic_as(&copy, text.as_bytes(), Access::Private)?;
+            write_atomic_as(&dir.join(GITOPS_PATH), copy.display().to_string().as_bytes(), Access::Private)?;
         }
         if self.mode == Mode::Kubectl {
             let [config_map, pytorch_job, train_job] = docs;
             let active = if self.kind == TrainingKind::PyTorchJob { pytorch_job } else { train_job };
             let apply = dir.join(APPLY);
-            write_atomic(&apply, multi_document(&[config_map, active])?.as_bytes())?;
+            write_atomic_as(&apply, multi_document(&[config_map, active])?.as_bytes(), Access::Private)?;
             self.ensure_context()?;
             let apply = apply.display().to_string();
             self.kubectl(&["apply", "-f", &apply])?;
@@ -166,7 +166,8 @@ impl Executor for Kubernetes {
                 tracing::warn!("{copy}: cannot remove: {e}");
             }
         }
-        if let Err(e) = write_atomic(&dir.join(DELETED), format!("{}\n", signal.name()).as_bytes()) {
+        if let Err(e) = write_atomic_as(&dir.join(DELETED), format!("{}\n", signal.name()).as_bytes(), Access::Private)
+        {
             tracing::warn!("{name}: {e}");
         }
     }
