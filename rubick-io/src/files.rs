@@ -86,13 +86,31 @@ pub fn parse_artifact<T: Artifact>(path: &Path, text: &str) -> Result<T, IoError
     artifact::parse_yaml(text).map_err(|source| IoError::Artifact { path: display(path), source })
 }
 
-/// Writes `bytes` to `path` atomically: into a temporary file in the same directory,
-/// flushed and synced, then renamed over the target. A crash leaves either the old
-/// file or the new one, never a partial one.
+/// Writes `bytes` to `path` atomically and durably: into a temporary file in the same
+/// directory, synced, renamed over the target, then the directory synced (so that the
+/// rename survives a crash too). A crash leaves either the old file or the new one,
+/// never a partial one; a failed write (a full disk) leaves no temporary file behind.
+/// The one atomic write of the workspace: artifacts, the run wrapper's pid and exit
+/// files, `rubick-run`'s state, Kubernetes manifests.
 ///
 /// A target that exists and is not a regular file (`/dev/null`, a FIFO, a terminal)
 /// is written in place: renaming over it would replace the device.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+    write_atomic_as(path, bytes, Access::Plain)
+}
+
+/// Who may read a file [`write_atomic_as`] creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A plain new file's permissions (0666 less the umask): outputs.
+    Plain,
+    /// Its owner only (0600): records that may hold secrets (a state directory's jobs
+    /// and their environments, the manifests made of them).
+    Private,
+}
+
+/// [`write_atomic`], the file created with the permissions `access` says.
+pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Access) -> Result<(), IoError> {
     let err = |source| IoError::Io { path: path.display().to_string(), source };
     if is_special(path) {
         return std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| f.write_all(bytes)).map_err(err);
@@ -101,12 +119,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let mut tmp =
-        temp_file_in(&dir, &format!(".{}.", path.file_name().and_then(|n| n.to_str()).unwrap_or("out")), ".tmp")
-            .map_err(err)?;
+    let prefix = format!(".{}.", path.file_name().and_then(|n| n.to_str()).unwrap_or("out"));
+    let mut tmp = match access {
+        Access::Plain => temp_file_in(&dir, &prefix, ".tmp"),
+        Access::Private => tempfile::Builder::new().prefix(&prefix).suffix(".tmp").tempfile_in(&dir),
+    }
+    .map_err(err)?;
     tmp.write_all(bytes).map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;
     tmp.persist(path).map_err(|e| err(e.error))?;
+    // Best effort: some file systems cannot sync a directory; the file itself is synced.
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
     Ok(())
 }
 
@@ -190,6 +215,9 @@ mod tests {
         std::fs::write(&plain, b"x").unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&atomic), mode(&plain));
+        let private = dir.path().join("private");
+        write_atomic_as(&private, b"x", Access::Private).unwrap();
+        assert_eq!(mode(&private), 0o600);
     }
 
     #[test]

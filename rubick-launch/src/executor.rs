@@ -5,21 +5,22 @@
 //! Both tools use it: `rubick-run` submits runs that outlive it (`detached`) and polls
 //! them every round; `rubick-profile`'s blocking run is [`run_to_end`]: submit, then
 //! poll until the run ended (stopping it once it measured enough, killing it at its
-//! `timeoutS`), then [`collect`] what it did and [`classify`](crate::supervise::classify)
+//! `timeoutS`), then [`collect`] what it did and [`classify`](crate::end::classify)
 //! how it ended — the same rule for every backend.
 //!
-//! Backends: [`Local`] (this machine, each run under the run wrapper in a process group
-//! of its own), [`crate::slurm::Slurm`] (one `sbatch` job per run, one launcher per
-//! node); `rubick-run`'s Kubernetes backend implements the trait too.
+//! Backends: [`crate::local::Local`] (this machine, each run under the run wrapper in a
+//! process group of its own), [`crate::slurm::Slurm`] (one `sbatch` job per run, one
+//! launcher per node), [`crate::kubernetes::Kubernetes`] (Kubeflow resources).
 
-use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::supervise::{Guard, LaunchError, RunOutcome, RunRequest, RunSignal, RunStatus, collect, io, prepare};
+use rubick_core::schedule::NodeShare;
+
+use crate::contract::{METRICS_FILE, RunRequest, append, iterations_in};
+use crate::end::{Exit, RunOutcome, RunStatus, collect};
+use crate::error::LaunchError;
+use crate::proc::RunSignal;
 
 /// A run as its backend knows it. Written in a state file as text ([`Handle`]'s
 /// `Display`), read back by the backend that made it ([`Executor::handle`]).
@@ -67,21 +68,6 @@ impl Handle {
     }
 }
 
-/// How a run ended.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct End {
-    /// Its exit status (128 + the signal when a signal ended it), when known.
-    pub code: Option<i32>,
-    /// The backend's scheduler ended it to make room (Slurm's `PREEMPTED`, or
-    /// `NODE_FAIL` without a requeue): the job waits again, no retry spent.
-    pub preempted: bool,
-    /// The scheduler's own time limit ended it (Slurm's `TIMEOUT`).
-    pub timed_out: bool,
-    /// What the scheduler says of an end that was not the run's own exit (appended to
-    /// the run's log by [`run_to_end`]).
-    pub note: Option<String>,
-}
-
 /// What one look at a run says ([`Executor::poll`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunState {
@@ -93,7 +79,7 @@ pub enum RunState {
     /// the nodes it is pinned to failed, and it would wait until that node returns. Why.
     Stranded(String),
     /// Ended.
-    Ended(End),
+    Ended(Exit),
     /// The backend does not answer now (a controller restarting): why. Taken for alive
     /// (a run is never started twice).
     Unknown(String),
@@ -106,16 +92,6 @@ impl RunState {
     }
 }
 
-/// One node of a run: its name (none: the backend's choice), the GPU indices, cores
-/// and host memory it was given there.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeSlot {
-    pub name: String,
-    pub gpus: Vec<u32>,
-    pub cpus: u32,
-    pub host_memory_gib: f64,
-}
-
 /// A run to submit.
 #[derive(Debug, Clone)]
 pub struct Submission<'a> {
@@ -126,7 +102,7 @@ pub struct Submission<'a> {
     pub dir: PathBuf,
     /// Where it runs, in rank order; a backend that places runs itself (Slurm without
     /// node names it knows) ignores the names.
-    pub nodes: Vec<NodeSlot>,
+    pub nodes: Vec<NodeShare>,
     /// Cores of this machine to pin a local run to; empty: not pinned.
     pub cores: Vec<u32>,
     /// A name the backend can find the run by again ([`Executor::recover`]), e.g.
@@ -158,7 +134,8 @@ impl Submission<'_> {
         }
     }
 
-    fn check_dir(&self) -> Result<(), LaunchError> {
+    /// Refuses a run whose metrics file is not its directory's `metrics.jsonl`.
+    pub(crate) fn check_dir(&self) -> Result<(), LaunchError> {
         let expected = self.dir.join(METRICS_FILE);
         if Path::new(&self.request.context.metrics) != expected {
             return Err(LaunchError::Contract(format!(
@@ -170,13 +147,6 @@ impl Submission<'_> {
         Ok(())
     }
 }
-
-/// A run's metric lines, in its directory.
-pub const METRICS_FILE: &str = "metrics.jsonl";
-/// A local run's process group id (its wrapper's pid), in its directory.
-pub const PID_FILE: &str = "pgid";
-/// A local run's exit status, in its directory, written as its last act.
-pub const EXIT_FILE: &str = "exit-code";
 
 /// A place runs execute.
 pub trait Executor: std::fmt::Debug + Send + Sync {
@@ -233,7 +203,7 @@ pub fn stop(
 }
 
 /// Polls until the run ended (its end), or `None` after `limit`.
-pub fn wait_ended(exec: &dyn Executor, handle: &Handle, dir: &Path, limit: Duration) -> Option<End> {
+pub fn wait_ended(exec: &dyn Executor, handle: &Handle, dir: &Path, limit: Duration) -> Option<Exit> {
     let start = Instant::now();
     loop {
         if let RunState::Ended(end) = exec.poll(handle, dir, &[]) {
@@ -292,7 +262,7 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
             && last_check.elapsed() >= Duration::from_millis(200)
         {
             last_check = Instant::now();
-            if crate::supervise::iterations_in(metrics) >= want as usize {
+            if iterations_in(metrics) >= want as usize {
                 tracing::info!("{want} iterations measured: stopping the run ({})", launch.stop_signal.name());
                 exec.signal(&handle, RunSignal::Stop(launch.stop_signal));
                 stopping = Some(Instant::now());
@@ -341,9 +311,11 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
     if let Some(note) = note {
         append(&request.log, &note);
     }
-    let mut outcome = collect(metrics, &request.log, timed_out || end.timed_out, end.code, wall);
+    let exit = Exit { timed_out: timed_out || end.timed_out, ..end };
+    let mut outcome = collect(metrics, &request.log, &exit, wall);
     // Stopped by us with its iterations measured: a complete run, whatever its exit.
-    if stopping.is_some() && outcome.status == RunStatus::Failed {
+    let failed = matches!(outcome.status, RunStatus::Failed | RunStatus::NotRunnable | RunStatus::Preempted);
+    if stopping.is_some() && failed {
         outcome.status = RunStatus::Ok;
     }
     Ok(outcome)
@@ -351,290 +323,3 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
 
 /// How long a killed run may take to be seen ended (a Slurm job's `KillWait` included).
 const KILL_LIMIT: Duration = Duration::from_secs(90);
-
-/// Appends a line to a run's log (a warning when it cannot).
-pub fn append(path: &Path, line: &str) {
-    use std::io::Write;
-    let file = std::fs::OpenOptions::new().append(true).create(true).open(path);
-    if let Err(e) = file.and_then(|mut f| writeln!(f, "{line}")) {
-        tracing::warn!(path = %path.display(), error = %e, "cannot append to the log");
-    }
-}
-
-/// What watches a run that is not detached, so that it ends with this process.
-#[derive(Debug)]
-pub enum Watch {
-    /// The run wrapper's stdin (`--watch-stdin`): end of file kills the run.
-    Pipe(#[allow(dead_code)] std::process::ChildStdin),
-    /// A watchdog process ([`Guard`]).
-    Guard(Guard),
-}
-
-/// The watches an executor holds for the runs it submitted not detached, by handle; let
-/// go when the run is released (a guard disarmed: its cleanup is for this process's
-/// death, not for a run's normal end).
-#[derive(Debug, Default)]
-pub struct Watches(Mutex<BTreeMap<String, Watch>>);
-
-impl Watches {
-    pub fn hold(&self, handle: &Handle, watch: Watch) {
-        lock(&self.0).insert(handle.to_string(), watch);
-    }
-
-    /// Lets go of the run's watch; whether there was one.
-    pub fn release(&self, handle: &Handle) -> bool {
-        let watch = lock(&self.0).remove(&handle.to_string());
-        match watch {
-            Some(Watch::Guard(guard)) => guard.disarm(),
-            Some(Watch::Pipe(_)) => {}
-            None => return false,
-        }
-        true
-    }
-}
-
-/// This machine: each run in a process group of its own, under the run wrapper
-/// ([`crate::wrap`]: a child subreaper that records the group's id before the job
-/// starts and the job's exit status after it ends, both atomically in the run's
-/// directory, and ends whatever the job left behind), pinned (`taskset`) to its cores,
-/// `CUDA_VISIBLE_DEVICES` from the context. A run is its marked processes (the wrapper,
-/// the job, whatever they started in any session). Without a wrapper (a request that
-/// names none, not detached) the group is watched by a `sh` watchdog and the exit
-/// status is recorded by this process.
-#[derive(Debug, Default)]
-pub struct Local {
-    watches: Watches,
-    /// Runs this process started whose leader it has not reaped yet: alive, whatever
-    /// `/proc` says (a child between its fork and its exec still carries this
-    /// process's environment, not the run's mark).
-    unreaped: std::sync::Arc<Mutex<std::collections::BTreeSet<u32>>>,
-}
-
-impl Local {
-    pub fn new() -> Local {
-        Local::default()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Whether `pid` is a live (not zombie) member of process group `pgid`.
-fn in_group(pid: u32, pgid: u32) -> bool {
-    crate::supervise::proc_stat(pid).is_some_and(|s| !s.zombie && s.pgrp == pgid)
-}
-
-/// Non-zombie processes of process group `pgid` (a scan of /proc).
-fn group_members(pgid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).filter(|pid| in_group(*pid, pgid)).collect()
-}
-
-fn mark_of(dir: &Path) -> String {
-    dir.join(METRICS_FILE).display().to_string()
-}
-
-/// The exit status a wait reports: the code, or 128 + the signal.
-fn status_code(status: std::process::ExitStatus) -> Option<i32> {
-    use std::os::unix::process::ExitStatusExt as _;
-    status.code().or_else(|| status.signal().map(|s| 128 + s))
-}
-
-impl Executor for Local {
-    fn name(&self) -> &'static str {
-        "local"
-    }
-
-    fn submit(&self, run: &Submission<'_>) -> Result<Handle, LaunchError> {
-        run.check_dir()?;
-        let request = &run.request;
-        let dir = std::path::absolute(&run.dir).map_err(io(&run.dir))?;
-        for stale in [PID_FILE, EXIT_FILE] {
-            let _ = std::fs::remove_file(dir.join(stale));
-        }
-        let prepared = prepare(request)?;
-        let log = std::fs::File::create(&request.log).map_err(io(&request.log))?;
-        let log2 = log.try_clone().map_err(io(&request.log))?;
-        let wrapper = run.wrapper()?;
-        // Watched (not detached): the wrapper's stdin is a pipe only this process holds.
-        let line = match &wrapper {
-            Some(w) => crate::wrap::Wrap {
-                pid_file: Some(dir.join(PID_FILE)),
-                exit_file: Some(dir.join(EXIT_FILE)),
-                watch_stdin: !run.detached,
-                ..crate::wrap::Wrap::of(&prepared.argv)
-            }
-            .command_line(w),
-            None => prepared.argv.clone(),
-        };
-        let pin = !run.cores.is_empty() && Command::new("taskset").arg("-V").output().is_ok_and(|o| o.status.success());
-        let mut command = if pin {
-            let cores: Vec<String> = run.cores.iter().map(ToString::to_string).collect();
-            let mut c = Command::new("taskset");
-            c.args(["-c", &cores.join(",")]).args(&line);
-            c
-        } else {
-            let (program, args) = line.split_first().ok_or_else(|| LaunchError::Contract("command: empty".into()))?;
-            let mut c = Command::new(program);
-            c.args(args);
-            c
-        };
-        let stdin = if wrapper.is_some() && !run.detached { Stdio::piped() } else { Stdio::null() };
-        command.stdin(stdin).stdout(log).stderr(log2).process_group(0);
-        if request.clear_env {
-            command.env_clear();
-            for keep in crate::supervise::KEPT_ENV {
-                if let Some(v) = std::env::var_os(keep) {
-                    command.env(keep, v);
-                }
-            }
-        }
-        command.envs(&prepared.env);
-        if let Some(workdir) = &prepared.workdir {
-            command.current_dir(workdir);
-        }
-        let program = command.get_program().to_string_lossy().into_owned();
-        let mut child = command.spawn().map_err(|source| LaunchError::Spawn { program, source })?;
-        let pgid = child.id();
-        let watch = match (child.stdin.take(), &wrapper, run.detached) {
-            (Some(pipe), ..) => Some(Watch::Pipe(pipe)),
-            (None, None, false) => {
-                // From here on, this process killed by anything takes the run with it.
-                match Guard::run(pgid, run.mark()) {
-                    Ok(guard) => Some(Watch::Guard(guard)),
-                    Err(source) => {
-                        crate::supervise::signal_run(Some(pgid), run.mark(), RunSignal::Kill);
-                        let _ = child.wait();
-                        return Err(LaunchError::Spawn { program: "sh (the watchdog)".into(), source });
-                    }
-                }
-            }
-            _ => None,
-        };
-        let handle = Handle::Local { pgid, dir: Some(dir.clone()) };
-        if let Some(watch) = watch {
-            self.watches.hold(&handle, watch);
-        }
-        let recorder = wrapper.is_none().then(|| dir.clone());
-        if let Some(dir) = &recorder {
-            let _ = crate::wrap::write_atomically(&dir.join(PID_FILE), &format!("{pgid}\n"));
-        }
-        lock(&self.unreaped).insert(pgid);
-        let unreaped = std::sync::Arc::clone(&self.unreaped);
-        // Reaped here while this process lives; by init once it has exited. Without a
-        // wrapper, the exit status is recorded here.
-        std::thread::spawn(move || {
-            let status = child.wait();
-            if let (Some(dir), Ok(status)) = (recorder, status) {
-                let code = status_code(status).map_or_else(String::new, |c| c.to_string());
-                let _ = crate::wrap::write_atomically(&dir.join(EXIT_FILE), &format!("{code}\n"));
-            }
-            lock(&unreaped).remove(&pgid);
-        });
-        Ok(handle)
-    }
-
-    fn poll(&self, handle: &Handle, dir: &Path, _nodes: &[String]) -> RunState {
-        let Handle::Local { pgid, dir: own } = handle else {
-            return RunState::Ended(End { note: Some(format!("{handle}: not a local run")), ..End::default() });
-        };
-        let dir = own.as_deref().unwrap_or(dir);
-        // Its exit status is written as its last act: ended, even if the wrapper lingers.
-        if let Ok(text) = std::fs::read_to_string(dir.join(EXIT_FILE)) {
-            return RunState::Ended(End { code: text.trim().parse().ok(), ..End::default() });
-        }
-        let alive = match own {
-            _ if lock(&self.unreaped).contains(pgid) => true,
-            // The run is its marked processes; its wrapper, the group's leader, lives as
-            // long as the job: one read; a scan of /proc only once the leader is gone.
-            Some(own) => {
-                let mark = mark_of(own);
-                crate::supervise::carries_mark(*pgid, &mark) || !crate::supervise::marked_processes(&mark).is_empty()
-            }
-            // An older state's plain group id: its leader, else its members.
-            None => in_group(*pgid, *pgid) || !group_members(*pgid).is_empty(),
-        };
-        if alive {
-            return RunState::Running;
-        }
-        // Ended between the two reads: the file is there now.
-        let code = std::fs::read_to_string(dir.join(EXIT_FILE)).ok().and_then(|t| t.trim().parse().ok());
-        RunState::Ended(End { code, ..End::default() })
-    }
-
-    fn signal(&self, handle: &Handle, signal: RunSignal) {
-        match handle {
-            // Only the run's own (marked) processes: never whatever holds a reused id.
-            Handle::Local { dir: Some(dir), .. } => crate::supervise::signal_run(None, &mark_of(dir), signal),
-            Handle::Local { pgid, dir: None } => crate::supervise::signal_group(*pgid, signal),
-            _ => {}
-        }
-    }
-
-    fn recover(&self, dir: &Path, _name: Option<&str>) -> Option<Handle> {
-        let pgid: u32 = std::fs::read_to_string(dir.join(PID_FILE)).ok()?.trim().parse().ok()?;
-        Some(Handle::Local { pgid, dir: Some(std::path::absolute(dir).ok()?) })
-    }
-
-    fn handle(&self, text: &str) -> Option<Handle> {
-        Handle::parse_local(text)
-    }
-
-    fn release(&self, handle: &Handle) {
-        // Whatever the launcher left behind goes with it, in its group or not: by the
-        // run's mark only, since the reaped leader's group id may belong to another.
-        if self.watches.release(handle)
-            && let Handle::Local { dir: Some(dir), .. } = handle
-        {
-            crate::supervise::signal_run(None, &mark_of(dir), RunSignal::Kill);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn handles_read_back_what_they_wrote() {
-        let local = Handle::Local { pgid: 42, dir: Some(PathBuf::from("/s/jobs/a/attempt-1")) };
-        assert_eq!(local.to_string(), "42@/s/jobs/a/attempt-1");
-        assert_eq!(Local::new().handle(&local.to_string()), Some(local.clone()));
-        assert_eq!(Local::new().handle("42"), Some(Handle::Local { pgid: 42, dir: None }));
-        assert_eq!(Local::new().handle("x@/d"), None);
-        assert_eq!(local.short(), "42");
-        let slurm = Handle::Slurm { job: "17".into() };
-        assert_eq!(crate::slurm::Slurm::new().handle(&slurm.to_string()), Some(slurm));
-        assert_eq!(crate::slurm::Slurm::new().handle("17; rm -rf"), None);
-    }
-
-    /// A blocking run and a detached one (under no wrapper: the library's own test
-    /// binary cannot be one), followed by polls: running, then ended with its code.
-    #[test]
-    fn a_local_run_is_polled_to_its_end_and_recovered_from_its_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let launch = crate::supervise::tests::launch("sleep 0.3; exit 5", 30.0);
-        let request = crate::supervise::tests::request(dir.path(), &launch);
-        let local = Local::new();
-        let run = Submission {
-            request,
-            dir: dir.path().to_path_buf(),
-            nodes: Vec::new(),
-            cores: Vec::new(),
-            name: None,
-            detached: false,
-            partition: None,
-        };
-        let handle = local.submit(&run).unwrap();
-        assert_eq!(local.poll(&handle, dir.path(), &[]), RunState::Running);
-        assert_eq!(local.recover(dir.path(), None), Some(handle.clone()));
-        let end = wait_ended(&local, &handle, dir.path(), Duration::from_secs(10)).unwrap();
-        assert_eq!(end.code, Some(5));
-        local.release(&handle);
-        // Its metrics file named otherwise than its directory's: refused.
-        let mut odd = run.clone();
-        odd.request.context.metrics = dir.path().join("m.jsonl").display().to_string();
-        assert!(matches!(local.submit(&odd), Err(LaunchError::Contract(_))));
-    }
-}

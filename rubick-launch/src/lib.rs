@@ -6,25 +6,46 @@
 //! the whole group killed at `timeoutS`, so that no process of a run outlives it.
 //! `rubick-profile` and `rubick-run` both use this crate; neither depends on the other.
 //!
-//! Modules: [`executor`] (the one executor: a trait over typed handles and run states,
-//! the local backend, the blocking run every backend shares), [`kubernetes`] (Kubeflow
-//! manifests, applied with kubectl or written for GitOps), [`supervise`] (a run's
-//! contract prepared, its processes and signals, its metric lines, how it ended), [`slurm`]
-//! (one run as one `sbatch` job, on one node or one launcher per node, tested against a
-//! real Slurm that `scripts/slurm-up.sh` starts), [`wrap`] (the run wrapper every
-//! launcher runs under: a child subreaper that leaves no process of the run behind).
+//! Modules, from the leaves up:
+//! * [`proc`] — the processes of a run as the kernel knows them: typed signals,
+//!   `/proc`, the run's mark (its `RUBICK_METRICS=PATH`); it names no other module;
+//! * [`error`] — [`LaunchError`], what every backend returns;
+//! * [`contract`] — a run's request, its argv and environment resolved, its files;
+//! * [`end`] — how a run ended: what its backend saw ([`Exit`]) and the one
+//!   classification of it ([`RunStatus`], [`end::classify`]);
+//! * [`wrap`] — the run wrapper every launcher runs under: a child subreaper that leaves
+//!   no process of the run behind;
+//! * [`guard`] — watchdogs that end a run with the process that started it;
+//! * [`executor`] — the one [`Executor`] trait (submit, poll, signal, recover over
+//!   typed handles) and the blocking [`run_to_end`] every backend shares;
+//! * the backends: [`local`] (this machine), [`slurm`] (one `sbatch` job per run, on
+//!   one node or one launcher per node, tested against a real Slurm that
+//!   `scripts/slurm-up.sh` starts), [`kubernetes`] (Kubeflow manifests, applied with
+//!   kubectl or written for GitOps).
 
+pub mod contract;
+pub mod end;
+pub mod error;
 pub mod executor;
+pub mod guard;
 pub mod kubernetes;
+pub mod local;
+pub mod proc;
 pub mod slurm;
-pub mod supervise;
 pub mod wrap;
 
-pub use executor::{End, Executor, Handle, NodeSlot, RunState, Submission, run_to_end};
-pub use supervise::{RunOutcome, RunRequest, RunStatus, run};
+pub use contract::{RunRequest, free_port};
+pub use end::{Exit, RunOutcome, RunStatus};
+pub use error::LaunchError;
+pub use executor::{Executor, Handle, RunState, Submission, run_to_end};
+pub use local::{Local, run};
+pub use proc::RunSignal;
 
 /// FNV-1a over `bytes`: a digest stable across builds and platforms (std's hasher is
 /// not), for names and keys written to disk.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }
+
+#[cfg(test)]
+mod testing;

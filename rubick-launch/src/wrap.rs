@@ -33,7 +33,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use rubick_io::files::write_atomic;
 use rustix::process::{Pid, Signal, WaitOptions};
+
+use crate::proc::{descendants, pid_of};
 
 /// The hidden first argument that makes a tool the run wrapper.
 pub const SUBCOMMAND: &str = "__rubick-run-wrapper";
@@ -41,7 +44,7 @@ pub const SUBCOMMAND: &str = "__rubick-run-wrapper";
 /// The wrapper's first argument that makes it a watchdog instead: `--watchdog --
 /// CLEANUP...` reads its standard input (a pipe only the supervising tool holds) to its
 /// end, then runs the cleanup command (e.g. `scancel JOB`). The tool disarms it by
-/// killing it first ([`crate::supervise::Guard`]).
+/// killing it first ([`crate::guard::Guard`]).
 pub const WATCHDOG: &str = "--watchdog";
 
 /// How long descendants left behind get between `TERM` and `KILL`, by default.
@@ -213,7 +216,7 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         signal_hook::flag::register(signal, Arc::clone(&noted))?;
     }
     if let Some(path) = &wrap.pid_file {
-        write_atomically(path, &format!("{}\n", std::process::id()))?;
+        write_atomic(path, format!("{}\n", std::process::id()).as_bytes()).map_err(std::io::Error::other)?;
     }
     if let Some(path) = &wrap.exit_file {
         // Best effort: without it the status is still written while the disk has room.
@@ -244,7 +247,7 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         // (however the supervisor ended) takes the run down at once.
         std::thread::spawn(|| {
             let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-            for pid in descendants(std::process::id()).into_iter().filter_map(crate::supervise::pid_of) {
+            for pid in descendants(std::process::id()).into_iter().filter_map(pid_of) {
                 let _ = rustix::process::kill_process(pid, Signal::KILL);
             }
         });
@@ -279,7 +282,7 @@ fn end_descendants(grace: Duration) {
         }
         let signal = if start.elapsed() >= grace { Signal::KILL } else { Signal::TERM };
         if signal == Signal::KILL || !termed {
-            for pid in left.iter().copied().filter_map(crate::supervise::pid_of) {
+            for pid in left.iter().copied().filter_map(pid_of) {
                 let _ = rustix::process::kill_process(pid, signal);
             }
             termed = true;
@@ -289,44 +292,6 @@ fn end_descendants(grace: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
     while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
-}
-
-/// Live (not zombie) processes whose ancestry leads to `root`, from `/proc`.
-pub fn descendants(root: u32) -> Vec<u32> {
-    descendants_of(&[root])
-}
-
-/// Live (not zombie) processes whose ancestry leads to any of `roots` (the roots
-/// themselves not included unless one descends from another), from one read of `/proc`.
-pub fn descendants_of(roots: &[u32]) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let procs: Vec<(u32, u32)> = dir
-        .filter_map(|e| {
-            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-            let stat = crate::supervise::proc_stat(pid).filter(|s| !s.zombie)?;
-            Some((pid, stat.ppid))
-        })
-        .collect();
-    let mut found: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
-    let mut frontier = roots.to_vec();
-    while let Some(parent) = frontier.pop() {
-        for &(pid, _) in procs.iter().filter(|(_, ppid)| *ppid == parent) {
-            if found.insert(pid) {
-                frontier.push(pid);
-            }
-        }
-    }
-    found.into_iter().collect()
-}
-
-pub(crate) fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        // A full disk leaves no empty temporary file behind.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 /// Bytes reserved for the exit status (`--exit-file`) while the disk has room.
@@ -343,7 +308,7 @@ fn reserved(path: &Path) -> PathBuf {
 fn write_exit(path: &Path, code: i32) -> std::io::Result<()> {
     let text = format!("{code}\n");
     let reservation = reserved(path);
-    match write_atomically(path, &text) {
+    match write_atomic(path, text.as_bytes()) {
         Ok(()) => {
             let _ = std::fs::remove_file(&reservation);
             Ok(())
@@ -351,7 +316,8 @@ fn write_exit(path: &Path, code: i32) -> std::io::Result<()> {
         Err(e) => {
             use std::io::Write as _;
             let padded = format!("{text:<RESERVED_EXIT_BYTES$}");
-            let mut file = std::fs::OpenOptions::new().write(true).open(&reservation).map_err(|_| e)?;
+            let mut file =
+                std::fs::OpenOptions::new().write(true).open(&reservation).map_err(|_| std::io::Error::other(e))?;
             file.write_all(padded.as_bytes())?;
             file.sync_all()?;
             std::fs::rename(&reservation, path)

@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use rubick_core::launch::{Launch, LaunchContext, MetricLine, iteration_times, mean_sd, measured_iterations};
+use rubick_core::schedule::NodeShare;
 use rubick_core::select::{Candidate, select};
 use rubick_core::tables::{PROFILE, ProfileRow, ProfileStatus};
 use rubick_core::{Cluster, Job, MemoryEstimator, NodeGroup, Placement, Plan};
 use rubick_io::cli::Outcome;
 use rubick_io::files::{is_std, load_artifact};
-use rubick_launch::{Executor, NodeSlot, RunOutcome, RunRequest, RunStatus, Submission};
+use rubick_launch::{Executor, RunOutcome, RunRequest, RunStatus, Submission};
 
 use crate::devices::{self, CPU_GPU_TYPE, GpuMetrics, Sampler};
 
@@ -319,7 +320,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
         rubick_launch::slurm::available().map_err(|reason| anyhow::anyhow!("--backend slurm: {reason}"))?;
     }
     let executor: Arc<dyn Executor> = match args.backend {
-        Backend::Local => Arc::new(rubick_launch::executor::Local::new()),
+        Backend::Local => Arc::new(rubick_launch::Local::new()),
         Backend::Slurm => Arc::new(rubick_launch::slurm::Slurm::new()),
         Backend::Kubernetes => Arc::new(kubernetes(args.kubernetes.as_deref(), &work_dir)?),
     };
@@ -466,7 +467,7 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                     gpus_per_node: planned.placement.max_per_node(),
                     cpus: planned.cpus,
                     master_addr: "127.0.0.1".into(),
-                    master_port: rubick_launch::supervise::free_port(),
+                    master_port: rubick_launch::free_port(),
                     deepspeed_config: path("deepspeed.json"),
                     checkpoint_dir: path("checkpoints"),
                     metrics: path("metrics.jsonl"),
@@ -498,8 +499,8 @@ fn start_run(planned: Planned, devices: Vec<u32>, ctx: StartContext, tx: mpsc::S
                 nodes: names
                     .into_iter()
                     .zip(per_node)
-                    .map(|(name, gpus)| NodeSlot {
-                        name,
+                    .map(|(node, gpus)| NodeShare {
+                        node,
                         gpus: if ctx.on_cpu { Vec::new() } else { (0..gpus).collect() },
                         cpus: planned.cpus.div_ceil(nodes).max(1),
                         host_memory_gib: planned.host_memory_gib / f64::from(nodes),
@@ -569,7 +570,7 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
         RunStatus::Oom => Some(format!("{exit}: out of memory")),
         RunStatus::Unsupported => Some(format!("{exit}: the script refused the plan")),
         RunStatus::Timeout => Some(format!("over timeoutS ({} s): its process group was killed", launch.timeout_s)),
-        RunStatus::Failed => Some(exit),
+        RunStatus::Failed | RunStatus::NotRunnable | RunStatus::Preempted => Some(exit),
     };
     row.status = Some(match status {
         RunStatus::Ok => ProfileStatus::Ok,

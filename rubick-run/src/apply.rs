@@ -6,13 +6,8 @@ use crate::*;
 
 /// A run an apply has recorded and is about to launch.
 pub(crate) struct Starting {
-    job: Job,
-    launch: rubick_core::launch::Launch,
-    allocation: Allocation,
+    spec: backends::StartSpec,
     attempt: u32,
-    dir: PathBuf,
-    checkpoints: PathBuf,
-    cores: Vec<u32>,
 }
 
 /// The schedule's desired allocations, checked: known jobs, no GPU given twice, the
@@ -126,7 +121,7 @@ pub(crate) fn apply(
     // The backend's settings (Kubernetes) are the state's from now on.
     if let Some((from, s)) = &settings {
         let text = serde_yaml_ng::to_string(s)?;
-        state::write_durably(&dir.root.join(backends::kubernetes::SETTINGS_FILE), text.as_bytes())
+        state::write_private(&dir.root.join(backends::kubernetes::SETTINGS_FILE), text.as_bytes())
             .with_context(|| format!("--kubernetes {}", from.display()))?;
     }
     let backend = backends::backend(backend_name, Some(&dir.root))?
@@ -289,15 +284,15 @@ pub(crate) fn apply(
         let total = rec.job.iterations.to_string();
         launch.env.entry("RUBICK_TOTAL_ITERATIONS".into()).or_insert_with(|| total.clone());
         launch.env.entry("RUBICK_ITERATIONS".into()).or_insert(total);
-        starting.push(Starting {
+        let spec = backends::StartSpec {
             job: rec.job.clone(),
             launch,
             allocation: allocation.clone(),
-            attempt,
             dir: dir.attempt_dir(job, attempt),
-            checkpoints: dir.job_dir(job).join("checkpoints"),
+            checkpoint_dir: dir.job_dir(job).join("checkpoints"),
             cores,
-        });
+        };
+        starting.push(Starting { spec, attempt });
     }
     if !starting.is_empty() {
         dir.save(&state)?;
@@ -308,17 +303,7 @@ pub(crate) fn apply(
             .iter()
             .map(|s| {
                 let backend = backend.as_ref();
-                scope.spawn(move || {
-                    let spec = backends::StartSpec {
-                        job: &s.job,
-                        launch: &s.launch,
-                        allocation: &s.allocation,
-                        dir: &s.dir,
-                        checkpoint_dir: &s.checkpoints,
-                        cores: &s.cores,
-                    };
-                    Ok(backend.submit(&spec.submission()?)?)
-                })
+                scope.spawn(move || Ok(backend.submit(&s.spec.submission()?)?))
             })
             .collect();
         launches.into_iter().map(|l| l.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
@@ -327,13 +312,13 @@ pub(crate) fn apply(
         failpoint("spawned");
     }
     for (s, result) in starting.iter().zip(started) {
-        let job = s.job.name.as_str();
+        let job = s.spec.job.name.as_str();
         let rec = state.jobs.get_mut(job).context("record")?;
         let handle = match result {
             Ok(handle) => handle,
             Err(e) => {
                 // One job that cannot start never blocks the others.
-                let why = format!("could not start under {}: {e:#}", s.allocation.plan);
+                let why = format!("could not start under {}: {e:#}", s.spec.allocation.plan);
                 eprintln!("{job}: failed: {why}");
                 rec.run = None;
                 rec.status = JobStatus::Failed;
@@ -346,12 +331,12 @@ pub(crate) fn apply(
             run.handle = Some(handle.to_string());
             run.phase = RunPhase::Running;
             // What this run was, beside what it measures (the online refit reads both).
-            state::write_durably(&s.dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
+            state::write_private(&s.spec.dir.join("run.yaml"), serde_yaml_ng::to_string(&*run)?.as_bytes())?;
         }
         eprintln!(
             "{job}: started {} on {} (run {}, {} {})",
-            s.allocation.plan,
-            where_(&s.allocation.nodes),
+            s.spec.allocation.plan,
+            where_(&s.spec.allocation.nodes),
             s.attempt,
             match handle {
                 backends::Handle::Local { .. } => "process group",

@@ -142,7 +142,7 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
     let fitted = fit(&rec.job.model, &observations, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let model = rubick_core::perf::PerfModel::of_fit(&rec.job.model, &observations, &fitted, &source);
     let path = std::path::absolute(dir.job_dir(name).join("model.yaml"))?;
-    state::write_durably(&path, to_yaml(&model).as_bytes())?;
+    state::write_private(&path, to_yaml(&model).as_bytes())?;
     tracing::info!(
         "`{name}`: model refitted on {runs} run(s) and {} profiled row(s): {} configurations",
         observations.len() - runs,

@@ -281,7 +281,7 @@ mod status;
 
 use apply::apply;
 use jobs::jobs;
-pub use runs::{Failure, MAX_REFUSED_PLANS, classify};
+pub use runs::{MAX_REFUSED_PLANS, classify};
 use runs::{refresh, refreshed, stop_run, stop_runs};
 use status::status;
 

@@ -1,91 +1,80 @@
 //! A job's lifecycle after one of its runs ended: the one, pure rule (no I/O) of what
 //! the job becomes — finished, queued again (with or without spending a retry, with a
 //! plan it refused marked unsupported), or failed — and why, in words for `status`.
-//! The callers observe (the backend's exit code and scheduler, the run's log and metric
-//! lines through [`crate::classify`]) and hand the observation here.
+//! The callers observe (the backend's exit and scheduler, the run's log and metric
+//! lines, classified once by [`rubick_launch::end::classify`]) and hand the run's
+//! [`RunStatus`] here.
 
+use rubick_launch::RunStatus;
+
+use crate::MAX_REFUSED_PLANS;
 use crate::state::{JobRecord, JobStatus};
-use crate::{Failure, MAX_REFUSED_PLANS};
 
-/// How a run ended, as observed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Ended {
-    /// On its own: its exit code (none when unknown) and how that is classified (none:
-    /// success).
-    Exited { code: Option<i32>, failure: Option<Failure> },
-    /// Ended by the backend's scheduler to make room, or because its node failed
-    /// (Slurm's `PREEMPTED`, `NODE_FAIL`): not the job's fault.
-    Preempted { code: Option<i32> },
-    /// Alive but stranded: its node failed and it cannot go on where it was placed (the
-    /// backend's reason); the caller has killed it.
-    Lost { why: String },
-}
-
-/// The job after its run ended: status, reason, exit code, retries and unsupported
-/// plans updated, the run cleared.
-pub fn after(rec: &mut JobRecord, end: Ended) {
+/// The job after its run ended with `status` (its exit code `code`, none when unknown):
+/// status, reason, exit code, retries and unsupported plans updated, the run cleared.
+pub fn after(rec: &mut JobRecord, code: Option<i32>, status: RunStatus) {
     let plan = rec.run.as_ref().map(|r| r.plan);
     let plan_text = plan.map_or_else(String::new, |p| p.to_string());
-    let attempt = rec.run.as_ref().map_or(0, |r| r.attempt);
     let name = rec.job.name.clone();
-    let (status, reason) = match end {
-        Ended::Lost { why } => {
-            tracing::warn!("`{name}`: run {attempt} lost its node ({why}): queued again, no retry spent");
-            (JobStatus::Queued, format!("node failure under run {attempt}: {why}"))
-        }
-        Ended::Preempted { code } => {
-            rec.exit_code = code;
+    rec.exit_code = code;
+    let exit = code.map_or_else(|| "no exit code".to_owned(), |c| format!("exit {c}"));
+    let (status, reason) = match status {
+        RunStatus::Preempted => {
             tracing::warn!("`{name}` was preempted by the backend's scheduler: queued again");
             (JobStatus::Queued, "preempted by the backend's scheduler (or its node failed)".to_owned())
         }
-        Ended::Exited { code, failure } => {
-            rec.exit_code = code;
-            let exit = code.map_or_else(|| "no exit code".to_owned(), |c| format!("exit {c}"));
-            match failure {
-                None => (JobStatus::Finished, "finished".to_owned()),
-                // Exit 2 is about the plan: never offered again; another plan may run. A
-                // script that refuses plan after plan has a bad argument, not a bad plan.
-                Some(Failure::BadInput) if let Some(plan) = plan => {
-                    if !rec.job.unsupported_plans.contains(&plan) {
-                        rec.job.unsupported_plans.push(plan);
-                    }
-                    let status = if rec.job.unsupported_plans.len() >= MAX_REFUSED_PLANS {
-                        tracing::error!(
-                            "`{name}` refused {} plans (exit 2 each: {}); failed: its arguments, not a plan, are likely wrong",
-                            rec.job.unsupported_plans.len(),
-                            rec.job.unsupported_plans.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
-                        );
-                        JobStatus::Failed
-                    } else {
-                        tracing::warn!(
-                            "`{name}` exited 2 under `{plan}` (the contract's bad plan): the plan is marked unsupported and never offered again; queued for another"
-                        );
-                        JobStatus::Queued
-                    };
-                    (status, format!("{exit}: the script refused plan {plan} (bad plan)"))
-                }
-                Some(Failure::BadInput) => (JobStatus::Failed, format!("{exit}: bad arguments")),
-                Some(Failure::OutOfMemory) => (JobStatus::Failed, format!("{exit}: out of memory under {plan_text}")),
-                Some(Failure::NotRunnable) => (
-                    JobStatus::Failed,
-                    format!("{exit}: the command could not be run (not found or not executable; see the log)"),
-                ),
-                Some(Failure::Retryable) if rec.retries_left > 0 => {
-                    rec.retries_left -= 1;
-                    tracing::warn!(
-                        "`{name}` failed ({exit}): retryable, queued again ({} retries left)",
-                        rec.retries_left
-                    );
-                    (
-                        JobStatus::Queued,
-                        format!("{exit} under {plan_text}: retried ({} retries left)", rec.retries_left),
-                    )
-                }
-                Some(Failure::Retryable) => (JobStatus::Failed, format!("{exit} under {plan_text}: no retries left")),
+        RunStatus::Ok => (JobStatus::Finished, "finished".to_owned()),
+        // Exit 2 is about the plan: never offered again; another plan may run. A script
+        // that refuses plan after plan has a bad argument, not a bad plan.
+        RunStatus::Unsupported if let Some(plan) = plan => {
+            if !rec.job.unsupported_plans.contains(&plan) {
+                rec.job.unsupported_plans.push(plan);
             }
+            let status = if rec.job.unsupported_plans.len() >= MAX_REFUSED_PLANS {
+                tracing::error!(
+                    "`{name}` refused {} plans (exit 2 each: {}); failed: its arguments, not a plan, are likely wrong",
+                    rec.job.unsupported_plans.len(),
+                    rec.job.unsupported_plans.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                );
+                JobStatus::Failed
+            } else {
+                tracing::warn!(
+                    "`{name}` exited 2 under `{plan}` (the contract's bad plan): the plan is marked unsupported and never offered again; queued for another"
+                );
+                JobStatus::Queued
+            };
+            (status, format!("{exit}: the script refused plan {plan} (bad plan)"))
+        }
+        RunStatus::Unsupported => (JobStatus::Failed, format!("{exit}: bad arguments")),
+        RunStatus::Oom => (JobStatus::Failed, format!("{exit}: out of memory under {plan_text}")),
+        RunStatus::NotRunnable => (
+            JobStatus::Failed,
+            format!("{exit}: the command could not be run (not found or not executable; see the log)"),
+        ),
+        RunStatus::Failed | RunStatus::Timeout if rec.retries_left > 0 => {
+            rec.retries_left -= 1;
+            tracing::warn!("`{name}` failed ({exit}): retryable, queued again ({} retries left)", rec.retries_left);
+            (JobStatus::Queued, format!("{exit} under {plan_text}: retried ({} retries left)", rec.retries_left))
+        }
+        RunStatus::Failed | RunStatus::Timeout => {
+            (JobStatus::Failed, format!("{exit} under {plan_text}: no retries left"))
         }
     };
-    tracing::info!("`{name}` ended: {} ({reason})", format!("{status:?}").to_lowercase());
+    settle(rec, status, reason);
+}
+
+/// The job after its live run was lost: its node failed and it cannot go on where it
+/// was placed (the backend's reason `why`); the caller has killed it. Queued again, no
+/// retry spent, the exit code of the last run that exited kept.
+pub fn lost(rec: &mut JobRecord, why: &str) {
+    let attempt = rec.run.as_ref().map_or(0, |r| r.attempt);
+    tracing::warn!("`{}`: run {attempt} lost its node ({why}): queued again, no retry spent", rec.job.name);
+    settle(rec, JobStatus::Queued, format!("node failure under run {attempt}: {why}"));
+}
+
+/// The job's new status and reason; its run cleared.
+fn settle(rec: &mut JobRecord, status: JobStatus, reason: String) {
+    tracing::info!("`{}` ended: {} ({reason})", rec.job.name, format!("{status:?}").to_lowercase());
     rec.status = status;
     rec.reason = Some(reason);
     rec.run = None;
@@ -126,21 +115,36 @@ mod tests {
         record(2, "running", None, retries, refused)
     }
 
-    fn exited(code: i32, failure: Option<Failure>) -> Ended {
-        Ended::Exited { code: Some(code), failure }
+    /// How a run of the tests ended: with an exit code and status, or lost.
+    #[derive(Debug, Clone)]
+    enum How {
+        Ran(Option<i32>, RunStatus),
+        Lost(&'static str),
+    }
+
+    fn end(rec: &mut JobRecord, end: &How) {
+        match end {
+            How::Ran(code, status) => after(rec, *code, *status),
+            How::Lost(why) => lost(rec, why),
+        }
+    }
+
+    fn exited(code: i32, status: RunStatus) -> How {
+        How::Ran(Some(code), status)
     }
 
     #[test]
     fn every_end_leads_to_one_state_and_says_why() {
         // (ended how, retries before, refused before) -> (status, retries after, unsupported after, reason holds)
-        type Case<'a> = (Ended, u32, Vec<&'a str>, JobStatus, u32, usize, &'a str);
+        type Case<'a> = (How, u32, Vec<&'a str>, JobStatus, u32, usize, &'a str);
         let cases: Vec<Case> = vec![
-            (exited(0, None), 1, vec![], JobStatus::Finished, 1, 0, "finished"),
-            (exited(1, Some(Failure::Retryable)), 1, vec![], JobStatus::Queued, 0, 0, "retried (0 retries left)"),
-            (exited(1, Some(Failure::Retryable)), 0, vec![], JobStatus::Failed, 0, 0, "no retries left"),
-            (exited(2, Some(Failure::BadInput)), 1, vec![], JobStatus::Queued, 1, 1, "refused plan dp2"),
+            (exited(0, RunStatus::Ok), 1, vec![], JobStatus::Finished, 1, 0, "finished"),
+            (exited(1, RunStatus::Failed), 1, vec![], JobStatus::Queued, 0, 0, "retried (0 retries left)"),
+            (exited(1, RunStatus::Failed), 0, vec![], JobStatus::Failed, 0, 0, "no retries left"),
+            (How::Ran(None, RunStatus::Timeout), 1, vec![], JobStatus::Queued, 0, 0, "retried (0 retries left)"),
+            (exited(2, RunStatus::Unsupported), 1, vec![], JobStatus::Queued, 1, 1, "refused plan dp2"),
             (
-                exited(2, Some(Failure::BadInput)),
+                exited(2, RunStatus::Unsupported),
                 1,
                 vec!["dp1-tp1-pp1-mb4-ga4", "dp1-tp1-pp1-mb2-ga8"],
                 JobStatus::Failed,
@@ -148,40 +152,32 @@ mod tests {
                 3,
                 "bad plan",
             ),
-            (exited(3, Some(Failure::OutOfMemory)), 1, vec![], JobStatus::Failed, 1, 0, "out of memory under dp2"),
-            (exited(127, Some(Failure::NotRunnable)), 1, vec![], JobStatus::Failed, 1, 0, "could not be run"),
-            (Ended::Preempted { code: None }, 0, vec![], JobStatus::Queued, 0, 0, "preempted"),
-            (
-                Ended::Lost { why: "mn2 down".into() },
-                0,
-                vec![],
-                JobStatus::Queued,
-                0,
-                0,
-                "node failure under run 2: mn2",
-            ),
+            (exited(3, RunStatus::Oom), 1, vec![], JobStatus::Failed, 1, 0, "out of memory under dp2"),
+            (exited(127, RunStatus::NotRunnable), 1, vec![], JobStatus::Failed, 1, 0, "could not be run"),
+            (How::Ran(None, RunStatus::Preempted), 0, vec![], JobStatus::Queued, 0, 0, "preempted"),
+            (How::Lost("mn2 down"), 0, vec![], JobStatus::Queued, 0, 0, "node failure under run 2: mn2"),
         ];
-        for (end, retries, refused, status, retries_after, unsupported, why) in cases {
+        for (how, retries, refused, status, retries_after, unsupported, why) in cases {
             let mut rec = running(retries, &refused);
-            after(&mut rec, end.clone());
-            assert_eq!(rec.status, status, "{end:?}");
-            assert_eq!(rec.retries_left, retries_after, "{end:?}: the retry budget");
-            assert_eq!(rec.job.unsupported_plans.len(), unsupported, "{end:?}");
-            assert!(rec.reason.as_deref().is_some_and(|r| r.contains(why)), "{end:?}: {:?}", rec.reason);
-            assert!(rec.run.is_none(), "{end:?}: the run is over");
+            end(&mut rec, &how);
+            assert_eq!(rec.status, status, "{how:?}");
+            assert_eq!(rec.retries_left, retries_after, "{how:?}: the retry budget");
+            assert_eq!(rec.job.unsupported_plans.len(), unsupported, "{how:?}");
+            assert!(rec.reason.as_deref().is_some_and(|r| r.contains(why)), "{how:?}: {:?}", rec.reason);
+            assert!(rec.run.is_none(), "{how:?}: the run is over");
         }
     }
 
     #[test]
     fn a_plan_refused_twice_is_recorded_once_and_the_exit_code_is_kept() {
         let mut rec = running(1, &["dp2-tp1-pp1-mb4-ga2"]);
-        after(&mut rec, exited(2, Some(Failure::BadInput)));
+        end(&mut rec, &exited(2, RunStatus::Unsupported));
         assert_eq!(rec.job.unsupported_plans.len(), 1);
         assert_eq!((rec.status, rec.exit_code), (JobStatus::Queued, Some(2)));
         // A node failure keeps the exit code of the last run that exited.
         let mut rec = running(1, &[]);
         rec.exit_code = Some(1);
-        after(&mut rec, Ended::Lost { why: "gone".into() });
+        end(&mut rec, &How::Lost("gone"));
         assert_eq!(rec.exit_code, Some(1));
     }
 }

@@ -3,7 +3,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use crate::*;
-use backends::{End, Handle, RunState};
+use backends::{Exit, Handle, RunState};
 
 /// Brings the records up to date with the backend: runs that ended, runs a killed
 /// rubick-run started but never recorded, stops it never finished.
@@ -50,7 +50,7 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
                 // One look at the run: ended (its exit code is written as its last act:
                 // ended, even if a wrapper lingers), stranded, or running on.
                 let Some(handle) = run.handle.as_deref().and_then(|h| backend.handle(h)).or_else(recover) else {
-                    ended(rec, End::default(), &attempt_dir);
+                    ended(rec, Exit::default(), &attempt_dir);
                     continue;
                 };
                 match backend.poll(&handle, &attempt_dir, &nodes) {
@@ -95,7 +95,7 @@ fn stop_unrecorded(dir: &StateDir, state: &State) {
     let jobs = dir.root.join("jobs");
     let prefix = format!("{}/", jobs.display());
     let mut orphans: BTreeMap<String, (String, u32)> = BTreeMap::new();
-    for (_, mark) in rubick_launch::supervise::marked_under(&prefix) {
+    for (_, mark) in rubick_launch::proc::marked_under(&prefix) {
         let Some(rest) = mark.strip_prefix(&prefix) else { continue };
         let mut parts = rest.split('/');
         let (Some(job), Some(attempt)) = (parts.next(), parts.next()) else { continue };
@@ -112,7 +112,7 @@ fn stop_unrecorded(dir: &StateDir, state: &State) {
             "`{job}`: run {attempt} lives without a record (a state restored or edited?): stopping it ({:.0} s at most)",
             timeout.as_secs_f64()
         );
-        use rubick_launch::supervise::{RunSignal, marked_processes, signal_run};
+        use rubick_launch::proc::{RunSignal, marked_processes, signal_run};
         signal_run(None, &mark, RunSignal::Stop(signal));
         let start = Instant::now();
         while !marked_processes(&mark).is_empty() && start.elapsed() < timeout {
@@ -229,62 +229,34 @@ pub(crate) fn stop_runs(
 }
 
 /// A live run that cannot go on where it was placed (its node failed): killed, and
-/// its job queued for the next round without spending a retry ([`lifecycle`]).
+/// its job queued for the next round without spending a retry ([`lifecycle::lost`]).
 pub(crate) fn lost(rec: &mut JobRecord, backend: &dyn Executor, handle: &Handle, why: &str) {
     backend.signal(handle, backends::RunSignal::Kill);
-    lifecycle::after(rec, lifecycle::Ended::Lost { why: why.to_owned() });
+    lifecycle::lost(rec, why);
 }
 
 /// A run that ended on its own: what the backend and the run's files say of its end
 /// (a scheduler's note on an end that was not the run's own exit is added to its log,
 /// where the classifier reads it: Slurm's `OUT_OF_MEMORY`), then the job's next state
 /// ([`lifecycle::after`]).
-pub(crate) fn ended(rec: &mut JobRecord, end: End, attempt_dir: &Path) {
+pub(crate) fn ended(rec: &mut JobRecord, end: Exit, attempt_dir: &Path) {
     if let Some(note) = &end.note {
-        rubick_launch::executor::append(&attempt_dir.join("log.txt"), note);
+        rubick_launch::contract::append(&attempt_dir.join("log.txt"), note);
     }
-    let code = end.code;
-    let end = if end.preempted {
-        lifecycle::Ended::Preempted { code }
-    } else {
-        lifecycle::Ended::Exited { code, failure: classify(code, attempt_dir) }
-    };
-    lifecycle::after(rec, end);
+    lifecycle::after(rec, end.code, classify(&end, attempt_dir));
 }
 
 /// Distinct plans a job may refuse (exit 2) before it is failed rather than requeued.
 pub const MAX_REFUSED_PLANS: usize = 3;
 
-/// Why a run ended badly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// Killed by a signal, crashed, or its end unknown: a restart may succeed.
-    Retryable,
-    /// Bad arguments or plan (exit 2): restarting changes nothing.
-    BadInput,
-    /// Out of memory (exit 3, the `oom` event, a framework's message): not under this plan.
-    OutOfMemory,
-    /// The command could not be run (exit 126 or 127: not executable, not found): no
-    /// restart changes that.
-    NotRunnable,
+/// How a run in `attempt_dir` ended: [`rubick_launch::end::classify`] of what its backend
+/// saw, its log, and its metric lines' `oom` event (read from the file's tail).
+pub fn classify(end: &Exit, attempt_dir: &Path) -> rubick_launch::RunStatus {
+    rubick_launch::end::classify(end, backends::oom_event(attempt_dir), &attempt_dir.join("log.txt"))
 }
 
-/// The failure an exit code (and the run's files) says, `None` for success: the one
-/// classifier of how a run ended ([`rubick_launch::supervise::classify`]: the `oom`
-/// event, exit 3 or a framework's out-of-memory message in the log; exit 2; ...), with
-/// exit 126/127 (the command could not be run) apart.
-pub fn classify(code: Option<i32>, attempt_dir: &Path) -> Option<Failure> {
-    use rubick_launch::RunStatus;
-    let oom_event = backends::oom_event(attempt_dir);
-    match rubick_launch::supervise::classify(false, code, oom_event, &attempt_dir.join("log.txt")) {
-        RunStatus::Ok => None,
-        RunStatus::Oom => Some(Failure::OutOfMemory),
-        RunStatus::Unsupported => Some(Failure::BadInput),
-        _ if matches!(code, Some(126 | 127)) => Some(Failure::NotRunnable),
-        RunStatus::Failed | RunStatus::Timeout => Some(Failure::Retryable),
-    }
-}
-
+/// Records what a stop of `run` cost (seconds, whether it exited cleanly, its last
+/// checkpoint) and the iterations its metric lines reached.
 pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunRecord, secs: f64, clean: bool) {
     let progress = backends::progress_and_checkpoint(attempt_dir, rec.job.iterations);
     rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
@@ -324,7 +296,7 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
-    use rubick_launch::supervise::LaunchError;
+    use rubick_launch::LaunchError;
 
     use super::*;
     use crate::backends::RunSignal;
@@ -346,7 +318,7 @@ mod tests {
             Err(LaunchError::Backend("the fake submits nothing".into()))
         }
         fn poll(&self, handle: &Handle, _dir: &Path, _nodes: &[String]) -> RunState {
-            self.states.lock().unwrap().get(&handle.to_string()).cloned().unwrap_or(RunState::Ended(End::default()))
+            self.states.lock().unwrap().get(&handle.to_string()).cloned().unwrap_or(RunState::Ended(Exit::default()))
         }
         fn signal(&self, handle: &Handle, signal: RunSignal) {
             self.signals.lock().unwrap().push((handle.to_string(), signal));
@@ -354,7 +326,7 @@ mod tests {
             if let Some(state) = states.get_mut(&handle.to_string())
                 && (signal == RunSignal::Kill || *state == RunState::Running)
             {
-                *state = RunState::Ended(End { code: Some(0), ..End::default() });
+                *state = RunState::Ended(Exit { code: Some(0), ..Exit::default() });
             }
         }
         fn recover(&self, dir: &Path, _name: Option<&str>) -> Option<Handle> {
@@ -373,7 +345,7 @@ mod tests {
     fn every_state_a_look_returns_moves_the_job_as_the_lifecycle_says() {
         let root = tempfile::tempdir().unwrap();
         let dir = StateDir::open(root.path(), Duration::ZERO, true).unwrap().unwrap();
-        let ended = |code: Option<i32>, preempted: bool| RunState::Ended(End { code, preempted, ..End::default() });
+        let ended = |code: Option<i32>, preempted: bool| RunState::Ended(Exit { code, preempted, ..Exit::default() });
         let mut fake = Fake::default();
         let mut state = State::default();
         // name -> (phase, handle, what a look says)

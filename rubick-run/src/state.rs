@@ -9,20 +9,21 @@
 //!                       pid and exit-code files of each run)
 //! ```
 //!
-//! `state.yaml` is rewritten atomically (temporary file, fsync, rename) before and
+//! `state.yaml` is rewritten atomically and durably ([`write_atomic_as`]: temporary
+//! file, fsync, rename, fsync of the directory) before and
 //! after every action, so a `rubick-run` killed at any point leaves a state that says
 //! what it was doing: a run `starting` (its process may or may not exist: its pid file
 //! decides), `running`, or `stopping` (stop it again).
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rubick_core::schedule::NodeShare;
 use rubick_core::{Job, Plan};
+use rubick_io::files::{Access, write_atomic_as};
 use serde::{Deserialize, Serialize};
 
 use crate::reconcile::Allocation;
@@ -409,14 +410,13 @@ impl StateDir {
         (first == key).then(|| serde_json::from_str(json).ok())?
     }
 
-    /// Writes the cache of the state whose YAML has `key` (atomically; no fsync: a
-    /// cache lost to a crash is only parsed again).
+    /// Writes the cache of the state whose YAML has `key` (atomically; a cache that
+    /// cannot be written is only parsed again next time).
     fn write_cache(&self, key: &str, state: &State) {
         let write = || -> anyhow::Result<()> {
-            let mut tmp = tempfile::NamedTempFile::new_in(&self.root)?;
-            writeln!(tmp, "{key}")?;
-            serde_json::to_writer(std::io::BufWriter::new(tmp.as_file_mut()), state)?;
-            tmp.persist(self.root.join(CACHE_FILE))?;
+            let mut text = format!("{key}\n").into_bytes();
+            serde_json::to_writer(&mut text, state)?;
+            write_atomic_as(&self.root.join(CACHE_FILE), &text, Access::Private)?;
             Ok(())
         };
         if let Err(e) = write() {
@@ -433,33 +433,26 @@ impl StateDir {
             return Ok(());
         }
         let yaml = serde_yaml_ng::to_string(state)?;
-        write_durably(&self.state_path(), yaml.as_bytes())?;
+        write_private(&self.state_path(), yaml.as_bytes())?;
         self.write_cache(&cache_key(yaml.as_bytes()), state);
         *on_disk = Some(state.clone());
         Ok(())
     }
 }
 
-/// [`write_durably`] unless the file already holds exactly `bytes` (a no-op round
-/// rewrites nothing).
+/// [`write_atomic_as`] (readable by its owner only) unless the file already holds
+/// exactly `bytes` (a no-op round rewrites nothing).
 pub fn write_if_changed(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     if std::fs::read(path).is_ok_and(|old| old == bytes) {
         return Ok(());
     }
-    write_durably(path, bytes)
+    write_private(path, bytes)
 }
 
-/// Temporary file in the same directory, fsync, rename, fsync of the directory.
-pub fn write_durably(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("{}: temporary file", dir.display()))?;
-    tmp.write_all(bytes).with_context(|| format!("{}: write", path.display()))?;
-    tmp.as_file().sync_all().with_context(|| format!("{}: fsync", path.display()))?;
-    tmp.persist(path).with_context(|| format!("{}: rename", path.display()))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+/// A file of the state directory, written atomically and durably, readable by its owner
+/// only (the state holds jobs' environments).
+pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    Ok(write_atomic_as(path, bytes, Access::Private)?)
 }
 
 #[cfg(test)]

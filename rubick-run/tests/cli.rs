@@ -34,19 +34,21 @@ fn cli_conventions_hold() {
 /// are out of memory (never retried), exit 2 a refused plan, 127 not runnable.
 #[test]
 fn two_functions_decide_how_a_run_ended_and_disagree() {
-    use rubick_run::{Failure, classify};
+    use rubick_launch::{Exit, RunStatus};
+    use rubick_run::classify;
     let dir = tempfile::tempdir().expect("a temporary directory");
-    assert_eq!(classify(Some(0), dir.path()), None);
-    assert_eq!(classify(Some(3), dir.path()), Some(Failure::OutOfMemory));
-    assert_eq!(classify(Some(2), dir.path()), Some(Failure::BadInput));
-    assert_eq!(classify(Some(127), dir.path()), Some(Failure::NotRunnable));
-    assert_eq!(classify(Some(1), dir.path()), Some(Failure::Retryable));
+    let exit = |code: i32| Exit { code: Some(code), ..Exit::default() };
+    assert_eq!(classify(&exit(0), dir.path()), RunStatus::Ok);
+    assert_eq!(classify(&exit(3), dir.path()), RunStatus::Oom);
+    assert_eq!(classify(&exit(2), dir.path()), RunStatus::Unsupported);
+    assert_eq!(classify(&exit(127), dir.path()), RunStatus::NotRunnable);
+    assert_eq!(classify(&exit(1), dir.path()), RunStatus::Failed);
     std::fs::write(dir.path().join("log.txt"), "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate\n")
         .expect("a log");
-    assert_eq!(classify(Some(1), dir.path()), Some(Failure::OutOfMemory), "the log's OOM, under rubick-run too");
+    assert_eq!(classify(&exit(1), dir.path()), RunStatus::Oom, "the log's OOM, under rubick-run too");
     assert_eq!(
-        rubick_launch::supervise::classify(false, Some(3), false, &dir.path().join("none")),
-        rubick_launch::RunStatus::Oom,
+        rubick_launch::end::classify(&exit(3), false, &dir.path().join("none")),
+        RunStatus::Oom,
         "exit 3 under rubick-profile too"
     );
 }
@@ -57,7 +59,7 @@ fn two_functions_decide_how_a_run_ended_and_disagree() {
 /// neither counted as the run nor signalled.
 #[test]
 fn a_reused_process_group_id_is_never_signalled() {
-    use rubick_launch::executor::{Executor, Local};
+    use rubick_launch::{Executor, Local};
     use rubick_run::backends::RunSignal;
     use std::os::unix::process::CommandExt as _;
     let dir = tempfile::tempdir().expect("a temporary directory");

@@ -1,7 +1,7 @@
 //! Backends: where runs execute, each a [`rubick_launch::Executor`] (submit, poll,
 //! signal, recover over typed handles), one registry.
 //!
-//! * `local` — [`rubick_launch::executor::Local`]: detached processes on this machine,
+//! * `local` — [`rubick_launch::local::Local`]: detached processes on this machine,
 //!   each run in a process group of its own under the run wrapper (a child subreaper
 //!   that records the group's id before the job starts and the job's exit code after it
 //!   ends, both atomically in the run's directory, and ends whatever the job left
@@ -18,15 +18,14 @@
 //!   configured, else written to a directory; its settings from the state directory's
 //!   `kubernetes.yaml`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
 use rubick_core::Job;
 use rubick_core::launch::{Launch, LaunchContext, StopSignal};
-pub use rubick_launch::executor::{End, Executor, Handle, RunState};
-pub use rubick_launch::supervise::RunSignal;
-use rubick_launch::{NodeSlot, RunRequest, Submission};
+pub use rubick_launch::{Executor, Exit, Handle, RunSignal, RunState};
+use rubick_launch::{RunRequest, Submission};
 
 use crate::reconcile::Allocation;
 
@@ -34,19 +33,21 @@ pub use rubick_launch::kubernetes;
 
 /// What a backend needs to start a run.
 #[derive(Debug)]
-pub struct StartSpec<'a> {
-    pub job: &'a Job,
-    pub launch: &'a Launch,
-    pub allocation: &'a Allocation,
+pub struct StartSpec {
+    pub job: Job,
+    /// The job's launch section as this run takes it (its working directory resolved,
+    /// its iterations in the environment).
+    pub launch: Launch,
+    pub allocation: Allocation,
     /// This run's directory (log, metric lines, pid and exit files).
-    pub dir: &'a Path,
+    pub dir: PathBuf,
     /// The job's checkpoints, kept across its runs.
-    pub checkpoint_dir: &'a Path,
+    pub checkpoint_dir: PathBuf,
     /// CPU cores to pin the run to (local backend); empty: not pinned.
-    pub cores: &'a [u32],
+    pub cores: Vec<u32>,
 }
 
-impl StartSpec<'_> {
+impl StartSpec {
     /// Creates the run's directory (`dir`) and the job's checkpoint directory, and
     /// builds the run's launch request: the contract's context for this allocation
     /// (files in `dir`), with the master address and port and the GPU indices the
@@ -61,10 +62,10 @@ impl StartSpec<'_> {
         std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
         std::fs::create_dir_all(checkpoint_dir)
             .with_context(|| format!("{}: cannot create", checkpoint_dir.display()))?;
-        let a = self.allocation;
+        let a = &self.allocation;
         let path = |name: &str| dir.join(name).display().to_string();
         Ok(RunRequest {
-            launch: self.launch,
+            launch: &self.launch,
             context: LaunchContext {
                 job: self.job.name.clone(),
                 plan: a.plan,
@@ -91,25 +92,15 @@ impl StartSpec<'_> {
     /// (Slurm's runs: their first node), the first node's GPU indices (the local
     /// backend's; Slurm's and Kubernetes' schedulers pick their own).
     pub fn submission(&self) -> anyhow::Result<Submission<'_>> {
-        let a = self.allocation;
+        let a = &self.allocation;
         let gpus = a.nodes.first().map(|n| n.gpus.clone()).unwrap_or_default();
-        let request =
-            self.request(self.dir, self.checkpoint_dir, ("127.0.0.1", rubick_launch::supervise::free_port()), gpus)?;
+        let request = self.request(&self.dir, &self.checkpoint_dir, ("127.0.0.1", rubick_launch::free_port()), gpus)?;
         Ok(Submission {
             request,
-            dir: self.dir.to_path_buf(),
-            nodes: a
-                .nodes
-                .iter()
-                .map(|n| NodeSlot {
-                    name: n.node.clone(),
-                    gpus: n.gpus.clone(),
-                    cpus: n.cpus,
-                    host_memory_gib: n.host_memory_gib,
-                })
-                .collect(),
-            cores: self.cores.to_vec(),
-            name: run_name(self.dir),
+            dir: self.dir.clone(),
+            nodes: a.nodes.clone(),
+            cores: self.cores.clone(),
+            name: run_name(&self.dir),
             detached: true,
             partition: None,
         })
@@ -121,7 +112,7 @@ pub type MakeBackend = fn(Option<&Path>) -> anyhow::Result<Box<dyn Executor>>;
 
 /// Backends by name.
 pub const REGISTRY: [(&str, MakeBackend); 3] = [
-    ("local", |_| Ok(Box::new(rubick_launch::executor::Local::new()))),
+    ("local", |_| Ok(Box::new(rubick_launch::Local::new()))),
     ("slurm", |_| Ok(Box::new(rubick_launch::slurm::Slurm::new()))),
     ("kubernetes", |root| Ok(Box::new(kubernetes::Kubernetes::configured(root)?))),
 ];
@@ -414,11 +405,11 @@ mod progress_tests {
         format!("{{\"rubick\":1,\"iter\":{i},\"iter_time_s\":{t}}}\n")
     }
 
-    /// Issue 30, item 12: a line of 100 MB (a hole in a sparse file) is skipped, never
+    /// A line of 100 MB (a hole in a sparse file) is skipped, never
     /// held; the lines after it are read, the ones before it beyond the tail are not;
     /// iterations beyond the job's are ignored.
     #[test]
-    fn item12_a_metrics_file_is_read_from_its_tail_and_bounded() {
+    fn a_metrics_file_is_read_from_its_tail_and_bounded() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("metrics.jsonl");
         std::fs::write(&path, line(1, 0.5)).unwrap();
@@ -464,7 +455,7 @@ mod progress_tests {
         assert_eq!(p.checkpointed, Some(7), "an event older than the tail is found");
         let recent: f64 = (49_990..50_000u64).map(|i| 0.1 + (i % 10) as f64 / 100.0).sum::<f64>() / 10.0;
         assert!((p.recent_iter_time_s.unwrap() - recent).abs() < 1e-12);
-        assert_eq!(rubick_launch::supervise::iterations_in(&dir.path().join("metrics.jsonl")), 49_992);
+        assert_eq!(rubick_launch::contract::iterations_in(&dir.path().join("metrics.jsonl")), 49_992);
         // A newer checkpoint in the tail wins; a short file is read whole.
         text.push_str("{\"rubick\":1,\"event\":\"checkpointed\",\"iter\":49999}\n");
         std::fs::write(dir.path().join("metrics.jsonl"), &text).unwrap();
