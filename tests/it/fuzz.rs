@@ -1,14 +1,13 @@
-//! A fuzzing harness (issue 22): artifacts mutated at random — numbers replaced by
+//! A fuzzing harness: artifacts mutated at random — numbers replaced by
 //! absurd ones, lines dropped, repeated or swapped, bytes flipped, the text cut — fed
 //! through every artifact parser and, when they parse, through the code that consumes
 //! them (plan spaces, memory estimates, predictions, a planning round on small
 //! clusters, the profile table reader). A case passes when it is an error or a result:
 //! never a panic, never over a second. Deterministic for a seed.
 //!
-//! `cargo test -p rubick-tests --test fuzz` runs a short pass (FUZZ_CASES, default 2,000);
+//! `cargo test -p rubick-tests --test it fuzz::` runs a short pass (FUZZ_CASES, default 2,000);
 //! `make fuzz` a long one in release (1,000,000), printing `bench:`-style figures.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};

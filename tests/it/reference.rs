@@ -1,20 +1,14 @@
 //! The reference data adapter reads the authors' data as it is, and the memory
 //! estimate is compared with their measured micro-batch limits.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
 use rubick_core::MemoryEstimator;
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
-use rubick_io::reference::{ReferenceData, locate};
+use rubick_io::reference::ReferenceData;
 
+/// The reference data set, opened.
 fn reference() -> Option<ReferenceData> {
-    let Some(dir) = locate(&std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-    )) else {
-        rubick_io::testing::skip("../shared/reference/rubick-artifact is absent (set RUBICK_REFERENCE to its path)");
-        return None;
-    };
-    Some(ReferenceData::open(&dir).expect("reference data opens"))
+    rubick_tests::reference().map(|dir| ReferenceData::open(&dir).expect("reference data opens"))
 }
 
 #[test]

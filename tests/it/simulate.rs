@@ -1,18 +1,12 @@
 //! End-to-end simulations on the authors' naive trace: every output, determinism,
 //! the comparison table, and bad traces.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
 
-use rubick_tests::{repo, run_in, temp};
+use rubick_tests::{Need, needs, repo, run_in, temp};
 
+/// The reference data's directory (the simulator's truth).
 fn reference() -> Option<String> {
-    let dir = repo().join("../shared/reference/rubick-artifact");
-    if dir.join("models.yaml").is_file() {
-        Some(dir.display().to_string())
-    } else {
-        rubick_io::testing::skip("../shared/reference/rubick-artifact is absent (the simulator's truth)");
-        None
-    }
+    rubick_tests::reference().map(|dir| dir.display().to_string())
 }
 
 fn simulate(dir: &std::path::Path, reference: &str, policy: &str, out: &str) -> rubick_tests::Run {
@@ -194,7 +188,7 @@ fn measured_only_keeps_the_truth_measured() {
         assert_eq!(s["unfinished"]["max"].as_f64(), Some(0.0));
         s["truth"]["measured"]["mean"].as_f64().unwrap()
     };
-    // Scaling out without the efficiency bar (issue 29) reaches unmeasured GPU counts.
+    // Scaling out without the efficiency bar reaches unmeasured GPU counts.
     let free = share(&["--scale-out-efficiency", "0"]);
     let measured = share(&["--scale-out-efficiency", "0", "--measured-only"]);
     assert!(free < 0.9, "the free planner runs unmeasured configurations here ({free})");
@@ -339,7 +333,7 @@ fn a_static_job_runs_its_plan_where_it_was_measured() {
     }
 }
 
-/// Issue 22, "a trace with `steps 0`, duplicate names or `duration inf`: all accepted":
+/// Regression, "a trace with `steps 0`, duplicate names or `duration inf`: all accepted":
 /// each is exit 2 naming the line.
 #[test]
 fn a_trace_with_steps_0_duplicate_names_or_duration_inf() {
@@ -373,7 +367,7 @@ fn a_trace_with_steps_0_duplicate_names_or_duration_inf() {
     }
 }
 
-/// Issue 21: a real cluster's log becomes a trace the simulator replays. The Philly
+/// A real cluster's log becomes a trace the simulator replays. The Philly
 /// trace (82,247 jobs) maps reproducibly (the same seed: the same bytes; a job keeps
 /// its model whatever the selection), and a Slurm cluster's `sacct -P` history does too.
 #[test]
@@ -381,7 +375,7 @@ fn real_cluster_logs_become_traces_the_simulator_replays() {
     let Some(reference) = reference() else { return };
     let philly = repo().join("../shared/reference/traces/philly.csv");
     if !philly.is_file() {
-        rubick_io::testing::skip("../shared/reference/traces/philly.csv is absent (the Philly trace)");
+        rubick_io::testing::missing(Need::Reference, "../shared/reference/traces/philly.csv is absent (the Philly trace)");
         return;
     }
     let dir = temp();
@@ -463,31 +457,13 @@ fn real_cluster_logs_become_traces_the_simulator_replays() {
     assert!(!dir.path().join("x.csv").exists());
 }
 
-/// Whether this machine's Slurm keeps accounting (`sacct` answers without `-c`):
-/// `scripts/slurm-up.sh` with `SLURM_ACCOUNTING=1`.
-fn slurm_accounting() -> Result<(), String> {
-    rubick_launch::slurm::available()?;
-    let out = std::process::Command::new("sacct")
-        .args(["-n", "-P", "-o", "JobID", "-S", "now-1minutes"])
-        .output()
-        .map_err(|e| format!("cannot run sacct: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "this Slurm keeps no accounting (`SLURM_ACCOUNTING=1 scripts/slurm-up.sh` starts slurmdbd): {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
-}
-
-/// Issue 21: an operator replays their own cluster. Jobs run on the project's test
+/// An operator replays their own cluster. Jobs run on the project's test
 /// Slurm (1, 2 and 3 fake GPUs, and one without), its `sacct -P` history becomes a
 /// trace (the GPU jobs, with their GPUs and run times), and the simulator replays it.
 #[test]
 fn the_test_slurms_own_history_becomes_a_trace_the_simulator_replays() {
     let Some(reference) = reference() else { return };
-    if let Err(reason) = slurm_accounting() {
-        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM_ACCOUNTING", &reason);
+    if !needs(Need::SlurmAccounting) {
         return;
     }
     let dir = temp();
