@@ -25,6 +25,9 @@ fn settings(dir: &Path) -> insta::Settings {
         }
     }
     settings.add_filter(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?", "[TIMESTAMP]");
+    // The state's clock readings (`submittedUnixS: 1796490036.81`) and a queued job's wait.
+    settings.add_filter(r"(UnixS: )\d+(\.\d+)?", "${1}[UNIX_S]");
+    settings.add_filter(r"(rubick_job_queue_seconds\{[^}]*\} )[0-9.e+-]+", "${1}[SECONDS]");
     settings
 }
 

@@ -9,7 +9,7 @@
 //! `RUBICK_REQUIRE_SLURM=1` (CI sets both) makes the absence a failure.
 
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use rubick_tests::{
