@@ -68,7 +68,10 @@ impl Need {
 /// how, and what to start); fails it where the need is required ([`Need::required`]).
 pub fn missing(need: Need, reason: &str) {
     let variable = need.variable();
-    assert!(!need.required(), "{need:?} is required here (CI=true or {variable}=1; {variable}=0 excuses it) but {reason}");
+    assert!(
+        !need.required(),
+        "{need:?} is required here (CI=true or {variable}=1; {variable}=0 excuses it) but {reason}"
+    );
     skip(reason);
 }
 

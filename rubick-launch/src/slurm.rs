@@ -835,7 +835,10 @@ mod tests {
     fn slurm_here() -> bool {
         let found = available();
         if let Err(reason) = &found {
-            rubick_io::testing::missing(rubick_io::testing::Need::Slurm, &format!("{reason} (run scripts/slurm-up.sh)"));
+            rubick_io::testing::missing(
+                rubick_io::testing::Need::Slurm,
+                &format!("{reason} (run scripts/slurm-up.sh)"),
+            );
         }
         found.is_ok()
     }

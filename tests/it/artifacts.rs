@@ -1,7 +1,6 @@
 //! Every artifact kind round-trips through YAML (property tests), and the committed
 //! JSON Schemas match the types.
 
-
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;

@@ -1,7 +1,6 @@
 //! The bad-input corpus (`tests/bad-input/`): every malformed input exits 2 with a
 //! message naming the file and the field or line, never panics, and writes no output.
 
-
 use rubick_tests::{repo, run_in, temp};
 
 /// (file, tool + arguments with FILE and OUT placeholders, fragments the message must hold)

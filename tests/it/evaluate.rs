@@ -1,7 +1,6 @@
 //! rubick-fit against the authors' reference data (skipped with a message when
 //! ../shared is absent), and the fit -> predict pipeline on a profile table.
 
-
 use std::path::Path;
 
 use rubick_tests::{external, reference, repo, run_in};

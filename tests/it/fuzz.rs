@@ -8,7 +8,6 @@
 //! `cargo test -p rubick-tests --test it fuzz::` runs a short pass (FUZZ_CASES, default 2,000);
 //! `make fuzz` a long one in release (1,000,000), printing `bench:`-style figures.
 
-
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 

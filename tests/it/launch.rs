@@ -1,7 +1,6 @@
 //! How a run ended and which processes are the run: rubick-run reads both as the launch
 //! library does.
 
-
 /// Issue 19, "two functions decide how a run ended, and disagree": rubick-run's reading
 /// is the launch library's — exit 3 and a framework's out-of-memory message in the log
 /// are out of memory (never retried), exit 2 a refused plan, 127 not runnable.

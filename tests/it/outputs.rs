@@ -46,7 +46,8 @@ fn status_as_a_table_yaml_and_prometheus() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
-    let lines = (1..=4).map(|i| format!("echo '{{\"rubick\":1,\"iter\":{i},\"iter_time_s\":0.5}}' >> \"$RUBICK_METRICS\"\n"));
+    let lines =
+        (1..=4).map(|i| format!("echo '{{\"rubick\":1,\"iter\":{i},\"iter_time_s\":0.5}}' >> \"$RUBICK_METRICS\"\n"));
     job(d, "done", 4, &lines.collect::<String>());
     job(d, "crash", 2, "exit 9\n");
     job(d, "waiting", 2, "exit 0\n");

@@ -1,6 +1,5 @@
 //! End-to-end runs of the tools on the example inputs in data/.
 
-
 use rubick_tests::{repo, run_in, temp};
 
 fn data(name: &str) -> String {

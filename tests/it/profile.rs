@@ -2,7 +2,6 @@
 //! speaks the job contract (RUBICK_* in, metric lines out) in a fraction of a second.
 //! What the real PyTorch workload adds is tested in `pytorch.rs`.
 
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

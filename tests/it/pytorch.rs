@@ -8,7 +8,6 @@
 //! runs). Without one they skip with the reason, unless `RUBICK_REQUIRE_PYTORCH=1` /
 //! `RUBICK_REQUIRE_SLURM=1` (CI sets both) makes the absence a failure.
 
-
 use std::path::Path;
 use std::process::Command;
 

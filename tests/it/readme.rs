@@ -13,7 +13,6 @@
 //! examples, not commands; a `bash` / `shell` / `console` block is refused, so that
 //! nothing escapes the convention.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

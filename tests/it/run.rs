@@ -5,7 +5,6 @@
 //! checkpoint on SIGUSR1, resume from the checkpoint) keeps them fast; the PyTorch
 //! workload's rounds are in `run_pytorch.rs`.
 
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

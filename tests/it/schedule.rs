@@ -1,6 +1,5 @@
 //! End-to-end rounds: `rubick-plan schedule`, `curves` and `synth` as a user runs them.
 
-
 use rubick_core::Artifact;
 use rubick_core::artifact::parse_yaml;
 use rubick_core::schedule::{Change, Schedule};

@@ -1,7 +1,6 @@
 //! End-to-end simulations on the authors' naive trace: every output, determinism,
 //! the comparison table, and bad traces.
 
-
 use rubick_tests::{Need, needs, repo, run_in, temp};
 
 /// The reference data's directory (the simulator's truth).
@@ -375,7 +374,10 @@ fn real_cluster_logs_become_traces_the_simulator_replays() {
     let Some(reference) = reference() else { return };
     let philly = repo().join("../shared/reference/traces/philly.csv");
     if !philly.is_file() {
-        rubick_io::testing::missing(Need::Reference, "../shared/reference/traces/philly.csv is absent (the Philly trace)");
+        rubick_io::testing::missing(
+            Need::Reference,
+            "../shared/reference/traces/philly.csv is absent (the Philly trace)",
+        );
         return;
     }
     let dir = temp();

@@ -3,7 +3,6 @@
 //! time, `space` refuses an output named for another format, a run's metric lines are
 //! bounds-checked and `status` and `stop` read only a metrics file's tail.
 
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

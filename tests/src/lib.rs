@@ -77,4 +77,3 @@ pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Run {
 pub fn temp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temporary directory")
 }
-

@@ -28,7 +28,7 @@ fn find(need: Need) -> Result<(), String> {
     match need {
         Need::Slurm => rubick_launch::slurm::available().map_err(|e| format!("{e} (scripts/slurm-up.sh)")),
         Need::SlurmAccounting => {
-            rubick_launch::slurm::available()?;
+            find(Need::Slurm)?;
             let out = std::process::Command::new("sacct")
                 .args(["-n", "-P", "-o", "JobID", "-S", "now-1minutes"])
                 .output()
@@ -43,7 +43,8 @@ fn find(need: Need) -> Result<(), String> {
         }
         Need::PyTorch => venv_dir().map(drop),
         Need::Reference => rubick_io::reference::locate(&repo()).map(drop).ok_or_else(|| {
-            "no reference data: ../shared/reference/rubick-artifact beside the checkout, or $RUBICK_REFERENCE".to_owned()
+            "no reference data: ../shared/reference/rubick-artifact beside the checkout, or $RUBICK_REFERENCE"
+                .to_owned()
         }),
         Need::Crds => {
             let dir = repo().join("../shared/reference/engines/kubeflow");

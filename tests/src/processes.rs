@@ -44,4 +44,3 @@ pub fn escaping_script(dir: &Path) -> PathBuf {
     std::fs::write(&script, text).expect("the escaper script");
     script
 }
-
