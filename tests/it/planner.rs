@@ -185,7 +185,7 @@ proptest! {
 }
 
 /// Prints one instance's rounds: `SEED=.. NODES=.. PER_NODE=.. CORES=.. MEM=.. JOBS=..
-/// cargo test -p rubick-plan --test planner -- --ignored --nocapture show_instance`.
+/// cargo test -p rubick-tests --test it -- --ignored --nocapture show_instance`.
 #[test]
 #[ignore = "a debugging aid, run by hand"]
 fn show_instance() {

@@ -110,7 +110,7 @@ fn sh_blocks(text: &str) -> Vec<(Block, Mode)> {
     for block in blocks(text) {
         assert!(
             !["bash", "shell", "console", "shell-session", "zsh"].contains(&block.lang.as_str()),
-            "README.md:{}: a ```{} block: commands are ```sh (run by tests/readme.rs) or ```sh no-run: WHY",
+            "README.md:{}: a ```{} block: commands are ```sh (run by tests/it/readme.rs) or ```sh no-run: WHY",
             block.line,
             block.lang
         );

@@ -6,13 +6,13 @@ use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
 use rubick_io::reference::ReferenceData;
 
 /// The reference data set, opened.
-fn reference() -> Option<ReferenceData> {
+fn data() -> Option<ReferenceData> {
     rubick_tests::reference().map(|dir| ReferenceData::open(&dir).expect("reference data opens"))
 }
 
 #[test]
 fn reads_every_model_table_trace_and_profile() {
-    let Some(data) = reference() else { return };
+    let Some(data) = data() else { return };
     assert_eq!(data.model_names(), ["bert", "gpt2", "llama30", "llama7", "roberta", "t5", "vit"]);
     let mut total = 0;
     for model in data.model_names() {
@@ -40,7 +40,7 @@ fn reads_every_model_table_trace_and_profile() {
 
 #[test]
 fn memory_estimate_agrees_with_the_measured_limits() {
-    let Some(data) = reference() else { return };
+    let Some(data) = data() else { return };
     let estimator = MemoryEstimator::default();
     let mut rows = Vec::new();
     for model in data.model_names() {

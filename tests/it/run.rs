@@ -3,7 +3,7 @@
 //! of a reconfiguration, then repaired by the next; idempotence; the lock; bad input.
 //! A stand-in workload (a shell script speaking the job contract: metric lines,
 //! checkpoint on SIGUSR1, resume from the checkpoint) keeps them fast; the PyTorch
-//! workload's rounds are in `run_pytorch.rs`.
+//! workload's rounds are in `pytorch.rs`.
 
 use std::path::Path;
 use std::process::Command;

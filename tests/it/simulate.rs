@@ -4,7 +4,7 @@
 use rubick_tests::{Need, needs, repo, run_in, temp};
 
 /// The reference data's directory (the simulator's truth).
-fn reference() -> Option<String> {
+fn reference_dir() -> Option<String> {
     rubick_tests::reference().map(|dir| dir.display().to_string())
 }
 
@@ -36,7 +36,7 @@ fn simulate(dir: &std::path::Path, reference: &str, policy: &str, out: &str) -> 
 
 #[test]
 fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     for policy in [
         "rubick",
@@ -114,7 +114,7 @@ fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
 
 #[test]
 fn a_bad_trace_exits_2_naming_file_and_line() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     std::fs::write(
         dir.path().join("bad.csv"),
@@ -140,7 +140,7 @@ fn a_bad_trace_exits_2_naming_file_and_line() {
 
 #[test]
 fn a_job_batch_is_a_trace_too() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let run =
         run_in(dir.path(), "rubick-plan", &["synth", "--gpus", "64", "--jobs", "12", "--seed", "3", "--out-dir", "s"]);
@@ -178,7 +178,7 @@ fn simulate_naive(dir: &std::path::Path, reference: &str, extra: &[&str]) -> rub
 
 #[test]
 fn measured_only_keeps_the_truth_measured() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let share = |extra: &[&str]| {
         let run = simulate_naive(dir.path(), &reference, extra);
@@ -196,7 +196,7 @@ fn measured_only_keeps_the_truth_measured() {
 
 #[test]
 fn srpt_orders_by_predicted_remaining_gpu_time() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     // Both want the whole cluster. The ViT job has 160x the samples left but a small
     // fraction of the GPU-time: shortest remaining work first starts it first.
@@ -239,7 +239,7 @@ fn srpt_orders_by_predicted_remaining_gpu_time() {
 
 #[test]
 fn a_pessimistic_truth_slows_only_extrapolated_configurations() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let sim = |extra: &[&str]| simulate_naive(dir.path(), &reference, extra);
     let summary = |run: &rubick_tests::Run| -> serde_yaml_ng::Value {
@@ -263,7 +263,7 @@ fn a_pessimistic_truth_slows_only_extrapolated_configurations() {
 
 #[test]
 fn seeds_report_the_spread_and_replay_identically() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let flags = ["--policy", "static-backfill", "--seeds", "3", "--noise", "0.05"];
     let a = simulate_naive(dir.path(), &reference, &flags);
@@ -298,7 +298,7 @@ const LLAMA30: &str =
 /// start reported a short average JCT.
 #[test]
 fn unfinished_jobs_are_counted_and_reported() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let batch = format!(
         "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n\
@@ -318,7 +318,7 @@ fn unfinished_jobs_are_counted_and_reported() {
 /// at the belief's speed; the authors charge the measured 444444.
 #[test]
 fn a_static_job_runs_its_plan_where_it_was_measured() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let batch = format!(
         "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n\
@@ -336,7 +336,7 @@ fn a_static_job_runs_its_plan_where_it_was_measured() {
 /// each is exit 2 naming the line.
 #[test]
 fn a_trace_with_steps_0_duplicate_names_or_duration_inf() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let text = std::fs::read_to_string(format!("{reference}/workloads/naive.csv")).unwrap();
     let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
@@ -371,7 +371,7 @@ fn a_trace_with_steps_0_duplicate_names_or_duration_inf() {
 /// its model whatever the selection), and a Slurm cluster's `sacct -P` history does too.
 #[test]
 fn real_cluster_logs_become_traces_the_simulator_replays() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let philly = repo().join("../shared/reference/traces/philly.csv");
     if !philly.is_file() {
         rubick_io::testing::missing(
@@ -464,7 +464,7 @@ fn real_cluster_logs_become_traces_the_simulator_replays() {
 /// trace (the GPU jobs, with their GPUs and run times), and the simulator replays it.
 #[test]
 fn the_test_slurms_own_history_becomes_a_trace_the_simulator_replays() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     if !needs(Need::SlurmAccounting) {
         return;
     }
