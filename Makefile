@@ -31,7 +31,10 @@ build: setup
 
 # The PyTorch reference workload's virtual environment (reused from /var/tmp when
 # present; a fresh machine installs torch, ~3 GB): the real-profile tests use it. When
-# it cannot be made they skip, saying why (CI requires them: .ci/run).
+# it, a Slurm or the reference data is missing, the tests that need it skip, saying why,
+# and the list is printed at the end; under CI=true (or RUBICK_REQUIRE_*=1) they fail
+# instead (tests/src/needs.rs). The integration tests run the tools' binaries: built
+# first, since cargo builds a package's binaries only for its own integration tests.
 # python/tests run against this checkout's package as pip installs it (py.typed and
 # all), built into a temporary directory of this run: the venv is shared by every
 # clone on the machine, so nothing of one checkout is installed into it (with an
@@ -40,7 +43,7 @@ test: setup
 	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv" || \
 	  echo "test: no PyTorch environment (scripts/python-env.sh failed); its tests skip" >&2; \
 	skipped=$$(mktemp) && export RUBICK_SKIPPED="$$skipped"; \
-	$(CARGO) test --workspace --locked; rc=$$?; \
+	$(CARGO) build --workspace --bins --locked && $(CARGO) test --workspace --locked; rc=$$?; \
 	if [ -n "$${RUBICK_VENV:-}" ] && "$$RUBICK_VENV/bin/python" -c 'import pytest' 2>/dev/null; then \
 	  package=$$(mktemp -d) && mkdir "$$package/src" && \
 	  cp -r python/pyproject.toml python/README.md python/rubick "$$package/src/" && \
@@ -48,8 +51,8 @@ test: setup
 	    --no-index --target "$$package/lib" "$$package/src" && \
 	  PYTHONPATH="$$package/lib" "$$RUBICK_VENV/bin/python" -m pytest -q -p no:cacheprovider python/tests || rc=1; \
 	  rm -rf "$$package"; \
-	elif [ "$${RUBICK_REQUIRE_PYTORCH:-}" = 1 ]; then \
-	  echo "test: RUBICK_REQUIRE_PYTORCH=1 but no venv with pytest for python/tests" >&2; rc=1; \
+	elif [ "$${RUBICK_REQUIRE_PYTORCH:-}" = 1 ] || { [ "$${CI:-}" = true ] && [ "$${RUBICK_REQUIRE_PYTORCH:-}" != 0 ]; }; then \
+	  echo "test: PyTorch is required here (CI=true or RUBICK_REQUIRE_PYTORCH=1) but no venv with pytest for python/tests" >&2; rc=1; \
 	else \
 	  echo "python/tests: no virtual environment with pytest (scripts/python-env.sh)" >> "$$skipped"; \
 	fi; \
@@ -126,13 +129,15 @@ bench: setup
 	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv"; \
 	$(CARGO) bench -p rubick-profile --locked --bench profile
 	$(CARGO) bench -p rubick-run --locked --bench run
-	FUZZ_CASES=50000 $(CARGO) test --release -p rubick-tests --test fuzz --locked -- --nocapture | grep '^bench:'
+	$(CARGO) build --release --workspace --bins --locked
+	FUZZ_CASES=50000 $(CARGO) test --release -p rubick-tests --test it --locked -- --nocapture fuzz:: | grep '^bench:'
 
-# The fuzzing harness's long run (tests/fuzz.rs; `make test` runs 2,000 cases):
+# The fuzzing harness's long run (tests/it/fuzz.rs; `make test` runs 2,000 cases):
 # mutated artifacts through every parser and their consumers, a million cases.
 FUZZ_CASES ?= 1000000
 fuzz: setup
-	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p rubick-tests --test fuzz --locked -- --nocapture
+	$(CARGO) build --workspace --bins --locked
+	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p rubick-tests --test it --locked -- --nocapture fuzz::
 
 # The tools (release), their man pages and shell completions under $(PREFIX)
 # (DESTDIR for packaging).
@@ -155,7 +160,7 @@ install: setup
 
 # Rewrite the committed JSON Schemas after changing an artifact type.
 schemas:
-	RUBICK_UPDATE_SCHEMAS=1 $(CARGO) test -p rubick-core --locked --test artifacts committed_schemas_match_the_types
+	RUBICK_UPDATE_SCHEMAS=1 $(CARGO) test -p rubick-tests --locked --test it committed_schemas_match_the_types
 
 clean:
 	$(CARGO) clean

@@ -47,20 +47,6 @@ pub enum RunStatus {
     Preempted,
 }
 
-impl RunStatus {
-    /// Its word in a profile row: `ok`, `oom`, `unsupported`, `failed` or `timeout`
-    /// (a command that could not be run, and a run its scheduler ended, failed there).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Ok => "ok",
-            RunStatus::Oom => "oom",
-            RunStatus::Unsupported => "unsupported",
-            RunStatus::NotRunnable | RunStatus::Failed | RunStatus::Preempted => "failed",
-            RunStatus::Timeout => "timeout",
-        }
-    }
-}
-
 /// What a run did.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {

@@ -576,7 +576,7 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
         RunStatus::Ok => ProfileStatus::Ok,
         RunStatus::Oom => ProfileStatus::Oom,
         RunStatus::Unsupported => ProfileStatus::Unsupported,
-        RunStatus::Failed => ProfileStatus::Failed,
+        RunStatus::Failed | RunStatus::NotRunnable | RunStatus::Preempted => ProfileStatus::Failed,
         RunStatus::Timeout => ProfileStatus::Timeout,
     });
     if status == RunStatus::Ok {

@@ -112,7 +112,7 @@ fn start(k: &Kubernetes, root: &Path, job: &Job, (plan, nodes): &(Plan, Vec<Node
 fn crd(file: &str) -> Option<Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/engines/kubeflow").join(file);
     let Ok(text) = std::fs::read_to_string(&path) else {
-        rubick_io::testing::skip(&format!("{} is absent", path.display()));
+        rubick_io::testing::missing(rubick_io::testing::Need::Crds, &format!("{} is absent", path.display()));
         return None;
     };
     Some(serde_yaml_ng::from_str(&text).unwrap())

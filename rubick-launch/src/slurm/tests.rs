@@ -1,6 +1,6 @@
 //! The Slurm backend's tests: batch scripts and parsing here; jobs against a real Slurm
 //! (`scripts/slurm-up.sh`) where one answers, else skipped (a failure under
-//! `RUBICK_REQUIRE_SLURM=1`).
+//! CI=true or `RUBICK_REQUIRE_SLURM=1`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,19 +17,17 @@ use crate::error::LaunchError;
 use crate::executor::{Executor, Handle};
 use crate::testing::{launch, request};
 
-/// Whether a Slurm is here to test against; without one the test is skipped,
-/// unless `RUBICK_REQUIRE_SLURM=1` (CI), where that is a failure.
+/// Whether a Slurm is here to test against; without one the test is skipped, or
+/// fails where Slurm is required (CI).
 fn slurm_here() -> bool {
-    match available() {
-        Ok(()) => true,
-        Err(reason) if std::env::var("RUBICK_REQUIRE_SLURM").is_ok_and(|v| v == "1") => {
-            panic!("RUBICK_REQUIRE_SLURM=1 but no Slurm: {reason} (run scripts/slurm-up.sh)")
-        }
-        Err(reason) => {
-            rubick_io::testing::skip(&reason);
-            false
-        }
+    let found = available();
+    if let Err(reason) = &found {
+        rubick_io::testing::missing(
+            rubick_io::testing::Need::Slurm,
+            &format!("{reason} (run scripts/slurm-up.sh)"),
+        );
     }
+    found.is_ok()
 }
 
 /// A directory whose path holds what `#SBATCH` lines and `--output` patterns

@@ -1,7 +1,5 @@
 //! End-to-end runs of the tools on the example inputs in data/.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
-
 use rubick_tests::{repo, run_in, temp};
 
 fn data(name: &str) -> String {

@@ -3,15 +3,15 @@
 //! of a reconfiguration, then repaired by the next; idempotence; the lock; bad input.
 //! A stand-in workload (a shell script speaking the job contract: metric lines,
 //! checkpoint on SIGUSR1, resume from the checkpoint) keeps them fast; the PyTorch
-//! workload's rounds are in `run_pytorch.rs`.
-
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+//! workload's rounds are in `pytorch.rs`.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rubick_tests::{Reaper, Undrain, alive, binary, drain, escaping_script, slurm_nodes, temp};
+use rubick_tests::{
+    Held, Need, Reaper, SlurmShape, Undrain, alive, binary, drain, escaping_script, repo, slurm_nodes, temp, venv,
+};
 
 const WORKLOAD: &str = r#"#!/bin/sh
 # A stand-in training job: resumes from its checkpoint, checkpoints and exits 0 on SIGUSR1.
@@ -182,10 +182,6 @@ fn workers(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The test Slurm's nodes: a test that fails one (killing every process on it) holds
-/// it alone; the other Slurm tests of this binary share it.
-static SLURM_NODES: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
 #[test]
 fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
     rounds("local");
@@ -193,11 +189,8 @@ fn rounds_start_reconfigure_and_preempt_and_a_resumed_job_continues() {
 
 #[test]
 fn the_same_rounds_run_through_a_real_slurm() {
-    if let Err(reason) = rubick_launch::slurm::available() {
-        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
-        return;
-    }
-    let _shared = SLURM_NODES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // DP 2 on one node's two GPUs.
+    let Some(_nodes) = slurm_nodes(SlurmShape { nodes: 1, gpus_per_node: 2 }, Held::Shared) else { return };
     rounds("slurm");
 }
 
@@ -276,7 +269,7 @@ fn rounds(backend: &str) {
     let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&ok(d, &["status", "--format", "yaml"])).unwrap();
     assert!(yaml["jobs"]["a"]["predictedIterTimeS"].as_f64().is_some(), "predicted, from the applied round: {yaml:?}");
     let prom = ok(d, &["status", "--format", "prometheus"]);
-    // Issue 18, "Prometheus: every series carries a plan label": the plan is an info
+    // Prometheus, where every series once carried a plan label: the plan is an info
     // metric; every other series is keyed by the job only; no `-0`.
     assert!(prom.contains("rubick_job_info{job=\"a\",plan=\"dp2-tp1-pp1-mb4-ga2\"} 1"), "{prom}");
     assert!(prom.contains("rubick_job_running{job=\"a\"} 1"), "{prom}");
@@ -325,7 +318,7 @@ while :; do
 done
 "#;
 
-/// Issue 30, item 6: a guarantee the cluster can no longer keep does not stop the
+/// A guarantee the cluster can no longer keep does not stop the
 /// rounds. On the 3-node test Slurm two guaranteed jobs ask for a node each (2 GPUs; a
 /// small model whose speed scales with its GPUs: one GPU cannot match two); two nodes
 /// drained, one node is left for both: each round still succeeds, one job keeps its
@@ -333,9 +326,9 @@ done
 /// is left) with its guarantee reported not held and why (schedule, `--explain`,
 /// Prometheus), and no job stays on a drained node.
 #[test]
-fn item6_a_guarantee_the_drained_nodes_cannot_keep_pauses_or_degrades_its_job_and_the_rounds_go_on() {
-    let _alone = SLURM_NODES.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some(usable) = slurm_nodes(3, true) else { return };
+fn a_guarantee_the_drained_nodes_cannot_keep_pauses_or_degrades_its_job_and_the_rounds_go_on() {
+    // CI's shape, which the rounds' plans assume; the nodes alone (it drains some).
+    let Some(usable) = slurm_nodes(SlurmShape { nodes: 3, gpus_per_node: 2 }, Held::Exclusive) else { return };
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -429,7 +422,7 @@ fn item6_a_guarantee_the_drained_nodes_cannot_keep_pauses_or_degrades_its_job_an
     });
 }
 
-/// Issue 19, multi-node on Slurm: on the 3-node test Slurm (`scripts/slurm-up.sh --nodes
+/// Multi-node on Slurm: on the 3-node test Slurm (`scripts/slurm-up.sh --nodes
 /// 3`), the cron loop plans each round on `rubick-run cluster --backend slurm`: a job
 /// runs across two nodes (one launcher per node, each with its rank; rank 0's host the
 /// master); a drained node moves it to the other two, draining one more shrinks it to
@@ -439,9 +432,8 @@ fn item6_a_guarantee_the_drained_nodes_cannot_keep_pauses_or_degrades_its_job_an
 /// no process on any node.
 #[test]
 fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
-    // Held before the nodes are counted (and while some are drained or failed).
-    let _alone = SLURM_NODES.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some(usable) = slurm_nodes(3, true) else { return };
+    // CI's shape, which the rounds' plans assume; the nodes alone (it drains and fails some).
+    let Some(usable) = slurm_nodes(SlurmShape { nodes: 3, gpus_per_node: 2 }, Held::Exclusive) else { return };
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -596,7 +588,7 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
 
 /// `scripts/slurm-node.sh ACTION NODE` (fail: its slurmd and processes killed; start).
 fn slurm_node(action: &str, node: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm-node.sh");
+    let script = repo().join("scripts/slurm-node.sh");
     let out = Command::new(&script).args([action, node]).output().unwrap();
     assert!(out.status.success(), "{} {action} {node}: {}", script.display(), String::from_utf8_lossy(&out.stderr));
 }
@@ -610,7 +602,7 @@ impl Drop for Revive {
     }
 }
 
-/// Issue 19, concurrent reconfiguration: one apply asks every run it stops at once and
+/// Concurrent reconfiguration: one apply asks every run it stops at once and
 /// waits for them together. Two jobs whose checkpoint takes 2 s each (one per core of
 /// a 2-core machine): both were signalled before either finished its checkpoint (one
 /// after another, the second would be signalled after the first's 2 s).
@@ -663,24 +655,18 @@ fn an_apply_killed_at_any_phase_of_a_reconfiguration_is_repaired_by_the_next() {
 
 #[test]
 fn the_kill_matrix_holds_on_the_real_slurm_too() {
-    if let Err(reason) = rubick_launch::slurm::available() {
-        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
-        return;
-    }
-    let _shared = SLURM_NODES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // DP 2 on one node's two GPUs.
+    let Some(_nodes) = slurm_nodes(SlurmShape { nodes: 1, gpus_per_node: 2 }, Held::Shared) else { return };
     kill_matrix("slurm");
 }
 
-/// Issue 19, "`kill -9` of rubick-run at every failpoint of a multi-node apply
-/// converges": on the 3-node test Slurm, a job running on two nodes (one launcher each)
+/// `kill -9` of rubick-run at every failpoint of a multi-node apply converges: on the 3-node test Slurm, a job running on two nodes (one launcher each)
 /// moves to another pair; the apply is killed at each phase, the next one converges: one
 /// run, on the new pair, a launcher on each of its nodes, resumed from the checkpoint;
 /// nothing left on any node after a stop.
 #[test]
 fn the_kill_matrix_holds_for_a_run_across_slurm_nodes() {
-    // Held before the nodes are counted: a test that drains or fails nodes holds it alone.
-    let _shared = SLURM_NODES.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some(usable) = slurm_nodes(3, true) else { return };
+    let Some(usable) = slurm_nodes(SlurmShape { nodes: 3, gpus_per_node: 1 }, Held::Shared) else { return };
     let on = |d: &Path, file: &str, round: u64, nodes: &[&String]| {
         let shares: Vec<String> =
             nodes.iter().map(|n| format!("{{ node: {n}, gpus: [0], cpus: 1, hostMemoryGib: 1 }}")).collect();
@@ -915,7 +901,7 @@ fn a_crashed_job_is_retried_within_its_budget_and_a_refused_plan_is_never_offere
     let s = state(d);
     assert_eq!(s["jobs"]["crash"]["status"].as_str(), Some("failed"), "budget spent: {s:?}");
     assert_eq!(s["jobs"]["crash"]["exitCode"].as_i64(), Some(9));
-    // Issue 18, "the status table shows `queued` for a failed or requeued job with no
+    // Regression, "the status table shows `queued` for a failed or requeued job with no
     // exit code, reason or log path": it says why, in the table and in YAML.
     let table = ok(d, &["status"]);
     let mut after = table.lines().skip_while(|l| !l.starts_with("crash ")).skip(1);
@@ -971,16 +957,12 @@ fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
     let manifest = std::fs::read_to_string(gitops.join("rubick-a-1.yaml")).unwrap();
     // The core kind against Kubernetes' published schemas (the CRDs are checked against
     // theirs in the backend's unit tests).
-    let venv =
-        std::env::var_os("RUBICK_VENV").map_or_else(|| std::path::PathBuf::from("/var/tmp/rubick-venv"), Into::into);
-    let validator = venv.join("bin/kubernetes-validate");
-    if validator.exists() {
+    // (kubernetes-validate is in the PyTorch workload's virtual environment.)
+    if let Some(venv) = venv() {
+        let validator = venv.join("bin/kubernetes-validate");
         let out = Command::new(&validator).arg("--strict").arg(gitops.join("rubick-a-1.yaml")).output().unwrap();
         let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && said.contains("passed for resource configmap/rubick-a-1"), "{said}");
-    } else {
-        let reason = format!("no {} (scripts/python-env.sh installs it)", validator.display());
-        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason);
     }
     assert!(
         manifest.contains("kind: PyTorchJob")
@@ -997,7 +979,7 @@ fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
     assert!(listed().is_empty(), "{:?}", listed());
 }
 
-/// Issue 18, "re-submitting a job name runs it twice": an existing name is refused; a
+/// Regression, "re-submitting a job name runs it twice": an existing name is refused; a
 /// `--replace` of a stopped job is a new incarnation whose first run never reads the
 /// old one's files; `delete` removes a stopped job; a state that lost a run's record
 /// never starts a second copy beside the live one.
@@ -1032,7 +1014,7 @@ fn re_submitting_a_job_name_runs_it_twice() {
     assert_eq!(s["jobs"]["a"]["status"].as_str(), Some("running"), "no old exit code read as the new run's: {s:?}");
     assert_eq!(workers(d).len(), 1, "{:?}", workers(d));
     // A state that lost the run's record: the next apply finds the live run by its mark
-    // and stops it (issue 30, item 8) before it starts the job again: one copy.
+    // and stops it before it starts the job again: one copy.
     let text = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
     let mut lost: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
     lost["jobs"]["a"]["run"] = serde_yaml_ng::Value::Null;
@@ -1050,7 +1032,7 @@ fn re_submitting_a_job_name_runs_it_twice() {
     assert!(state(d)["jobs"]["a"].is_null() && !d.join("state/jobs/a").exists());
 }
 
-/// Issue 18, "a job name escapes the state directory": a name that is not a plain
+/// Regression, "a job name escapes the state directory": a name that is not a plain
 /// file name is refused at submit, naming the field, and nothing is written outside.
 #[test]
 fn a_job_name_escapes_the_state_directory() {
@@ -1067,7 +1049,7 @@ fn a_job_name_escapes_the_state_directory() {
     assert!(!d.join("escaped").exists() && !d.parent().unwrap().join("escaped").exists());
 }
 
-/// Issue 18, "one bad job blocks every job": a job whose `perfModel` is missing is
+/// Regression, "one bad job blocks every job": a job whose `perfModel` is missing is
 /// refused at submit; one whose start fails (an environment value with a NUL) is failed
 /// with its reason while the other job of the round starts; `status` says why.
 #[test]
@@ -1109,7 +1091,7 @@ fn one_bad_job_blocks_every_job() {
     ok(d, &["stop", "a"]);
 }
 
-/// Issue 18, "the job clock never moves in the README's pipeline": the README's cron
+/// Regression, "the job clock never moves in the README's pipeline": the README's cron
 /// loop (`jobs | schedule --current | apply`) run unattended with 3 jobs on 2 worker
 /// slots. `jobs` writes real submit times and the batch's time, so waiting time grows
 /// and starvation (here after 2 s) gets the waiting job its turn: every job progresses,
@@ -1125,7 +1107,7 @@ fn the_job_clock_never_moves_in_the_readmes_pipeline() {
     ok(d, &["submit", "a.yaml", "b.yaml", "c.yaml"]);
     let round = || {
         // Time-sharing by starvation pauses running jobs: they no longer keep their
-        // request (issue 29's default).
+        // request (the default).
         let (success, err) = cron_round(d, "--starvation 2 --cooldown 1 --max-scale 1 --keep-request false --explain");
         assert!(success, "{err}");
         err
@@ -1175,7 +1157,7 @@ fn the_job_clock_never_moves_in_the_readmes_pipeline() {
     let batch = ok(d, &["jobs"]);
     assert!(batch.contains("nowS:") && !batch.contains("submitTimeS: 0.0"), "{batch}");
     eprintln!("{table}");
-    // Issue 20, item 5: a picture of what the cluster did.
+    // A picture of what the cluster did.
     ok(d, &["status", "--plot", "runs.svg"]);
     let svg = std::fs::read_to_string(d.join("runs.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("dp1-tp1-pp1-mb") && svg.contains("Runs over time"), "{svg}");
@@ -1187,7 +1169,7 @@ fn the_job_clock_never_moves_in_the_readmes_pipeline() {
     wait_for("no process left", || workers(d).is_empty());
 }
 
-/// Issue 18, "a schedule for the A800 testbed applied to a fresh state ... `status
+/// Regression, "a schedule for the A800 testbed applied to a fresh state ... `status
 /// --state TYPO` creates the directory": a directory that holds no state is an error
 /// for every command but `submit` and `apply`, and nothing is created; the cluster of
 /// the first `apply --cluster` is remembered, so a later schedule for more GPUs than it
@@ -1218,7 +1200,7 @@ fn status_of_a_typo_creates_the_directory() {
     ok(d, &["stop", "a"]);
 }
 
-/// Issue 18, "a symlink planted at jobs/NAME is followed": the job is not started
+/// Regression, "a symlink planted at jobs/NAME is followed": the job is not started
 /// through it, and the file it points at is untouched.
 #[test]
 fn a_symlink_planted_at_jobs_name_is_followed() {
@@ -1238,7 +1220,7 @@ fn a_symlink_planted_at_jobs_name_is_followed() {
     assert!(workers(d).is_empty());
 }
 
-/// Issue 18, item 8: `apply --dry-run` prints the actions and takes none; `logs` prints
+/// Item 8: `apply --dry-run` prints the actions and takes none; `logs` prints
 /// a run's log, `--follow` until the run ends.
 #[test]
 fn apply_dry_run_takes_no_action_and_logs_print_the_run() {
@@ -1270,7 +1252,7 @@ fn apply_dry_run_takes_no_action_and_logs_print_the_run() {
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("starting at iteration 0"));
 }
 
-/// Issue 18, "a relative argv[0] resolves against the cwd of whichever apply starts
+/// Regression, "a relative argv[0] resolves against the cwd of whichever apply starts
 /// it": relative paths resolve against where the job was submitted; a command that
 /// cannot be run (exit 127) is failed, not retried.
 #[test]
@@ -1310,7 +1292,7 @@ fn a_relative_argv0_resolves_against_the_cwd_of_whichever_apply_starts_it() {
     ok(d, &["stop", "a"]);
 }
 
-/// Issue 18, "a schedule for the A800 testbed applied to a fresh state without
+/// Regression, "a schedule for the A800 testbed applied to a fresh state without
 /// `--cluster` started 8 workers on a 2-core machine": without a cluster to check
 /// against, the local backend refuses a schedule of more cores than this machine has.
 #[test]
@@ -1331,7 +1313,7 @@ fn a_schedule_for_the_a800_testbed_applied_to_a_fresh_state() {
     assert!(workers(d).is_empty() && state(d)["jobs"]["a"]["status"].as_str() == Some("queued"));
 }
 
-/// Issue 18, "Kubernetes settings exist only as undocumented environment variables ...
+/// Regression, "Kubernetes settings exist only as undocumented environment variables ...
 /// without a kubectl context the status says running": `apply --kubernetes FILE` takes
 /// the settings (kept in the state for every later command); in kubectl mode without a
 /// context, the start fails saying what to do, and the job is not reported running.
@@ -1387,7 +1369,7 @@ fn kubernetes_settings_exist_only_as_undocumented_environment_variables() {
     assert_eq!(state(d)["jobs"]["b"]["status"].as_str(), Some("failed"), "not reported running");
 }
 
-/// Issue 18, "Prometheus: every series, counters included, carries a `plan` label ... a
+/// Regression, "Prometheus: every series, counters included, carries a `plan` label ... a
 /// counter prints `-0`; no job status, failures or retries-left metric".
 #[test]
 fn prometheus_every_series_carries_a_plan_label() {
@@ -1409,7 +1391,7 @@ fn prometheus_every_series_carries_a_plan_label() {
     ok(d, &["stop", "a"]);
 }
 
-/// Issue 18, "a relative `--state` breaks a run whose `workdir` differs (its wrapper
+/// Regression, "a relative `--state` breaks a run whose `workdir` differs (its wrapper
 /// cannot write its exit code)": the state directory is made absolute once, so a run
 /// in another working directory still records how it ended.
 #[test]
@@ -1437,7 +1419,7 @@ fn a_relative_state_breaks_a_run_whose_workdir_differs() {
     assert_eq!(state(d)["jobs"]["a"]["status"].as_str(), Some("finished"), "{:?}", state(d));
 }
 
-/// Issue 22, "`stopTimeoutS: 1e300` panics `stop` after it saved `phase: stopping`, and
+/// Regression, "`stopTimeoutS: 1e300` panics `stop` after it saved `phase: stopping`, and
 /// from then on every rubick-run command on that state panics": such a value is refused
 /// at submit, and one already in a state (an older version's) is clamped to a week.
 #[test]
@@ -1460,7 +1442,7 @@ fn stop_timeout_1e300_panics_stop() {
         .replace("stopTimeoutS: 10.0", "stopTimeoutS: 1.0e300");
     assert!(text.contains("1.0e300"), "{text}");
     std::fs::write(d.join("state/state.yaml"), &text).unwrap();
-    // The state is input (issue 30, item 7): refused, naming the field, no panic.
+    // The state is input: refused, naming the field, no panic.
     let (code, _, err) = rr(d, &["stop", "a"], None);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("stopTimeoutS") && !err.contains("panicked"), "{err}");
@@ -1469,7 +1451,7 @@ fn stop_timeout_1e300_panics_stop() {
     ok(d, &["status"]);
 }
 
-/// Issue 19, "torchrun's workers start in their own sessions and escape the process
+/// Regression, "torchrun's workers start in their own sessions and escape the process
 /// group: a stop leaves them running": a process the job started in a session of its
 /// own (as torchrun, DeepSpeed and Accelerate start their workers) is found by the
 /// run's mark and stopped with the run.
@@ -1495,7 +1477,7 @@ fn workers_in_their_own_session_escape_a_stop() {
     wait_for("the escaped worker gone", || !alive(&pid));
 }
 
-/// Issue 19, "every process a run starts is found, signalled and killed, even one that
+/// Regression, "every process a run starts is found, signalled and killed, even one that
 /// starts its own session or daemonizes": the run wrapper (the hidden subcommand every
 /// launcher runs under) ends a `setsid` child, a double-forked daemon and a child that
 /// ignores TERM (killed after the grace) once the launcher exited, without any mark in
@@ -1554,13 +1536,13 @@ fn the_run_wrapper_leaves_nothing_its_launcher_started_behind() {
     assert_eq!(std::fs::read_to_string(d.join("missing-code")).unwrap(), "127\n");
 }
 
-/// Issue 30, item 7: the state is input. A hand-edited state.yaml whose job key is
+/// The state is input. A hand-edited state.yaml whose job key is
 /// `../../victim` (a directory outside the state) is refused by every command that
 /// reads the state (exit 2, naming the key), and nothing outside is touched: no
 /// `delete` of the victim, no run started there. Its cache edited to say the same is
 /// refused alike; `check` refuses a Schedule naming such a job.
 #[test]
-fn item7_a_hand_edited_state_naming_a_path_outside_is_exit_2_for_every_command() {
+fn a_hand_edited_state_naming_a_path_outside_is_exit_2_for_every_command() {
     let dir = temp();
     let d = dir.path();
     setup(d, 100);
@@ -1609,12 +1591,12 @@ fn item7_a_hand_edited_state_naming_a_path_outside_is_exit_2_for_every_command()
     assert!(err.contains("assignments[0].job"), "{err}");
 }
 
-/// Issue 30, item 9: a `rubick-run stop` killed (SIGKILL) after it recorded its intent,
+/// A `rubick-run stop` killed (SIGKILL) after it recorded its intent,
 /// after it signalled the run, or after the run stopped stays a stop: the next command
 /// finishes it, the job is `stopped` (not queued), no round lists or starts it again,
 /// and no process of it is left.
 #[test]
-fn item9_a_killed_stop_stays_a_stop() {
+fn a_killed_stop_stays_a_stop() {
     for point in ["stop-recorded", "stop-signalled", "stopped"] {
         let dir = temp();
         let _reaper = Reaper(dir.path().to_path_buf());
@@ -1636,12 +1618,12 @@ fn item9_a_killed_stop_stays_a_stop() {
     }
 }
 
-/// Issue 30, item 8: a state that lost a live run's record (restored from a backup taken
+/// A state that lost a live run's record (restored from a backup taken
 /// before the run started): the run is found by its mark and stopped by the next
 /// command, so `stop` reaches it, and a new start (the job queued again) is one run, not
 /// a second copy on the same checkpoints.
 #[test]
-fn item8_a_run_whose_record_was_lost_is_found_by_its_mark_never_orphaned_or_doubled() {
+fn a_run_whose_record_was_lost_is_found_by_its_mark_never_orphaned_or_doubled() {
     // `a` running, then its state restored from a backup taken before it started.
     let restored = |d: &Path| {
         setup(d, 100_000);
@@ -1677,12 +1659,12 @@ fn item8_a_run_whose_record_was_lost_is_found_by_its_mark_never_orphaned_or_doub
     wait_for("no process left", || workers(d).is_empty());
 }
 
-/// Issue 30, item 10: a helper started with `env -i` (no mark) under `setsid` (no
+/// A helper started with `env -i` (no mark) under `setsid` (no
 /// process group of the run), ignoring TERM, does not survive a stop, whether the
 /// launcher ignores the stop signal (killed after stopTimeoutS) or exits at once (within
 /// the wrapper's grace).
 #[test]
-fn item10_unmarked_setsid_helpers_do_not_survive_a_stop() {
+fn unmarked_setsid_helpers_do_not_survive_a_stop() {
     for (case, launcher) in [
         ("the launcher ignores the stop", "trap '' USR1 TERM INT; while :; do sleep 0.1; done"),
         ("the launcher exits at once", "trap 'exit 0' USR1; while :; do sleep 0.1; done"),
@@ -1733,13 +1715,13 @@ impl Drop for SmallDisk {
     }
 }
 
-/// Issue 30, item 11: a run fills the disk its state lives on. Its `stop` still stops it
+/// A run fills the disk its state lives on. Its `stop` still stops it
 /// (exit 2: the state cannot be written, and says so), the wrapper's exit status is
 /// recorded in the space reserved at the start, no empty temporary file is left in the
 /// run's directory, and once there is room again the next command records the job as
 /// stopped with no retry spent.
 #[test]
-fn item11_a_full_disk_loses_no_stop_and_no_exit_status() {
+fn a_full_disk_loses_no_stop_and_no_exit_status() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1747,10 +1729,7 @@ fn item11_a_full_disk_loses_no_stop_and_no_exit_status() {
     let disk = match SmallDisk::mount(&d.join("state"), "2m") {
         Ok(disk) => disk,
         Err(why) => {
-            return rubick_io::testing::skip_unless_required(
-                "RUBICK_REQUIRE_SLURM",
-                &format!("item 11 needs a small tmpfs (root): {why}"),
-            );
+            return rubick_io::testing::missing(Need::Root, &format!("a small tmpfs: {why}"));
         }
     };
     let script = "echo '{\"rubick\":1,\"iter\":1,\"iter_time_s\":0.1}' >> \"$RUBICK_METRICS\"\n\

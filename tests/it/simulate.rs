@@ -1,18 +1,11 @@
 //! End-to-end simulations on the authors' naive trace: every output, determinism,
 //! the comparison table, and bad traces.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+use rubick_tests::{Need, needs, repo, run_in, temp};
 
-use rubick_tests::{repo, run_in, temp};
-
-fn reference() -> Option<String> {
-    let dir = repo().join("../shared/reference/rubick-artifact");
-    if dir.join("models.yaml").is_file() {
-        Some(dir.display().to_string())
-    } else {
-        rubick_io::testing::skip("../shared/reference/rubick-artifact is absent (the simulator's truth)");
-        None
-    }
+/// The reference data's directory (the simulator's truth).
+fn reference_dir() -> Option<String> {
+    rubick_tests::reference().map(|dir| dir.display().to_string())
 }
 
 fn simulate(dir: &std::path::Path, reference: &str, policy: &str, out: &str) -> rubick_tests::Run {
@@ -43,7 +36,7 @@ fn simulate(dir: &std::path::Path, reference: &str, policy: &str, out: &str) -> 
 
 #[test]
 fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     for policy in [
         "rubick",
@@ -121,7 +114,7 @@ fn the_naive_trace_finishes_under_every_policy_and_replays_identically() {
 
 #[test]
 fn a_bad_trace_exits_2_naming_file_and_line() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     std::fs::write(
         dir.path().join("bad.csv"),
@@ -147,7 +140,7 @@ fn a_bad_trace_exits_2_naming_file_and_line() {
 
 #[test]
 fn a_job_batch_is_a_trace_too() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let run =
         run_in(dir.path(), "rubick-plan", &["synth", "--gpus", "64", "--jobs", "12", "--seed", "3", "--out-dir", "s"]);
@@ -185,7 +178,7 @@ fn simulate_naive(dir: &std::path::Path, reference: &str, extra: &[&str]) -> rub
 
 #[test]
 fn measured_only_keeps_the_truth_measured() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let share = |extra: &[&str]| {
         let run = simulate_naive(dir.path(), &reference, extra);
@@ -194,7 +187,7 @@ fn measured_only_keeps_the_truth_measured() {
         assert_eq!(s["unfinished"]["max"].as_f64(), Some(0.0));
         s["truth"]["measured"]["mean"].as_f64().unwrap()
     };
-    // Scaling out without the efficiency bar (issue 29) reaches unmeasured GPU counts.
+    // Scaling out without the efficiency bar reaches unmeasured GPU counts.
     let free = share(&["--scale-out-efficiency", "0"]);
     let measured = share(&["--scale-out-efficiency", "0", "--measured-only"]);
     assert!(free < 0.9, "the free planner runs unmeasured configurations here ({free})");
@@ -203,7 +196,7 @@ fn measured_only_keeps_the_truth_measured() {
 
 #[test]
 fn srpt_orders_by_predicted_remaining_gpu_time() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     // Both want the whole cluster. The ViT job has 160x the samples left but a small
     // fraction of the GPU-time: shortest remaining work first starts it first.
@@ -246,7 +239,7 @@ fn srpt_orders_by_predicted_remaining_gpu_time() {
 
 #[test]
 fn a_pessimistic_truth_slows_only_extrapolated_configurations() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let sim = |extra: &[&str]| simulate_naive(dir.path(), &reference, extra);
     let summary = |run: &rubick_tests::Run| -> serde_yaml_ng::Value {
@@ -270,7 +263,7 @@ fn a_pessimistic_truth_slows_only_extrapolated_configurations() {
 
 #[test]
 fn seeds_report_the_spread_and_replay_identically() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let flags = ["--policy", "static-backfill", "--seeds", "3", "--noise", "0.05"];
     let a = simulate_naive(dir.path(), &reference, &flags);
@@ -305,7 +298,7 @@ const LLAMA30: &str =
 /// start reported a short average JCT.
 #[test]
 fn unfinished_jobs_are_counted_and_reported() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let batch = format!(
         "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n\
@@ -325,7 +318,7 @@ fn unfinished_jobs_are_counted_and_reported() {
 /// at the belief's speed; the authors charge the measured 444444.
 #[test]
 fn a_static_job_runs_its_plan_where_it_was_measured() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let batch = format!(
         "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n\
@@ -339,11 +332,11 @@ fn a_static_job_runs_its_plan_where_it_was_measured() {
     }
 }
 
-/// Issue 22, "a trace with `steps 0`, duplicate names or `duration inf`: all accepted":
+/// Regression, "a trace with `steps 0`, duplicate names or `duration inf`: all accepted":
 /// each is exit 2 naming the line.
 #[test]
 fn a_trace_with_steps_0_duplicate_names_or_duration_inf() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let dir = temp();
     let text = std::fs::read_to_string(format!("{reference}/workloads/naive.csv")).unwrap();
     let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
@@ -373,15 +366,18 @@ fn a_trace_with_steps_0_duplicate_names_or_duration_inf() {
     }
 }
 
-/// Issue 21: a real cluster's log becomes a trace the simulator replays. The Philly
+/// A real cluster's log becomes a trace the simulator replays. The Philly
 /// trace (82,247 jobs) maps reproducibly (the same seed: the same bytes; a job keeps
 /// its model whatever the selection), and a Slurm cluster's `sacct -P` history does too.
 #[test]
 fn real_cluster_logs_become_traces_the_simulator_replays() {
-    let Some(reference) = reference() else { return };
+    let Some(reference) = reference_dir() else { return };
     let philly = repo().join("../shared/reference/traces/philly.csv");
     if !philly.is_file() {
-        rubick_io::testing::skip("../shared/reference/traces/philly.csv is absent (the Philly trace)");
+        rubick_io::testing::missing(
+            Need::Reference,
+            "../shared/reference/traces/philly.csv is absent (the Philly trace)",
+        );
         return;
     }
     let dir = temp();
@@ -463,31 +459,13 @@ fn real_cluster_logs_become_traces_the_simulator_replays() {
     assert!(!dir.path().join("x.csv").exists());
 }
 
-/// Whether this machine's Slurm keeps accounting (`sacct` answers without `-c`):
-/// `scripts/slurm-up.sh` with `SLURM_ACCOUNTING=1`.
-fn slurm_accounting() -> Result<(), String> {
-    rubick_launch::slurm::available()?;
-    let out = std::process::Command::new("sacct")
-        .args(["-n", "-P", "-o", "JobID", "-S", "now-1minutes"])
-        .output()
-        .map_err(|e| format!("cannot run sacct: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "this Slurm keeps no accounting (`SLURM_ACCOUNTING=1 scripts/slurm-up.sh` starts slurmdbd): {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
-}
-
-/// Issue 21: an operator replays their own cluster. Jobs run on the project's test
+/// An operator replays their own cluster. Jobs run on the project's test
 /// Slurm (1, 2 and 3 fake GPUs, and one without), its `sacct -P` history becomes a
 /// trace (the GPU jobs, with their GPUs and run times), and the simulator replays it.
 #[test]
 fn the_test_slurms_own_history_becomes_a_trace_the_simulator_replays() {
-    let Some(reference) = reference() else { return };
-    if let Err(reason) = slurm_accounting() {
-        rubick_io::testing::skip_unless_required("RUBICK_REQUIRE_SLURM_ACCOUNTING", &reason);
+    let Some(reference) = reference_dir() else { return };
+    if !needs(Need::SlurmAccounting) {
         return;
     }
     let dir = temp();

@@ -1,33 +1,5 @@
-//! The CLI definition checks itself, and the real binary answers --help with examples.
-
-use clap::CommandFactory;
-
-#[test]
-fn cli_definition_is_consistent() {
-    rubick_run::Cli::command().debug_assert();
-}
-
-#[test]
-fn help_has_examples() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rubick-run")).arg("--help").output().expect("binary runs");
-    assert!(out.status.success());
-    let help = String::from_utf8_lossy(&out.stdout);
-    assert!(help.contains("Examples:"), "{help}");
-    assert!(help.contains("rubick-run"), "{help}");
-}
-
-/// Issues 18 and 20: every argument has help text, every `--help` equals its committed
-/// snapshot in `tests/help/` (`RUBICK_UPDATE_HELP=1` rewrites them: a change of interface
-/// shows in review), and completions and man pages come from the same definitions.
-#[test]
-fn cli_conventions_hold() {
-    let problems = rubick_io::testing::cli_conventions(
-        rubick_run::Cli::command(),
-        env!("CARGO_BIN_EXE_rubick-run").as_ref(),
-        env!("CARGO_MANIFEST_DIR").as_ref(),
-    );
-    assert!(problems.is_empty(), "{problems:#?}");
-}
+//! How a run ended and which processes are the run: rubick-run reads both as the launch
+//! library does.
 
 /// Issue 19, "two functions decide how a run ended, and disagree": rubick-run's reading
 /// is the launch library's — exit 3 and a framework's out-of-memory message in the log

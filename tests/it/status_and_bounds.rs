@@ -1,10 +1,7 @@
-//! Issue 30's smaller items, their Rust parts: `status` says the retries left only
-//! where they matter and `check` confirms what it checked (item 5); `compare` refuses a
-//! corrupted time, `space` refuses an output named for another format, a run's metric
-//! lines are bounds-checked and `status` and `stop` read only a metrics file's tail
-//! (item 12).
-
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+//! Small contracts of the tools' outputs and inputs: `status` says the retries left only
+//! where they matter and `check` confirms what it checked; `compare` refuses a corrupted
+//! time, `space` refuses an output named for another format, a run's metric lines are
+//! bounds-checked and `status` and `stop` read only a metrics file's tail.
 
 use std::path::Path;
 use std::process::Command;
@@ -14,7 +11,7 @@ use rubick_tests::{Reaper, Run, binary, repo, run_in, temp};
 
 /// `DIR/NAME.yaml`: a 1-GPU job of `iterations` iterations running `sh DIR/NAME.sh`
 /// (the script's text).
-fn job(d: &Path, name: &str, iterations: u64, script: &str) {
+pub(crate) fn job(d: &Path, name: &str, iterations: u64, script: &str) {
     std::fs::write(d.join(format!("{name}.sh")), script).unwrap();
     let text = format!(
         "apiVersion: rubick/v1
@@ -34,7 +31,7 @@ launch:
 }
 
 /// `DIR/FILE`: a schedule placing each job on one GPU of `local-0`.
-fn schedule(d: &Path, file: &str, jobs: &[(&str, u32)]) {
+pub(crate) fn schedule(d: &Path, file: &str, jobs: &[(&str, u32)]) {
     let mut text =
         "apiVersion: rubick/v1\nkind: Schedule\ncluster: box\nround: 1\npolicy: test\nassignments:\n".to_owned();
     for (job, gpu) in jobs {
@@ -68,13 +65,13 @@ fn rr(d: &Path, args: &[&str], prefix: Option<&str>) -> Run {
     c.current_dir(d).env_remove("RUST_LOG").env("NO_COLOR", "1").output().unwrap().into()
 }
 
-fn ok(d: &Path, args: &[&str]) -> Run {
+pub(crate) fn ok(d: &Path, args: &[&str]) -> Run {
     let run = rr(d, args, None);
     assert_eq!(run.code, Some(0), "rubick-run {args:?}: {}", run.stderr);
     run
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -93,7 +90,7 @@ fn why<'a>(table: &'a str, name: &str) -> &'a str {
 }
 
 #[test]
-fn item5_status_says_retries_left_only_where_they_matter() {
+fn status_says_retries_left_only_where_they_matter() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -115,7 +112,7 @@ fn item5_status_says_retries_left_only_where_they_matter() {
 }
 
 #[test]
-fn item5_check_confirms_a_valid_schedule_on_stderr() {
+fn check_confirms_a_valid_schedule_on_stderr() {
     let dir = temp();
     let d = dir.path();
     schedule(d, "r.yaml", &[("a", 0)]);
@@ -131,7 +128,7 @@ fn item5_check_confirms_a_valid_schedule_on_stderr() {
 }
 
 #[test]
-fn item12_compare_refuses_an_infinite_iteration_time() {
+fn compare_refuses_an_infinite_iteration_time() {
     let dir = temp();
     let d = dir.path();
     let header = "job,model,plan,placement,status,repeat,iterations,iter_time_s,iter_time_sd_s,samples_per_s\n";
@@ -163,7 +160,7 @@ fn item12_compare_refuses_an_infinite_iteration_time() {
 }
 
 #[test]
-fn item12_space_refuses_an_output_named_for_another_format() {
+fn space_refuses_an_output_named_for_another_format() {
     let dir = temp();
     let d = dir.path();
     let data = repo().join("data");
@@ -198,7 +195,7 @@ fn item12_space_refuses_an_output_named_for_another_format() {
 }
 
 #[test]
-fn item12_metrics_iterations_beyond_the_job_are_ignored() {
+fn metrics_iterations_beyond_the_job_are_ignored() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -223,7 +220,7 @@ sleep 60
 }
 
 #[test]
-fn item12_status_and_stop_read_only_the_tail_of_a_metrics_file() {
+fn status_and_stop_read_only_the_tail_of_a_metrics_file() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();

@@ -185,7 +185,7 @@ proptest! {
 }
 
 /// Prints one instance's rounds: `SEED=.. NODES=.. PER_NODE=.. CORES=.. MEM=.. JOBS=..
-/// cargo test -p rubick-plan --test planner -- --ignored --nocapture show_instance`.
+/// cargo test -p rubick-tests --test it -- --ignored --nocapture show_instance`.
 #[test]
 #[ignore = "a debugging aid, run by hand"]
 fn show_instance() {
@@ -315,7 +315,7 @@ fn a_change_of_cores_alone_is_a_change() {
     assert_eq!(cur.change_to(cur.group, &cur.plan, &cur.placement, &cur.nodes, cur.cpus + 4), Change::Recored);
 }
 
-/// Choices that respect uncertainty (issue 17). A job running on a measured
+/// Choices that respect uncertainty. A job running on a measured
 /// configuration leaves it for an unmeasured one only when the gain holds at the low end
 /// of the other's ~95 % interval: with wide intervals no running job is replanned,
 /// resized or moved; with intervals of nothing, the rounds are those without evidence.

@@ -1,35 +1,14 @@
 //! rubick-fit against the authors' reference data (skipped with a message when
 //! ../shared is absent), and the fit -> predict pipeline on a profile table.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
+use std::path::Path;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use rubick_tests::{external, reference, repo, run_in};
 
-fn repo() -> PathBuf {
-    std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-    )
-    .parent()
-    .unwrap()
-    .to_path_buf()
-}
-
-fn reference() -> Option<PathBuf> {
-    let found = rubick_io::reference::locate(&repo());
-    if found.is_none() {
-        rubick_io::testing::skip("../shared/reference/rubick-artifact is absent (set RUBICK_REFERENCE to its path)");
-    }
-    found
-}
-
+/// `rubick-fit ARGS` in `dir`: (exit code, stdout, stderr).
 fn fit_tool(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_rubick-fit")).args(args).current_dir(dir).output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let run = run_in(dir, "rubick-fit", args);
+    (run.code, run.stdout, run.stderr)
 }
 
 /// Runs `evaluate` twice (the first time with `extra` outputs too) and returns the
@@ -86,7 +65,7 @@ fn evaluate_all_models_with_eight_rows_each() {
     assert_eq!(num(overall, "fitted_rows"), 56.0);
     // 15.2 % when the form landed, 14.7-14.8 % before the micro-batch term, 15.6 % with
     // the micro-batch as a selection coordinate, 14.8 % with accumulation as the only new
-    // one (see rubick_core::select and issue 17).
+    // one (see rubick_core::select).
     assert!(num(overall, "mean_rel_error") <= 0.15, "{overall:?}");
     assert!(num(overall, "median_rel_error") <= 0.10, "{overall:?}");
     let models = summary["models"].as_mapping().unwrap();
@@ -197,7 +176,7 @@ fn degenerate_profiles_are_refused() {
 
 /// Leave-one-out error on the K = 8 profiled rows only (no held-out row is read): how
 /// prior choices are compared without tuning on held-out data. Run by hand:
-/// `cargo test -p rubick-fit --test evaluate -- --ignored --nocapture profiled_rows_loo`.
+/// `cargo test -p rubick-tests --test it -- --ignored --nocapture profiled_rows_loo`.
 #[test]
 #[ignore = "a model-development aid, run by hand"]
 fn profiled_rows_loo() {
@@ -225,14 +204,6 @@ fn profiled_rows_loo() {
     }
     let mean = errors.iter().sum::<f64>() / errors.len() as f64;
     println!("LOO over profiled rows: {} rows, mean relative error {:.4}", errors.len(), mean);
-}
-
-fn external() -> Option<PathBuf> {
-    let found = rubick_io::external::locate(&repo());
-    if found.is_none() {
-        rubick_io::testing::skip("../shared/reference/external is absent (set RUBICK_EXTERNAL to its path)");
-    }
-    found
 }
 
 /// Others' measurements (vTrain, Sailor, Calculon), K = 8 rows of each job chosen by the

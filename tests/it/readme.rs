@@ -1,4 +1,4 @@
-//! Issue 30, items 1 and 2: the README's commands run as written, and a job without a
+//! The README's commands run as written, and a job without a
 //! performance model is planned with a warning.
 //!
 //! The convention (README, "Every command"): a fenced block whose info string is `sh` is
@@ -13,13 +13,11 @@
 //! examples, not commands; a `bash` / `shell` / `console` block is refused, so that
 //! nothing escapes the convention.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
-
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rubick_io::testing::{skip, skip_unless_required};
-use rubick_tests::{Reaper, binary, repo, run_in, temp};
+use rubick_io::testing::missing;
+use rubick_tests::{Held, Need, Reaper, SlurmShape, binary, needs, repo, run_in, slurm_nodes, temp};
 
 /// The tools a README command may name.
 const TOOLS: [&str; 4] = ["rubick-profile", "rubick-fit", "rubick-plan", "rubick-run"];
@@ -40,7 +38,7 @@ struct Block {
 /// What the convention makes of an `sh` block.
 #[derive(Debug, PartialEq)]
 enum Mode {
-    Run { needs: Vec<String> },
+    Run { needs: Vec<Need> },
     NoRun,
 }
 
@@ -94,10 +92,13 @@ fn mode(block: &Block) -> Result<Mode, String> {
             return Err(format!("unknown `{word}` in the info string (sh, sh needs=A,B, sh no-run: WHY)"));
         };
         for need in list.split(',') {
-            if !["pytorch", "slurm", "slurm-accounting", "reference"].contains(&need) {
-                return Err(format!("unknown need `{need}` (pytorch, slurm, slurm-accounting, reference)"));
-            }
-            needs.push(need.to_owned());
+            needs.push(match need {
+                "pytorch" => Need::PyTorch,
+                "slurm" => Need::Slurm,
+                "slurm-accounting" => Need::SlurmAccounting,
+                "reference" => Need::Reference,
+                _ => return Err(format!("unknown need `{need}` (pytorch, slurm, slurm-accounting, reference)")),
+            });
         }
     }
     Ok(Mode::Run { needs })
@@ -109,7 +110,7 @@ fn sh_blocks(text: &str) -> Vec<(Block, Mode)> {
     for block in blocks(text) {
         assert!(
             !["bash", "shell", "console", "shell-session", "zsh"].contains(&block.lang.as_str()),
-            "README.md:{}: a ```{} block: commands are ```sh (run by tests/readme.rs) or ```sh no-run: WHY",
+            "README.md:{}: a ```{} block: commands are ```sh (run by tests/it/readme.rs) or ```sh no-run: WHY",
             block.line,
             block.lang
         );
@@ -358,62 +359,27 @@ fn scratch() -> Scratch {
     Scratch { _dir: dir, root, bin, home }
 }
 
-/// The PyTorch workload's venv (as tests/pytorch.rs finds it).
-fn venv() -> Result<PathBuf, String> {
-    let dir = std::env::var_os("RUBICK_VENV").map_or_else(|| PathBuf::from("/var/tmp/rubick-venv"), PathBuf::from);
-    if !dir.join(".rubick-ok").exists() || !dir.join("bin/python").exists() {
-        return Err(format!("no PyTorch virtual environment at {} (run scripts/python-env.sh)", dir.display()));
-    }
-    Ok(dir)
-}
-
-/// Whether a need is met here, else why not (reported once per need).
-fn need_met(need: &str, scratch: &Scratch, venv: &Result<PathBuf, String>) -> Result<(), String> {
-    let require = |var: &str, reason: String| {
-        skip_unless_required(var, &reason);
-        Err(reason)
-    };
+/// Whether a block's need is met here; when not, the test is reported skipped for it
+/// (or fails, where the need is required). The PyTorch environment, when met, goes
+/// into `venv` for the blocks that run.
+fn need_met(need: Need, scratch: &Scratch, venv: &mut Option<PathBuf>) -> bool {
     match need {
-        "pytorch" => match venv {
-            Ok(_) => Ok(()),
-            Err(reason) => require("RUBICK_REQUIRE_PYTORCH", reason.clone()),
-        },
-        "slurm" => {
-            if rubick_tests::slurm_nodes(1, true).is_some() {
-                Ok(())
-            } else {
-                Err("no usable Slurm".into())
-            }
+        Need::PyTorch => {
+            *venv = rubick_tests::venv();
+            venv.is_some()
         }
-        "slurm-accounting" => {
-            if let Err(reason) = rubick_launch::slurm::available() {
-                return require("RUBICK_REQUIRE_SLURM_ACCOUNTING", reason);
-            }
-            let out = Command::new("sacct").args(["-n", "-P", "-o", "JobID", "-S", "now-1minutes"]).output();
-            match out {
-                Ok(o) if o.status.success() => Ok(()),
-                _ => require(
-                    "RUBICK_REQUIRE_SLURM_ACCOUNTING",
-                    "this Slurm keeps no accounting (`SLURM_ACCOUNTING=1 scripts/slurm-up.sh`)".into(),
-                ),
-            }
+        Need::Slurm => slurm_nodes(SlurmShape { nodes: 1, gpus_per_node: 1 }, Held::Shared).is_some(),
+        // The blocks read the reference data beside the scratch clone, as beside a clone.
+        Need::Reference if !scratch.root.join("../shared/reference/rubick-artifact/models.yaml").is_file() => {
+            missing(Need::Reference, "../shared/reference is absent beside the clone (the README's reference data)");
+            false
         }
-        "reference" => {
-            let dir = scratch.root.join("../shared/reference/rubick-artifact");
-            if dir.join("models.yaml").is_file() {
-                Ok(())
-            } else {
-                let reason = "../shared/reference is absent beside the clone (the README's reference data)".to_owned();
-                skip(&reason);
-                Err(reason)
-            }
-        }
-        other => Err(format!("unknown need {other}")),
+        need => needs(need),
     }
 }
 
 /// `bash -euo pipefail` on a block's text in the scratch clone; `(exit code, output)`.
-fn run_block(scratch: &Scratch, venv: &Result<PathBuf, String>, text: &str) -> (Option<i32>, String) {
+fn run_block(scratch: &Scratch, venv: Option<&Path>, text: &str) -> (Option<i32>, String) {
     let path = format!("{}:{}", scratch.bin.display(), std::env::var("PATH").unwrap_or_default());
     let mut cmd = Command::new("timeout");
     cmd.args(["-s", "KILL", &BLOCK_LIMIT_S.to_string(), "bash", "-euo", "pipefail", "-c", text])
@@ -423,7 +389,7 @@ fn run_block(scratch: &Scratch, venv: &Result<PathBuf, String>, text: &str) -> (
         .env_remove("RUST_LOG")
         .env_remove("RUBICK_STATE")
         .env_remove("RUBICK_REFERENCE");
-    if let Ok(venv) = venv {
+    if let Some(venv) = venv {
         cmd.env("RUBICK_VENV", venv);
     }
     let out = cmd.output().expect("bash starts");
@@ -473,18 +439,18 @@ fn run_crontab(scratch: &Scratch) {
     assert_eq!(round(), before.map(|r| r + 1), "the crontab's line applied the next round:\n{log}");
 }
 
-/// Issue 30 item 1 (and its first "Must show"): every `sh` block of the README runs as
+/// Every `sh` block of the README runs as
 /// written, in order, in a scratch clone; the quick start's crontab line runs as cron
 /// would run it; blocks that cannot run here are checked statically and said skipped.
 #[test]
-fn item1_every_readme_command_block_runs_as_written() {
+fn every_readme_command_block_runs_as_written() {
     let text = readme();
     let blocks = sh_blocks(&text);
     assert!(blocks.len() >= 8, "the README's command blocks: {}", blocks.len());
     let scratch = scratch();
     let _reaper = Reaper(scratch.root.clone());
-    let venv = venv();
-    let mut met: std::collections::HashMap<String, bool> = Default::default();
+    let mut venv = None;
+    let mut met: std::collections::HashMap<Need, bool> = Default::default();
     let mut summary = Vec::new();
     for (block, mode) in &blocks {
         let problems = check_block(block);
@@ -493,16 +459,14 @@ fn item1_every_readme_command_block_runs_as_written() {
             summary.push(format!("README.md:{}: checked ({})", block.line, block.rest));
             continue;
         };
-        let missing: Vec<&String> = needs
-            .iter()
-            .filter(|n| !*met.entry((*n).clone()).or_insert_with(|| need_met(n, &scratch, &venv).is_ok()))
-            .collect();
-        if !missing.is_empty() {
-            summary.push(format!("README.md:{}: checked, not run (needs {missing:?})", block.line));
+        let unmet: Vec<&Need> =
+            needs.iter().filter(|n| !*met.entry(**n).or_insert_with(|| need_met(**n, &scratch, &mut venv))).collect();
+        if !unmet.is_empty() {
+            summary.push(format!("README.md:{}: checked, not run (needs {unmet:?})", block.line));
             continue;
         }
         let start = std::time::Instant::now();
-        let (code, out) = run_block(&scratch, &venv, &block.text);
+        let (code, out) = run_block(&scratch, venv.as_deref(), &block.text);
         assert_eq!(
             code,
             Some(0),
@@ -527,10 +491,10 @@ fn item1_every_readme_command_block_runs_as_written() {
     eprintln!("{}", summary.join("\n"));
 }
 
-/// Issue 30 item 1: the static check refuses a wrong flag in any README block, run or
+/// The static check refuses a wrong flag in any README block, run or
 /// not (`make test` then fails), and passes the README as it is.
 #[test]
-fn item1_a_wrong_flag_in_any_readme_block_fails_the_check() {
+fn a_wrong_flag_in_any_readme_block_fails_the_check() {
     let text = readme();
     let mut tools = 0;
     for (block, _) in sh_blocks(&text) {
@@ -570,11 +534,11 @@ fn item1_a_wrong_flag_in_any_readme_block_fails_the_check() {
     );
 }
 
-/// Issue 30 item 2: a job without `perfModel:` is planned on the FLOPs default with a
+/// A job without `perfModel:` is planned on the FLOPs default with a
 /// warning on stderr naming the job and the commands that fit a model; with its model,
 /// no warning.
 #[test]
-fn item2_a_job_without_a_model_is_scheduled_with_a_warning() {
+fn a_job_without_a_model_is_scheduled_with_a_warning() {
     let dir = temp();
     let profile = "job,model,plan,placement,iter_time_s
 bert-0,bert,dp1-tp1-pp1-mb16-ga2,1,2.10
@@ -626,11 +590,11 @@ request: { gpus: 4, cpus: 32, plan: dp4-tp1-pp1-mb8-ga1-z2 }
     assert!(!err.contains("perfModel"), "a job with its model is planned without the warning:\n{err}");
 }
 
-/// Issue 30 item 1: the README says where the reference data must be (and the blocks
+/// The README says where the reference data must be (and the blocks
 /// read it from there), and no command of a block writes outside the directory it
 /// runs in (`/var/lib/rubick` is a server's, and the tests run as root).
 #[test]
-fn item1_the_readme_says_where_the_reference_data_must_be() {
+fn the_readme_says_where_the_reference_data_must_be() {
     let text = readme();
     assert!(text.contains("`../shared/reference/`, a directory beside the clone"), "README: where the reference lives");
     for (block, _) in sh_blocks(&text) {

@@ -1,4 +1,4 @@
-//! Restart-aware decisions (issue 29): the restart factor's hysteresis, the growth cap,
+//! Restart-aware decisions: the restart factor's hysteresis, the growth cap,
 //! the restart cap and the checkpoint-restore pin, each against the same rounds without
 //! it, and `--explain` saying when a change was refused for churn.
 

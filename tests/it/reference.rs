@@ -1,25 +1,18 @@
 //! The reference data adapter reads the authors' data as it is, and the memory
 //! estimate is compared with their measured micro-batch limits.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
-
 use rubick_core::MemoryEstimator;
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
-use rubick_io::reference::{ReferenceData, locate};
+use rubick_io::reference::ReferenceData;
 
-fn reference() -> Option<ReferenceData> {
-    let Some(dir) = locate(&std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
-    )) else {
-        rubick_io::testing::skip("../shared/reference/rubick-artifact is absent (set RUBICK_REFERENCE to its path)");
-        return None;
-    };
-    Some(ReferenceData::open(&dir).expect("reference data opens"))
+/// The reference data set, opened.
+fn data() -> Option<ReferenceData> {
+    rubick_tests::reference().map(|dir| ReferenceData::open(&dir).expect("reference data opens"))
 }
 
 #[test]
 fn reads_every_model_table_trace_and_profile() {
-    let Some(data) = reference() else { return };
+    let Some(data) = data() else { return };
     assert_eq!(data.model_names(), ["bert", "gpt2", "llama30", "llama7", "roberta", "t5", "vit"]);
     let mut total = 0;
     for model in data.model_names() {
@@ -47,7 +40,7 @@ fn reads_every_model_table_trace_and_profile() {
 
 #[test]
 fn memory_estimate_agrees_with_the_measured_limits() {
-    let Some(data) = reference() else { return };
+    let Some(data) = data() else { return };
     let estimator = MemoryEstimator::default();
     let mut rows = Vec::new();
     for model in data.model_names() {

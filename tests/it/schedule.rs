@@ -1,7 +1,5 @@
 //! End-to-end rounds: `rubick-plan schedule`, `curves` and `synth` as a user runs them.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
-
 use rubick_core::Artifact;
 use rubick_core::artifact::parse_yaml;
 use rubick_core::schedule::{Change, Schedule};
@@ -66,7 +64,7 @@ fn a_round_then_the_next_keeps_what_does_not_pay_to_change() {
 }
 
 #[test]
-/// Two guaranteed jobs of 64 GPUs on 64 (issue 30, item 6): the round goes on, one
+/// Two guaranteed jobs of 64 GPUs on 64: the round goes on, one
 /// guarantee kept, the other job planned best-effort with why.
 fn an_unsatisfiable_guarantee_is_planned_best_effort_with_the_reason() {
     let dir = temp();
@@ -144,8 +142,9 @@ fn curves_print_a_table_and_draw_a_plot() {
         "--plot".into(),
         "curves.png".into(),
     ];
-    match rubick_io_reference() {
-        Some(dir) => args.extend(["--reference".to_owned(), dir]),
+    // Either way is a test: with the reference data beside the checkout, and without.
+    match rubick_io::reference::locate(&repo()) {
+        Some(dir) => args.extend(["--reference".to_owned(), dir.display().to_string()]),
         None => eprintln!("../shared/reference/rubick-artifact is absent: curves use the FLOPs-based model"),
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -159,11 +158,6 @@ fn curves_print_a_table_and_draw_a_plot() {
     assert!(csv.contains(",cross-node,"), "both bandwidth classes");
     let png = std::fs::read(dir.path().join("curves.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
-}
-
-fn rubick_io_reference() -> Option<String> {
-    let dir = repo().join("../shared/reference/rubick-artifact");
-    dir.join("models.yaml").is_file().then(|| dir.display().to_string())
 }
 
 #[test]
@@ -309,7 +303,7 @@ jobs:
     assert!(line.ends_with("; measured") || line.contains("(95 %: "), "an interval unless measured: {line}");
 }
 
-/// Issue 18, "the README's cron line fails on its first round": `--current` names the
+/// Regression, "the README's cron line fails on its first round": `--current` names the
 /// state's `current.yaml`, which the first apply writes; before it, nothing runs.
 #[test]
 fn the_readme_cron_line_fails_on_its_first_round() {
@@ -326,7 +320,7 @@ fn the_readme_cron_line_fails_on_its_first_round() {
     assert!(s.assignments.iter().all(|a| matches!(a.change, Change::Started | Change::Pending)), "{s:?}");
 }
 
-/// Issue 18, "one bad job blocks every job": a job whose `perfModel` cannot be read is
+/// Regression, "one bad job blocks every job": a job whose `perfModel` cannot be read is
 /// left out of the round with the reason; the others are planned.
 #[test]
 fn one_bad_job_blocks_every_job_in_a_round() {

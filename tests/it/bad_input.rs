@@ -1,8 +1,6 @@
 //! The bad-input corpus (`tests/bad-input/`): every malformed input exits 2 with a
 //! message naming the file and the field or line, never panics, and writes no output.
 
-#![allow(clippy::unwrap_used)] // tests fail loudly on purpose
-
 use rubick_tests::{repo, run_in, temp};
 
 /// (file, tool + arguments with FILE and OUT placeholders, fragments the message must hold)
@@ -49,7 +47,7 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("schedule-gpu-out-of-range.yaml", CURRENT, &["assignments[0].nodes[0].gpus", "GPU 9 does not exist"]),
     ("jobs-current-unknown-node.yaml", SCHEDULE, &["jobs[0].current.nodes[1]", "`a800-8` is not a node"]),
     ("jobs-missing-perf-model.yaml", SCHEDULE, &["no-such-model.yaml", "No such file"]),
-    // Issue 22: well-formed, absurd values are bounded where they are read.
+    // Well-formed, absurd values are bounded where they are read.
     ("cluster-count-absurd.yaml", CLUSTER, &["nodeGroups[0].count", "got 4294967295"]),
     ("cluster-gpus-per-node-absurd.yaml", CLUSTER, &["nodeGroups[0].gpusPerNode", "must be 1 to 1024, got 100000"]),
     ("jobs-gpus-absurd.yaml", JOBS, &["jobs[0].request.gpus", "got 4294967295"]),
@@ -165,7 +163,7 @@ fn bad_schedule_flags_exit_2() {
     }
 }
 
-/// Issue 22, "panics (exit 101) from values `check` accepts": durations beyond a week
+/// Regression, "panics (exit 101) from values `check` accepts": durations beyond a week
 /// are refused where they are read, and a state an older version wrote with one never
 /// panics a command.
 #[test]
@@ -198,7 +196,7 @@ fn panics_from_values_check_accepts() {
     }
 }
 
-/// Issue 22, "outputs over inputs: `-o` equal to an input replaces it" (`fit` was fixed
+/// Regression, "outputs over inputs: `-o` equal to an input replaces it" (`fit` was fixed
 /// before; `schedule`, `space`, `curves` here): by the same path, a symlink or a hard
 /// link, exit 2 and the input intact.
 #[test]
