@@ -119,8 +119,95 @@ pub struct SolverStats {
     /// would make otherwise identical schedules differ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall_s: Option<f64>,
-    /// Solver status, e.g. `optimal`, `time-limit`, `fallback`.
-    pub status: String,
+    /// How the decision ended, e.g. `optimal`, `time-limit`, `fallback`.
+    pub status: SolverStatus,
+}
+
+/// How an exact solve ended with a solution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExactStatus {
+    /// Proved optimal (within the solver's gap tolerances).
+    Optimal,
+    /// The time limit stopped the search: the best solution found so far.
+    TimeLimit,
+    /// Stopped for another reason with a feasible solution.
+    Stopped,
+}
+
+impl ExactStatus {
+    /// The status as schedules write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExactStatus::Optimal => "optimal",
+            ExactStatus::TimeLimit => "time-limit",
+            ExactStatus::Stopped => "stopped",
+        }
+    }
+}
+
+/// How a round's decision ended (a schedule's `solver.status`, written as the string
+/// each variant names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(into = "String", from = "String")]
+#[schemars(with = "String")]
+pub enum SolverStatus {
+    /// Rubick's heuristic decided (`heuristic`).
+    Heuristic,
+    /// The exact solver decided (`optimal`, `time-limit`, `stopped`).
+    Exact(ExactStatus),
+    /// The heuristic's choice beat the exact solver's, which ended so (`fallback: MILP
+    /// optimal`, ...).
+    HeuristicBeatExact(ExactStatus),
+    /// The exact solver failed; the heuristic decided (`fallback`).
+    Fallback,
+    /// The heuristic missed a guarantee; the exact solver decided
+    /// (`heuristic-missed-guarantee`).
+    HeuristicMissedGuarantee,
+    /// A queue policy gave the jobs their requests (`allocated`).
+    Allocated,
+    /// The exact solver found no solution and the allocations were kept: its message
+    /// (any other string reads as this).
+    Failed(String),
+}
+
+const FALLBACK_FROM: &str = "fallback: MILP ";
+
+impl std::fmt::Display for SolverStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SolverStatus::Heuristic => f.write_str("heuristic"),
+            SolverStatus::Exact(s) => f.write_str(s.as_str()),
+            SolverStatus::HeuristicBeatExact(s) => write!(f, "{FALLBACK_FROM}{}", s.as_str()),
+            SolverStatus::Fallback => f.write_str("fallback"),
+            SolverStatus::HeuristicMissedGuarantee => f.write_str("heuristic-missed-guarantee"),
+            SolverStatus::Allocated => f.write_str("allocated"),
+            SolverStatus::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<SolverStatus> for String {
+    fn from(status: SolverStatus) -> String {
+        status.to_string()
+    }
+}
+
+impl From<String> for SolverStatus {
+    fn from(s: String) -> SolverStatus {
+        const EXACT: [ExactStatus; 3] = [ExactStatus::Optimal, ExactStatus::TimeLimit, ExactStatus::Stopped];
+        let exact = |s: &str| EXACT.into_iter().find(|e| e.as_str() == s);
+        match s.as_str() {
+            "heuristic" => SolverStatus::Heuristic,
+            "fallback" => SolverStatus::Fallback,
+            "heuristic-missed-guarantee" => SolverStatus::HeuristicMissedGuarantee,
+            "allocated" => SolverStatus::Allocated,
+            other => match (exact(other), other.strip_prefix(FALLBACK_FROM).and_then(exact)) {
+                (Some(e), _) => SolverStatus::Exact(e),
+                (None, Some(e)) => SolverStatus::HeuristicBeatExact(e),
+                (None, None) => SolverStatus::Failed(s),
+            },
+        }
+    }
 }
 
 impl Schedule {
@@ -186,7 +273,6 @@ impl ScheduleBuilder {
 
     /// The schedule, its figures rounded to six decimals (the same on every platform).
     pub fn build(mut self, objective: f64) -> Schedule {
-        use crate::planner::round::round6;
         let totals = &mut self.schedule.totals;
         // From +0.0 (an empty `sum` is -0.0, printed `-0.0`).
         let sum = |xs: &[f64]| xs.iter().fold(0.0, |a, b| a + b);
@@ -195,6 +281,11 @@ impl ScheduleBuilder {
         self.schedule.objective = round6(objective);
         self.schedule
     }
+}
+
+/// Six significant decimals: plans print the same on every platform.
+pub fn round6(x: f64) -> f64 {
+    if x.is_finite() { (x * 1e6).round() / 1e6 } else { x }
 }
 
 impl Artifact for Schedule {

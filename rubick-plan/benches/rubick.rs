@@ -10,6 +10,7 @@ use rubick_core::planner::round::{Solver, plan_round};
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
 use rubick_core::{MemoryEstimator, PlanSpace};
 use rubick_io::reference::{ReferenceData, locate};
+use rubick_milp::Milp;
 use rubick_sim::trace::load_trace;
 use rubick_sim::truth::TruthMode;
 
@@ -31,7 +32,7 @@ fn round_ms(gpus: u32, jobs: u32, policy: Solver, runs: usize) -> anyhow::Result
     let mut objective = 0.0;
     for _ in 0..runs {
         let start = Instant::now();
-        let r = plan_round(&cluster, &config, &inputs, policy, Duration::from_secs(10), 0)
+        let r = plan_round(&cluster, &config, &inputs, policy, &Milp::new(Duration::from_secs(10)), 0)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         samples.push(start.elapsed().as_secs_f64());
         objective = r.outcome.schedule.objective;
@@ -106,7 +107,7 @@ fn planner_figures() -> anyhow::Result<()> {
     let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
     let (cluster, inputs) = synth::instance(1024, 256, 1, &config)?;
     let start = Instant::now();
-    let r = plan_round(&cluster, &config, &inputs, Solver::Milp, Duration::from_secs(10), 0)
+    let r = plan_round(&cluster, &config, &inputs, Solver::Milp, &Milp::new(Duration::from_secs(10)), 0)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("bench: milp_256jobs_1024gpu_s {:.3} s", start.elapsed().as_secs_f64());
     println!("bench: milp_gap_pct {:.4} %", r.outcome.schedule.solver.gap.unwrap_or(f64::NAN) * 100.0);
@@ -115,7 +116,7 @@ fn planner_figures() -> anyhow::Result<()> {
     for (gpus, jobs) in [(64, 60), (256, 128), (1024, 256)] {
         for seed in 1..=3 {
             let (cluster, inputs) = synth::instance(gpus, jobs, seed, &config)?;
-            let r = plan_round(&cluster, &config, &inputs, Solver::Milp, Duration::from_secs(10), 0)
+            let r = plan_round(&cluster, &config, &inputs, Solver::Milp, &Milp::new(Duration::from_secs(10)), 0)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let (Some(h), milp) = (r.heuristic_objective, r.outcome.schedule.objective) else { continue };
             let pct = if milp.abs() > 1e-12 { (milp - h) / milp.abs() * 100.0 } else { 0.0 };

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use rubick_core::planner::PlannerConfig;
 use rubick_core::planner::round::{Solver, plan_round};
+use rubick_milp::Milp;
 use rubick_plan::synth;
 
 fn main() -> anyhow::Result<()> {
@@ -22,7 +23,7 @@ fn main() -> anyhow::Result<()> {
         let mut samples = Vec::new();
         for _ in 0..repeat {
             let start = Instant::now();
-            plan_round(&cluster, &config, &inputs, Solver::Heuristic, Duration::from_secs(10), 0)
+            plan_round(&cluster, &config, &inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(10)), 0)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             samples.push(start.elapsed().as_secs_f64() * 1e3);
         }
@@ -31,7 +32,7 @@ fn main() -> anyhow::Result<()> {
             println!("{gpus} GPUs / {jobs} jobs / seed {seed}: median of {repeat} rounds {median:.2} ms");
         }
         let start = Instant::now();
-        let r = plan_round(&cluster, &config, &inputs, Solver::Heuristic, Duration::from_secs(10), 0)
+        let r = plan_round(&cluster, &config, &inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(10)), 0)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let wall = start.elapsed();
         let text = serde_yaml_ng::to_string(&r.outcome.schedule)?;
@@ -49,7 +50,7 @@ fn main() -> anyhow::Result<()> {
             Some((path, &r.outcome.schedule)),
         )?;
         let start2 = Instant::now();
-        let r2 = plan_round(&cluster, &config, &inputs2, Solver::Heuristic, Duration::from_secs(10), 1)
+        let r2 = plan_round(&cluster, &config, &inputs2, Solver::Heuristic, &Milp::new(Duration::from_secs(10)), 1)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let wall2 = start2.elapsed();
         std::hash::Hash::hash(&serde_yaml_ng::to_string(&r2.outcome.schedule)?, &mut h);

@@ -258,7 +258,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         })
         .collect();
     let mut policy = args.policy.build(&cluster, &options);
-    let view = View { cluster: &cluster, jobs: &jobs, now_s: config.now_s, measured: None };
+    let view = View { cluster: &cluster, jobs: &jobs, now_s: config.now_s, configs: None };
     let allocations = policy.decide(&view, round);
     let (mut schedule, mut explain) = match policy.last_round() {
         Some(RoundReport::Planned(schedule, explain)) => (*schedule, explain),

@@ -510,7 +510,7 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
                 }
             })
             .collect();
-        let view = View { cluster: self.cluster, jobs: &seen, now_s: t, measured: Some(&self.truth.table) };
+        let view = View { cluster: self.cluster, jobs: &seen, now_s: t, configs: Some(self.truth.table.as_ref()) };
         let new = policy.decide(&view, self.round_no);
         drop(seen);
         self.round_no += 1;
@@ -614,7 +614,7 @@ impl State {
     fn of(sj: &SimJob, cluster: &Cluster, truth: &Truth, evaluator: &mut Evaluator<'_>) -> State {
         let job = &sj.job;
         let mut s = State { remaining: job.iterations as f64, noise: 1.0, ..State::default() };
-        let request = request_config(job, &sj.params, sj.trace_code, evaluator, Some(&truth.table));
+        let request = request_config(job, &sj.params, sj.trace_code, evaluator, Some(truth.table.as_ref()));
         // Remaining work as the policies see it: iterations x predicted GPU-seconds per
         // iteration on the request.
         s.work_per_iter = work_per_iteration(job, &sj.params, request.as_ref(), evaluator);
@@ -888,7 +888,7 @@ mod tests {
         // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
         let sj = job("s", PlanCode::ZeroOffload, 4, 32, false);
         let jobs = [PolicyJob::of(&sj, None, false)];
-        let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None };
+        let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None };
         let out = policy.decide(&view, 0);
         assert_eq!(out[0].as_ref().map(|a| a.cpus), Some(48));
     }

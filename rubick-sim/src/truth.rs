@@ -74,6 +74,10 @@ impl CandidateFilter for MeasuredTable {
     fn config(&self, model: &ModelSpec, plan: &Plan, placement: &Placement) -> bool {
         self.contains(&model.name, plan, placement)
     }
+
+    fn placements(&self, model: &ModelSpec, plan: &Plan, gpus: u32) -> Option<Vec<Placement>> {
+        Some(PlanCode::of(plan).map_or_else(Vec::new, |code| self.placements_of(&model.name, code, gpus)))
+    }
 }
 
 impl MeasuredTable {

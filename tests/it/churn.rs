@@ -7,6 +7,7 @@ use std::time::Duration;
 use rubick_core::planner::round::{Solver, plan_round};
 use rubick_core::planner::{JobInput, PlannerConfig, restart_factor};
 use rubick_core::schedule::{Change, Schedule};
+use rubick_milp::Milp;
 use rubick_plan::synth;
 
 /// Random instances of `jobs` jobs on `nodes` 8-GPU nodes, at one hour on the clock,
@@ -40,7 +41,9 @@ fn instances(nodes: u32, jobs: u32, seeds: std::ops::Range<u64>) -> Vec<(rubick_
 }
 
 fn round(cluster: &rubick_core::Cluster, inputs: &[JobInput], config: &PlannerConfig) -> Option<Schedule> {
-    plan_round(cluster, config, inputs, Solver::Heuristic, Duration::from_secs(5), 0).ok().map(|r| r.outcome.schedule)
+    plan_round(cluster, config, inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(5)), 0)
+        .ok()
+        .map(|r| r.outcome.schedule)
 }
 
 fn base() -> PlannerConfig {

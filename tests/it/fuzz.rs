@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use rubick_core::artifact::parse_yaml;
 use rubick_core::planner::rng::SplitMix64;
 use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator};
+use rubick_milp::Milp;
 use rubick_tests::repo;
 
 /// Values that have broken code: zero, negatives, huge, tiny, not-a-number, the integer
@@ -223,7 +224,7 @@ fn round(cluster: &Cluster, jobs: &[Job]) {
         &config,
         &inputs,
         rubick_core::planner::round::Solver::Heuristic,
-        Duration::from_secs(1),
+        &Milp::new(Duration::from_secs(1)),
         0,
     );
 }

@@ -13,6 +13,7 @@ use rubick_core::planner::round::{RoundResult, Solver, plan_round, plan_round_st
 use rubick_core::planner::{JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_core::{Artifact, Cluster};
+use rubick_milp::Milp;
 use rubick_plan::synth;
 
 /// A small random instance: `nodes` nodes of `per_node` GPUs with random cores and
@@ -119,15 +120,15 @@ proptest! {
             brute::solve(&soft)
         });
         let limit = Duration::from_secs(20);
-        let heuristic = plan_round_strict(&cluster, &config, &inputs, Solver::Heuristic, limit, 0);
-        let milp = plan_round_strict(&cluster, &config, &inputs, Solver::Milp, limit, 0);
+        let heuristic = plan_round_strict(&cluster, &config, &inputs, Solver::Heuristic, &Milp::new(limit), 0);
+        let milp = plan_round_strict(&cluster, &config, &inputs, Solver::Milp, &Milp::new(limit), 0);
         match best {
             None => {
                 prop_assert!(heuristic.is_err(), "brute force finds no feasible round, the heuristic did");
                 prop_assert!(milp.is_err(), "brute force finds no feasible round, the MILP did");
                 // The round itself goes on: a guarantee it cannot keep is reported, not fatal.
                 for policy in [Solver::Heuristic, Solver::Milp] {
-                    let r = plan_round(&cluster, &config, &inputs, policy, limit, 0);
+                    let r = plan_round(&cluster, &config, &inputs, policy, &Milp::new(limit), 0);
                     let r = r.map_err(|e| TestCaseError::fail(format!("{policy:?}: a round failed: {e}")))?;
                     check_schedule(&cluster, &inputs, &r)?;
                     let s = &r.outcome.schedule;
@@ -171,8 +172,8 @@ proptest! {
         jobs in 1u32..=40,
     ) {
         let (cluster, inputs, config) = instance(seed, nodes, 8, cores, mem.round(), jobs);
-        let first = plan_round(&cluster, &config, &inputs, Solver::Heuristic, Duration::from_secs(5), 0);
-        let second = plan_round(&cluster, &config, &inputs, Solver::Heuristic, Duration::from_secs(5), 0);
+        let first = plan_round(&cluster, &config, &inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(5)), 0);
+        let second = plan_round(&cluster, &config, &inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(5)), 0);
         match (first, second) {
             (Ok(a), Ok(b)) => {
                 check_schedule(&cluster, &inputs, &a)?;
@@ -224,7 +225,7 @@ fn show_instance() {
     }
     println!("brute force: {:?}", brute::solve(&book));
     for policy in [Solver::Heuristic, Solver::Milp] {
-        match plan_round(&cluster, &config, &inputs, policy, Duration::from_secs(5), 0) {
+        match plan_round(&cluster, &config, &inputs, policy, &Milp::new(Duration::from_secs(5)), 0) {
             Ok(r) => {
                 println!(
                     "{policy:?}: objective {} heuristic {:?}",
@@ -343,7 +344,7 @@ fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
                 .collect()
         };
         let round = |inputs: &[JobInput]| {
-            plan_round(&cluster, &config, inputs, Solver::Heuristic, Duration::from_secs(5), 0)
+            plan_round(&cluster, &config, inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(5)), 0)
                 .map(|r| r.outcome.schedule)
         };
         let (Ok(plain), Ok(sure), Ok(unsure)) = (round(&inputs), round(&with(0.0)), round(&with(1.0))) else {
@@ -392,7 +393,8 @@ fn the_indexed_heuristic_decides_exactly_as_the_exhaustive_one() {
         instances.push((cluster, inputs, config));
     }
     for (cluster, inputs, config) in &instances {
-        let first = plan_round(cluster, config, inputs, Solver::Heuristic, Duration::from_secs(10), 0).expect("round");
+        let first = plan_round(cluster, config, inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(10)), 0)
+            .expect("round");
         // The second round starts from the first's schedule.
         let batch: Vec<_> = inputs.iter().map(|i| i.job.clone()).collect();
         let params = inputs.iter().map(|i| i.params.clone()).collect();

@@ -6,8 +6,9 @@
 //!    plans the job may run as a function of GPUs, CPU cores, host memory and
 //!    bandwidth class, Pareto-pruned into [`Candidate`]s (the decision space).
 //! 2. [`heuristic`]: Rubick's greedy (guaranteed jobs first, then resources move from
-//!    the lowest to the highest normalised marginal gain). The exact MILP over the same
-//!    candidates lives in `rubick-plan` (it needs the HiGHS solver).
+//!    the lowest to the highest normalised marginal gain). The exact round over the
+//!    same candidates is an [`exact::ExactSolver`] the caller injects (the MILP of
+//!    `rubick-milp`, which links HiGHS).
 //! 3. [`place`]: the chosen candidates onto concrete nodes and GPU indices.
 //!
 //! The decision works on node-group totals (GPUs, cores, memory of all a group's
@@ -17,8 +18,8 @@
 
 pub mod brute;
 pub mod curves;
+pub mod exact;
 pub mod heuristic;
-pub mod milp;
 pub mod place;
 pub mod rng;
 pub mod round;
@@ -121,6 +122,15 @@ pub trait CandidateFilter: Send + Sync + std::fmt::Debug {
     fn config(&self, model: &crate::ModelSpec, plan: &Plan, placement: &Placement) -> bool {
         let _ = (model, plan, placement);
         true
+    }
+
+    /// The placements of `gpus` GPUs on which `plan` may be offered to a job of `model`,
+    /// the most packed first (fewest nodes, then the placement's order), when the filter
+    /// allows only a known list; `None`: it lists none (any placement may pass
+    /// [`CandidateFilter::config`]).
+    fn placements(&self, model: &crate::ModelSpec, plan: &Plan, gpus: u32) -> Option<Vec<Placement>> {
+        let _ = (model, plan, gpus);
+        None
     }
 }
 

@@ -1,15 +1,18 @@
 //! One round end to end, the one place a round is assembled: jobs (with their
 //! performance models and current allocations) in, curves, a decision (the heuristic
-//! or the exact MILP), placement, and a `Schedule` with a per-job explanation out.
+//! or the injected exact solver), placement, and a `Schedule` with a per-job explanation out.
 
 use std::time::{Duration, Instant};
 
 use crate::Cluster;
-use crate::schedule::{Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, Uses};
+use crate::schedule::{
+    Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, SolverStatus, Uses, round6,
+};
 
 use super::curves::{CurveBook, Evaluator};
+use super::exact::{ExactError, ExactSolver};
 use super::place::{NodeState, Repack, place, stranded};
-use super::{Infeasible, JobInput, PlannerConfig, heuristic, milp};
+use super::{Infeasible, JobInput, PlannerConfig, heuristic};
 
 /// The schedule of a decision, and one explanation line per job.
 #[derive(Debug)]
@@ -169,17 +172,13 @@ pub fn assemble(
     Outcome { schedule, explain, nodes }
 }
 
-/// Six significant decimals: plans print the same on every platform.
-pub fn round6(x: f64) -> f64 {
-    if x.is_finite() { (x * 1e6).round() / 1e6 } else { x }
-}
-
 /// How a round decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Solver {
     /// Rubick's greedy heuristic (the MILP only when the greedy misses a guarantee).
     Heuristic,
-    /// The exact MILP over the Pareto candidates, warm-started from the heuristic.
+    /// The exact solver (the MILP) over the Pareto candidates, warm-started from the
+    /// heuristic.
     Milp,
 }
 
@@ -209,7 +208,7 @@ struct Decided {
     objective: f64,
     method: &'static str,
     gap: Option<f64>,
-    status: String,
+    status: SolverStatus,
 }
 
 fn decide(
@@ -218,7 +217,7 @@ fn decide(
     config: &PlannerConfig,
     inputs: &[JobInput],
     policy: Solver,
-    time_limit: Duration,
+    exact: &dyn ExactSolver,
     milp_fallback: bool,
 ) -> (Result<Decided, Infeasible>, Option<f64>) {
     let greedy = heuristic::solve(book, cluster, inputs, config);
@@ -229,26 +228,26 @@ fn decide(
             objective: d.objective,
             method: "heuristic",
             gap: None,
-            status: "heuristic".into(),
+            status: SolverStatus::Heuristic,
         }),
         (Solver::Milp, greedy) => {
             let warm = greedy.as_ref().ok().map(|d| d.choice.clone());
-            match milp::solve(book, cluster, warm.as_deref(), time_limit) {
+            match exact.solve(book, cluster, warm.as_deref()) {
                 Ok(s) if greedy.as_ref().is_ok_and(|d| d.objective > s.objective + 1e-9) => greedy.map(|d| Decided {
                     choice: d.choice,
                     objective: d.objective,
                     method: "heuristic",
                     gap: Some(s.gap),
-                    status: format!("fallback: MILP {}", s.status),
+                    status: SolverStatus::HeuristicBeatExact(s.status),
                 }),
                 Ok(s) => Ok(Decided {
                     choice: s.choice,
                     objective: s.objective,
                     method: "milp",
                     gap: Some(s.gap),
-                    status: s.status.into(),
+                    status: SolverStatus::Exact(s.status),
                 }),
-                Err(milp::MilpError::Infeasible) => Err(greedy.err().unwrap_or_else(|| infeasible(book))),
+                Err(ExactError::Infeasible) => Err(greedy.err().unwrap_or_else(|| infeasible(book))),
                 Err(e) => greedy.map(|d| {
                     tracing::warn!("{e}; using the heuristic's schedule");
                     Decided {
@@ -256,20 +255,20 @@ fn decide(
                         objective: d.objective,
                         method: "heuristic",
                         gap: None,
-                        status: "fallback".into(),
+                        status: SolverStatus::Fallback,
                     }
                 }),
             }
         }
         // The greedy missed a guarantee: let the exact search decide feasibility.
         (Solver::Heuristic, Err(why)) if !milp_fallback => Err(why),
-        (Solver::Heuristic, Err(why)) => match milp::solve(book, cluster, None, time_limit) {
+        (Solver::Heuristic, Err(why)) => match exact.solve(book, cluster, None) {
             Ok(s) => Ok(Decided {
                 choice: s.choice,
                 objective: s.objective,
                 method: "milp",
                 gap: Some(s.gap),
-                status: "heuristic-missed-guarantee".into(),
+                status: SolverStatus::HeuristicMissedGuarantee,
             }),
             Err(_) => Err(why),
         },
@@ -286,11 +285,11 @@ pub fn plan_round(
     config: &PlannerConfig,
     inputs: &[JobInput],
     policy: Solver,
-    time_limit: Duration,
+    exact: &dyn ExactSolver,
     round: u64,
 ) -> Result<RoundResult, Infeasible> {
     let mut evaluator = Evaluator::new(cluster, config);
-    plan_round_with(&mut evaluator, inputs, policy, time_limit, round)
+    plan_round_with(&mut evaluator, inputs, policy, exact, round)
 }
 
 /// [`plan_round`] with an evaluator kept across rounds (its caches of plan spaces and
@@ -304,14 +303,14 @@ pub fn plan_round_with(
     evaluator: &mut Evaluator<'_>,
     inputs: &[JobInput],
     policy: Solver,
-    time_limit: Duration,
+    exact: &dyn ExactSolver,
     round: u64,
 ) -> Result<RoundResult, Infeasible> {
     let mut demoted: Vec<(String, String)> = Vec::new();
     let mut owned: Option<Vec<JobInput>> = None;
     loop {
         let now = owned.as_deref().unwrap_or(inputs);
-        let e = match plan_round_once(evaluator, now, policy, time_limit, round) {
+        let e = match plan_round_once(evaluator, now, policy, exact, round) {
             Ok(mut r) => {
                 mark_demoted(&mut r, inputs, &demoted);
                 return Ok(r);
@@ -363,17 +362,17 @@ pub fn plan_round_strict(
     config: &PlannerConfig,
     inputs: &[JobInput],
     policy: Solver,
-    time_limit: Duration,
+    exact: &dyn ExactSolver,
     round: u64,
 ) -> Result<RoundResult, Infeasible> {
-    plan_round_once(&mut Evaluator::new(cluster, config), inputs, policy, time_limit, round)
+    plan_round_once(&mut Evaluator::new(cluster, config), inputs, policy, exact, round)
 }
 
 fn plan_round_once(
     evaluator: &mut Evaluator<'_>,
     inputs: &[JobInput],
     policy: Solver,
-    time_limit: Duration,
+    exact: &dyn ExactSolver,
     round: u64,
 ) -> Result<RoundResult, Infeasible> {
     let start = Instant::now();
@@ -392,13 +391,12 @@ fn plan_round_once(
         // like locked ones.)
         let hard_locks = book.jobs.iter().any(|j| j.must_run && !j.guaranteed);
         let deciding = Instant::now();
-        let (mut decided, mut heuristic_objective) =
-            decide(&book, cluster, config, inputs, policy, time_limit, !hard_locks);
+        let (mut decided, mut heuristic_objective) = decide(&book, cluster, config, inputs, policy, exact, !hard_locks);
         if decided.is_err() && hard_locks {
             // Guarantees need resources of jobs in their cooldown: let those be paused.
             tracing::debug!("guarantees cannot be met with every job in its cooldown kept; softening the locks");
             book.soften_locks();
-            (decided, heuristic_objective) = decide(&book, cluster, config, inputs, policy, time_limit, true);
+            (decided, heuristic_objective) = decide(&book, cluster, config, inputs, policy, exact, true);
         }
         let d = match (decided, previous) {
             (Ok(d), _) => d,

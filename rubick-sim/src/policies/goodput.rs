@@ -37,17 +37,18 @@
 use std::collections::HashMap;
 
 use rubick_core::planner::curves::{Candidate, CurveBook, Evaluator, JobCurves, host_memory_gib};
+use rubick_core::planner::exact::ExactSolver;
 use rubick_core::planner::place::Repack;
 use rubick_core::planner::round::assemble;
-use rubick_core::planner::{Current, JobInput, Restriction, current_of_assignment, eligible_groups, milp};
-use rubick_core::schedule::SolverStats;
+use rubick_core::planner::{CandidateFilter, Current, JobInput, Restriction, current_of_assignment, eligible_groups};
+use rubick_core::schedule::{SolverStats, SolverStatus};
 use rubick_core::{Cluster, Placement, Plan};
+use rubick_milp::Milp;
 
 use super::planner::RoundReport;
 use super::{
     Policy, PolicyJob, PolicyOptions, View, home_group, request_config, request_plan, traced_plan, users_plan,
 };
-use crate::truth::MeasuredTable;
 
 /// Which peer's objective and constants.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,7 +104,8 @@ const MAX_GPUS: u32 = 64;
 pub(super) struct GoodputPolicy<'a> {
     rule: Rule,
     evaluator: Evaluator<'a>,
-    time_limit: std::time::Duration,
+    /// The exact objective's solver (the MILP with the options' time limit).
+    exact: Milp,
     /// Each present job's row: (group, GPUs, best plan of its layout, throughput) for
     /// every configuration up to the artifacts' largest, the same every round.
     rows: HashMap<String, Vec<(usize, u32, Plan, f64)>>,
@@ -117,7 +119,7 @@ impl<'a> GoodputPolicy<'a> {
         GoodputPolicy {
             rule,
             evaluator: Evaluator::new(cluster, &planner),
-            time_limit: options.milp_time_limit,
+            exact: Milp::new(options.milp_time_limit),
             rows: HashMap::new(),
             last: None,
         }
@@ -176,7 +178,7 @@ impl<'a> GoodputPolicy<'a> {
         &mut self,
         pj: &PolicyJob<'_>,
         (now_s, restart_s): (f64, f64),
-        measured: Option<&MeasuredTable>,
+        configs: Option<&dyn CandidateFilter>,
     ) -> JobCurves {
         let cluster = self.evaluator.cluster;
         let cap = (2 * pj.max_gpus).max(1).min(MAX_GPUS.max(pj.job.request.gpus));
@@ -189,7 +191,7 @@ impl<'a> GoodputPolicy<'a> {
         if raw.is_empty() {
             // No configuration runs its layout (e.g. the trace's TP 5 of GPT-2): its
             // request as the user ran it, a rigid job.
-            fallback = request_config(pj.job, pj.params, pj.trace_code, &mut self.evaluator, measured);
+            fallback = request_config(pj.job, pj.params, pj.trace_code, &mut self.evaluator, configs);
         }
         // The request as a rigid job: its throughput, and (Sia's `_get_rigid_goodputs`)
         // its goodput normalised to its GPU count.
@@ -316,7 +318,7 @@ impl Policy for GoodputPolicy<'_> {
         let mut inputs = Vec::with_capacity(jobs.len());
         for pj in jobs {
             let own = pj.job.restart_cost_s.unwrap_or(restart_s);
-            curves.push(self.curves(pj, (now_s, own), view.measured));
+            curves.push(self.curves(pj, (now_s, own), view.configs));
             inputs.push(JobInput {
                 job: pj.job.clone(),
                 params: pj.params.clone(),
@@ -333,15 +335,24 @@ impl Policy for GoodputPolicy<'_> {
         self.rows.retain(|name, _| present.contains(name.as_str()));
         let book = CurveBook::new(curves, cluster);
         let kept: Vec<Option<usize>> = book.jobs.iter().map(|j| j.current).collect();
-        let (choice, stats) = match milp::solve(&book, cluster, None, self.time_limit) {
+        let (choice, stats) = match self.exact.solve(&book, cluster, None) {
             Ok(s) => {
-                let stats =
-                    SolverStats { method: "milp".into(), gap: Some(s.gap), wall_s: None, status: s.status.into() };
+                let stats = SolverStats {
+                    method: "milp".into(),
+                    gap: Some(s.gap),
+                    wall_s: None,
+                    status: SolverStatus::Exact(s.status),
+                };
                 (s.choice, stats)
             }
             Err(e) => {
                 tracing::debug!("{} round at {now_s}: {e}; allocations kept", self.rule.name);
-                let stats = SolverStats { method: "kept".into(), gap: None, wall_s: None, status: e.to_string() };
+                let stats = SolverStats {
+                    method: "kept".into(),
+                    gap: None,
+                    wall_s: None,
+                    status: SolverStatus::Failed(e.to_string()),
+                };
                 (kept, stats)
             }
         };
@@ -392,18 +403,18 @@ mod tests {
         for name in ["sia", "pollux"] {
             let mut policy = lookup(name).unwrap().build(&cluster, &options());
             let jobs = [PolicyJob::of(&sj, None, false)];
-            let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
+            let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
             let first = first[0].clone().expect("the job starts");
             // Its scale unit: the fewest GPUs its layout (ZeRO data parallelism of a
             // 7B model) fits.
             let unit = first.placement.gpus();
             assert!(unit <= 2, "{name}: {unit}");
             let jobs = [PolicyJob::of(&sj, Some(&first), false)];
-            let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, measured: None }, 1);
+            let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, configs: None }, 1);
             let next = next[0].clone().expect("it runs");
             assert_eq!(next.placement.gpus(), 2 * unit, "{name}: doubles with the whole cluster free");
             let jobs = [PolicyJob::of(&sj, Some(&next), true)];
-            let pinned = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 120.0, measured: None }, 2);
+            let pinned = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 120.0, configs: None }, 2);
             let pinned = pinned[0].clone().expect("it runs");
             if name == "sia" {
                 assert_eq!(pinned.placement.gpus(), 2 * unit, "sia pins a job mid-restore");
@@ -428,7 +439,7 @@ mod tests {
             let mut policy = lookup(name).unwrap().build(&cluster, &options());
             let seen: Vec<PolicyJob<'_>> =
                 jobs.iter().map(|sj| PolicyJob { max_gpus: 4, ..PolicyJob::of(sj, None, false) }).collect();
-            let out = policy.decide(&View { cluster: &cluster, jobs: &seen, now_s: 0.0, measured: None }, 0);
+            let out = policy.decide(&View { cluster: &cluster, jobs: &seen, now_s: 0.0, configs: None }, 0);
             let running: Vec<u32> = out.iter().flatten().map(|c| c.placement.gpus()).collect();
             assert_eq!(running.iter().sum::<u32>(), 8, "{name}: {running:?}");
             if name == "pollux" {

@@ -15,10 +15,9 @@
 
 use std::time::Duration;
 
-use crate::truth::MeasuredTable;
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{Current, PlannerConfig, Restriction};
+use rubick_core::planner::{CandidateFilter, Current, PlannerConfig, Restriction};
 use rubick_core::space::resolve_code;
 use rubick_core::{Cluster, Job, MemoryEstimator, Placement, Plan, PlanCode, PlanRequest};
 
@@ -144,9 +143,9 @@ pub struct View<'a> {
     pub jobs: &'a [PolicyJob<'a>],
     /// The clock (seconds, the jobs' time).
     pub now_s: f64,
-    /// Which configurations the reference measured (not their times), when known:
-    /// where a static job's requested plan ran.
-    pub measured: Option<&'a MeasuredTable>,
+    /// Which configurations exist (e.g. those a reference measured: never their
+    /// times), when known: where a job's requested plan runs as the user asked.
+    pub configs: Option<&'a dyn CandidateFilter>,
 }
 
 /// A scheduling policy.
@@ -282,23 +281,26 @@ pub fn users_plan(
         .or_else(|| evaluator.best_plan(job, params, group, placement, cpus, Restriction::Any).map(|(plan, _)| plan))
 }
 
-/// Where the user's request runs: the requested GPUs packed onto nodes, unless the
-/// reference measured the requested plan only on another placement of as many GPUs
-/// (the authors' simulator charges a static job that measured placement: LLaMA-30B's
-/// `641` on `444444`, not on `888`).
+/// Where the user's request runs: the requested GPUs packed onto nodes, unless
+/// `configs` lists the requested plan's kind only on other placements of as many GPUs
+/// (the authors' simulator charges a static job the placement its plan was measured
+/// on: LLaMA-30B's `641` on `444444`, not on `888`).
 pub fn request_placement(
     job: &Job,
     trace_code: Option<PlanCode>,
     (cluster, group): (&Cluster, usize),
-    measured: Option<&MeasuredTable>,
+    configs: Option<&dyn CandidateFilter>,
 ) -> Option<Placement> {
     let gpus = job.request.gpus;
     let g = &cluster.node_groups[group];
     let packed = Placement::packed(gpus, g.gpus_per_node)?;
-    let Some(table) = measured else { return Some(packed) };
-    let code = request_plan(job, cluster, group).and_then(|p| PlanCode::of(&p)).or(trace_code);
-    let Some(code) = code else { return Some(packed) };
-    let placements = table.placements_of(&job.model.name, code, gpus);
+    let Some(filter) = configs else { return Some(packed) };
+    // The requested plan when it has a kind, else the trace's kind on these GPUs.
+    let plan = request_plan(job, cluster, group)
+        .filter(|p| PlanCode::of(p).is_some())
+        .or_else(|| trace_code.map(|code| code.skeleton(gpus)));
+    let Some(plan) = plan else { return Some(packed) };
+    let placements = filter.placements(&job.model, &plan, gpus).unwrap_or_default();
     if placements.is_empty() || placements.contains(&packed) {
         return Some(packed);
     }
@@ -313,12 +315,12 @@ pub fn request_config(
     params: &Params,
     trace_code: Option<PlanCode>,
     evaluator: &mut Evaluator<'_>,
-    measured: Option<&MeasuredTable>,
+    configs: Option<&dyn CandidateFilter>,
 ) -> Option<Request> {
     let cluster = evaluator.cluster;
     let group = home_group(job, cluster);
     let cpus = job.request.cpus.unwrap_or(cluster.node_groups[group].fair_cpus_per_gpu() * job.request.gpus);
-    let placement = request_placement(job, trace_code, (cluster, group), measured)?;
+    let placement = request_placement(job, trace_code, (cluster, group), configs)?;
     let plan = users_plan(job, params, trace_code, evaluator, (group, &placement), cpus)?;
     Some(Request { group, plan, placement, cpus })
 }
@@ -354,10 +356,9 @@ pub fn schedule_of(
     jobs: &[PolicyJob<'_>],
     allocations: &[Option<Current>],
 ) -> (rubick_core::schedule::Schedule, Vec<String>) {
-    use rubick_core::planner::round::round6;
-    use rubick_core::schedule::{Assignment, Change, NodeShare, Schedule, SolverStats, Uses};
+    use rubick_core::schedule::{Assignment, Change, NodeShare, Schedule, SolverStats, SolverStatus, Uses, round6};
     let cluster = evaluator.cluster;
-    let solver = SolverStats { method: "queue".into(), gap: None, wall_s: None, status: "allocated".into() };
+    let solver = SolverStats { method: "queue".into(), gap: None, wall_s: None, status: SolverStatus::Allocated };
     let mut schedule = Schedule::builder(cluster, round, policy, solver);
     let mut explain = Vec::with_capacity(jobs.len());
     for (pj, alloc) in jobs.iter().zip(allocations) {

@@ -3,7 +3,6 @@
 //! order becomes a weight in the objective.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use rubick_core::planner::curves::Evaluator;
 use rubick_core::planner::{Current, JobInput, Restriction, current_of_assignment};
@@ -13,6 +12,7 @@ use rubick_core::{Cluster, PlanRequest};
 use super::queue::queue_order;
 use super::{PolicyOptions, Queue, View, home_group, request_plan, traced_plan};
 use rubick_core::planner::round::{Solver, plan_round_with};
+use rubick_milp::Milp;
 
 /// The last round of a planner-family policy, for `schedule`.
 #[derive(Debug, Clone)]
@@ -30,7 +30,8 @@ pub(super) struct PlannerFamily<'a> {
     /// Plans keep the user's plan's layout (TP, PP, ZeRO, offload).
     pub keep_layout: bool,
     pub solver: Solver,
-    pub milp_time_limit: Duration,
+    /// The exact round (the MILP with the options' time limit).
+    pub exact: Milp,
     /// Kept across decisions: curves are cached per model.
     pub evaluator: Evaluator<'a>,
     pub last: Option<RoundReport>,
@@ -53,7 +54,7 @@ impl<'a> PlannerFamily<'a> {
             queue: options.queue,
             keep_layout,
             solver,
-            milp_time_limit: options.milp_time_limit,
+            exact: Milp::new(options.milp_time_limit),
             evaluator: Evaluator::new(cluster, &planner),
             last: None,
         }
@@ -120,7 +121,7 @@ impl super::Policy for PlannerFamily<'_> {
                 }
             })
             .collect();
-        match plan_round_with(&mut self.evaluator, &inputs, self.solver, self.milp_time_limit, round) {
+        match plan_round_with(&mut self.evaluator, &inputs, self.solver, &self.exact, round) {
             Ok(r) => {
                 let mut schedule = r.outcome.schedule;
                 schedule.policy = self.name.to_owned();

@@ -165,7 +165,7 @@ impl super::Policy for QueuePolicy<'_> {
     }
 
     fn decide(&mut self, view: &View<'_>, _round: u64) -> Vec<Option<Current>> {
-        let View { cluster, jobs, measured, .. } = *view;
+        let View { cluster, jobs, configs, .. } = *view;
         let evaluator = &mut self.evaluator;
         let mut out: Vec<Option<Current>> = jobs.iter().map(|j| j.current.cloned()).collect();
         let mut nodes = occupied(cluster, &out);
@@ -184,7 +184,7 @@ impl super::Policy for QueuePolicy<'_> {
             let mut first: Option<(usize, rubick_core::Plan, Placement, f64, u32)> = None;
             for (group, g) in eligible_groups(job, cluster) {
                 let fair = g.fair_cpus_per_gpu();
-                let placement = request_placement(job, pj.trace_code, (cluster, group), measured);
+                let placement = request_placement(job, pj.trace_code, (cluster, group), configs);
                 let requested_cpus = job.request.cpus.unwrap_or(fair * job.request.gpus);
                 // The user's plan (the trace's code as measured when our model of the job
                 // rejects it; the best plan on the requested GPUs when there is none).

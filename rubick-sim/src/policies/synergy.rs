@@ -82,18 +82,18 @@ mod tests {
         later.job.submit_time_s = 60.0;
         let mut policy = lookup("synergy").unwrap().build(&cluster, &options);
         let jobs = [PolicyJob::of(&offload, None, false)];
-        let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
+        let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
         let first = first[0].clone().expect("it starts");
         assert_eq!(first.cpus, 48, "the offloading job's demand: twice the fair share");
         let jobs = [PolicyJob::of(&offload, Some(&first), false), PolicyJob::of(&later, None, false)];
-        let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, measured: None }, 1);
+        let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, configs: None }, 1);
         let cores: Vec<Option<u32>> = next.iter().map(|c| c.as_ref().map(|c| c.cpus)).collect();
         assert_eq!(cores[0], Some(24), "the peer at the fair share");
         assert!(cores[1].is_some_and(|c| c <= 24), "the newcomer placed at its demand: {cores:?}");
         // Static-backfill gives each its request: both fit from the start.
         let mut backfill = lookup("static-backfill").unwrap().build(&cluster, &options);
         let jobs = [PolicyJob::of(&offload, None, false)];
-        let out = backfill.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, measured: None }, 0);
+        let out = backfill.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
         assert_eq!(out[0].as_ref().map(|c| c.cpus), Some(24));
     }
 }

@@ -1,5 +1,9 @@
-//! The exact round: a mixed-integer program over the Pareto candidates, solved by
-//! HiGHS.
+//! # rubick-milp: the planner's exact round, solved by HiGHS
+//!
+//! A mixed-integer program over the Pareto candidates, the planner's
+//! [`ExactSolver`]: the only crate that links HiGHS (its C++ library), injected by
+//! the binaries that plan (`rubick-plan`, the MILP policies and Sia/Pollux of
+//! `rubick-policy`).
 //!
 //! One binary `x[j, c]` per job and candidate, maximising `sum value[j, c] x[j, c]`
 //! (normalised throughput, with each running job's restart and minimum-gain cost
@@ -16,37 +20,48 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::CurveBook;
-use crate::Cluster;
 use highs::{HighsModelStatus, RowProblem, Sense};
+use rubick_core::Cluster;
+use rubick_core::planner::CurveBook;
+use rubick_core::planner::exact::{ExactError, ExactSolution, ExactSolver};
+use rubick_core::schedule::ExactStatus;
 
-/// A solved round.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MilpSolution {
-    pub choice: Vec<Option<usize>>,
-    pub objective: f64,
-    /// Relative gap between the solution and the best bound.
-    pub gap: f64,
-    /// `optimal` or `time-limit`.
-    pub status: &'static str,
+/// The MILP with a time limit per round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Milp {
+    pub time_limit: Duration,
 }
 
-/// Why there is no MILP solution.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum MilpError {
-    #[error("no schedule gives every guaranteed job its guarantee")]
-    Infeasible,
-    #[error("HiGHS found no solution: {0}")]
-    Solver(String),
+impl Milp {
+    /// The MILP stopping each round after `time_limit` (with the best solution then).
+    pub fn new(time_limit: Duration) -> Self {
+        Milp { time_limit }
+    }
+}
+
+impl ExactSolver for Milp {
+    fn solve(
+        &self,
+        book: &CurveBook,
+        cluster: &Cluster,
+        warm: Option<&[Option<usize>]>,
+    ) -> Result<ExactSolution, ExactError> {
+        solve(book, cluster, warm, self.time_limit)
+    }
+}
+
+/// The solver's failure, as schedules report it.
+fn failed(why: impl std::fmt::Display) -> ExactError {
+    ExactError::Solver(format!("HiGHS found no solution: {why}"))
 }
 
 /// Solves the round. `warm` is a feasible choice to start from (the heuristic's).
-pub fn solve(
+fn solve(
     book: &CurveBook,
     cluster: &Cluster,
     warm: Option<&[Option<usize>]>,
     time_limit: Duration,
-) -> Result<MilpSolution, MilpError> {
+) -> Result<ExactSolution, ExactError> {
     let mut pb = RowProblem::default();
     let mut cols = Vec::new(); // (job, candidate, column)
     for (j, jc) in book.jobs.iter().enumerate() {
@@ -61,7 +76,7 @@ pub fn solve(
         start += n;
         if jc.must_run {
             if n == 0 {
-                return Err(MilpError::Infeasible);
+                return Err(ExactError::Infeasible);
             }
             pb.add_row(1.0..=1.0, row);
         } else if n > 1 {
@@ -86,9 +101,14 @@ pub fn solve(
         }
     }
     if cols.is_empty() {
-        return Ok(MilpSolution { choice: vec![None; book.jobs.len()], objective: 0.0, gap: 0.0, status: "optimal" });
+        return Ok(ExactSolution {
+            choice: vec![None; book.jobs.len()],
+            objective: 0.0,
+            gap: 0.0,
+            status: ExactStatus::Optimal,
+        });
     }
-    let mut model = pb.try_optimise(Sense::Maximise).map_err(|e| MilpError::Solver(format!("{e:?}")))?;
+    let mut model = pb.try_optimise(Sense::Maximise).map_err(|e| failed(format_args!("{e:?}")))?;
     model.set_threads(NonZeroU32::MIN);
     model.set_option("time_limit", time_limit.as_secs_f64().max(0.01));
     model.set_option("mip_rel_gap", 1e-6);
@@ -105,20 +125,20 @@ pub fn solve(
             tracing::debug!("HiGHS refused the warm start");
         }
     }
-    let solved = model.try_solve().map_err(|e| MilpError::Solver(format!("{e:?}")))?;
+    let solved = model.try_solve().map_err(|e| failed(format_args!("{e:?}")))?;
     let status = match solved.status() {
-        HighsModelStatus::Optimal => "optimal",
-        HighsModelStatus::ReachedTimeLimit => "time-limit",
-        HighsModelStatus::Infeasible => return Err(MilpError::Infeasible),
+        HighsModelStatus::Optimal => ExactStatus::Optimal,
+        HighsModelStatus::ReachedTimeLimit => ExactStatus::TimeLimit,
+        HighsModelStatus::Infeasible => return Err(ExactError::Infeasible),
         other => {
             if solved.primal_solution_status() != highs::HighsSolutionStatus::Feasible {
-                return Err(MilpError::Solver(format!("{other:?}")));
+                return Err(failed(format_args!("{other:?}")));
             }
-            "stopped"
+            ExactStatus::Stopped
         }
     };
     if solved.primal_solution_status() != highs::HighsSolutionStatus::Feasible {
-        return Err(MilpError::Solver(format!("{status} without a feasible solution")));
+        return Err(failed(format_args!("{} without a feasible solution", status.as_str())));
     }
     let x = solved.get_solution();
     let mut choice = vec![None; book.jobs.len()];
@@ -127,7 +147,7 @@ pub fn solve(
             choice[j] = Some(c);
         }
     }
-    let objective = super::objective(book, &choice);
+    let objective = rubick_core::planner::objective(book, &choice);
     let gap = solved.mip_gap();
-    Ok(MilpSolution { choice, objective, gap: if gap.is_finite() { gap.max(0.0) } else { 0.0 }, status })
+    Ok(ExactSolution { choice, objective, gap: if gap.is_finite() { gap.max(0.0) } else { 0.0 }, status })
 }
