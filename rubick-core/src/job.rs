@@ -115,6 +115,33 @@ fn is_zero(x: &u32) -> bool {
 }
 
 impl Job {
+    /// An example: a LLaMA-2-7B-like job of 5,000 iterations submitted at 0, asking
+    /// for `code` on `gpus` GPUs with `cpus` cores (for tests and examples).
+    pub fn example(name: &str, code: crate::PlanCode, gpus: u32, cpus: u32, guaranteed: bool) -> Job {
+        Job {
+            api_version: None,
+            kind: None,
+            name: name.into(),
+            model: ModelSpec::example(),
+            perf_model: None,
+            submit_time_s: 0.0,
+            iterations: 5_000,
+            request: JobRequest {
+                gpus,
+                cpus: Some(cpus),
+                host_memory_gib: None,
+                plan: Some(PlanRequest::Code(code)),
+                gpu_type: None,
+            },
+            guaranteed,
+            resharding: Resharding::Full,
+            restart_cost_s: None,
+            current: None,
+            launch: None,
+            unsupported_plans: Vec::new(),
+        }
+    }
+
     /// The plan features the job's script implements (`launch.supports`), if it says.
     pub fn supports(&self) -> Option<&crate::launch::PlanSupport> {
         self.launch.as_ref().and_then(|l| l.supports.as_ref())

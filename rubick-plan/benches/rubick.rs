@@ -14,8 +14,8 @@ use rubick_milp::Milp;
 use rubick_sim::trace::load_trace;
 use rubick_sim::truth::TruthMode;
 
-fn lookup(name: &str) -> anyhow::Result<&'static rubick_sim::policies::Registration> {
-    rubick_sim::policies::lookup(name).map_err(anyhow::Error::msg)
+fn lookup(name: &str) -> anyhow::Result<&'static rubick_policy::Registration> {
+    rubick_policy::lookup(name).map_err(anyhow::Error::msg)
 }
 use rubick_plan::synth;
 use std::time::Duration;
@@ -200,7 +200,7 @@ fn main() -> anyhow::Result<()> {
             // One simulation of the 406-job base trace with Rubick (FIFO admission).
             let trace = dir.join("workloads/workload-base.csv");
             let (jobs, truth) = load_trace(&trace, &cluster, &data, TruthMode::Oracle)?;
-            let config = rubick_sim::SimConfig::defaults(lookup("rubick")?, rubick_sim::Queue::Fifo);
+            let config = rubick_sim::SimConfig::defaults(lookup("rubick")?, rubick_policy::Queue::Fifo);
             let mut samples = Vec::new();
             for _ in 0..5 {
                 let start = Instant::now();
@@ -266,7 +266,7 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
     std::fs::write(&trace, rubick_sim::logs::to_csv(&rows))?;
     // Jobs made as the simulation reaches them (as `rubick-plan simulate` does).
     let (jobs, truth) = rubick_sim::trace::open_trace(&trace, &cluster, data, TruthMode::Oracle)?;
-    let config = rubick_sim::SimConfig::defaults(lookup("rubick")?, rubick_sim::Queue::Fifo);
+    let config = rubick_sim::SimConfig::defaults(lookup("rubick")?, rubick_policy::Queue::Fifo);
     let start = Instant::now();
     let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
     println!("bench: sim_100k_jobs_4096gpu_s {:.1} s", start.elapsed().as_secs_f64());
@@ -307,7 +307,7 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
         let (jobs, truth) = rubick_sim::trace::open_trace(&trace, &cluster, data, TruthMode::Oracle)?;
         let mut got = std::collections::HashMap::new();
         for &policy in policies {
-            let mut config = rubick_sim::SimConfig::defaults(lookup(policy)?, rubick_sim::Queue::Fifo);
+            let mut config = rubick_sim::SimConfig::defaults(lookup(policy)?, rubick_policy::Queue::Fifo);
             (config.noise_sigma, config.seed) = (NOISE, 1);
             let start = Instant::now();
             let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
@@ -340,8 +340,9 @@ fn simulation_figures(
     data: &ReferenceData,
     dir: &std::path::Path,
 ) -> anyhow::Result<()> {
+    use rubick_policy::Queue;
     use rubick_sim::summary::summarize;
-    use rubick_sim::{Queue, SimConfig, simulate_seeds};
+    use rubick_sim::{SimConfig, simulate_seeds};
     let trace = dir.join("workloads/workload-base.csv");
     let (jobs, truth) = load_trace(&trace, cluster, data, TruthMode::Oracle)?;
     let run = |jobs: &[rubick_sim::SimJob], truth: &rubick_sim::truth::Truth, mut config: SimConfig| {

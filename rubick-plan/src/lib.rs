@@ -15,7 +15,6 @@ use rubick_core::artifact::{self, Kind};
 use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator, PlanSpace};
 use rubick_io::cli::{ListFormat, LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::{load_artifact, parse_artifact, read_text};
-use rubick_sim::policies;
 
 pub mod curves;
 pub mod round;
@@ -219,23 +218,23 @@ fn schema(name: &str) -> anyhow::Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-/// `--policy`: a name of [`policies::REGISTRY`], each listed with its summary.
-pub fn policy_parser() -> impl clap::builder::TypedValueParser<Value = &'static policies::Registration> {
+/// `--policy`: a name of [`rubick_policy::REGISTRY`], each listed with its summary.
+pub fn policy_parser() -> impl clap::builder::TypedValueParser<Value = &'static rubick_policy::Registration> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-    PossibleValuesParser::new(policies::REGISTRY.iter().map(|r| PossibleValue::new(r.name).help(r.summary)))
-        .map(|name| policies::lookup(&name).unwrap_or(&policies::REGISTRY[0]))
+    PossibleValuesParser::new(rubick_policy::REGISTRY.iter().map(|r| PossibleValue::new(r.name).help(r.summary)))
+        .map(|name| rubick_policy::lookup(&name).unwrap_or(&rubick_policy::REGISTRY[0]))
 }
 
 /// `--queue`: fifo, las or srpt.
-pub fn queue_parser() -> impl clap::builder::TypedValueParser<Value = policies::Queue> {
+pub fn queue_parser() -> impl clap::builder::TypedValueParser<Value = rubick_policy::Queue> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-    let help = |q: policies::Queue| match q {
-        policies::Queue::Fifo => "first come, first served (the paper's)",
-        policies::Queue::Las => "least attained service (GPU-seconds so far; Tiresias)",
-        policies::Queue::Srpt => "shortest remaining work (iterations left x predicted GPU-seconds each)",
+    let help = |q: rubick_policy::Queue| match q {
+        rubick_policy::Queue::Fifo => "first come, first served (the paper's)",
+        rubick_policy::Queue::Las => "least attained service (GPU-seconds so far; Tiresias)",
+        rubick_policy::Queue::Srpt => "shortest remaining work (iterations left x predicted GPU-seconds each)",
     };
-    PossibleValuesParser::new(policies::Queue::ALL.map(|q| PossibleValue::new(q.as_str()).help(help(q))))
-        .map(|name| name.parse().unwrap_or(policies::Queue::Fifo))
+    PossibleValuesParser::new(rubick_policy::Queue::ALL.map(|q| PossibleValue::new(q.as_str()).help(help(q))))
+        .map(|name| name.parse().unwrap_or(rubick_policy::Queue::Fifo))
 }
 
 /// Loads the cluster of `--cluster`.

@@ -11,8 +11,8 @@ use rubick_io::reference::ReferenceData;
 
 use crate::round::job_inputs;
 use rubick_io::beliefs::ModelSource;
-use rubick_sim::policies::planner::RoundReport;
-use rubick_sim::policies::{
+use rubick_policy::planner::RoundReport;
+use rubick_policy::{
     PolicyJob, PolicyOptions, Queue, Registration, View, request_config, schedule_of, work_per_iteration,
 };
 

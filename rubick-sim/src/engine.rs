@@ -28,7 +28,7 @@ use rubick_core::planner::{Candidates, Current, PlannerConfig, ReferencePlans};
 use rubick_core::schedule::Change;
 use rubick_core::{Cluster, Job, Placement, Plan, PlanCode};
 
-use crate::policies::{
+use rubick_policy::{
     Policy, PolicyJob, PolicyOptions, Queue, Registration, Request, View, request_config, work_per_iteration,
 };
 
@@ -41,7 +41,7 @@ pub struct SimConfig {
     /// policy that reconfigures, when cooldowns end: the simulator before issue 29).
     pub interval_s: Option<f64>,
     pub restart_penalty_s: f64,
-    /// The policy, from [`crate::policies::REGISTRY`].
+    /// The policy, from [`rubick_policy::REGISTRY`].
     pub policy: &'static Registration,
     pub queue: Queue,
     pub planner: PlannerConfig,
@@ -109,34 +109,10 @@ pub struct SimJob {
 }
 
 impl SimJob {
-    /// An example: a LLaMA-2-7B-like job of 5,000 iterations submitted at 0, asking
-    /// for `code` on `gpus` GPUs with `cpus` cores, its belief the FLOPs-based default
-    /// (for tests and examples).
+    /// [`Job::example`] with its belief the FLOPs-based default (for tests and examples).
     pub fn example(name: &str, code: PlanCode, gpus: u32, cpus: u32, guaranteed: bool) -> SimJob {
-        let model = rubick_core::ModelSpec::example();
-        let params = rubick_core::planner::curves::default_params(&model);
-        let job = Job {
-            api_version: None,
-            kind: None,
-            name: name.into(),
-            model,
-            perf_model: None,
-            submit_time_s: 0.0,
-            iterations: 5_000,
-            request: rubick_core::job::JobRequest {
-                gpus,
-                cpus: Some(cpus),
-                host_memory_gib: None,
-                plan: Some(rubick_core::PlanRequest::Code(code)),
-                gpu_type: None,
-            },
-            guaranteed,
-            resharding: rubick_core::job::Resharding::Full,
-            restart_cost_s: None,
-            current: None,
-            launch: None,
-            unsupported_plans: Vec::new(),
-        };
+        let job = Job::example(name, code, gpus, cpus, guaranteed);
+        let params = rubick_core::planner::curves::default_params(&job.model);
         SimJob { job, params, trace_code: None }
     }
 }
@@ -794,8 +770,8 @@ pub fn simulate_seeds<S: JobSource + ?Sized>(
 mod tests {
     use rubick_core::perfmodel::Links;
 
-    use crate::policies::request_plan;
     use crate::truth::TruthMode;
+    use rubick_policy::request_plan;
 
     use super::*;
 
@@ -839,7 +815,7 @@ mod tests {
 
     fn run(jobs: &[SimJob], script: Vec<Option<Current>>) -> SimResult {
         let cluster = Cluster::example();
-        let config = SimConfig::defaults(crate::policies::lookup("rubick").unwrap(), Queue::Fifo);
+        let config = SimConfig::defaults(rubick_policy::lookup("rubick").unwrap(), Queue::Fifo);
         let truth = no_rows();
         let planner = planner_config(&config, &truth);
         Simulation::new(&cluster, (jobs.len(), jobs.arrivals()), &truth, &config, &planner, true)
@@ -877,7 +853,7 @@ mod tests {
     #[test]
     fn synergy_gives_the_sensitivity_optimal_cores_not_the_request() {
         let cluster = Cluster::example();
-        let config = SimConfig::defaults(crate::policies::lookup("synergy").unwrap(), Queue::Fifo);
+        let config = SimConfig::defaults(rubick_policy::lookup("synergy").unwrap(), Queue::Fifo);
         let options = PolicyOptions {
             queue: config.queue,
             planner: planner_config(&config, &no_rows()),
@@ -887,7 +863,20 @@ mod tests {
         // ZeRO-Offload on 4 GPUs asking 8 cores per GPU; profiled at 4 per GPU, its CPU
         // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
         let sj = job("s", PlanCode::ZeroOffload, 4, 32, false);
-        let jobs = [PolicyJob::of(&sj, None, false)];
+        let jobs = [PolicyJob {
+            job: &sj.job,
+            params: &sj.params,
+            evidence: None,
+            trace_code: None,
+            current: None,
+            remaining: 1000.0,
+            remaining_work: 1.0,
+            attained_gpu_s: 0.0,
+            first_start_s: None,
+            restarts: 0,
+            restoring: false,
+            max_gpus: 0,
+        }];
         let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None };
         let out = policy.decide(&view, 0);
         assert_eq!(out[0].as_ref().map(|a| a.cpus), Some(48));
@@ -902,7 +891,7 @@ mod tests {
         let old = job("old", PlanCode::ZeroDp, 64, 512, false);
         let mut young = job("young", PlanCode::ZeroDp, 64, 512, false);
         young.job.submit_time_s = 120.0;
-        let config = SimConfig::defaults(crate::policies::lookup("rubick-no-resize").unwrap(), Queue::Fifo);
+        let config = SimConfig::defaults(rubick_policy::lookup("rubick-no-resize").unwrap(), Queue::Fifo);
         let r = simulate(&cluster, &[old, young][..], &no_rows(), &config, |_, _| {});
         let (o, y) = (&r.jobs[0], &r.jobs[1]);
         assert_eq!(o.restarts, 0, "the running job was paused");

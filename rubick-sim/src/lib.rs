@@ -4,8 +4,8 @@
 //!
 //! * [`truth`]: how fast a configuration *really* runs (measured rows, an oracle fitted
 //!   on all of them), kept apart from what a policy believes;
-//! * [`policies`]: Rubick, its MILP and ablations, and the baselines (static queues,
-//!   Synergy, AntMan, elastic), one registry by name;
+//! * the policies it runs are `rubick_policy`'s (one registry by name, shared with
+//!   `rubick-plan schedule`); they see what [`engine`] hands them, never [`truth`];
 //! * [`engine`]: the simulation as steps (jobs arrive, the policy decides, the round
 //!   advances under the truth, results), driven by [`simulate`];
 //! * [`trace`]: a trace's jobs with their beliefs; [`logs`]: real clusters' job logs
@@ -16,10 +16,8 @@
 
 pub mod engine;
 pub mod logs;
-pub mod policies;
 pub mod summary;
 pub mod trace;
 pub mod truth;
 
 pub use engine::{JobResult, SimConfig, SimJob, SimResult, simulate, simulate_seeds};
-pub use policies::Queue;

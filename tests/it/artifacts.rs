@@ -9,7 +9,9 @@ use rubick_core::cluster::NodeGroup;
 use rubick_core::job::{CurrentAllocation, JobRequest, Resharding};
 use rubick_core::model::{MeasuredLimits, StateBytes, TpPp};
 use rubick_core::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
-use rubick_core::schedule::{Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, Totals};
+use rubick_core::schedule::{
+    Assignment, Change, ExactStatus, GuaranteeStatus, NodeShare, Schedule, SolverStats, SolverStatus, Totals,
+};
 use rubick_core::*;
 
 fn pow2(max_exp: u32) -> impl Strategy<Value = u32> {
@@ -249,7 +251,7 @@ fn schedule() -> impl Strategy<Value = Schedule> {
                 method: "heuristic".into(),
                 gap: None,
                 wall_s: Some(0.001),
-                status: "optimal".into(),
+                status: SolverStatus::Exact(ExactStatus::Optimal),
             },
         }
     })

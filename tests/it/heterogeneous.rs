@@ -4,9 +4,10 @@
 
 use rubick_core::perfmodel::Links;
 use rubick_core::{Cluster, PlanCode};
-use rubick_sim::policies::lookup;
+use rubick_policy::Queue;
+use rubick_policy::lookup;
 use rubick_sim::truth::{Basis, Truth, TruthMode};
-use rubick_sim::{Queue, SimConfig, SimJob, SimResult, simulate};
+use rubick_sim::{SimConfig, SimJob, SimResult, simulate};
 
 /// 2 nodes of the testbed's A800s and 2 of a GPU twice as fast.
 fn mixed() -> Cluster {
@@ -77,7 +78,7 @@ fn the_truth_on_other_hardware_is_scaled_and_extrapolated() {
     let cluster = mixed();
     let truth = truth(&cluster);
     let sj = &jobs(1, None)[0];
-    let plan = rubick_sim::policies::request_plan(&sj.job, &cluster, 0).unwrap();
+    let plan = rubick_policy::request_plan(&sj.job, &cluster, 0).unwrap();
     let placement = rubick_core::Placement::new(vec![8]).unwrap();
     let (slow, _) = truth.iter_time_s(&sj.job.model, &sj.params, &cluster.node_groups[0], &plan, &placement, 32);
     let (fast, basis) = truth.iter_time_s(&sj.job.model, &sj.params, &cluster.node_groups[1], &plan, &placement, 32);

@@ -20,10 +20,11 @@ use rubick_io::reference::ReferenceData;
 use rubick_sim::truth::TruthMode;
 
 use plots::{CdfFigure, GanttFigure, RestartsFigure, UsageFigure};
-use rubick_sim::policies::Registration;
+use rubick_policy::Queue;
+use rubick_policy::Registration;
 use rubick_sim::summary::summarize;
 use rubick_sim::trace::open_trace;
-use rubick_sim::{Queue, SimConfig, SimJob, SimResult, simulate_seeds};
+use rubick_sim::{SimConfig, SimJob, SimResult, simulate_seeds};
 
 const SIMULATE_EXAMPLES: &str = "\
 Examples:

@@ -382,8 +382,7 @@ impl Policy for GoodputPolicy<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SimJob;
-    use crate::policies::lookup;
+    use crate::lookup;
     use rubick_core::PlanCode;
 
     fn options() -> PolicyOptions {
@@ -399,21 +398,21 @@ mod tests {
     #[test]
     fn a_job_starts_small_doubles_per_round_and_sia_pins_a_restore() {
         let cluster = Cluster::example();
-        let sj = SimJob::example("a", PlanCode::ZeroDp, 8, 96, false);
+        let (job, params) = PolicyJob::example("a", PlanCode::ZeroDp, 8, 96);
         for name in ["sia", "pollux"] {
             let mut policy = lookup(name).unwrap().build(&cluster, &options());
-            let jobs = [PolicyJob::of(&sj, None, false)];
+            let jobs = [PolicyJob::of(&job, &params, None, false)];
             let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
             let first = first[0].clone().expect("the job starts");
             // Its scale unit: the fewest GPUs its layout (ZeRO data parallelism of a
             // 7B model) fits.
             let unit = first.placement.gpus();
             assert!(unit <= 2, "{name}: {unit}");
-            let jobs = [PolicyJob::of(&sj, Some(&first), false)];
+            let jobs = [PolicyJob::of(&job, &params, Some(&first), false)];
             let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, configs: None }, 1);
             let next = next[0].clone().expect("it runs");
             assert_eq!(next.placement.gpus(), 2 * unit, "{name}: doubles with the whole cluster free");
-            let jobs = [PolicyJob::of(&sj, Some(&next), true)];
+            let jobs = [PolicyJob::of(&job, &params, Some(&next), true)];
             let pinned = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 120.0, configs: None }, 2);
             let pinned = pinned[0].clone().expect("it runs");
             if name == "sia" {
@@ -432,13 +431,12 @@ mod tests {
     fn pollux_spreads_gpus_over_jobs_and_sia_concentrates_them() {
         let mut cluster = Cluster::example();
         cluster.node_groups[0].count = 1;
-        let jobs: Vec<SimJob> =
-            (0..10).map(|k| SimJob::example(&format!("j{k}"), PlanCode::ZeroDp, 4, 48, false)).collect();
+        let jobs: Vec<_> = (0..10).map(|k| PolicyJob::example(&format!("j{k}"), PlanCode::ZeroDp, 4, 48)).collect();
         let mut unit = 0;
         for name in ["pollux", "sia"] {
             let mut policy = lookup(name).unwrap().build(&cluster, &options());
             let seen: Vec<PolicyJob<'_>> =
-                jobs.iter().map(|sj| PolicyJob { max_gpus: 4, ..PolicyJob::of(sj, None, false) }).collect();
+                jobs.iter().map(|(j, p)| PolicyJob { max_gpus: 4, ..PolicyJob::of(j, p, None, false) }).collect();
             let out = policy.decide(&View { cluster: &cluster, jobs: &seen, now_s: 0.0, configs: None }, 0);
             let running: Vec<u32> = out.iter().flatten().map(|c| c.placement.gpus()).collect();
             assert_eq!(running.iter().sum::<u32>(), 8, "{name}: {running:?}");

@@ -1,3 +1,5 @@
+//! # rubick-policy: who runs where, and how
+//!
 //! Scheduling policies: one trait ([`Policy`]), one module per policy, one registry
 //! ([`REGISTRY`]) by name that `rubick-plan schedule --policy` and `simulate --policy`
 //! share.
@@ -117,10 +119,10 @@ pub struct PolicyJob<'a> {
 impl<'a> PolicyJob<'a> {
     /// A job of a test as a policy sees it: 1,000 iterations left, `current` its
     /// allocation (the most GPUs it has held), `restoring` whether it restarts now.
-    pub(crate) fn of(sj: &'a crate::SimJob, current: Option<&'a Current>, restoring: bool) -> Self {
+    pub(crate) fn of(job: &'a Job, params: &'a Params, current: Option<&'a Current>, restoring: bool) -> Self {
         PolicyJob {
-            job: &sj.job,
-            params: &sj.params,
+            job,
+            params,
             evidence: None,
             trace_code: None,
             current,
@@ -132,6 +134,13 @@ impl<'a> PolicyJob<'a> {
             restoring,
             max_gpus: current.map_or(0, |c| c.placement.gpus()),
         }
+    }
+
+    /// [`Job::example`] and its belief, the FLOPs-based default.
+    pub(crate) fn example(name: &str, code: PlanCode, gpus: u32, cpus: u32) -> (Job, Params) {
+        let job = Job::example(name, code, gpus, cpus, false);
+        let params = rubick_core::planner::curves::default_params(&job.model);
+        (job, params)
     }
 }
 

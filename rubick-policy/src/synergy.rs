@@ -59,8 +59,7 @@ pub(super) fn build<'a>(cluster: &'a Cluster, options: &PolicyOptions) -> Box<dy
 
 #[cfg(test)]
 mod tests {
-    use crate::SimJob;
-    use crate::policies::{PolicyJob, PolicyOptions, View, lookup};
+    use crate::{PolicyJob, PolicyOptions, View, lookup};
     use rubick_core::{Cluster, PlanCode};
 
     /// Where cores bind (one node of 8 GPUs and 48 cores), an offloading job first gets
@@ -77,22 +76,25 @@ mod tests {
             planner: rubick_core::planner::PlannerConfig { profiled_cpus_per_gpu: Some(4), ..Default::default() },
             milp_time_limit: std::time::Duration::from_secs(1),
         };
-        let offload = SimJob::example("offload", PlanCode::ZeroOffload, 4, 24, false);
-        let mut later = SimJob::example("later", PlanCode::ZeroDp, 4, 24, false);
-        later.job.submit_time_s = 60.0;
+        let offload = PolicyJob::example("offload", PlanCode::ZeroOffload, 4, 24);
+        let mut later = PolicyJob::example("later", PlanCode::ZeroDp, 4, 24);
+        later.0.submit_time_s = 60.0;
         let mut policy = lookup("synergy").unwrap().build(&cluster, &options);
-        let jobs = [PolicyJob::of(&offload, None, false)];
+        let jobs = [PolicyJob::of(&offload.0, &offload.1, None, false)];
         let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
         let first = first[0].clone().expect("it starts");
         assert_eq!(first.cpus, 48, "the offloading job's demand: twice the fair share");
-        let jobs = [PolicyJob::of(&offload, Some(&first), false), PolicyJob::of(&later, None, false)];
+        let jobs = [
+            PolicyJob::of(&offload.0, &offload.1, Some(&first), false),
+            PolicyJob::of(&later.0, &later.1, None, false),
+        ];
         let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, configs: None }, 1);
         let cores: Vec<Option<u32>> = next.iter().map(|c| c.as_ref().map(|c| c.cpus)).collect();
         assert_eq!(cores[0], Some(24), "the peer at the fair share");
         assert!(cores[1].is_some_and(|c| c <= 24), "the newcomer placed at its demand: {cores:?}");
         // Static-backfill gives each its request: both fit from the start.
         let mut backfill = lookup("static-backfill").unwrap().build(&cluster, &options);
-        let jobs = [PolicyJob::of(&offload, None, false)];
+        let jobs = [PolicyJob::of(&offload.0, &offload.1, None, false)];
         let out = backfill.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
         assert_eq!(out[0].as_ref().map(|c| c.cpus), Some(24));
     }
