@@ -3,9 +3,10 @@
 //! Plans, placements, clusters, model specifications, the GPU-memory estimate, plan
 //! spaces and the versioned artifacts that the rubick tools exchange.
 //!
-//! **This crate does no I/O**: no files, processes, network or GPUs. Everything here
-//! is a pure function of its inputs, deterministic, and cannot fail for reasons
-//! outside its arguments. Reading and writing files lives in `rubick-io`.
+//! **This crate does no I/O** but the clock and logs: no files, processes, network or
+//! GPUs. Everything here is a deterministic function of its inputs (the planner reads
+//! the clock only to report a round's wall time), and cannot fail for reasons outside
+//! its arguments. Reading and writing files lives in `rubick-io`.
 
 pub mod artifact;
 pub mod cluster;

@@ -1,7 +1,7 @@
 //! The `PerfModel` artifact: a job's fitted performance-model parameters.
 //!
 //! The model form itself (how parameters turn into iteration time) is versioned by
-//! `form`; fitting and evaluation are added by the rubick-fit work.
+//! `form`; fitting is [`crate::fit`], evaluation [`crate::perfmodel`].
 
 use std::collections::BTreeMap;
 

@@ -3,9 +3,13 @@
 //! * [`files`]: artifact files (YAML) and atomic writes, `-` for stdin/stdout;
 //! * [`table`]: CSV and Parquet tables through polars, checked against the column
 //!   schemas of `rubick_core::tables`;
-//! * [`reference`]: the Rubick authors' reference data as core types;
+//! * [`reference`]: the Rubick authors' reference data as core types; [`external`]:
+//!   others' measurements (`reference/external/`) as profile rows; [`beliefs`]: the
+//!   fitted models a simulation's policies believe, per model;
 //! * [`plot`]: figures as PNG or SVG with a bundled font;
-//! * [`cli`]: conventions every rubick binary shares (logging, exit codes, formats).
+//! * [`cli`]: conventions every rubick binary shares (logging, exit codes, formats);
+//! * [`testing`]: what a test needs that may be absent (a Slurm, PyTorch, the
+//!   reference data): skipped visibly, a failure where it is required (CI).
 
 pub mod beliefs;
 pub mod cli;

@@ -2,8 +2,9 @@
 //!
 //! One run of a job under a plan: its argv and environment from the contract
 //! ([`rubick_core::launch`]), the generated DeepSpeed configuration written beside it,
-//! the process started in a process group of its own, its metric lines collected, and
-//! the whole group killed at `timeoutS`, so that no process of a run outlives it.
+//! started under one of three backends (a local process group of its own, a Slurm
+//! job, a Kubeflow PyTorchJob on Kubernetes), its metric lines collected, and all of it
+//! killed at `timeoutS`, so that no process of a run outlives it.
 //! `rubick-profile` and `rubick-run` both use this crate; neither depends on the other.
 //!
 //! Modules, from the leaves up:

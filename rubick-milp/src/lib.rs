@@ -1,9 +1,9 @@
 //! # rubick-milp: the planner's exact round, solved by HiGHS
 //!
 //! A mixed-integer program over the Pareto candidates, the planner's
-//! [`ExactSolver`]: the only crate that links HiGHS (its C++ library), injected by
-//! the binaries that plan (`rubick-plan`, the MILP policies and Sia/Pollux of
-//! `rubick-policy`).
+//! [`ExactSolver`]: the only crate that links HiGHS (its C++ library). The policies
+//! of `rubick-policy` that solve exactly (`rubick`'s fallback, `rubick-milp`, Sia,
+//! Pollux) build it, so only `rubick-plan` among the binaries links it.
 //!
 //! One binary `x[j, c]` per job and candidate, maximising `sum value[j, c] x[j, c]`
 //! (normalised throughput, with each running job's restart and minimum-gain cost

@@ -292,7 +292,7 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
     let dir = tempfile::tempdir()?;
     for (gpus, nodes, limit, policies) in [
         // (The peers' rows on Philly take minutes each, Sia's and Pollux's exact
-        // solve every 60 s most: they are in the closing note of issue 29, not here.)
+        // solve every 60 s most: `data/restarts-churn-and-peers.md` has them, not here.)
         (64u32, 8u32, 1000usize, &["rubick", "static", "static-backfill"][..]),
         (512, 64, 8000, &["rubick", "static", "static-backfill"][..]),
     ] {

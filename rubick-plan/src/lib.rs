@@ -4,6 +4,9 @@
 //!   exact MILP), placed on nodes;
 //! * `curves`: every job's resource sensitivity curve, as a table and a plot;
 //! * `synth`: a realistic synthetic cluster and batch;
+//! * `trace` (a real cluster's job log, Philly's or Slurm's `sacct`, as a trace),
+//!   `simulate` (replay a trace against a policy of `rubick_policy` under the
+//!   simulator of `rubick_sim`) and `compare` (simulation summaries side by side);
 //! * `space` (a job's feasible plans on N GPUs, with their memory estimate), `check`
 //!   (validate artifacts) and `schema` (print the JSON Schemas).
 

@@ -16,7 +16,7 @@ use rubick_policy::{
     PolicyJob, PolicyOptions, Queue, Registration, View, request_config, schedule_of, work_per_iteration,
 };
 
-/// The planner's restart rules (issue 29), shared by `schedule`, `curves` and
+/// The planner's restart rules (restart factor, growth bound, restart cap, kept requests, scale-out efficiency), shared by `schedule`, `curves` and
 /// `simulate`; each off for ablation.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ChurnArgs {
@@ -82,7 +82,7 @@ pub struct PlannerArgs {
     /// A job gets at most this many times its requested GPUs (at least a node)
     #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
     pub max_scale: u32,
-    /// The restart rules (issue 29)
+    /// The restart rules
     #[command(flatten)]
     pub churn: ChurnArgs,
     /// Time of the round on the jobs' clock (s); default: the batch's `nowS` (`rubick-run

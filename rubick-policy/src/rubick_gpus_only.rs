@@ -2,7 +2,7 @@
 //! plan layout is kept (data parallelism takes the GPUs) and every job gets the node's
 //! fair share of cores per GPU. Rubick's own planner, valuation and restart rule:
 //! what Rubick gains from choosing plans and cores, not a model of Sia or Pollux
-//! (those are `sia` and `pollux`). Called `elastic` before issue 29.
+//! (those are `sia` and `pollux`). Formerly called `elastic`.
 
 use rubick_core::Cluster;
 

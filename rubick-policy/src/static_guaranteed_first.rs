@@ -4,7 +4,7 @@
 //! requested, else one per GPU from whatever the nodes have left).
 //!
 //! This is the scheduling half of AntMan (Xiao et al., OSDI 2020), and only that: it
-//! was called `antman` before issue 29. AntMan's mechanism is GPU sharing: opportunistic
+//! was formerly called `antman`. AntMan's mechanism is GPU sharing: opportunistic
 //! jobs packed onto the GPUs of resource-guarantee jobs, using their idle memory and
 //! cycles under a dynamic memory and compute limit enforced inside the framework. This
 //! simulator allocates whole GPUs and has no model of co-located jobs' interference

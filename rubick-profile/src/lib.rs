@@ -3,8 +3,8 @@
 //! * `devices` — this machine's GPUs through NVML (or its CPU when there is no
 //!   driver), and a `Cluster` of it for `run`;
 //! * `run` — measure the job's configurations through its `launch` section (the job
-//!   contract of `rubick_core::launch`, executed by `rubick-launch`), locally or on
-//!   Slurm, into a profile table that `rubick-fit fit` reads;
+//!   contract of `rubick_core::launch`, executed by `rubick-launch`), locally, on
+//!   Slurm or on Kubernetes, into a profile table that `rubick-fit fit` reads;
 //! * `compare` — the CI gate: per configuration, the throughput change of two
 //!   profiles with its noise; exit 1 on a regression beyond threshold and noise.
 

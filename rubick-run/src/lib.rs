@@ -6,7 +6,9 @@
 //! * `apply` — reconcile a schedule with what runs: start, reconfigure (stop signal,
 //!   checkpoint, relaunch under the new plan), preempt; idempotent and crash-safe;
 //! * `status` — what runs where and how fast (table, YAML, Prometheus text);
-//! * `stop` — stop a job for good; `check` — validate schedules.
+//! * `stop` — stop a job for good; `logs` — a run's log; `delete` — forget a job
+//!   that ended; `cluster` — the cluster a backend really has; `check` — validate
+//!   schedules.
 //!
 //! The reconcile decision is a pure function ([`reconcile`]), and so is what a job
 //! becomes after its run ended ([`lifecycle`]); the state directory ([`state`]) is

@@ -8,7 +8,7 @@
 //! submission; makespan = the end of the round in which the last job finishes.
 //!
 //! **Ground truth vs belief**: a job progresses at the truth's iteration time of its
-//! allocation ([`rubick_core::truth`]: measured rows, scaled by an oracle fitted on all
+//! allocation ([`crate::truth`]: measured rows, scaled by an oracle fitted on all
 //! of them for micro-batch, accumulation and cores, the oracle elsewhere; each second
 //! classed measured, interpolated or extrapolated), times a log-normal noise drawn per
 //! allocation. Policies only ever see their beliefs (models fitted on a few rows).
@@ -38,7 +38,7 @@ pub struct SimConfig {
     pub round_s: f64,
     /// Every policy decides every this many seconds (rounded up to whole rounds), and
     /// whenever a job arrives or finishes; `None`: on those events only (and, for a
-    /// policy that reconfigures, when cooldowns end: the simulator before issue 29).
+    /// policy that reconfigures, when cooldowns end: the simulator's earlier behaviour).
     pub interval_s: Option<f64>,
     pub restart_penalty_s: f64,
     /// The policy, from [`rubick_policy::REGISTRY`].
@@ -63,7 +63,7 @@ impl SimConfig {
     /// layout with a 30 % margin on predictions, the planner's restart rules
     /// (restart factor, 2x growth, 5-restart cap, requests kept, scale-out efficiency;
     /// see [`PlannerConfig`]), decisions every 60 s, the reference's profiled cores per
-    /// GPU. Before issue 29: changes worth half a request, 20-round cooldowns and
+    /// GPU. The earlier defaults: changes worth half a request, 20-round cooldowns and
     /// decisions on events only (`--change-min-gain 0.5 --cooldown 20 --interval 0
     /// --restart-factor false --max-growth 0 --restart-cap 0 --keep-request false
     /// --scale-out-efficiency 0`).

@@ -1,7 +1,7 @@
 //! How a run ended and which processes are the run: rubick-run reads both as the launch
 //! library does.
 
-/// Issue 19, "two functions decide how a run ended, and disagree": rubick-run's reading
+/// One classification of how a run ended: rubick-run's reading
 /// is the launch library's — exit 3 and a framework's out-of-memory message in the log
 /// are out of memory (never retried), exit 2 a refused plan, 127 not runnable.
 #[test]
@@ -25,9 +25,8 @@ fn two_functions_decide_how_a_run_ended_and_disagree() {
     );
 }
 
-/// Issue 19, "a run is identified by its process-group id alone: after the group died
-/// and the id was reused by an unrelated process, `rubick-run stop` signalled that
-/// process": a run is its marked processes; an unrelated process holding the id is
+/// A run is not its process-group id alone (after the group died the id can be reused
+/// by an unrelated process, which `rubick-run stop` must not signal): a run is its marked processes; an unrelated process holding the id is
 /// neither counted as the run nor signalled.
 #[test]
 fn a_reused_process_group_id_is_never_signalled() {

@@ -1,6 +1,7 @@
 //! The exact round as the planner sees it: a solver of the whole decision over the
-//! Pareto candidates, injected by the binaries that plan (the MILP of `rubick-milp`,
-//! which links HiGHS), so that nothing else links a solver.
+//! Pareto candidates, injected by its callers (the MILP of `rubick-milp`, which links
+//! HiGHS, built by the policies of `rubick-policy` that solve exactly), so that only
+//! the binaries that plan link a solver.
 
 use super::curves::CurveBook;
 use crate::Cluster;

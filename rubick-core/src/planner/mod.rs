@@ -87,7 +87,7 @@ pub struct PlannerConfig {
     /// Hysteresis that grows with a job's restarts: every configuration of a running
     /// job but its current one is worth [`restart_factor`] of its value (Sia's and
     /// Pollux's rule), on top of the payback share and minimum gain. `false`: those two
-    /// alone (before issue 29).
+    /// alone (the planner's earlier rule).
     pub restart_factor: bool,
     /// A running job gets at most this many times its present GPUs in one round (Sia
     /// and Pollux: 2); `None`: no cap.

@@ -1,6 +1,6 @@
 //! `rubick-plan simulate` and `rubick-plan compare`: the command line of the simulator
-//! (the simulator itself, its policies, truth and summary are library code in
-//! [`rubick_sim`]).
+//! (the simulator itself, its truth and summary are library code in [`rubick_sim`];
+//! the policies it runs are [`rubick_policy`]'s).
 
 mod plots;
 mod render;
@@ -94,19 +94,19 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
     /// A change of a running job must raise the objective by this much (in requests;
-    /// 0.5 before issue 29)
+    /// formerly 0.5)
     #[arg(long, default_value_t = PlannerConfig::default().change_min_gain)]
     pub change_min_gain: f64,
     /// Rounds a job's allocation is left alone after a change (at least the restart
-    /// penalty's rounds + 1; 20 before issue 29)
+    /// penalty's rounds + 1; formerly 20)
     #[arg(long, default_value_t = PlannerConfig::default().cooldown_rounds)]
     pub cooldown: u32,
     /// Seconds over which a restart must pay for itself
     #[arg(long, default_value_t = PlannerConfig::default().horizon_s)]
     pub horizon: f64,
     /// Every policy decides every this many seconds (and when a job arrives or
-    /// finishes); 0: on those events only, and when cooldowns end (the simulator
-    /// before issue 29)
+    /// finishes); 0: on those events only, and when cooldowns end (the simulator's
+    /// earlier behaviour)
     #[arg(long, default_value_t = rubick_sim::engine::DEFAULT_INTERVAL_S)]
     pub interval: f64,
     /// A job gets at most this many times its requested GPUs (at least a node)
@@ -115,7 +115,7 @@ pub struct SimulateArgs {
     /// More resources must buy at least this share more throughput (Pareto pruning)
     #[arg(long, default_value_t = PlannerConfig::default().min_gain)]
     pub min_gain: f64,
-    /// The restart rules (issue 29)
+    /// The restart rules
     #[command(flatten)]
     pub churn: crate::schedule::ChurnArgs,
     /// Mark this share of the trace's jobs guaranteed (evenly spread, deterministic),
