@@ -52,6 +52,14 @@ def run_python(code, **env):
     )
 
 
+def contract_env(tmp_path, plan, **extra):
+    """A run's contract in this environment: its metrics file and checkpoint directory
+    under `tmp_path`, `plan`, and `extra` variables; returns (metrics, checkpoints, env)."""
+    metrics, ckpt = str(tmp_path / "m.jsonl"), str(tmp_path / "ckpt")
+    env = dict(os.environ, RUBICK_PLAN=plan, RUBICK_METRICS=metrics, RUBICK_CHECKPOINT_DIR=ckpt, **extra)
+    return metrics, ckpt, env
+
+
 def stopped_under_torchrun(script_and_args, env, metrics, after=8, timeout=180):
     """Runs the script under torchrun (``python -m rubick.torchrun``, as the example jobs
     launch it) with 2 workers until `after` iteration lines, sends torchrun the stop

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from helpers import iterations, metric_lines, need, stopped_under_torchrun
+from helpers import contract_env, iterations, metric_lines, need, stopped_under_torchrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "hf-trainer", "train.py")
@@ -16,14 +16,7 @@ SCRIPT = os.path.join(REPO, "examples", "hf-trainer", "train.py")
 
 def test_a_trainer_stops_on_the_signal_and_resumes_at_the_next_global_step(tmp_path):
     need("torch", "transformers", "accelerate")
-    metrics, ckpt = str(tmp_path / "m.jsonl"), str(tmp_path / "ckpt")
-    env = dict(
-        os.environ,
-        RUBICK_PLAN="dp2-tp1-pp1-mb4-ga1-z0",
-        RUBICK_METRICS=metrics,
-        RUBICK_CHECKPOINT_DIR=ckpt,
-        OMP_NUM_THREADS="1",
-    )
+    metrics, ckpt, env = contract_env(tmp_path, "dp2-tp1-pp1-mb4-ga1-z0", OMP_NUM_THREADS="1")
     lines, _ = stopped_under_torchrun([SCRIPT, "--max-steps", "100000"], env, metrics)
     stopped = lines[-1]["iter"]
     steps = iterations(metrics)

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from helpers import iterations, metric_lines, need, stopped_under_torchrun, workers
+from helpers import contract_env, iterations, metric_lines, need, stopped_under_torchrun, workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "torchrun-ddp", "train.py")
@@ -14,14 +14,7 @@ SCRIPT = os.path.join(REPO, "examples", "torchrun-ddp", "train.py")
 
 def test_torchrun_ddp_stops_on_the_signal_and_resumes_at_another_plan(tmp_path):
     need("torch")
-    metrics, ckpt = str(tmp_path / "m.jsonl"), str(tmp_path / "ckpt")
-    env = dict(
-        os.environ,
-        RUBICK_PLAN="dp2-tp1-pp1-mb8-ga2-z0",
-        RUBICK_METRICS=metrics,
-        RUBICK_CHECKPOINT_DIR=ckpt,
-        RUBICK_CPUS="2",
-    )
+    metrics, _, env = contract_env(tmp_path, "dp2-tp1-pp1-mb8-ga2-z0", RUBICK_CPUS="2")
     lines, _ = stopped_under_torchrun([SCRIPT, "--iterations", "100000"], env, metrics, after=3)
     stopped = lines[-1]["iter"]
     steps = iterations(metrics)

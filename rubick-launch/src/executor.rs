@@ -117,7 +117,22 @@ pub struct Submission<'a> {
     pub partition: Option<String>,
 }
 
-impl Submission<'_> {
+impl<'a> Submission<'a> {
+    /// A run of this process (not detached) on the backend's choice of nodes and
+    /// cores, its directory the one of its metrics file.
+    pub fn attached(request: &RunRequest<'a>) -> Self {
+        let dir = Path::new(&request.context.metrics).parent().unwrap_or(Path::new(".")).to_path_buf();
+        Submission {
+            request: request.clone(),
+            dir,
+            nodes: Vec::new(),
+            cores: Vec::new(),
+            name: None,
+            detached: false,
+            partition: None,
+        }
+    }
+
     /// The metrics file every process of the run carries in its environment.
     pub fn mark(&self) -> &str {
         &self.request.context.metrics

@@ -27,16 +27,7 @@ pub const EXIT_FILE: &str = "exit-code";
 /// [`run_to_end`] over [`Local`], the run's directory the one of its metrics file
 /// (which must be `metrics.jsonl`).
 pub fn run(request: &RunRequest<'_>) -> Result<RunOutcome, LaunchError> {
-    let dir = Path::new(&request.context.metrics).parent().unwrap_or(Path::new(".")).to_path_buf();
-    let run = Submission {
-        request: request.clone(),
-        dir,
-        nodes: Vec::new(),
-        cores: Vec::new(),
-        name: None,
-        detached: false,
-        partition: None,
-    };
+    let run = Submission::attached(request);
     run_to_end(&Local::new(), &run)
 }
 

@@ -28,15 +28,10 @@ const KEPT_ENV: [&str; 6] = {
 /// and reports what it did ([`run_to_end`] over [`Slurm`]). `wall` counts from the
 /// moment the job was seen running.
 pub fn run(request: &RunRequest<'_>, resources: &SlurmResources) -> Result<RunOutcome, LaunchError> {
-    let dir = Path::new(&request.context.metrics).parent().unwrap_or(Path::new(".")).to_path_buf();
     let run = Submission {
-        request: request.clone(),
-        dir,
-        nodes: Vec::new(),
-        cores: Vec::new(),
         name: resources.job_name.clone(),
-        detached: false,
         partition: resources.partition.clone(),
+        ..Submission::attached(request)
     };
     run_to_end(&Slurm { resources: Some(resources.clone()), ..Slurm::default() }, &run)
 }
