@@ -69,8 +69,10 @@ pub fn marked_under(prefix: &str) -> Vec<(u32, String)> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let me = std::process::id();
     let key = format!("RUBICK_METRICS={prefix}");
+    // No `stat` first: a zombie's environment cannot be read (ESRCH), so it carries no
+    // mark, and one read a process is half the cost of a scan (apply's no-op round).
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me && proc_stat(pid).is_some_and(|s| !s.zombie))
+        .filter(|&pid| pid != me)
         .filter_map(|pid| {
             let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
             let mark = env.split(|b| *b == 0).find(|v| v.starts_with(key.as_bytes()))?;
@@ -101,9 +103,9 @@ pub fn proc_stat(pid: u32) -> Option<ProcStat> {
 /// Whether process `pid` lives (not a zombie) and carries the mark of the run whose
 /// metrics file is `metrics` (see [`marked_processes`]): one process, no scan.
 pub fn carries_mark(pid: u32, metrics: &str) -> bool {
-    let live = proc_stat(pid).is_some_and(|s| !s.zombie);
+    // A zombie's environment cannot be read (ESRCH): it carries no mark.
     let marker = format!("RUBICK_METRICS={metrics}");
-    live && std::fs::read(format!("/proc/{pid}/environ"))
+    std::fs::read(format!("/proc/{pid}/environ"))
         .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
 }
 
@@ -172,4 +174,35 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
 pub fn status_code(status: std::process::ExitStatus) -> Option<i32> {
     use std::os::unix::process::ExitStatusExt as _;
     status.code().or_else(|| status.signal().map(|s| 128 + s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process carries its run's mark while it lives; once it exited, unreaped (a
+    /// zombie), it carries none: no `stat` needed to tell.
+    #[test]
+    fn a_zombie_carries_no_mark() {
+        let mark = format!("/nonexistent/rubick-proc-test-{}/metrics.jsonl", std::process::id());
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read _"])
+            .env("RUBICK_METRICS", &mark)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh starts");
+        let pid = child.id();
+        assert!(carries_mark(pid, &mark), "a live marked process");
+        assert!(!carries_mark(pid, "/elsewhere/metrics.jsonl"), "another run's mark");
+        assert_eq!(marked_under(mark.trim_end_matches("metrics.jsonl")), vec![(pid, mark.clone())]);
+        drop(child.stdin.take());
+        let start = std::time::Instant::now();
+        while !proc_stat(pid).is_some_and(|s| s.zombie) {
+            assert!(start.elapsed().as_secs() < 10, "the child did not exit");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!carries_mark(pid, &mark), "a zombie");
+        assert!(marked_under(mark.trim_end_matches("metrics.jsonl")).is_empty());
+        child.wait().expect("reaped");
+    }
 }
