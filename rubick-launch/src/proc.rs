@@ -192,7 +192,12 @@ mod tests {
             .spawn()
             .expect("sh starts");
         let pid = child.id();
-        assert!(carries_mark(pid, &mark), "a live marked process");
+        // Until its exec, the child has this process's environment: wait for the mark.
+        let start = std::time::Instant::now();
+        while !carries_mark(pid, &mark) {
+            assert!(start.elapsed().as_secs() < 10, "a live marked process");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert!(!carries_mark(pid, "/elsewhere/metrics.jsonl"), "another run's mark");
         assert_eq!(marked_under(mark.trim_end_matches("metrics.jsonl")), vec![(pid, mark.clone())]);
         drop(child.stdin.take());
