@@ -115,11 +115,11 @@ pub struct PolicyJob<'a> {
     pub max_gpus: u32,
 }
 
-#[cfg(test)]
 impl<'a> PolicyJob<'a> {
-    /// A job of a test as a policy sees it: 1,000 iterations left, `current` its
-    /// allocation (the most GPUs it has held), `restoring` whether it restarts now.
-    pub(crate) fn of(job: &'a Job, params: &'a Params, current: Option<&'a Current>, restoring: bool) -> Self {
+    /// A job as a policy sees it in a test or an example: 1,000 iterations left,
+    /// `current` its allocation (the most GPUs it has held), `restoring` whether it
+    /// restarts now.
+    pub fn of(job: &'a Job, params: &'a Params, current: Option<&'a Current>, restoring: bool) -> Self {
         PolicyJob {
             job,
             params,
@@ -137,6 +137,7 @@ impl<'a> PolicyJob<'a> {
     }
 
     /// [`Job::example`] and its belief, the FLOPs-based default.
+    #[cfg(test)]
     pub(crate) fn example(name: &str, code: PlanCode, gpus: u32, cpus: u32) -> (Job, Params) {
         let job = Job::example(name, code, gpus, cpus, false);
         let params = rubick_core::planner::curves::default_params(&job.model);

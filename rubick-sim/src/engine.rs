@@ -863,20 +863,7 @@ mod tests {
         // ZeRO-Offload on 4 GPUs asking 8 cores per GPU; profiled at 4 per GPU, its CPU
         // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
         let sj = job("s", PlanCode::ZeroOffload, 4, 32, false);
-        let jobs = [PolicyJob {
-            job: &sj.job,
-            params: &sj.params,
-            evidence: None,
-            trace_code: None,
-            current: None,
-            remaining: 1000.0,
-            remaining_work: 1.0,
-            attained_gpu_s: 0.0,
-            first_start_s: None,
-            restarts: 0,
-            restoring: false,
-            max_gpus: 0,
-        }];
+        let jobs = [PolicyJob::of(&sj.job, &sj.params, None, false)];
         let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None };
         let out = policy.decide(&view, 0);
         assert_eq!(out[0].as_ref().map(|a| a.cpus), Some(48));
