@@ -110,7 +110,10 @@ fn start(k: &Kubernetes, root: &Path, job: &Job, (plan, nodes): &(Plan, Vec<Node
 }
 
 fn crd(file: &str) -> Option<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/engines/kubeflow").join(file);
+    // The manifest directory as `cargo test` runs this binary (not as it was built: a
+    // target directory shared by clones at other paths may hold another's build).
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let path = Path::new(&crate_dir).join("../../shared/reference/engines/kubeflow").join(file);
     let Ok(text) = std::fs::read_to_string(&path) else {
         rubick_io::testing::missing(rubick_io::testing::Need::Crds, &format!("{} is absent", path.display()));
         return None;
