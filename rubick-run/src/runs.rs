@@ -81,8 +81,12 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
     }
     let unfinished: Vec<&str> = unfinished.iter().map(String::as_str).collect();
     stop_runs(dir, state, &unfinished, backend)?;
-    if backend.name() == "local" {
+    // Runs without a record can live only where the state is not the file this build
+    // last wrote or checked (restored, edited): a sealed state spares the search of
+    // every process (most of a no-op round's cost).
+    if backend.name() == "local" && !dir.sealed() {
         stop_unrecorded(dir, state);
+        dir.seal();
     }
     Ok(())
 }

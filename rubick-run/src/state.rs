@@ -3,6 +3,8 @@
 //! ```text
 //! DIR/state.yaml        every job: its spec, status, current run, restarts, reconfigurations
 //! DIR/state.cache.json  the same, parsed faster; used only while it matches state.yaml
+//! DIR/state.seal        state.yaml's identity when this build last wrote or checked it:
+//!                       while it holds, no process search for runs without a record
 //! DIR/current.yaml      the schedule as last applied (the planner's --current)
 //! DIR/lock              held by the one rubick-run that may act
 //! DIR/jobs/NAME/        checkpoints/ (kept across runs), attempt-N/ (log, metric lines,
@@ -287,13 +289,28 @@ pub struct StateDir {
     /// writes it): a save of an equal state writes nothing (a no-op round spends no
     /// serialisation, no temporary file and no fsyncs).
     on_disk: std::sync::Mutex<Option<State>>,
+    /// `state.yaml`'s identity (see [`file_identity`]) when this process last read or
+    /// wrote it.
+    identity: std::sync::Mutex<Option<String>>,
+}
+
+/// Where the identity of the `state.yaml` this build last wrote, or last found to
+/// agree with the live runs, is kept: see [`StateDir::sealed`].
+pub const SEAL_FILE: &str = "state.seal";
+
+/// A file's identity as the file system tells it (device, inode, modification time to
+/// the nanosecond, length): any write, copy or restore of the file changes it.
+fn file_identity(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(format!("{} {} {}.{:09} {}", m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
 }
 
 impl StateDir {
-    /// Opens (creating) `root` and takes its lock, waiting up to `wait` for a round in
-    /// progress; then fails with a message saying so (the caller exits 1).
     /// Opens (with `create`: makes) the state directory at `root`, made absolute once, and
-    /// takes its lock. Without `create`, a directory that holds no state is an error.
+    /// takes its lock, waiting up to `wait` for a round in progress; then fails with a
+    /// message saying so (the caller exits 1). Without `create`, a directory that holds
+    /// no state is an error.
     pub fn open(root: &Path, wait: Duration, create: bool) -> anyhow::Result<Result<StateDir, String>> {
         let root = &std::path::absolute(root).with_context(|| format!("{}: not a usable path", root.display()))?;
         if !create && !root.join(STATE_FILE).exists() {
@@ -330,7 +347,12 @@ impl StateDir {
                 }
             }
         }
-        Ok(Ok(StateDir { root: root.to_path_buf(), _lock: lock, on_disk: std::sync::Mutex::new(None) }))
+        Ok(Ok(StateDir {
+            root: root.to_path_buf(),
+            _lock: lock,
+            on_disk: std::sync::Mutex::new(None),
+            identity: std::sync::Mutex::new(None),
+        }))
     }
 
     pub fn state_path(&self) -> PathBuf {
@@ -352,6 +374,8 @@ impl StateDir {
     /// The state (empty when there is none yet). A newer format is refused.
     pub fn load(&self) -> anyhow::Result<State> {
         let path = self.state_path();
+        // Taken before the read: a change in between reads as unsealed (the safe side).
+        *self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = file_identity(&path);
         if !path.exists() {
             return Ok(State::default());
         }
@@ -436,7 +460,31 @@ impl StateDir {
         write_private(&self.state_path(), yaml.as_bytes())?;
         self.write_cache(&cache_key(yaml.as_bytes()), state);
         *on_disk = Some(state.clone());
+        *self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = file_identity(&self.state_path());
+        self.seal();
         Ok(())
+    }
+
+    /// Whether the `state.yaml` this process read is the very file this build last
+    /// wrote or found to agree with the live runs ([`StateDir::seal`]): not edited,
+    /// copied or restored since. Only then may a command trust that every live run of
+    /// the directory has its record, and skip the search of all processes for runs
+    /// without one. A missing or unreadable seal, or a state that was absent, is not
+    /// sealed.
+    pub fn sealed(&self) -> bool {
+        let identity = self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        identity.is_some_and(|id| std::fs::read_to_string(self.root.join(SEAL_FILE)).is_ok_and(|s| s == id))
+    }
+
+    /// Records that the `state.yaml` last read or written agrees with the live runs
+    /// (this build wrote it, or a search found no run without a record). Not durable:
+    /// a seal lost is one more search.
+    pub fn seal(&self) {
+        let identity = self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let Some(id) = identity else { return };
+        if let Err(e) = write_atomic_as(&self.root.join(SEAL_FILE), id.as_bytes(), Access::Private) {
+            tracing::debug!("{}: not written: {e}", self.root.join(SEAL_FILE).display());
+        }
     }
 }
 
@@ -485,5 +533,38 @@ mod tests {
         // A cache that is not JSON of a state is passed over.
         std::fs::write(root.path().join(CACHE_FILE), format!("{}\n{{garbage", cache_key(edited.as_bytes()))).unwrap();
         assert_eq!(dir.load().unwrap().round, Some(5));
+    }
+
+    #[test]
+    fn a_state_is_sealed_only_while_it_is_the_file_this_build_wrote_or_checked() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(root.path(), Duration::ZERO, true).unwrap().unwrap();
+        assert!(!dir.sealed(), "no state yet: nothing says the runs all have records");
+        let state = State { round: Some(3), ..State::default() };
+        dir.save(&state).unwrap();
+        assert!(dir.sealed());
+        dir.load().unwrap();
+        assert!(dir.sealed(), "read back as written");
+        // The same bytes written again (a backup restored over it) are another file.
+        let yaml = std::fs::read(dir.state_path()).unwrap();
+        std::fs::write(dir.state_path(), &yaml).unwrap();
+        dir.load().unwrap();
+        assert!(!dir.sealed(), "restored: its runs must be searched for");
+        dir.seal();
+        assert!(dir.sealed(), "searched");
+        // A copy put in place by rename, and a lost seal, are not sealed either.
+        let copy = root.path().join("copy.yaml");
+        std::fs::write(&copy, &yaml).unwrap();
+        std::fs::rename(&copy, dir.state_path()).unwrap();
+        dir.load().unwrap();
+        assert!(!dir.sealed());
+        dir.seal();
+        std::fs::remove_file(root.path().join(SEAL_FILE)).unwrap();
+        assert!(!dir.sealed());
+        // A directory that lost its state.yaml is never sealed.
+        dir.seal();
+        std::fs::remove_file(dir.state_path()).unwrap();
+        dir.load().unwrap();
+        assert!(!dir.sealed());
     }
 }
