@@ -28,7 +28,18 @@ from . import checkpoint
 from .loop import Run
 from .metrics import Iteration, Reporter, peak_memory_gib
 from .oom import EXIT_OOM, exit_on_oom, is_oom
-from .plan import EXIT_PLAN, OFFLOADS, Offload, Plan, PlanError, PlanFields, install_exit_hook, parse_plan
+from .plan import (
+    EXIT_PLAN,
+    OFFLOADS,
+    RECOMPUTES,
+    Offload,
+    Plan,
+    PlanError,
+    PlanFields,
+    Recompute,
+    install_exit_hook,
+    parse_plan,
+)
 from .ranks import is_main, rank, world_size
 from .stop import StopFlag
 
@@ -38,11 +49,13 @@ __all__ = [
     "EXIT_OOM",
     "EXIT_PLAN",
     "OFFLOADS",
+    "RECOMPUTES",
     "Iteration",
     "Offload",
     "Plan",
     "PlanError",
     "PlanFields",
+    "Recompute",
     "Reporter",
     "Run",
     "StopFlag",

@@ -37,6 +37,16 @@ OFFLOADS: tuple[Offload, ...] = get_args(Offload)
 #: The plan string's offload tokens.
 _OFFLOAD_TOKENS: dict[str, Offload] = {"offopt": "optimizer", "offall": "all"}
 
+#: Which activations the backward recomputes: none, the attention core only
+#: (selective), or every layer from its input (full: activation checkpointing).
+Recompute = Literal["none", "selective", "full"]
+
+#: Every :data:`Recompute`.
+RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
+
+#: The plan string's recompute tokens.
+_RECOMPUTE_TOKENS: dict[str, Recompute] = {"sel": "selective", "gc": "full"}
+
 #: The exit status of a run whose plan or environment the contract refuses.
 EXIT_PLAN = 2
 
@@ -50,6 +60,7 @@ _NUMBERED: dict[str, tuple[str, int, int]] = {
     "pp": ("pp", 1, MAX_INT),
     "mb": ("micro_batch", 1, MAX_INT),
     "ga": ("ga", 1, MAX_INT),
+    "vp": ("vp", 1, MAX_INT),
     "z": ("zero", 0, 3),
 }
 
@@ -116,7 +127,14 @@ class PlanFields:
     ga: int | None = None
     zero: int | None = None
     offload: Offload | None = None
-    gc: bool | None = None
+    recompute: Recompute | None = None
+    sp: bool | None = None
+    vp: int | None = None
+
+    @property
+    def gc(self) -> bool | None:
+        """Full activation checkpointing (``-gc``), where the string says."""
+        return None if self.recompute is None else self.recompute == "full"
 
     @property
     def complete(self) -> bool:
@@ -127,8 +145,10 @@ class PlanFields:
 def parse_plan(text: str) -> PlanFields:
     """The fields a plan string names: ``dp2-tp1-pp1-mb4-ga2-z1-offopt-gc`` ->
     ``PlanFields(dp=2, tp=1, pp=1, micro_batch=4, ga=2, zero=1, offload="optimizer",
-    gc=True)``. A complete string (:attr:`PlanFields.complete`) also says ZeRO 0, no
-    offload and no activation checkpointing by leaving them out; a partial one names
+    recompute="full")``; ``-sel`` is selective recompute, ``-sp`` sequence parallelism,
+    ``-vpN`` N virtual pipeline stages per rank. A complete string
+    (:attr:`PlanFields.complete`) also says ZeRO 0, no offload, no recompute, no
+    sequence parallelism and no interleaving by leaving them out; a partial one names
     only what it names; an empty one nothing. Unknown or empty tokens, a field named
     twice and a number out of range (degrees and factors 1 to 2**32 - 1, ZeRO 0 to 3)
     are :class:`PlanError`\\ s. ``data/plan-vectors.json`` holds the test vectors this
@@ -136,7 +156,8 @@ def parse_plan(text: str) -> PlanFields:
     text = (text or "").strip()
     numbers: dict[str, int] = {}
     offload: Offload | None = None
-    gc: bool | None = None
+    recompute: Recompute | None = None
+    sp: bool | None = None
     named: set[str] = set()
     for token in text.split("-") if text else ():
         match = _TOKEN.fullmatch(token)
@@ -150,8 +171,10 @@ def parse_plan(text: str) -> PlanFields:
             numbers[key] = value
         elif token in _OFFLOAD_TOKENS:
             key, offload = "offload", _OFFLOAD_TOKENS[token]
-        elif token == "gc":
-            key, gc = "gc", True
+        elif token in _RECOMPUTE_TOKENS:
+            key, recompute = "recompute", _RECOMPUTE_TOKENS[token]
+        elif token == "sp":
+            key, sp = "sp", True
         elif token == "":
             raise PlanError(f"RUBICK_PLAN: an empty part in {text!r}")
         else:
@@ -167,12 +190,21 @@ def parse_plan(text: str) -> PlanFields:
         ga=numbers.get("ga"),
         zero=numbers.get("zero"),
         offload=offload,
-        gc=gc,
+        recompute=recompute,
+        sp=sp,
+        vp=numbers.get("vp"),
     )
     if not plan.complete:
         return plan
     # The launcher's form leaves the defaults out: `dp2-tp1-pp1-mb4-ga2` is ZeRO 0.
-    return replace(plan, zero=plan.zero or 0, offload=offload or "none", gc=bool(gc))
+    return replace(
+        plan,
+        zero=plan.zero or 0,
+        offload=offload or "none",
+        recompute=recompute or "none",
+        sp=bool(sp),
+        vp=plan.vp or 1,
+    )
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 0, maximum: int = MAX_INT) -> int | None:
@@ -181,6 +213,18 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 0, maximum: int = MAX
     if raw == "":
         return None
     return _to_int(name, raw, minimum, maximum)
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool | None:
+    """The 0/1 variable ``name`` (``None`` when unset or empty)."""
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return None
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("0", "false", "no"):
+        return False
+    raise PlanError(f"{name}={raw!r}: expected 0 or 1")
 
 
 def stop_signal(env: Mapping[str, str] | None = None) -> signal.Signals:
@@ -239,10 +283,15 @@ class Plan:
     offload: Offload = "none"
     #: Gradient accumulation: micro-steps per iteration.
     ga: int = 1
-    #: Activation (gradient) checkpointing.
-    gc: bool = False
+    #: Activation recomputation (:data:`Recompute`): ``"full"`` is activation
+    #: checkpointing, ``"selective"`` recomputes the attention core only.
+    recompute: Recompute = "none"
     #: Samples per micro-step per data-parallel replica.
     micro_batch: int = 1
+    #: Sequence parallelism beside tensor parallelism (needs tp > 1).
+    sp: bool = False
+    #: Virtual pipeline stages per rank (an interleaved schedule; 1: none).
+    vp: int = 1
     gpus: int = 1
     nodes: int = 1
     #: This node's rank among ``nodes`` (0 on one node).
@@ -263,6 +312,11 @@ class Plan:
     def name(self) -> str:
         """The plan string (:meth:`code`)."""
         return self.code()
+
+    @property
+    def gc(self) -> bool:
+        """Full activation checkpointing (``recompute == "full"``)."""
+        return self.recompute == "full"
 
     @property
     def global_batch(self) -> int:
@@ -310,15 +364,27 @@ class Plan:
         pp = pick("pp", "RUBICK_PP", named.pp, 1, 1)
         zero = pick("zero", "RUBICK_ZERO", named.zero, 0, 0, 3)
         ga = pick("ga", "RUBICK_GA", named.ga, 1, 1)
-        raw_gc = env.get("RUBICK_GC", "").strip().lower()
-        said_gc = None if named.gc is None else int(named.gc)
-        if raw_gc == "":
-            gc = bool(named.gc)
-        elif raw_gc in ("1", "true", "yes", "0", "false", "no"):
-            gc = raw_gc in ("1", "true", "yes")
-            agree("gc", "RUBICK_GC", said_gc, int(gc), raw_gc)
+        vp = pick("vp", "RUBICK_VP", named.vp, 1, 1)
+        recompute: Recompute = named.recompute or "none"
+        raw_recompute = env.get("RUBICK_RECOMPUTE", "").strip().lower()
+        if raw_recompute != "":
+            if raw_recompute not in RECOMPUTES:
+                raise PlanError(f"RUBICK_RECOMPUTE={raw_recompute!r}: expected one of {', '.join(RECOMPUTES)}")
+            agree("recompute", "RUBICK_RECOMPUTE", named.recompute, raw_recompute, raw_recompute)
+            recompute = next(r for r in RECOMPUTES if r == raw_recompute)
+        gc = _flag(env, "RUBICK_GC")
+        if gc is not None:
+            # RUBICK_GC is full recompute alone: 0 leaves selective recompute as it is.
+            said_gc = None if named.recompute is None and raw_recompute == "" else int(recompute == "full")
+            agree("gc", "RUBICK_GC", said_gc, int(gc), str(int(gc)))
+            if gc:
+                recompute = "full"
+        sp = _flag(env, "RUBICK_SP")
+        said_sp = None if named.sp is None else int(named.sp)
+        if sp is None:
+            sp = bool(named.sp)
         else:
-            raise PlanError(f"RUBICK_GC={raw_gc!r}: expected 0 or 1")
+            agree("sp", "RUBICK_SP", said_sp, int(sp), str(int(sp)))
         raw_offload = env.get("RUBICK_OFFLOAD", "").strip().lower()
         offload: Offload = named.offload or "none"
         if raw_offload != "":
@@ -328,6 +394,14 @@ class Plan:
             raise PlanError(f"RUBICK_OFFLOAD={offload}: offloading needs ZeRO (RUBICK_ZERO >= 1)")
         if offload == "all" and zero != 3:
             raise PlanError("RUBICK_OFFLOAD=all: offloading parameters needs RUBICK_ZERO=3")
+        if sp and tp == 1:
+            raise PlanError(f"RUBICK_PLAN={plan_text or '-'}: sequence parallelism (sp) needs tp > 1")
+        if vp > 1 and pp == 1:
+            raise PlanError(f"RUBICK_PLAN={plan_text or '-'}: virtual pipeline stages (vp {vp}) need pp > 1")
+        if vp > 1 and ga % pp != 0:
+            raise PlanError(
+                f"RUBICK_PLAN={plan_text or '-'}: an interleaved pipeline needs ga ({ga}) to be a multiple of pp ({pp})"
+            )
         micro_batch = pick("micro_batch", "RUBICK_MICRO_BATCH", named.micro_batch, 1, 1)
         world = dp * tp * pp
         if world > MAX_INT:
@@ -352,8 +426,10 @@ class Plan:
             zero=zero,
             offload=offload,
             ga=ga,
-            gc=gc,
+            recompute=recompute,
             micro_batch=micro_batch,
+            sp=sp,
+            vp=vp,
             gpus=world if gpus is None else gpus,
             nodes=nodes,
             node_rank=node_rank,
@@ -367,12 +443,14 @@ class Plan:
 
     def code(self) -> str:
         """The plan string as rubick writes it (``RUBICK_PLAN``), e.g.
-        ``dp2-tp1-pp1-mb4-ga2-z1-offopt-gc``: dp, tp, pp, mb and ga always; ZeRO, offload
-        and checkpointing only when they apply."""
+        ``dp2-tp1-pp1-mb4-ga2-z1-offopt-gc``: dp, tp, pp, mb and ga always; interleaving,
+        ZeRO, offload, sequence parallelism and recompute only when they apply."""
         code = f"dp{self.dp}-tp{self.tp}-pp{self.pp}-mb{self.micro_batch}-ga{self.ga}"
+        code += f"-vp{self.vp}" if self.vp > 1 else ""
         code += f"-z{self.zero}" if self.zero else ""
         code += {"none": "", "optimizer": "-offopt", "all": "-offall"}[self.offload]
-        return code + ("-gc" if self.gc else "")
+        code += "-sp" if self.sp else ""
+        return code + {"none": "", "selective": "-sel", "full": "-gc"}[self.recompute]
 
     def check_world(self, world_size: int) -> None:
         """Raises :class:`PlanError` unless dp x tp x pp is ``world_size`` (the processes

@@ -12,6 +12,16 @@ import time
 import pytest
 
 
+def free_port():
+    """A TCP port free on this machine now: a fixed one collides with the same test of
+    another checkout running beside this one."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def need(*modules):
     """Skips (or, under RUBICK_REQUIRE_PYTORCH=1, fails) unless every module imports."""
     for name in modules:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from helpers import iterations, metric_lines, need, workers
+from helpers import free_port, iterations, metric_lines, need, workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "deepspeed", "train.py")
@@ -48,7 +48,7 @@ def test_a_deepspeed_engine_stops_on_the_signal_and_resumes_at_another_plan(tmp_
     # The launcher in a session of its own, as rubick starts a run: the signal reaches
     # the group (the launcher dies of it; its workers catch it and checkpoint).
     proc = subprocess.Popen(
-        [launcher, "--num_gpus=2", "--master_port=29561", SCRIPT, "--iterations", "100000"],
+        [launcher, "--num_gpus=2", f"--master_port={free_port()}", SCRIPT, "--iterations", "100000"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -78,7 +78,7 @@ def test_a_deepspeed_engine_stops_on_the_signal_and_resumes_at_another_plan(tmp_
         RUBICK_DEEPSPEED_CONFIG=deepspeed_json(str(tmp_path / "z0.json"), 1, 4, 4, 0),
     )
     run = subprocess.run(
-        [launcher, "--num_gpus=1", "--master_port=29562", SCRIPT, "--iterations", str(stopped + 3)],
+        [launcher, "--num_gpus=1", f"--master_port={free_port()}", SCRIPT, "--iterations", str(stopped + 3)],
         env=env,
         capture_output=True,
         text=True,

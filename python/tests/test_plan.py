@@ -17,7 +17,7 @@ with open(os.path.join(REPO, "data", "plan-vectors.json")) as f:
     VECTORS = json.load(f)
 
 #: The fields of a vector's ``plan``.
-FIELDS = ("dp", "tp", "pp", "micro_batch", "ga", "zero", "offload", "gc")
+FIELDS = ("dp", "tp", "pp", "micro_batch", "ga", "zero", "offload", "recompute", "sp", "vp")
 
 
 def test_every_variable_of_the_launcher_is_read():
@@ -58,7 +58,7 @@ def test_a_field_missing_from_its_variable_comes_from_the_plan_string():
     assert parse_plan("dp2-mb4") == PlanFields(dp=2, micro_batch=4)
     # A complete one (the launcher's form) says ZeRO 0, no offload, no checkpointing.
     assert parse_plan("dp4-tp2-pp2-mb1-ga8") == PlanFields(
-        dp=4, tp=2, pp=2, micro_batch=1, ga=8, zero=0, offload="none", gc=False
+        dp=4, tp=2, pp=2, micro_batch=1, ga=8, zero=0, offload="none", recompute="none", sp=False, vp=1
     )
 
 
@@ -215,3 +215,28 @@ def test_a_plan_string_rubick_refuses_is_refused(case):
 def test_a_plan_string_rubick_never_launches_still_runs_by_hand(case):
     plan = Plan.from_env({"RUBICK_PLAN": case["text"]})
     assert {k: getattr(plan, k) for k in FIELDS} == case["plan"]
+
+
+def test_the_newer_dimensions_come_from_their_variables_and_agree_with_the_plan_string():
+    env = {"RUBICK_PLAN": "dp1-tp2-pp2-mb1-ga4-vp2-sp-sel", "RUBICK_RECOMPUTE": "selective", "RUBICK_SP": "1"}
+    env.update({"RUBICK_VP": "2", "RUBICK_GC": "0"})
+    p = Plan.from_env(env)
+    assert (p.recompute, p.sp, p.vp, p.gc) == ("selective", True, 2, False)
+    assert p.code() == "dp1-tp2-pp2-mb1-ga4-vp2-sp-sel"
+    # The variables alone, as a launcher that writes no plan string would.
+    p = Plan.from_env({"RUBICK_TP": "2", "RUBICK_PP": "2", "RUBICK_GA": "2", "RUBICK_SP": "1", "RUBICK_VP": "2"})
+    assert (p.sp, p.vp, p.recompute) == (True, 2, "none")
+    p = Plan.from_env({"RUBICK_GC": "1"})
+    assert (p.recompute, p.gc) == ("full", True)
+    for extra, var in (
+        ({"RUBICK_RECOMPUTE": "full"}, "RUBICK_RECOMPUTE"),
+        ({"RUBICK_GC": "1"}, "RUBICK_GC"),
+        ({"RUBICK_SP": "0"}, "RUBICK_SP"),
+        ({"RUBICK_VP": "3"}, "RUBICK_VP"),
+        ({"RUBICK_RECOMPUTE": "some"}, "RUBICK_RECOMPUTE"),
+        ({"RUBICK_SP": "maybe"}, "RUBICK_SP"),
+    ):
+        with pytest.raises(PlanError, match=var):
+            Plan.from_env({"RUBICK_PLAN": "dp1-tp2-pp2-mb1-ga4-vp2-sp-sel", **extra})
+    with pytest.raises(PlanError, match="needs tp > 1"):
+        Plan.from_env({"RUBICK_SP": "1"})

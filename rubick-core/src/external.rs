@@ -4,12 +4,13 @@
 //! cluster it ran on, and one measured row per plan and placement.
 //!
 //! The reading follows the assumptions of that folder's README, not ours: vTrain rows
-//! and Calculon's `full` rows were trained with full activation checkpointing (`-gc`);
-//! Sailor's rows are read without; accumulation is `global_batch / (dp * micro_batch)`;
-//! GPUs are packed onto full nodes of `gpus_per_node`; parameter counts are Sailor's own,
-//! else a GPT decoder's `12h² + 13h` per layer plus `(vocab + seq_len) h + 2h`.
-//! Rows rubick's plan notation cannot write (Sailor's mixed-GPU `mit` cluster,
-//! Calculon's sequence-parallel + selective-recompute rows) are set aside with the
+//! and Calculon's `full` rows were trained with full activation checkpointing (`-gc`),
+//! Calculon's `seqsel` rows with sequence parallelism and selective recompute
+//! (`-sp-sel`), each Calculon row with its pipeline interleaving (`-vpN`); Sailor's rows
+//! are read without; accumulation is `global_batch / (dp * micro_batch)`; GPUs are
+//! packed onto full nodes of `gpus_per_node`; parameter counts are Sailor's own, else a
+//! GPT decoder's `12h² + 13h` per layer plus `(vocab + seq_len) h + 2h`. Rows rubick's
+//! plans cannot express (Sailor's mixed-GPU `mit` cluster) are set aside with the
 //! reason, never silently.
 //!
 //! Pure text in, values out: reading the files is the caller's (`rubick-io`).
@@ -19,7 +20,7 @@ use std::collections::BTreeMap;
 use crate::cluster::{Cluster, NodeGroup};
 use crate::model::{ModelSpec, StateBytes};
 use crate::placement::Placement;
-use crate::plan::Plan;
+use crate::plan::{Plan, Recompute};
 
 /// One measured row of an external table.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,18 +237,6 @@ pub fn parse(set: &str, text: &str) -> Result<ExternalSet, ExternalError> {
                 continue;
             }
         }
-        if source == Source::Calculon {
-            let recompute = t.get(row, line, "activation_recompute")?;
-            if recompute != "full" || t.flag(row, line, "sequence_parallel")? {
-                set_aside.push(SetAside {
-                    line,
-                    reason: format!(
-                        "sequence parallelism with `{recompute}` recompute has no rubick plan token (full recompute only)"
-                    ),
-                });
-                continue;
-            }
-        }
         let model_name = t.get(row, line, "model")?.to_owned();
         let (gpus, tp, dp, pp) =
             (t.int(row, line, "gpus")?, t.int(row, line, "tp")?, t.int(row, line, "dp")?, t.int(row, line, "pp")?);
@@ -265,9 +254,29 @@ pub fn parse(set: &str, text: &str) -> Result<ExternalSet, ExternalError> {
         if !(iter_time_s.is_finite() && iter_time_s > 0.0) {
             return Err(err(line, format!("iter_time_s must be a positive number of seconds, got {iter_time_s}")));
         }
-        // vTrain's and Calculon's `full` rows recompute every layer; Sailor's say nothing.
-        let checkpointing = source != Source::Sailor;
-        let plan = Plan { tp, pp, ga, checkpointing, ..Plan::data_parallel(dp, micro_batch) };
+        // vTrain's rows recompute every layer; Sailor's say nothing; Calculon's say
+        // which (full or the attention core), with sequence parallelism and the
+        // pipeline's interleaving.
+        let (recompute, sp, vp) = match source {
+            Source::VTrain => (Recompute::Full, false, 1),
+            Source::Sailor => (Recompute::None, false, 1),
+            Source::Calculon => {
+                let recompute = match t.get(row, line, "activation_recompute")? {
+                    "full" => Recompute::Full,
+                    "attn_only" => Recompute::Selective,
+                    "none" => Recompute::None,
+                    other => {
+                        return Err(err(
+                            line,
+                            format!("activation_recompute `{other}`: expected full, attn_only or none"),
+                        ));
+                    }
+                };
+                (recompute, t.flag(row, line, "sequence_parallel")?, t.int(row, line, "pipeline_interleaving")?)
+            }
+        };
+        let plan = Plan { tp, pp, ga, recompute, sp, vp, ..Plan::data_parallel(dp, micro_batch) };
+        plan.check_shape().map_err(|v| err(line, format!("not a valid plan: {v}")))?;
         let per_node = t.int(row, line, "gpus_per_node")?;
         let placement = Placement::packed(gpus, per_node).ok_or_else(|| err(line, "no placement"))?;
         let (hidden, heads, layers) =

@@ -35,8 +35,10 @@ pub struct Observation {
 pub enum FitError {
     #[error("no measured rows to fit")]
     NoRows,
-    #[error("{rows} row(s) of {distinct} distinct configuration(s): a fit needs at least 2 different configurations")]
-    TooFewConfigurations { rows: usize, distinct: usize },
+    #[error(
+        "{rows} row(s) of {distinct} distinct configuration(s): a fit needs at least {needed} different configurations"
+    )]
+    TooFewConfigurations { rows: usize, distinct: usize, needed: usize },
     #[error("row {row}: iteration time must be a positive, finite number of seconds, got {value}")]
     BadTime { row: usize, value: f64 },
     #[error("row {row}: plan `{plan}` uses {plan_gpus} GPUs but the placement has {placement_gpus}")]
@@ -50,11 +52,16 @@ pub enum FitError {
 pub struct FitOptions {
     /// Expected log error of one measurement (0.1 ≈ 10 %).
     pub sigma: f64,
+    /// Fewest distinct configurations a fit accepts: 2 for a model a user relies on
+    /// (one row cannot tell compute from communication); 1 where the question is what
+    /// the form's priors and structure alone predict beyond the row (the benchmark of
+    /// new terms on two-row jobs).
+    pub min_configurations: usize,
 }
 
 impl Default for FitOptions {
     fn default() -> Self {
-        FitOptions { sigma: 0.1 }
+        FitOptions { sigma: 0.1, min_configurations: 2 }
     }
 }
 
@@ -174,8 +181,9 @@ impl LeastSquaresProblem<f64, Dyn, Dyn> for Problem<'_> {
     }
 }
 
-/// Checks rows before fitting; the error names the row.
-pub fn check_rows(rows: &[Observation]) -> Result<(), FitError> {
+/// Checks rows before fitting (at least `min_configurations` distinct ones); the error
+/// names the row.
+pub fn check_rows(rows: &[Observation], min_configurations: usize) -> Result<(), FitError> {
     if rows.is_empty() {
         return Err(FitError::NoRows);
     }
@@ -195,8 +203,12 @@ pub fn check_rows(rows: &[Observation]) -> Result<(), FitError> {
     let mut distinct: Vec<(&Plan, &Placement)> = rows.iter().map(|r| (&r.plan, &r.placement)).collect();
     distinct.sort();
     distinct.dedup();
-    if distinct.len() < 2 {
-        return Err(FitError::TooFewConfigurations { rows: rows.len(), distinct: distinct.len() });
+    if distinct.len() < min_configurations {
+        return Err(FitError::TooFewConfigurations {
+            rows: rows.len(),
+            distinct: distinct.len(),
+            needed: min_configurations,
+        });
     }
     Ok(())
 }
@@ -229,7 +241,7 @@ fn aggregate(rows: &[Observation]) -> (Vec<Observation>, Vec<f64>) {
 
 /// Fits the model of `model` to `rows`.
 pub fn fit(model: &ModelSpec, rows: &[Observation], options: &FitOptions) -> Result<Fit, FitError> {
-    check_rows(rows)?;
+    check_rows(rows, options.min_configurations.max(1))?;
     let (rows, weights) = aggregate(rows);
     let (rows, weights) = (rows.as_slice(), weights.as_slice());
     let prior = Params::prior(compute_prior(model, rows));

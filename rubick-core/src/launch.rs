@@ -16,13 +16,13 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ValidationError, ensure};
-use crate::plan::{Offload, Plan};
+use crate::plan::{Offload, Plan, Recompute};
 
 /// The version of the launch section this build understands.
 pub const LAUNCH_VERSION: u32 = 1;
 
 /// Every placeholder an argv element may hold.
-pub const PLACEHOLDERS: [&str; 18] = [
+pub const PLACEHOLDERS: [&str; 21] = [
     "dp",
     "tp",
     "pp",
@@ -30,6 +30,9 @@ pub const PLACEHOLDERS: [&str; 18] = [
     "offload",
     "ga",
     "gc",
+    "recompute",
+    "sp",
+    "vp",
     "micro_batch",
     "gpus",
     "nodes",
@@ -107,8 +110,10 @@ pub struct Launch {
     pub supports: Option<PlanSupport>,
 }
 
-/// Plan features a job's script implements. Every field left out allows all of its
-/// values; `launch.supports: {}` is the same as no `supports`.
+/// Plan features a job's script implements. Every field of the paper's dimensions left
+/// out allows all of its values (`launch.supports: {}` is the same as no `supports`);
+/// the newer dimensions (sequence parallelism, selective recompute, interleaving) are
+/// allowed only where said, since a script written before them cannot know their flags.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlanSupport {
@@ -133,6 +138,16 @@ pub struct PlanSupport {
     /// Gradient accumulation (more than one micro-batch step per iteration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accumulation: Option<bool>,
+    /// Sequence parallelism beside tensor parallelism; left out: not implemented.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_parallel: Option<bool>,
+    /// Selective recompute (the attention core only); left out: not implemented.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selective_recompute: Option<bool>,
+    /// Most virtual pipeline stages per rank (an interleaved schedule); left out: 1, none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_vp: Option<u32>,
 }
 
 fn offload_name(offload: Offload) -> &'static str {
@@ -163,7 +178,7 @@ impl PlanSupport {
                 self.offload.as_deref().unwrap_or_default()
             ));
         }
-        if plan.checkpointing && self.checkpointing == Some(false) {
+        if plan.checkpointing() && self.checkpointing == Some(false) {
             return Some("activation checkpointing (supports.checkpointing is false)".into());
         }
         if plan.ga > 1 && self.accumulation == Some(false) {
@@ -171,6 +186,16 @@ impl PlanSupport {
                 "gradient accumulation over {} micro-batches (supports.accumulation is false)",
                 plan.ga
             ));
+        }
+        if plan.sp && self.sequence_parallel != Some(true) {
+            return Some("sequence parallelism (supports.sequenceParallel is not true)".into());
+        }
+        if plan.recompute == Recompute::Selective && self.selective_recompute != Some(true) {
+            return Some("selective recompute (supports.selectiveRecompute is not true)".into());
+        }
+        let max_vp = self.max_vp.unwrap_or(1);
+        if plan.vp > max_vp {
+            return Some(format!("{} virtual pipeline stages per rank (supports.maxVp is {max_vp})", plan.vp));
         }
         None
     }
@@ -180,7 +205,7 @@ impl PlanSupport {
     }
 
     fn check(&self) -> Result<(), ValidationError> {
-        for (field, v) in [("maxTp", self.max_tp), ("maxPp", self.max_pp)] {
+        for (field, v) in [("maxTp", self.max_tp), ("maxPp", self.max_pp), ("maxVp", self.max_vp)] {
             if let Some(v) = v {
                 ensure(v >= 1, field, || format!("must be at least 1, got {v}"))?;
             }
@@ -349,7 +374,10 @@ impl LaunchContext {
             "zero" => p.zero.level().to_string(),
             "offload" => offload_name(p.offload).to_owned(),
             "ga" => p.ga.to_string(),
-            "gc" => u8::from(p.checkpointing).to_string(),
+            "gc" => u8::from(p.checkpointing()).to_string(),
+            "recompute" => p.recompute.as_str().to_owned(),
+            "sp" => u8::from(p.sp).to_string(),
+            "vp" => p.vp.to_string(),
             "micro_batch" => p.micro_batch.to_string(),
             "gpus" => p.gpus().to_string(),
             "nodes" => self.nodes.to_string(),
@@ -411,6 +439,9 @@ pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTree
         ("RUBICK_OFFLOAD", "offload"),
         ("RUBICK_GA", "ga"),
         ("RUBICK_GC", "gc"),
+        ("RUBICK_RECOMPUTE", "recompute"),
+        ("RUBICK_SP", "sp"),
+        ("RUBICK_VP", "vp"),
         ("RUBICK_MICRO_BATCH", "micro_batch"),
     ] {
         env.insert(var.to_owned(), ctx.value(field).unwrap_or_default());
@@ -639,5 +670,49 @@ mod tests {
             assert!(e.to_string().contains(field), "{bad}: {e}");
         }
         assert!(serde_yaml_ng::from_str::<PlanSupport>("{ tp: 2 }").is_err(), "unknown fields are refused");
+    }
+
+    #[test]
+    fn the_newer_dimensions_run_only_where_supports_says_so() {
+        let plan: Plan = "dp1-tp2-pp2-mb1-ga4-vp2-sp-sel".parse().unwrap();
+        // No supports, or one silent on them: a script written before them is never given them.
+        let silent = PlanSupport::default();
+        let why = silent.refusal(&plan).unwrap_or_default();
+        assert!(why.contains("sequence parallelism"), "{why}");
+        assert!(silent.allows(&"dp1-tp2-pp2-mb1-ga4-gc".parse().unwrap()), "the paper's dimensions stay allowed");
+        let said: PlanSupport =
+            serde_yaml_ng::from_str("{ sequenceParallel: true, selectiveRecompute: true, maxVp: 2 }").unwrap();
+        assert!(said.allows(&plan));
+        for (plan, says) in [
+            ("dp1-tp2-pp2-mb1-ga4-vp4", "4 virtual pipeline stages"),
+            ("dp1-tp2-pp1-mb1-ga4-sel", "selective recompute"),
+        ] {
+            let only_sp: PlanSupport = serde_yaml_ng::from_str("{ sequenceParallel: true }").unwrap();
+            let why = only_sp.refusal(&plan.parse().unwrap()).unwrap_or_default();
+            assert!(why.contains(says), "{plan}: {why}");
+        }
+        // The run sees them as placeholders and variables.
+        let ctx = LaunchContext {
+            job: "j".into(),
+            plan,
+            nodes: 1,
+            node_rank: 0,
+            gpus_per_node: 4,
+            cpus: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            deepspeed_config: String::new(),
+            checkpoint_dir: String::new(),
+            metrics: String::new(),
+            visible_devices: Vec::new(),
+        };
+        assert_eq!(ctx.substitute("{recompute} {sp} {vp} {gc}").unwrap(), "selective 1 2 0");
+        let env = environment(&ctx, None).unwrap();
+        assert_eq!(env["RUBICK_PLAN"], "dp1-tp2-pp2-mb1-ga4-vp2-sp-sel");
+        assert_eq!(
+            (env["RUBICK_RECOMPUTE"].as_str(), env["RUBICK_SP"].as_str(), env["RUBICK_VP"].as_str()),
+            ("selective", "1", "2")
+        );
+        assert_eq!(env["RUBICK_GC"], "0", "RUBICK_GC is full recompute alone");
     }
 }

@@ -39,7 +39,7 @@ pub use job::{Job, JobBatch, JobRequest};
 pub use memory::{MemoryBreakdown, MemoryEstimator};
 pub use model::ModelSpec;
 pub use placement::Placement;
-pub use plan::{Offload, Plan, PlanCode, PlanFamily, PlanRequest, ZeroStage};
+pub use plan::{Offload, Plan, PlanCode, PlanFamily, PlanRequest, Recompute, ZeroStage};
 pub use space::{PlanSpace, SpaceEntry};
 
 /// Implements `Serialize`, `Deserialize` and `JsonSchema` for a type through its

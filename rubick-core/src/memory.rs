@@ -7,10 +7,14 @@
 //!   offloaded), gradients (sharded by ZeRO-2 and up) and optimizer states (sharded by
 //!   ZeRO-1 and up, on the host with offload);
 //! * **activations** of `layers / pp` layers per micro-batch in flight (1F1B keeps up
-//!   to `min(pp, ga)` micro-batches on the first stage): `factor * s * b * h` bytes per
-//!   layer, of which 24/34 are split by tensor parallelism, plus `5 a s^2 b / tp`
-//!   without memory-efficient attention; with checkpointing only each layer's
-//!   input (`2 s b h`) is kept, plus one layer's full working set for the recompute;
+//!   to `min(pp, ga)` micro-batches on the first stage; an interleaved schedule of `vp`
+//!   virtual stages `1 + (pp - 1) / (pp vp)` times that, Korthikanti et al. 2022, 4.2.3):
+//!   `factor * s * b * h` bytes per layer, of which 24/34 are split by tensor
+//!   parallelism and, with sequence parallelism, the other 10/34 (layer norms,
+//!   dropouts) too, plus `5 a s^2 b / tp` without memory-efficient attention unless
+//!   selective recompute drops it (the attention core is what it recomputes); with full
+//!   recompute only each layer's input (`2 s b h`, split by tp with sequence
+//!   parallelism) is kept, plus one layer's full working set for the recompute;
 //! * the logits (`4 s b vocab / tp`) when the vocabulary is known;
 //! * a fixed **reserve** for the CUDA context, NCCL and allocator fragmentation.
 //!
@@ -21,7 +25,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::model::ModelSpec;
-use crate::plan::{Offload, Plan, ZeroStage};
+use crate::plan::{Offload, Plan, Recompute, ZeroStage};
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -105,15 +109,22 @@ impl MemoryEstimator {
         let h = f64::from(model.hidden);
         let b = f64::from(plan.micro_batch);
         let factor = model.activation_factor;
-        let mut full_layer = s * b * h * factor * ((1.0 - TP_SPLIT_SHARE) + TP_SPLIT_SHARE / tp);
-        if !model.flash_attention {
-            full_layer += 5.0 * f64::from(model.heads) * s * s * b / tp;
+        let split = if plan.sp { 1.0 / tp } else { (1.0 - TP_SPLIT_SHARE) + TP_SPLIT_SHARE / tp };
+        let mut kept_layer = s * b * h * factor * split;
+        let scores = if model.flash_attention { 0.0 } else { 5.0 * f64::from(model.heads) * s * s * b / tp };
+        let full_layer = kept_layer + scores;
+        if plan.recompute != Recompute::Selective {
+            kept_layer += scores;
         }
-        let in_flight = if plan.pp > 1 { f64::from(plan.pp.min(plan.ga)) } else { 1.0 };
-        let mut activations = if plan.checkpointing {
-            in_flight * layers_per_stage * 2.0 * s * b * h + full_layer
+        let mut in_flight = if plan.pp > 1 { f64::from(plan.pp.min(plan.ga)) } else { 1.0 };
+        if plan.vp > 1 {
+            in_flight *= 1.0 + (pp - 1.0) / (pp * f64::from(plan.vp));
+        }
+        let input = if plan.sp { 2.0 * s * b * h / tp } else { 2.0 * s * b * h };
+        let mut activations = if plan.checkpointing() {
+            in_flight * layers_per_stage * input + full_layer
         } else {
-            in_flight * layers_per_stage * full_layer
+            in_flight * layers_per_stage * kept_layer
         };
         if let Some(vocab) = model.vocab {
             activations += 4.0 * s * b * f64::from(vocab) / tp;
@@ -181,6 +192,28 @@ mod tests {
         let gc = e.estimate(&model, &"dp8-mb2-z3-gc".parse().unwrap()).activations_gib;
         assert!((a2 / a1 - 2.0).abs() < 1e-9);
         assert!(gc < a2 / 5.0);
+    }
+
+    #[test]
+    fn sequence_parallelism_and_selective_recompute_shrink_activations_interleaving_grows_them() {
+        let e = MemoryEstimator::default();
+        let mut model = ModelSpec::example();
+        (model.flash_attention, model.vocab) = (false, None);
+        let with = |model: &ModelSpec, plan: &str| e.estimate(model, &plan.parse().unwrap()).activations_gib;
+        let act = |plan: &str| with(&model, plan);
+        let base = act("dp1-tp4-pp2-mb2-ga8");
+        // Sequence parallelism splits the 10/34 that tensor parallelism leaves whole.
+        assert!(act("dp1-tp4-pp2-mb2-ga8-sp") < base);
+        // Selective recompute drops the attention scores, full recompute keeps only inputs.
+        let selective = act("dp1-tp4-pp2-mb2-ga8-sel");
+        assert!(selective < base && act("dp1-tp4-pp2-mb2-ga8-gc") < selective);
+        assert!(act("dp1-tp4-pp2-mb2-ga8-sp-sel") < selective);
+        // Interleaving keeps 1 + (pp - 1) / (pp vp) = 1.25 times the in-flight activations.
+        let (one, two) = (act("dp1-tp4-pp2-mb2-ga8"), act("dp1-tp4-pp2-mb2-ga8-vp2"));
+        assert!((two / one - 1.25).abs() < 1e-9, "{one} {two}");
+        // With memory-efficient attention there are no scores to drop.
+        let flash = ModelSpec { flash_attention: true, ..model.clone() };
+        assert_eq!(with(&flash, "dp1-tp4-pp2-mb2-ga8-sel"), with(&flash, "dp1-tp4-pp2-mb2-ga8"));
     }
 
     /// A 3-D limit measured at 16-way model parallelism once let LLaMA-30B run 2-way

@@ -109,6 +109,11 @@ impl MeasuredLimits {
     /// family and degree.
     pub fn limit_for(&self, plan: &crate::plan::Plan) -> Option<u32> {
         let family = plan.family();
+        // The limits were measured without the newer dimensions (sequence parallelism,
+        // selective recompute, interleaving), which change activation memory.
+        if plan.uses_newer_dimensions() {
+            return None;
+        }
         let measured_here = match family {
             PlanFamily::TpPp | PlanFamily::TpPpGc => self.tp_pp_degrees.contains(&TpPp { tp: plan.tp, pp: plan.pp }),
             _ => plan.tp == 1 && plan.pp == 1,

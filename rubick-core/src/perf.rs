@@ -26,7 +26,7 @@ pub struct PerfModel {
     /// The model's specification, so that the fitted model predicts on its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_spec: Option<crate::model::ModelSpec>,
-    /// Name and version of the model form, e.g. `rubick-whitebox/2`.
+    /// Name and version of the model form, e.g. `rubick-whitebox/3`.
     pub form: String,
     /// Fitted parameters by name.
     pub parameters: BTreeMap<String, FittedParameter>,
@@ -90,9 +90,9 @@ impl PerfModel {
     /// The parameters in the form's order (unlisted ones at their prior centre);
     /// another form or an unknown parameter name is an error naming the field.
     pub fn params(&self) -> Result<crate::perfmodel::Params, ValidationError> {
-        use crate::perfmodel::{FORM, FORM_V1, PARAMS, Params, idx};
-        ensure(self.form == FORM || self.form == FORM_V1, "form", || {
-            format!("`{}` is not supported (expected `{FORM}` or `{FORM_V1}`)", self.form)
+        use crate::perfmodel::{FORM, FORM_V1, FORM_V2, PARAMS, Params, idx};
+        ensure([FORM, FORM_V2, FORM_V1].contains(&self.form.as_str()), "form", || {
+            format!("`{}` is not supported (expected `{FORM}`, `{FORM_V2}` or `{FORM_V1}`)", self.form)
         })?;
         let mut params = Params::prior(PARAMS[0].prior);
         if self.form == FORM_V1 {
@@ -191,7 +191,10 @@ impl PerfModel {
     pub fn log_covariance(&self) -> Option<nalgebra::DMatrix<f64>> {
         let cov = &self.diagnostics.as_ref()?.log_covariance;
         let n = crate::perfmodel::PARAMS.len();
-        if cov.len() != n || cov.iter().any(|r| r.len() != n) || self.form != crate::perfmodel::FORM {
+        if cov.len() != n
+            || cov.iter().any(|r| r.len() != n)
+            || ![crate::perfmodel::FORM, crate::perfmodel::FORM_V2].contains(&self.form.as_str())
+        {
             return None;
         }
         Some(nalgebra::DMatrix::from_fn(n, n, |i, j| cov[i][j]))

@@ -11,18 +11,44 @@
 //! micro-batches costs more than one large one. Nothing in it is specific to one model: everything
 //! model-specific is a fitted [`Params`] value or a [`ModelSpec`] field.
 //!
+//! `/3` adds the dimensions of today's large-model plans, with no new parameter (a
+//! job's few profiled rows could not tell one apart; each term follows from the
+//! plan's arithmetic, after Korthikanti et al. 2022 and Narayanan et al. 2021):
+//!
+//! * **Full recompute** repeats each layer's forward: compute times `gc_factor` (as
+//!   before) and, new, the tensor-parallel traffic times 3/2: the repeated forward runs
+//!   its 2 all-reduces per layer again, beside the 4 of forward and backward.
+//! * **Selective recompute** repeats the attention core only (scores, softmax, the
+//!   product with V: `4 s² h` of a layer's `24 s h² + 4 s² h` forward FLOPs per
+//!   sample), so it pays `gc_factor - 1` times that share, `s / (6h + s)`; no
+//!   collective lies inside the core.
+//! * **Sequence parallelism** replaces each TP all-reduce by a reduce-scatter and an
+//!   all-gather, which move the same bytes: no time term. What it saves (the layer
+//!   norms' and dropouts' element-wise work, split over tp) is a few percent of a layer
+//!   and left to `compute_3d`; its gain is memory ([`crate::memory`]).
+//! * **Interleaving** (`vp` virtual stages per rank) divides the bubble's `pp - 1`
+//!   slots by `vp` and multiplies the stage boundaries a micro-batch crosses, `pp - 1`,
+//!   to `vp * pp - 1`.
+//!
+//! `/2` models are read as `/3`: their parameters are the same; only full recompute
+//! with tp > 1 predicts more (its repeated TP traffic).
+//!
 //! All times are seconds per iteration (one global batch).
 
 use crate::cluster::NodeGroup;
 use crate::model::ModelSpec;
 use crate::placement::Placement;
-use crate::plan::{Offload, Plan, ZeroStage};
+use crate::plan::{Offload, Plan, Recompute, ZeroStage};
 
 /// Name and version of the model form, stored in every `PerfModel`.
-pub const FORM: &str = "rubick-whitebox/2";
+pub const FORM: &str = "rubick-whitebox/3";
 
-/// The previous form: the same terms without the fixed cost per micro-batch step
-/// (`step_s_per_layer`), which its models read as zero.
+/// The previous form: the same parameters, without the terms of sequence parallelism,
+/// selective recompute, interleaving and full recompute's TP traffic.
+pub const FORM_V2: &str = "rubick-whitebox/2";
+
+/// The first form: without the fixed cost per micro-batch step (`step_s_per_layer`),
+/// which its models read as zero.
 pub const FORM_V1: &str = "rubick-whitebox/1";
 
 /// One parameter of the form: its name, default (prior centre), bounds, prior width
@@ -205,6 +231,19 @@ fn nic_scale(placement: &Placement, p: &Params) -> f64 {
     if rings == 1 { 1.0 } else { f64::from(rings).powf(p.v(idx::NET_SHARE)) }
 }
 
+/// The compute multiplier of the plan's recomputation: `gc_factor` for full, its
+/// attention-core share `s / (6h + s)` for selective (see the module's notes).
+fn recompute_factor(model: &ModelSpec, plan: &Plan, p: &Params) -> f64 {
+    match plan.recompute {
+        Recompute::None => 1.0,
+        Recompute::Full => p.v(idx::GC),
+        Recompute::Selective => {
+            let (s, h) = (f64::from(model.seq_len), f64::from(model.hidden));
+            1.0 + (p.v(idx::GC) - 1.0) * s / (6.0 * h + s)
+        }
+    }
+}
+
 /// The fixed cost of one micro-batch step through all layers (forward + backward).
 fn step_overhead(model: &ModelSpec, p: &Params) -> f64 {
     p.v(idx::STEP) * f64::from(model.layers)
@@ -236,7 +275,7 @@ fn predict_dp(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let batch = model.global_batch as f64;
     let params = model.parameter_count() as f64;
     let grad_bytes = model.state_bytes.grad * params;
-    let gc = if plan.checkpointing { p.v(idx::GC) } else { 1.0 };
+    let gc = recompute_factor(model, plan, p);
     let ga = f64::from(plan.ga.max(1));
     // Work per sample, plus a fixed cost per layer and micro-batch step: a micro-batch
     // of m samples runs at efficiency m / (m + step * layers / compute).
@@ -281,7 +320,7 @@ fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     let params = model.parameter_count() as f64;
     let (s, h) = (f64::from(model.seq_len), f64::from(model.hidden));
     let layers_per_stage = f64::from(model.layers) / pp;
-    let gc = if plan.checkpointing { p.v(idx::GC) } else { 1.0 };
+    let gc = recompute_factor(model, plan, p);
     let per_node = f64::from(placement.max_per_node().max(1));
 
     // Compute of one replica's batch, split over its tp * pp GPUs.
@@ -297,16 +336,21 @@ fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
     // tp; otherwise some groups straddle two nodes and the slowest sets the pace.
     let aligned = placement.per_node().iter().all(|&g| f64::from(g) % tp == 0.0);
     let tp_link = if aligned { nvlink } else { network * nic_scale(placement, p) };
-    let tp_comm = p.v(idx::TP_COMM) * tp_bytes / tp_link;
-    // Pipeline: (M + pp - 1) slots of one micro-batch each; only part of the extra
-    // micro-batches fill the bubble in practice.
+    // Full recompute runs the forward's 2 all-reduces per layer again: 6, not 4.
+    let repeated = if plan.recompute == Recompute::Full { 1.5 } else { 1.0 };
+    let tp_comm = p.v(idx::TP_COMM) * repeated * tp_bytes / tp_link;
+    // Pipeline: (M + (pp - 1) / vp) slots of one micro-batch each (interleaving
+    // shortens the bubble's slots by vp); only part of the extra micro-batches fill
+    // the bubble in practice.
+    let vp = f64::from(plan.vp.max(1));
     let m_eff = 1.0 + p.v(idx::PIPE_ETA) * (micro_batches - 1.0);
-    let bubble = (m_eff + pp - 1.0) / m_eff;
+    let bubble = (m_eff + (pp - 1.0) / vp) / m_eff;
     // Point-to-point activations between stages (forward and backward), across nodes
     // when a stage boundary leaves the node.
     let stage_gpus = tp * dp;
     let p2p_link = if stage_gpus * pp <= per_node { nvlink } else { network };
-    let p2p = if pp > 1.0 { 2.0 * (pp - 1.0) * per_replica * s * h * 2.0 / tp / p2p_link } else { 0.0 };
+    // Each sample crosses the vp * pp - 1 chunk boundaries forward and backward.
+    let p2p = if pp > 1.0 { 2.0 * (vp * pp - 1.0) * per_replica * s * h * 2.0 / tp / p2p_link } else { 0.0 };
     let pipeline = bubble * (stage_compute + tp_comm) + p2p + p.v(idx::STAGE) * pp;
     // Data-parallel gradient all-reduce of one stage's shard; the DP group stays in a
     // node when a stage's tp * dp GPUs fit in one.
@@ -377,6 +421,26 @@ mod tests {
             assert!((sum - pred.total).abs() < 1e-12, "{plan}");
             assert!(pred.total.is_finite() && pred.total > 0.0);
         }
+    }
+
+    #[test]
+    fn selective_recompute_costs_a_little_full_recompute_a_forward_and_interleaving_shrinks_the_bubble() {
+        let none = time("dp1-tp2-pp2-mb1-ga16", "4");
+        let selective = time("dp1-tp2-pp2-mb1-ga16-sel", "4");
+        let full = time("dp1-tp2-pp2-mb1-ga16-gc", "4");
+        assert!(none < selective && selective < full, "{none} {selective} {full}");
+        // The attention core's share of the forward: s / (6h + s) of the repeat.
+        let model = ModelSpec::example();
+        let share = f64::from(model.seq_len) / (6.0 * f64::from(model.hidden) + f64::from(model.seq_len));
+        assert!((selective - none) < (full - none) * share * 1.01, "{none} {selective} {full} {share}");
+        // Sequence parallelism moves the same bytes: the same time.
+        assert_eq!(time("dp1-tp2-pp2-mb1-ga16-sp-sel", "4"), selective);
+        // Two virtual stages halve the bubble's slots for twice the boundaries.
+        let interleaved = time("dp1-tp2-pp2-mb1-ga16-vp2", "4");
+        assert!(interleaved < none, "{interleaved} {none}");
+        let few = time("dp1-tp1-pp4-mb4-ga4", "4");
+        let few_interleaved = time("dp1-tp1-pp4-mb4-ga4-vp2", "4");
+        assert!(few_interleaved < few, "{few_interleaved} {few}");
     }
 
     #[test]

@@ -2,9 +2,12 @@
 //!
 //! A [`Plan`] fixes every degree of freedom the scheduler may change: data, tensor and
 //! pipeline parallel degrees, the ZeRO stage, CPU offload, gradient accumulation,
-//! activation checkpointing and the per-GPU micro-batch. Two textual forms exist:
+//! activation recomputation (none, selective or full), sequence parallelism beside
+//! tensor parallelism, interleaved pipeline stages and the per-GPU micro-batch. Two
+//! textual forms exist:
 //!
-//! * our readable form, e.g. `dp4-tp2-pp1-mb2-ga1-z1-gc` (see [`Plan::from_str`]);
+//! * our readable form, e.g. `dp4-tp2-pp1-mb2-ga1-z1-gc` or `dp1-tp2-pp2-mb1-ga4-vp2-sp-sel`
+//!   (see [`Plan::from_str`]);
 //! * the plan *codes* of the authors' reference data (`ga`, `gc`, `zero-dp`,
 //!   `zero-offload`, or three digits P T D), parsed into [`PlanCode`]. A code names a
 //!   family and its degrees but not the micro-batch; [`crate::space::resolve_code`]
@@ -84,6 +87,46 @@ impl Offload {
     }
 }
 
+/// Which activations the backward pass recomputes instead of keeping from the forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Recompute {
+    /// Every activation kept.
+    #[default]
+    None,
+    /// The attention core (scores, softmax, dropout, the product with V) recomputed,
+    /// the rest kept (Korthikanti et al. 2022): its memory goes, most of the forward
+    /// is not repeated.
+    Selective,
+    /// Each layer's input kept, the whole layer recomputed (full activation
+    /// checkpointing).
+    Full,
+}
+
+impl Recompute {
+    pub const ALL: [Recompute; 3] = [Self::None, Self::Selective, Self::Full];
+
+    /// The name in `launch.supports`, the `{recompute}` placeholder and `RUBICK_RECOMPUTE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Selective => "selective",
+            Self::Full => "full",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
+    fn token(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Selective => Some("sel"),
+            Self::Full => Some("gc"),
+        }
+    }
+}
+
 /// A complete execution plan of one job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Plan {
@@ -97,10 +140,19 @@ pub struct Plan {
     pub offload: Offload,
     /// Gradient-accumulation steps (pipeline micro-batches when pp > 1).
     pub ga: u32,
-    /// Activation (gradient) checkpointing.
-    pub checkpointing: bool,
+    /// Activation recomputation (`Full`: activation checkpointing).
+    pub recompute: Recompute,
     /// Samples per GPU per micro-step.
     pub micro_batch: u32,
+    /// Sequence parallelism (Korthikanti et al. 2022): the activations outside the
+    /// tensor-parallel regions (layer norms, dropouts) sharded along the sequence
+    /// between the TP ranks; each all-reduce becomes a reduce-scatter and an
+    /// all-gather. Needs tp > 1.
+    pub sp: bool,
+    /// Virtual pipeline stages per rank (interleaved 1F1B; 1: none): each rank holds
+    /// `vp` chunks of `layers / (pp * vp)` layers, which shrinks the bubble by `vp`
+    /// for `vp` times the stage-to-stage messages. Needs pp > 1, `ga` a multiple of pp.
+    pub vp: u32,
 }
 
 /// The memory/behaviour family of a plan, the granularity of the reference data's
@@ -166,6 +218,14 @@ pub enum PlanViolation {
     ParamOffloadWithoutZero3,
     #[error("ZeRO stage {0} cannot be combined with pipeline parallelism (stage 1 at most)")]
     ZeroWithPipeline(u8),
+    #[error("sequence parallelism needs tensor parallelism (tp > 1)")]
+    SequenceParallelWithoutTp,
+    #[error("virtual pipeline stages (vp {0}) need pipeline parallelism (pp > 1)")]
+    InterleavingWithoutPipeline(u32),
+    #[error("an interleaved pipeline needs the micro-batches (ga {ga}) to be a multiple of pp {pp}")]
+    InterleavingMicroBatches { ga: u32, pp: u32 },
+    #[error("pp*vp = {chunks} does not divide the {layers} layers")]
+    VirtualStagesLayers { chunks: u32, layers: u32 },
 }
 
 impl Plan {
@@ -178,9 +238,23 @@ impl Plan {
             zero: ZeroStage::None,
             offload: Offload::None,
             ga: 1,
-            checkpointing: false,
+            recompute: Recompute::None,
             micro_batch,
+            sp: false,
+            vp: 1,
         }
+    }
+
+    /// Full activation checkpointing (`-gc`).
+    pub fn checkpointing(&self) -> bool {
+        self.recompute == Recompute::Full
+    }
+
+    /// Whether the plan uses a dimension beyond the paper's space (sequence parallelism,
+    /// selective recompute, interleaving): a script runs one only where its
+    /// `launch.supports` says so.
+    pub fn uses_newer_dimensions(&self) -> bool {
+        self.sp || self.recompute == Recompute::Selective || self.vp > 1
     }
 
     /// GPUs the plan occupies.
@@ -194,7 +268,7 @@ impl Plan {
     }
 
     pub fn family(&self) -> PlanFamily {
-        match (self.tp * self.pp > 1, self.checkpointing) {
+        match (self.tp * self.pp > 1, self.checkpointing()) {
             (true, false) => PlanFamily::TpPp,
             (true, true) => PlanFamily::TpPpGc,
             (false, _) if self.offload != Offload::None => PlanFamily::ZeroOffload,
@@ -206,7 +280,7 @@ impl Plan {
 
     /// Rules that hold whatever the job: degrees positive, ZeRO/offload consistent.
     pub fn check_shape(&self) -> Result<(), PlanViolation> {
-        if [self.dp, self.tp, self.pp, self.ga, self.micro_batch].contains(&0) {
+        if [self.dp, self.tp, self.pp, self.ga, self.micro_batch, self.vp].contains(&0) {
             return Err(PlanViolation::ZeroDegree);
         }
         if self.zero != ZeroStage::None && self.dp == 1 && self.offload == Offload::None {
@@ -221,23 +295,38 @@ impl Plan {
         if self.pp > 1 && self.zero > ZeroStage::One {
             return Err(PlanViolation::ZeroWithPipeline(self.zero.level()));
         }
+        if self.sp && self.tp == 1 {
+            return Err(PlanViolation::SequenceParallelWithoutTp);
+        }
+        if self.vp > 1 && self.pp == 1 {
+            return Err(PlanViolation::InterleavingWithoutPipeline(self.vp));
+        }
+        if self.vp > 1 && !self.ga.is_multiple_of(self.pp) {
+            return Err(PlanViolation::InterleavingMicroBatches { ga: self.ga, pp: self.pp });
+        }
         Ok(())
     }
 }
 
 impl fmt::Display for Plan {
-    /// The readable form: `dp4-tp2-pp1-mb2-ga1`, then `-z1`..`-z3`, `-offopt` or
-    /// `-offall`, and `-gc` when they apply.
+    /// The readable form: `dp4-tp2-pp1-mb2-ga1`, then `-vp2`.., `-z1`..`-z3`, `-offopt`
+    /// or `-offall`, `-sp`, and `-sel` or `-gc` when they apply.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "dp{}-tp{}-pp{}-mb{}-ga{}", self.dp, self.tp, self.pp, self.micro_batch, self.ga)?;
+        if self.vp > 1 {
+            write!(f, "-vp{}", self.vp)?;
+        }
         if self.zero != ZeroStage::None {
             write!(f, "-z{}", self.zero.level())?;
         }
         if let Some(token) = self.offload.token() {
             write!(f, "-{token}")?;
         }
-        if self.checkpointing {
-            f.write_str("-gc")?;
+        if self.sp {
+            f.write_str("-sp")?;
+        }
+        if let Some(token) = self.recompute.token() {
+            write!(f, "-{token}")?;
         }
         Ok(())
     }
@@ -247,7 +336,8 @@ impl FromStr for Plan {
     type Err = ParseError;
 
     /// Parses the readable form. Tokens are separated by `-` and may come in any
-    /// order; `dp`, `tp`, `pp` and `ga` default to 1, `mb` is required.
+    /// order; `dp`, `tp`, `pp`, `ga` and `vp` default to 1, `mb` is required; `gc`
+    /// (full recompute) and `sel` (selective) exclude each other.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why: String| ParseError::new("plan", s, why);
         let mut plan = Plan::data_parallel(1, 0);
@@ -269,6 +359,7 @@ impl FromStr for Plan {
                 "tp" => plan.tp = number()?,
                 "pp" => plan.pp = number()?,
                 "ga" => plan.ga = number()?,
+                "vp" => plan.vp = number()?,
                 "mb" => {
                     plan.micro_batch = number()?;
                     seen_mb = true;
@@ -278,15 +369,23 @@ impl FromStr for Plan {
                         .and_then(ZeroStage::from_level)
                         .ok_or_else(|| err(format!("`{token}`: expected a ZeRO stage z0..z3")))?;
                 }
-                "offopt" | "offall" | "gc" if !digits.is_empty() => {
+                "offopt" | "offall" | "gc" | "sel" | "sp" if !digits.is_empty() => {
                     return Err(err(format!("`{token}`: unexpected digits")));
+                }
+                "offopt" | "offall" if plan.offload != Offload::None => {
+                    return Err(err("`offopt` and `offall` are both given".into()));
+                }
+                "gc" | "sel" if plan.recompute != Recompute::None => {
+                    return Err(err("`gc` (full recompute) and `sel` (selective) are both given".into()));
                 }
                 "offopt" => plan.offload = Offload::Optimizer,
                 "offall" => plan.offload = Offload::OptimizerAndParams,
-                "gc" => plan.checkpointing = true,
+                "gc" => plan.recompute = Recompute::Full,
+                "sel" => plan.recompute = Recompute::Selective,
+                "sp" => plan.sp = true,
                 _ => {
                     return Err(err(format!(
-                        "unknown token `{token}` (expected dpN, tpN, ppN, mbN, gaN, zN, offopt, offall, gc)"
+                        "unknown token `{token}` (expected dpN, tpN, ppN, mbN, gaN, vpN, zN, offopt, offall, sp, sel, gc)"
                     )));
                 }
             }
@@ -350,14 +449,20 @@ impl PlanCode {
     /// GPU `ga` and `zero-dp` are the same plan; this returns `ga`.
     pub fn of(plan: &Plan) -> Option<PlanCode> {
         if plan.tp * plan.pp > 1 {
-            let plain = !plan.checkpointing && plan.zero == ZeroStage::None && plan.offload == Offload::None;
+            let plain = plan.recompute == Recompute::None
+                && plan.zero == ZeroStage::None
+                && plan.offload == Offload::None
+                && !plan.uses_newer_dimensions();
             return plain.then_some(Self::ThreeD { pp: plan.pp, tp: plan.tp, dp: plan.dp });
         }
-        match (plan.zero, plan.offload, plan.checkpointing) {
-            (ZeroStage::None, Offload::None, false) => Some(Self::Ga),
-            (ZeroStage::None, Offload::None, true) => Some(Self::Gc),
-            (ZeroStage::Two, Offload::None, false) => Some(Self::ZeroDp),
-            (ZeroStage::Two, Offload::Optimizer, false) => Some(Self::ZeroOffload),
+        if plan.uses_newer_dimensions() {
+            return None;
+        }
+        match (plan.zero, plan.offload, plan.recompute) {
+            (ZeroStage::None, Offload::None, Recompute::None) => Some(Self::Ga),
+            (ZeroStage::None, Offload::None, Recompute::Full) => Some(Self::Gc),
+            (ZeroStage::Two, Offload::None, Recompute::None) => Some(Self::ZeroDp),
+            (ZeroStage::Two, Offload::Optimizer, Recompute::None) => Some(Self::ZeroOffload),
             _ => None,
         }
     }
@@ -368,7 +473,7 @@ impl PlanCode {
         let mut plan = Plan::data_parallel(gpus, 1);
         match *self {
             Self::Ga => {}
-            Self::Gc => plan.checkpointing = true,
+            Self::Gc => plan.recompute = Recompute::Full,
             Self::ZeroDp => plan.zero = ZeroStage::Two,
             Self::ZeroOffload => {
                 plan.zero = ZeroStage::Two;
@@ -491,7 +596,7 @@ impl FromStr for PlanRequest {
 crate::string_serde!(
     Plan,
     "A complete execution plan, e.g. `dp4-tp2-pp1-mb2-ga1-z1-gc`.",
-    r"^(dp|tp|pp|mb|ga|z|offopt|offall|gc)[0-9]*(-(dp|tp|pp|mb|ga|z|offopt|offall|gc)[0-9]*)*$"
+    r"^(dp|tp|pp|mb|ga|vp|z|offopt|offall|sp|sel|gc)[0-9]*(-(dp|tp|pp|mb|ga|vp|z|offopt|offall|sp|sel|gc)[0-9]*)*$"
 );
 crate::string_serde!(
     PlanCode,
@@ -528,8 +633,10 @@ mod tests {
                 other => panic!("offload {other} in data/plan-vectors.json"),
             },
             ga: number("ga"),
-            checkpointing: fields["gc"].as_bool().unwrap(),
+            recompute: Recompute::from_name(fields["recompute"].as_str().unwrap()).unwrap(),
             micro_batch: number("micro_batch"),
+            sp: fields["sp"].as_bool().unwrap(),
+            vp: number("vp"),
         }
     }
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::memory::MemoryEstimator;
 use crate::model::{MeasuredLimits, ModelSpec, StateBytes, TpPp};
 use crate::placement::Placement;
-use crate::plan::{Offload, Plan, PlanCode, PlanFamily, ZeroStage};
+use crate::plan::{Offload, Plan, PlanCode, PlanFamily, Recompute, ZeroStage};
 
 /// GPU memory of the authors' testbed (A800-80GB).
 pub const TESTBED_GPU_MEMORY_GIB: f64 = 80.0;
@@ -270,14 +270,15 @@ fn family_configs(model: &ModelSpec, family: PlanFamily, mb: u32, gpus_per_node:
     let zero = if dp > 1 { ZeroStage::Two } else { ZeroStage::None };
     match family {
         PlanFamily::Dp => vec![base],
-        PlanFamily::DpGc => vec![Plan { checkpointing: true, ..base }],
+        PlanFamily::DpGc => vec![Plan { recompute: Recompute::Full, ..base }],
         PlanFamily::ZeroDp => vec![Plan { zero, ..base }],
         PlanFamily::ZeroOffload => vec![Plan { zero: ZeroStage::Two, offload: Offload::Optimizer, ..base }],
         PlanFamily::TpPp | PlanFamily::TpPpGc => {
             let mut plans = Vec::new();
             for tp in 1..=gpus_per_node {
                 for pp in 1..=gpus_per_node / tp {
-                    let plan = Plan { tp, pp, checkpointing: family == PlanFamily::TpPpGc, ..base };
+                    let recompute = if family == PlanFamily::TpPpGc { Recompute::Full } else { Recompute::None };
+                    let plan = Plan { tp, pp, recompute, ..base };
                     let shape_ok = tp * pp >= 2
                         && model.heads.is_multiple_of(tp)
                         && model.hidden.is_multiple_of(tp)

@@ -24,7 +24,7 @@ use crate::job::Job;
 use crate::memory::MemoryEstimator;
 use crate::placement::Placement;
 use crate::plan::{Plan, PlanFamily};
-use crate::space::PlanSpace;
+use crate::space::{Dimensions, PlanSpace};
 
 /// A configuration that could be profiled.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +65,7 @@ pub fn one_node_candidates(job: &Job, group: &NodeGroup, estimator: &MemoryEstim
     (1..=group.gpus_per_node)
         .flat_map(|gpus| {
             let placement = Placement::packed(gpus, group.gpus_per_node);
-            PlanSpace::enumerate(&job.model, gpus, group, estimator)
+            PlanSpace::enumerate(&job.model, gpus, group, estimator, Dimensions::of(job.supports()))
                 .plans
                 .into_iter()
                 .filter(|e| job.can_run(&e.plan))

@@ -9,9 +9,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::NodeGroup;
+use crate::launch::PlanSupport;
 use crate::memory::{FitBasis, MemoryBreakdown, MemoryEstimator};
 use crate::model::ModelSpec;
-use crate::plan::{Offload, Plan, PlanCode, PlanFamily, PlanViolation, ZeroStage};
+use crate::plan::{Offload, Plan, PlanCode, PlanFamily, PlanViolation, Recompute, ZeroStage};
 
 /// One feasible plan with its memory estimate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -74,6 +75,9 @@ impl Plan {
         if !model.layers.is_multiple_of(self.pp) {
             return Err(PlanViolation::PpLayers { pp: self.pp, layers: model.layers });
         }
+        if self.vp > 1 && !model.layers.is_multiple_of(self.pp * self.vp) {
+            return Err(PlanViolation::VirtualStagesLayers { chunks: self.pp * self.vp, layers: model.layers });
+        }
         Ok(())
     }
 }
@@ -100,10 +104,45 @@ impl PlanCode {
     }
 }
 
+/// Which of the dimensions beyond the paper's a plan space enumerates: those the job's
+/// script says it implements (`launch.supports`); none for a job that says nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Dimensions {
+    pub sequence_parallel: bool,
+    pub selective_recompute: bool,
+    /// Most virtual pipeline stages per rank (1: no interleaving).
+    pub max_vp: u32,
+}
+
+impl Dimensions {
+    /// The paper's space: no sequence parallelism, no selective recompute, no interleaving.
+    pub const PAPER: Dimensions = Dimensions { sequence_parallel: false, selective_recompute: false, max_vp: 1 };
+
+    /// Every dimension, interleaving up to `max_vp` (tests, the exhaustive planner).
+    pub const fn all(max_vp: u32) -> Dimensions {
+        Dimensions { sequence_parallel: true, selective_recompute: true, max_vp }
+    }
+
+    /// The dimensions a script's `launch.supports` names.
+    pub fn of(supports: Option<&PlanSupport>) -> Dimensions {
+        supports.map_or(Self::PAPER, |s| Dimensions {
+            sequence_parallel: s.sequence_parallel == Some(true),
+            selective_recompute: s.selective_recompute == Some(true),
+            max_vp: s.max_vp.unwrap_or(1).max(1),
+        })
+    }
+}
+
 /// Every valid plan of `model` on `gpus` GPUs with tensor parallelism inside a node of
-/// `gpus_per_node`, in a fixed order (by pp, tp, dp, ZeRO, offload, checkpointing,
-/// micro-batch). Memory is not checked.
-pub fn valid_plans(model: &ModelSpec, gpus: u32, gpus_per_node: u32) -> Vec<Plan> {
+/// `gpus_per_node`, in a fixed order (by pp, tp, dp, ZeRO, offload, recompute, sequence
+/// parallelism, virtual stages, micro-batch), with the newer dimensions `dims` allows.
+/// Memory is not checked.
+pub fn valid_plans(model: &ModelSpec, gpus: u32, gpus_per_node: u32, dims: Dimensions) -> Vec<Plan> {
+    let recomputes: &[Recompute] = if dims.selective_recompute {
+        &[Recompute::None, Recompute::Full, Recompute::Selective]
+    } else {
+        &[Recompute::None, Recompute::Full]
+    };
     let mut plans = Vec::new();
     for tp in divisors(u64::from(gpus)).filter(|&t| t <= u64::from(gpus_per_node)) {
         for pp in divisors(u64::from(gpus) / tp) {
@@ -114,23 +153,33 @@ pub fn valid_plans(model: &ModelSpec, gpus: u32, gpus_per_node: u32) -> Vec<Plan
             let per_replica = model.global_batch / dp;
             for zero in ZeroStage::ALL {
                 for offload in Offload::ALL {
-                    for checkpointing in [false, true] {
-                        for mb in divisors(per_replica) {
-                            let (Ok(micro_batch), Ok(ga)) = (u32::try_from(mb), u32::try_from(per_replica / mb)) else {
-                                continue;
-                            };
-                            let plan = Plan {
-                                dp: dp as u32,
-                                tp: tp as u32,
-                                pp: pp as u32,
-                                zero,
-                                offload,
-                                ga,
-                                checkpointing,
-                                micro_batch,
-                            };
-                            if plan.check(model, gpus).is_ok() {
-                                plans.push(plan);
+                    for &recompute in recomputes {
+                        let sps: &[bool] = if dims.sequence_parallel && tp > 1 { &[false, true] } else { &[false] };
+                        let max_vp = if pp > 1 { dims.max_vp.max(1) } else { 1 };
+                        for &sp in sps {
+                            for vp in 1..=max_vp {
+                                for mb in divisors(per_replica) {
+                                    let (Ok(micro_batch), Ok(ga)) =
+                                        (u32::try_from(mb), u32::try_from(per_replica / mb))
+                                    else {
+                                        continue;
+                                    };
+                                    let plan = Plan {
+                                        dp: dp as u32,
+                                        tp: tp as u32,
+                                        pp: pp as u32,
+                                        zero,
+                                        offload,
+                                        ga,
+                                        recompute,
+                                        micro_batch,
+                                        sp,
+                                        vp,
+                                    };
+                                    if plan.check(model, gpus).is_ok() {
+                                        plans.push(plan);
+                                    }
+                                }
                             }
                         }
                     }
@@ -142,9 +191,16 @@ pub fn valid_plans(model: &ModelSpec, gpus: u32, gpus_per_node: u32) -> Vec<Plan
 }
 
 impl PlanSpace {
-    /// The feasible plans of `model` on `gpus` GPUs of `group`'s type.
-    pub fn enumerate(model: &ModelSpec, gpus: u32, group: &NodeGroup, estimator: &MemoryEstimator) -> PlanSpace {
-        let valid = valid_plans(model, gpus, group.gpus_per_node);
+    /// The feasible plans of `model` on `gpus` GPUs of `group`'s type, with the newer
+    /// dimensions `dims` allows.
+    pub fn enumerate(
+        model: &ModelSpec,
+        gpus: u32,
+        group: &NodeGroup,
+        estimator: &MemoryEstimator,
+        dims: Dimensions,
+    ) -> PlanSpace {
+        let valid = valid_plans(model, gpus, group.gpus_per_node, dims);
         let valid_count = valid.len();
         let plans = valid
             .into_iter()
@@ -229,7 +285,7 @@ mod tests {
         let model = ModelSpec::example();
         let estimator = MemoryEstimator::default();
         for gpus in [1, 2, 3, 4, 8, 16] {
-            let space = PlanSpace::enumerate(&model, gpus, group, &estimator);
+            let space = PlanSpace::enumerate(&model, gpus, group, &estimator, Dimensions::PAPER);
             assert!(space.plans.len() <= space.valid_plans);
             for entry in &space.plans {
                 assert_eq!(entry.plan.check(&model, gpus), Ok(()));
@@ -242,8 +298,8 @@ mod tests {
     #[test]
     fn order_is_deterministic_and_has_no_duplicates() {
         let model = ModelSpec::example();
-        let a = valid_plans(&model, 8, 8);
-        let b = valid_plans(&model, 8, 8);
+        let a = valid_plans(&model, 8, 8, Dimensions::PAPER);
+        let b = valid_plans(&model, 8, 8, Dimensions::PAPER);
         assert_eq!(a, b);
         let mut sorted = a.clone();
         sorted.sort();
@@ -255,7 +311,8 @@ mod tests {
     fn llama7_plain_data_parallel_never_fits_on_80gb() {
         let cluster = Cluster::example();
         let model = ModelSpec::example();
-        let space = PlanSpace::enumerate(&model, 8, &cluster.node_groups[0], &MemoryEstimator::default());
+        let space =
+            PlanSpace::enumerate(&model, 8, &cluster.node_groups[0], &MemoryEstimator::default(), Dimensions::PAPER);
         assert!(!space.plans.is_empty());
         assert!(space.plans.iter().all(|e| e.family != PlanFamily::Dp && e.family != PlanFamily::DpGc));
     }

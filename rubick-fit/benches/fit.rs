@@ -37,6 +37,19 @@ fn main() -> anyhow::Result<()> {
                 let refs: Vec<&EvaluatedRow> = pooled.iter().collect();
                 print(&format!("fit_external_pooled_k{k}"), &evaluate::metrics(&refs));
             }
+            // Calculon's Table 5: each model's full-recompute row alone fitted, its
+            // sequence-parallel + selective-recompute row predicted, as a ratio.
+            let (_, calculon) = rubick_io::external::read(&dir.join("calculon_tab5.csv"))?;
+            let mut errors = Vec::new();
+            for job in &calculon.jobs {
+                let Some(check) = evaluate::sp_selective_ratio(job)? else { continue };
+                let name = job.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_").to_ascii_lowercase();
+                println!("bench: calculon_{name}_sp_selective_ratio_measured {:.3} ratio", check.measured);
+                println!("bench: calculon_{name}_sp_selective_ratio_predicted {:.3} ratio", check.predicted);
+                errors.push(check.error_points());
+            }
+            let mean = errors.iter().sum::<f64>() / errors.len().max(1) as f64;
+            println!("bench: calculon_sp_selective_ratio_err_pct {mean:.1} points");
             // One fit's wall time: every vTrain single-node job, on the K = 8 rows the
             // selection chooses (as the evaluation above), median and max.
             let (_, data) = rubick_io::external::read(&dir.join("vtrain_single.csv"))?;

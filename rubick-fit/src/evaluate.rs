@@ -359,3 +359,47 @@ pub fn summarize(
     };
     (summary, rows)
 }
+
+/// What the form's structure alone says of a change of plan: one row of a job fitted
+/// (with the form's priors), another predicted, as the ratio of their times.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RatioCheck {
+    pub model: String,
+    /// The fitted row's plan and the predicted one's.
+    pub from: String,
+    pub to: String,
+    pub measured: f64,
+    pub predicted: f64,
+}
+
+impl RatioCheck {
+    /// The error of the predicted ratio, in points (100 x the absolute difference).
+    pub fn error_points(&self) -> f64 {
+        (self.predicted - self.measured).abs() * 100.0
+    }
+}
+
+/// The ratio time(sequence parallelism + selective recompute) / time(full recompute)
+/// of an external job that measured both (Calculon's Table 5 rows), predicted by a model
+/// fitted on the full-recompute row alone; `None` when the job lacks either row.
+pub fn sp_selective_ratio(job: &rubick_core::external::ExternalJob) -> anyhow::Result<Option<RatioCheck>> {
+    use rubick_core::plan::Recompute;
+    let full = job.rows.iter().find(|r| r.plan.recompute == Recompute::Full && !r.plan.sp);
+    let seqsel = job.rows.iter().find(|r| r.plan.recompute == Recompute::Selective && r.plan.sp);
+    let (Some(full), Some(seqsel)) = (full, seqsel) else { return Ok(None) };
+    let links = Links::of_cluster(&job.cluster);
+    let observation =
+        Observation { plan: full.plan, placement: full.placement.clone(), links, iter_time_s: full.iter_time_s };
+    let options = FitOptions { min_configurations: 1, ..FitOptions::default() };
+    let fitted = fit(&job.model, &[observation], &options).map_err(|e| anyhow::anyhow!("{}: {e}", job.name))?;
+    let predict = |r: &rubick_core::external::ExternalRow| {
+        rubick_core::perfmodel::predict(&job.model, &r.plan, &r.placement, &links, &fitted.params).total
+    };
+    Ok(Some(RatioCheck {
+        model: job.name.clone(),
+        from: full.plan.to_string(),
+        to: seqsel.plan.to_string(),
+        measured: seqsel.iter_time_s / full.iter_time_s,
+        predicted: predict(seqsel) / predict(full),
+    }))
+}

@@ -8,6 +8,7 @@ use std::time::Instant;
 use rubick_core::planner::PlannerConfig;
 use rubick_core::planner::round::{Solver, plan_round};
 use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
+use rubick_core::space::Dimensions;
 use rubick_core::{MemoryEstimator, PlanSpace};
 use rubick_io::reference::{ReferenceData, locate};
 use rubick_milp::Milp;
@@ -146,7 +147,12 @@ fn main() -> anyhow::Result<()> {
         let mut plans = 0;
         for _ in 0..21 {
             let start = Instant::now();
-            plans = jobs.iter().map(|j| PlanSpace::enumerate(&j.model, gpus, group, &estimator).plans.len()).sum();
+            plans = jobs
+                .iter()
+                .map(|j| {
+                    PlanSpace::enumerate(&j.model, gpus, group, &estimator, Dimensions::of(j.supports())).plans.len()
+                })
+                .sum();
             samples.push(start.elapsed().as_secs_f64());
         }
         println!("bench: plan_space_7jobs_{gpus}gpu_ms {:.3} ms", median(samples) * 1e3);

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use rubick_core::artifact::{self, Kind};
+use rubick_core::space::Dimensions;
 use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator, PlanSpace};
 use rubick_io::cli::{ListFormat, LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::{load_artifact, parse_artifact, read_text};
@@ -252,6 +253,6 @@ pub fn job_spaces(job: &Job, cluster: &Cluster, gpus: u32, estimator: &MemoryEst
         .iter()
         .filter(|g| job.request.gpu_type.as_ref().is_none_or(|t| *t == g.gpu_type))
         .filter(|g| g.total_gpus() >= gpus)
-        .map(|g| PlanSpace::enumerate(&job.model, gpus, g, estimator))
+        .map(|g| PlanSpace::enumerate(&job.model, gpus, g, estimator, Dimensions::of(job.supports())))
         .collect()
 }

@@ -289,8 +289,9 @@ proptest! {
     fn schedule_round_trips(value in schedule()) { round_trips(value)?; }
 
     #[test]
-    fn plans_round_trip_through_text(dp in 1u32..64, tp in pow2(3), pp in 1u32..8, mb in 1u32..32, ga in 1u32..16, z in 0u8..4, gc in any::<bool>()) {
-        let plan = Plan { dp, tp, pp, zero: ZeroStage::from_level(z).unwrap(), offload: Offload::None, ga, checkpointing: gc, micro_batch: mb };
+    fn plans_round_trip_through_text(dp in 1u32..64, tp in pow2(3), pp in 1u32..8, mb in 1u32..32, ga in 1u32..16, z in 0u8..4, r in 0usize..3, off in 0usize..3, sp in any::<bool>(), vp in 1u32..4) {
+        let zero = ZeroStage::from_level(z).unwrap();
+        let plan = Plan { dp, tp, pp, zero, offload: Offload::ALL[off], ga, recompute: Recompute::ALL[r], micro_batch: mb, sp, vp };
         if plan.check_shape().is_ok() {
             prop_assert_eq!(plan.to_string().parse::<Plan>().unwrap(), plan);
         }

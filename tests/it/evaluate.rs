@@ -232,6 +232,27 @@ fn evaluate_external_sets_with_eight_rows_each() {
     assert!(num(&summary["overall"], "mean_rel_error") <= 0.15, "{:?}", summary["overall"]);
 }
 
+/// Calculon's Table 5 (Korthikanti et al.'s 22B to 1T models, each measured with full
+/// recompute and with sequence parallelism + selective recompute): each model's
+/// full-recompute row alone fitted, the other predicted. What judges the new terms is
+/// the ratio of the two times, within 10 points on average, every model's below 1 (the
+/// newer plan is the faster), and no row set aside.
+#[test]
+fn calculon_sequence_parallel_selective_rows_are_predicted_from_full_recompute_alone() {
+    let Some(dir) = external() else { return };
+    let (_, data) = rubick_io::external::read(&dir.join("calculon_tab5.csv")).unwrap();
+    assert!(data.set_aside.is_empty(), "{:?}", data.set_aside);
+    let checks: Vec<_> =
+        data.jobs.iter().filter_map(|job| rubick_fit::evaluate::sp_selective_ratio(job).unwrap()).collect();
+    assert_eq!(checks.len(), 4, "{checks:?}");
+    for c in &checks {
+        println!("{}: {} -> {}: measured {:.3} predicted {:.3}", c.model, c.from, c.to, c.measured, c.predicted);
+        assert!(c.predicted < 1.0, "{c:?}");
+    }
+    let mean = checks.iter().map(rubick_fit::evaluate::RatioCheck::error_points).sum::<f64>() / 4.0;
+    assert!(mean <= 10.0, "mean error {mean:.1} points: {checks:?}");
+}
+
 /// `select` chooses from the job's plan space (or a given list, reading only `plan` and
 /// `placement`), covers the smallest and the largest micro-batch, and is deterministic.
 #[test]

@@ -163,7 +163,13 @@ fn exercise(text: &str, cluster: &Cluster, jobs: &[Job]) -> bool {
         for job in jobs.iter().take(3) {
             for group in &c.node_groups {
                 for gpus in [1, group.gpus_per_node.min(8)] {
-                    let _ = rubick_core::space::PlanSpace::enumerate(&job.model, gpus, group, &estimator);
+                    let _ = rubick_core::space::PlanSpace::enumerate(
+                        &job.model,
+                        gpus,
+                        group,
+                        &estimator,
+                        rubick_core::space::Dimensions::of(job.supports()),
+                    );
                 }
             }
         }
@@ -178,7 +184,13 @@ fn exercise(text: &str, cluster: &Cluster, jobs: &[Job]) -> bool {
         for job in js.iter().take(4) {
             let group = &cluster.node_groups[0];
             for gpus in [1, 8] {
-                let space = rubick_core::space::PlanSpace::enumerate(&job.model, gpus, group, &estimator);
+                let space = rubick_core::space::PlanSpace::enumerate(
+                    &job.model,
+                    gpus,
+                    group,
+                    &estimator,
+                    rubick_core::space::Dimensions::of(job.supports()),
+                );
                 let params = rubick_core::planner::curves::default_params(&job.model);
                 let links = rubick_core::perfmodel::Links::of_cluster(cluster);
                 for entry in space.plans.iter().take(5) {

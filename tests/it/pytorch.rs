@@ -746,15 +746,17 @@ fn cron_rounds(workload: &Workload, venv: &Path, d: &Path) {
         losses(&metrics("a", attempt)).len() >= 6 && !losses(&metrics("b", 1)).is_empty()
     });
     // Round 2: b stopped for good. With the default rules a grows only if the second
-    // slot adds half a slot's throughput, and says so when it does not.
+    // slot adds half a slot's throughput and the change repays its restart, and says
+    // which held it back when it does not (which one depends on the speeds measured,
+    // i.e. on how loaded the machine is).
     sh("\"$RR\" stop b --state \"$STATE\"");
     let default = sh("\"$RR\" jobs --state \"$STATE\" --cluster \"$CLUSTER\" \\
         | \"$RP\" schedule --cluster \"$CLUSTER\" --jobs - --current \"$STATE/current.yaml\" --cooldown 0 --explain \\
         > \"$D/round2-default.yaml\"");
     let kept = std::fs::read_to_string(d.join("round2-default.yaml")).unwrap().contains(&format!("plan: {a1}"));
     assert!(
-        !kept || default.contains("under the scale-out efficiency"),
-        "a kept on {a1} by the default rules, not for its scale-out:\n{default}"
+        !kept || default.contains("under the scale-out efficiency") || default.contains("kept for churn"),
+        "a kept on {a1} by the default rules, saying neither why:\n{default}"
     );
     // a grows to DP 2 on both slots.
     round(&mut log);

@@ -387,3 +387,52 @@ fn every_policy_of_the_registry_schedules_a_round() {
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("static-backfill"), "lists the policies: {}", run.stderr);
 }
+
+/// The newer dimensions in a round: a 7B model at sequence 4096 on 24 GiB GPUs, whose
+/// attention scores (without memory-efficient attention) do not fit without recompute.
+/// A script that says nothing of them gets the paper's plans (full recompute here);
+/// one that implements sequence parallelism and selective recompute gets the faster
+/// plan that keeps most activations.
+#[test]
+fn a_script_that_implements_the_newer_dimensions_gets_them_where_they_pay() {
+    let dir = temp();
+    std::fs::write(
+        dir.path().join("cluster.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: small-gpus\nnodeGroups:\n  - { name: g, count: 1, gpuType: L4-24GB, gpusPerNode: 8, gpuMemoryGib: 24, cpuCores: 64, hostMemoryGib: 512, nvlinkGBps: 32, interNodeGBps: 12, pcieGBps: 16 }\n",
+    )
+    .unwrap();
+    let job = |supports: &str| {
+        format!(
+            "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n  - name: llama7\n    model: {{ name: llama7, parameters: 6738423808, layers: 32, hidden: 4096, heads: 32, seqLen: 4096, globalBatch: 16, flashAttention: false }}\n    iterations: 1000\n    request: {{ gpus: 8, cpus: 32, plan: \"181\" }}\n    launch: {{ version: 1, command: [python, train.py]{supports} }}\n"
+        )
+    };
+    std::fs::write(dir.path().join("paper.yaml"), job("")).unwrap();
+    std::fs::write(
+        dir.path().join("newer.yaml"),
+        job(", supports: { sequenceParallel: true, selectiveRecompute: true, maxVp: 2 }"),
+    )
+    .unwrap();
+    let plan_of = |jobs: &str| {
+        let out = format!("{jobs}.schedule.yaml");
+        let run = run_in(
+            dir.path(),
+            "rubick-plan",
+            &["schedule", "--cluster", "cluster.yaml", "--jobs", &format!("{jobs}.yaml"), "-o", &out],
+        );
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let a = schedule_of(&dir.path().join(out)).assignments.remove(0);
+        (a.plan.unwrap(), a.predicted_throughput)
+    };
+    let (paper, paper_speed) = plan_of("paper");
+    assert!(!paper.uses_newer_dimensions() && paper.checkpointing(), "{paper}");
+    let (newer, newer_speed) = plan_of("newer");
+    assert_eq!(newer.recompute, rubick_core::Recompute::Selective, "{newer}");
+    assert!(newer_speed > paper_speed * 1.05, "{newer} {newer_speed} vs {paper} {paper_speed}");
+    // The space a user lists shows them too, for that job only.
+    let run =
+        run_in(dir.path(), "rubick-plan", &["space", "--cluster", "cluster.yaml", "newer.yaml", "-o", "space.csv"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let space = std::fs::read_to_string(dir.path().join("space.csv")).unwrap();
+    assert!(space.lines().next().unwrap().contains("recompute,sequence_parallel,virtual_stages"), "{space}");
+    assert!(space.contains("-sp-sel,") && space.contains("-vp2"), "{space}");
+}

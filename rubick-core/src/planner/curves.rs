@@ -12,7 +12,7 @@ use crate::model::ModelSpec;
 use crate::perfmodel::{Links, Params, Prediction, idx, predict};
 use crate::placement::Placement;
 use crate::plan::{Offload, Plan, PlanRequest};
-use crate::space::{resolve_code, valid_plans};
+use crate::space::{Dimensions, resolve_code, valid_plans};
 
 use super::{Capacity, JobInput, PlannerConfig, Restriction, Support, eligible_groups};
 
@@ -297,7 +297,7 @@ impl<'a> Evaluator<'a> {
         let g = &self.cluster.node_groups[group];
         let (model, _, supports, refused) = &self.models[key];
         let candidates = &self.config.candidates;
-        let plans: Vec<Plan> = valid_plans(model, gpus, g.gpus_per_node)
+        let plans: Vec<Plan> = valid_plans(model, gpus, g.gpus_per_node, Dimensions::of(supports.as_ref()))
             .into_iter()
             .filter(|p| supports.as_ref().is_none_or(|s| s.allows(p)) && !refused.contains(p))
             .filter(|p| candidates.plan(model, p))

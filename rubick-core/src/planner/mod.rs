@@ -376,8 +376,8 @@ impl Evidence {
             if p == plan && pl.per_node() == placement.per_node() {
                 return Support::Measured;
             }
-            let same_layout = (p.tp, p.pp, p.zero, p.offload, p.checkpointing)
-                == (plan.tp, plan.pp, plan.zero, plan.offload, plan.checkpointing);
+            let same_layout = (p.tp, p.pp, p.zero, p.offload, p.recompute, p.sp, p.vp)
+                == (plan.tp, plan.pp, plan.zero, plan.offload, plan.recompute, plan.sp, plan.vp);
             if same_layout
                 && pl.is_multi_node() == placement.is_multi_node()
                 && near(pl.gpus(), placement.gpus())
