@@ -68,6 +68,11 @@ def main():
     trainer = Trainer(model=model, args=targs, train_dataset=Tokens(100_000, 64, 256), callbacks=[callback])  # rubick
     with rubick.exit_on_oom():  # rubick
         trainer.train(resume_from_checkpoint=rubick.hf.last_checkpoint(targs.output_dir))  # rubick
+    # The Trainer leaves its process group to the interpreter's exit, whose teardown of
+    # gloo's threads can abort a rank ("terminate called without an active exception")
+    # after a clean stop: every rank leaves it here, together.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

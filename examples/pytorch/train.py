@@ -6,13 +6,17 @@ that honours a rubick execution plan with real PyTorch machinery:
 
   DP      torch.nn.parallel.DistributedDataParallel (NCCL on GPU, gloo on CPU)
   GA      micro-steps per iteration, DDP no_sync / FSDP2 gradient sync off but last
-  GC      torch.utils.checkpoint around every block
+  GC      torch.utils.checkpoint around every block (recompute full)
+  SEL     torch.utils.checkpoint around the attention core only (recompute selective)
   ZeRO-1  torch.distributed.optim.ZeroRedundancyOptimizer (+ DDP)
   ZeRO-2  FSDP2 fully_shard(reshard_after_forward=False)
   ZeRO-3  FSDP2 fully_shard(reshard_after_forward=True)
   offload FSDP2 CPUOffloadPolicy (pin_memory only with a GPU)
   TP      torch.distributed.tensor.parallel Colwise/Rowwise on the block linears
+  SP      SequenceParallel layer norms between them, the residual stream sharded
+          along the sequence (each all-reduce a reduce-scatter + all-gather)
   PP      torch.distributed.pipelining (GPipe or 1F1B over the GA micro-batches)
+  VP      ScheduleInterleaved1F1B: vp chunks of layers per pipeline rank
 
 The plan comes from RUBICK_* environment variables (argv flags override), the
 per-iteration metrics go to RUBICK_METRICS as `{"rubick":1,...}` JSON lines,
@@ -88,6 +92,9 @@ def parse_args(argv):
     plan.add_argument("--offload", choices=["none", "optimizer", "all"])
     plan.add_argument("--ga", type=int)
     plan.add_argument("--gc", type=int, choices=[0, 1])
+    plan.add_argument("--recompute", choices=["none", "selective", "full"])
+    plan.add_argument("--sp", type=int, choices=[0, 1])
+    plan.add_argument("--vp", type=int)
     plan.add_argument("--micro-batch", type=int)
     plan.add_argument("--pp-schedule", choices=["auto", "gpipe", "1f1b"], default="auto",
                       help="auto: 1F1B when GA >= PP, else GPipe")
@@ -153,8 +160,10 @@ def same(key, raw, said):
     """Whether a RUBICK_<FIELD> value says what the plan string says (malformed values
     are reported where they are parsed)."""
     r = raw.strip().lower()
-    if key == "gc":
+    if key in ("gc", "sp"):
         return (r in ("1", "true", "yes")) == bool(said) or r not in ("1", "true", "yes", "0", "false", "no")
+    if key == "recompute":
+        return r == said
     if key == "offload":
         return OFFLOAD_NAMES.get(r, said) == said
     try:
@@ -185,10 +194,10 @@ def resolve_plan(args, world):
 
     plan = {}
     for key, env in (("tp", "RUBICK_TP"), ("pp", "RUBICK_PP"), ("ga", "RUBICK_GA"),
-                     ("zero", "RUBICK_ZERO"), ("gc", "RUBICK_GC")):
-        raw = pick(key, env, {"tp": 1, "pp": 1, "ga": 1, "zero": 0, "gc": 0}[key])
-        if key == "gc" and str(raw).lower() in ("true", "false"):
-            raw = int(str(raw).lower() == "true")
+                     ("zero", "RUBICK_ZERO"), ("gc", "RUBICK_GC"), ("sp", "RUBICK_SP"), ("vp", "RUBICK_VP")):
+        raw = pick(key, env, {"tp": 1, "pp": 1, "ga": 1, "zero": 0, "gc": 0, "sp": 0, "vp": 1}[key])
+        if key in ("gc", "sp") and str(raw).lower() in ("true", "false", "yes", "no"):
+            raw = int(str(raw).lower() in ("true", "yes"))
         try:
             plan[key] = int(raw)
         except ValueError:
@@ -199,6 +208,13 @@ def resolve_plan(args, world):
     if offload not in OFFLOAD_NAMES:
         fail(f"offload {offload!r} is not one of none|optimizer|all")
     plan["offload"] = OFFLOAD_NAMES[offload]
+    recompute = str(pick("recompute", "RUBICK_RECOMPUTE", "none")).lower()
+    if recompute not in ("none", "selective", "full"):
+        fail(f"recompute {recompute!r} is not one of none|selective|full")
+    if plan["gc"] and recompute == "selective":
+        fail("gc 1 (full recompute) contradicts recompute selective")
+    plan["recompute"] = "full" if plan["gc"] else recompute
+    plan["gc"] = int(plan["recompute"] == "full")
     mb = pick("micro_batch", "RUBICK_MICRO_BATCH", None)
     global_batch = args.global_batch
     if mb is None:
@@ -208,13 +224,21 @@ def resolve_plan(args, world):
         mb = global_batch // (plan["dp"] * plan["ga"])
     plan["micro_batch"] = int(mb)
 
-    for key in ("dp", "tp", "pp", "ga", "micro_batch"):
+    for key in ("dp", "tp", "pp", "ga", "micro_batch", "vp"):
         if plan[key] < 1:
             fail(f"plan field {key} must be >= 1, got {plan[key]}")
     if plan["zero"] not in (0, 1, 2, 3):
         fail(f"zero must be 0..3, got {plan['zero']}")
-    if plan["gc"] not in (0, 1):
-        fail(f"gc must be 0 or 1, got {plan['gc']}")
+    if plan["sp"] not in (0, 1):
+        fail(f"sp must be 0 or 1, got {plan['sp']}")
+    if plan["sp"] and plan["tp"] == 1:
+        fail("sequence parallelism (sp) needs tp > 1")
+    if plan["vp"] > 1 and plan["pp"] == 1:
+        fail(f"virtual pipeline stages (vp {plan['vp']}) need pp > 1")
+    if plan["vp"] > 1 and plan["ga"] % plan["pp"]:
+        fail(f"an interleaved pipeline needs ga ({plan['ga']}) to be a multiple of pp ({plan['pp']})")
+    if plan["vp"] > 1 and args.layers % (plan["pp"] * plan["vp"]):
+        fail(f"pp*vp = {plan['pp'] * plan['vp']} must divide the {args.layers} layers")
     if plan["offload"] != "none" and plan["zero"] == 0:
         fail("offload needs ZeRO (zero >= 1)")
     if plan["offload"] == "all" and plan["zero"] != 3:
@@ -237,9 +261,12 @@ def resolve_plan(args, world):
 
 
 def plan_name(plan):
-    s = "dp{dp}-tp{tp}-pp{pp}-mb{micro_batch}-ga{ga}-z{zero}".format(**plan)
+    s = "dp{dp}-tp{tp}-pp{pp}-mb{micro_batch}-ga{ga}".format(**plan)
+    s += f"-vp{plan['vp']}" if plan["vp"] > 1 else ""
+    s += "-z{zero}".format(**plan)
     s += {"none": "", "optimizer": "-offopt", "all": "-offall"}[plan["offload"]]
-    return s + ("-gc" if plan["gc"] else "")
+    s += "-sp" if plan["sp"] else ""
+    return s + {"none": "", "selective": "-sel", "full": "-gc"}[plan["recompute"]]
 
 
 def stop_signal():
@@ -343,13 +370,18 @@ def build_model_classes():
             self.k = nn.Linear(hidden, hidden)
             self.v = nn.Linear(hidden, hidden)
             self.o = nn.Linear(hidden, hidden)
+            self.selective = False  # recompute the attention core in the backward
 
         def forward(self, x):
             b, t, _ = x.shape
             # -1 heads: with tensor parallelism each rank holds heads/tp of them
             q, k, v = (lin(x).view(b, t, -1, self.head_dim).transpose(1, 2)
                        for lin in (self.q, self.k, self.v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if self.selective and torch.is_grad_enabled():
+                y = torch.utils.checkpoint.checkpoint(F.scaled_dot_product_attention, q, k, v,
+                                                      is_causal=True, use_reentrant=False)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.o(y.transpose(1, 2).reshape(b, t, -1))
 
     class Mlp(nn.Module):
@@ -387,6 +419,21 @@ def build_model_classes():
             self.ln_f = nn.LayerNorm(cfg["hidden"])
             self.head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False)
             self.checkpointing = False
+            # Sequence parallelism: the TP mesh the residual stream is sharded over.
+            self.sp_mesh = None
+
+        def chunk(self, layer_ids, first, last):
+            """A view of some of this module's layers (an interleaved pipeline's
+            chunk): the same parameters, with the embeddings / head when first / last."""
+            view = GPT.__new__(GPT)
+            nn.Module.__init__(view)
+            view.layers = nn.ModuleDict({i: m for i, m in self.layers.items() if int(i) in layer_ids})
+            view.tok_emb = self.tok_emb if first else None
+            view.pos_emb = self.pos_emb if first else None
+            view.ln_f = self.ln_f if last else None
+            view.head = self.head if last else None
+            view.checkpointing, view.sp_mesh = self.checkpointing, self.sp_mesh
+            return view
 
         def keep_stage(self, layer_ids, first, last):
             for i in list(self.layers.keys()):
@@ -403,14 +450,25 @@ def build_model_classes():
             if self.tok_emb is not None:
                 pos = torch.arange(x.shape[1], device=x.device)
                 x = self.tok_emb(x) + self.pos_emb(pos)
+                if self.sp_mesh is not None:  # each TP rank keeps its part of the sequence
+                    x = redistribute(x, self.sp_mesh, Replicate(), Shard(1))
             for layer in self.layers.values():
                 if self.checkpointing and torch.is_grad_enabled():
                     x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
                 else:
                     x = layer(x)
             if self.head is not None:
+                if self.sp_mesh is not None:
+                    x = redistribute(x, self.sp_mesh, Shard(1), Replicate())
                 x = self.head(self.ln_f(x))
             return x
+
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def redistribute(x, mesh, source, target):
+        """A local tensor laid out as `source` over `mesh`, as `target` (its backward
+        the converse: the embeddings' gradient whole on every rank)."""
+        return DTensor.from_local(x, mesh, [source], run_check=False).redistribute(mesh, [target]).to_local()
 
     return GPT
 
@@ -517,11 +575,17 @@ class Trainer:
         self.parameters_total = sum(t.numel() for t in model.parameters())
         self.first = self.pp_rank == 0
         self.last = self.pp_rank == p["pp"] - 1
+        # The layers in pp * vp chunks; chunk c on pipeline rank c % pp (vp = 1: one
+        # contiguous stage per rank).
+        chunks = p["pp"] * p["vp"]
+        bounds = [round(i * args.layers / chunks) for i in range(chunks + 1)]
+        self.chunks = [c for c in range(chunks) if c % p["pp"] == self.pp_rank]
+        chunk_layers = {c: set(range(bounds[c], bounds[c + 1])) for c in self.chunks}
         if p["pp"] > 1:
-            bounds = [round(i * args.layers / p["pp"]) for i in range(p["pp"] + 1)]
-            model.keep_stage(set(range(bounds[self.pp_rank], bounds[self.pp_rank + 1])),
-                             self.first, self.last)
-        model.checkpointing = bool(p["gc"])
+            model.keep_stage(set().union(*chunk_layers.values()), self.first, self.last)
+        model.checkpointing = p["recompute"] == "full"
+        for layer in model.layers.values():
+            layer.attn.selective = p["recompute"] == "selective"
         model.to(self.device)
         self.module = model  # the unwrapped (but possibly sharded) module
 
@@ -532,6 +596,18 @@ class Trainer:
             plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(),
                     "attn.v": ColwiseParallel(), "attn.o": RowwiseParallel(),
                     "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+            if p["sp"]:
+                # Megatron's sequence parallelism, in torch's styles: the layer norms
+                # on sequence shards, gathered before the column-parallel linears,
+                # reduce-scattered after the row-parallel ones.
+                from torch.distributed.tensor import Replicate, Shard
+                from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+                gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                plan.update({"ln1": SequenceParallel(), "ln2": SequenceParallel(),
+                             "attn": gather, "mlp": gather,
+                             "attn.o": RowwiseParallel(output_layouts=Shard(1)),
+                             "mlp.fc2": RowwiseParallel(output_layouts=Shard(1))})
+                model.sp_mesh = self.tp_mesh
             for layer in model.layers.values():
                 parallelize_module(layer, self.tp_mesh, plan)
 
@@ -539,6 +615,8 @@ class Trainer:
         # ZeRO-1 with TP: ZeroRedundancyOptimizer does not take DTensors, so it
         # is run as FSDP2 without resharding (ZeRO-2, a superset of its saving).
         self.fsdp = p["zero"] >= 2 or offload or (p["zero"] == 1 and tp > 1)
+        if self.fsdp and p["vp"] > 1:
+            fail("an interleaved pipeline (vp > 1) runs without FSDP here: ZeRO 1 with tp = 1 at most, no offload")
         self.zero1 = p["zero"] == 1 and not self.fsdp
         self.ddp = not self.fsdp and tp == 1 and p["pp"] == 1 and dp > 1
         self.manual_sync = not self.fsdp and not self.ddp and dp > 1
@@ -570,7 +648,14 @@ class Trainer:
             self.optimizer = torch.optim.AdamW(params, **opt_kw)
 
         self.schedule = None
-        if p["pp"] > 1:
+        if p["pp"] > 1 and p["vp"] > 1:
+            from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+            self.pp_schedule_name = f"interleaved 1F1B, {p['vp']} chunks per rank"
+            stages = [PipelineStage(model.chunk(chunk_layers[c], c == 0, c == chunks - 1), c, chunks,
+                                    self.device, group=self.pp_mesh.get_group())
+                      for c in self.chunks]
+            self.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=p["ga"], loss_fn=self._loss)
+        elif p["pp"] > 1:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
             kind = args.pp_schedule
             if kind == "auto":
@@ -840,7 +925,9 @@ class Trainer:
             if self.schedule is not None:
                 mode += f" + PP {self.pp_schedule_name}"
             if p["tp"] > 1:
-                mode += " + TP"
+                mode += " + TP" + (" + SP" if p["sp"] else "")
+            if p["recompute"] != "none":
+                mode += f" + {p['recompute']} recompute"
             log(f"plan {plan_name(p)} world {self.world} device {self.device} "
                 f"parameters {self.parameters_total} data-parallel {mode} "
                 f"iterations {start + 1}..{end}")

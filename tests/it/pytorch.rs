@@ -1020,3 +1020,71 @@ fn a_job_started_on_a_mispredicted_plan_moves_to_a_faster_one_within_two_rounds(
     sh("\"$RR\" stop gpt-tiny --state \"$STATE\"");
     panic!("still on {start} after two rounds; measured {slow} s\n{log}");
 }
+
+/// The newer plan dimensions in the reference workload: tensor parallelism with
+/// sequence parallelism and selective recompute (torch's `SequenceParallel` styles, the
+/// attention core recomputed), and an interleaved pipeline of 2 virtual stages per rank
+/// (`ScheduleInterleaved1F1B`), each profiled on this machine and fitted; then a run
+/// reconfigured from the first to the second, resumed at the next iteration with the
+/// loss continuing.
+#[test]
+fn sequence_parallel_selective_and_interleaved_plans_are_profiled_fitted_and_reconfigured() {
+    let Some(venv) = venv() else { return };
+    let _measuring = lock(Lock::Measure, Held::Exclusive);
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    let (sp_sel, interleaved) = ("dp1-tp2-pp1-mb4-ga4-sp-sel", "dp1-tp1-pp2-mb2-ga8-vp2");
+    let job = std::fs::read_to_string(repo().join(REFERENCE.job))
+        .unwrap()
+        .replace(REFERENCE.iterations, "iterations: 5000\n")
+        + "  supports: { sequenceParallel: true, selectiveRecompute: true, maxVp: 2 }\n";
+    std::fs::write(d.join("job.yaml"), &job).unwrap();
+    let job_path = d.join("job.yaml").display().to_string();
+    let configs =
+        format!("plan,placement\n{sp_sel},2\n{interleaved},2\ndp1-tp1-pp1-mb4-ga4,1\ndp1-tp2-pp1-mb4-ga4,2\n");
+    let (csv, stderr) = profile_configs(d, &venv, &job_path, &configs);
+    assert_eq!(column(&csv, "status"), vec!["ok"; 4], "every configuration measured: {csv}\n{stderr}");
+    let plans = column(&csv, "plan");
+    assert!(plans.iter().any(|p| p == sp_sel) && plans.iter().any(|p| p == interleaved), "{csv}");
+    fit_job(d, &d.join("profile.csv"), &job_path);
+
+    let rr = |args: &[&str]| rubick_run(&venv, &d.join("state"), args);
+    let schedule = |round: u64, plan: &str| {
+        let text = format!(
+            "apiVersion: rubick/v1\nkind: Schedule\ncluster: box\nround: {round}\npolicy: test\nassignments:\n  - {{ job: gpt-tiny, plan: {plan}, nodes: [{{ node: local-0, gpus: [0, 1], cpus: 2, hostMemoryGib: 4 }}], predictedThroughput: 1, change: started }}\ntotals: {{ gpusUsed: 0, gpusTotal: 2, cpusUsed: 0, hostMemoryGibUsed: 0, normalizedThroughput: 0 }}\nobjective: 0\nsolver: {{ method: test, status: optimal }}\n"
+        );
+        let file = d.join(format!("round{round}.yaml"));
+        std::fs::write(&file, text).unwrap();
+        file.display().to_string()
+    };
+    let metrics = |attempt: u32| d.join(format!("state/jobs/gpt-tiny/attempt-{attempt}/metrics.jsonl"));
+    let log = |attempt: u32| {
+        std::fs::read_to_string(d.join(format!("state/jobs/gpt-tiny/attempt-{attempt}/log.txt"))).unwrap_or_default()
+    };
+    let wait = |what: &str, attempt: u32, f: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}:\n{}", log(attempt));
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+    };
+    rr(&["submit", &job_path]);
+    rr(&["apply", &schedule(1, sp_sel)]);
+    wait("the sequence-parallel run training", 1, &|| losses(&metrics(1)).len() >= 4);
+    assert!(log(1).contains("+ TP + SP + selective recompute"), "{}", log(1));
+    let (_, err) = rr(&["apply", &schedule(2, interleaved)]);
+    assert!(err.contains("stopped (to reconfigure)"), "{err}");
+    wait("the interleaved run training", 2, &|| !losses(&metrics(2)).is_empty());
+    assert!(log(2).contains("interleaved 1F1B, 2 chunks per rank"), "{}", log(2));
+    let (before, after) = (losses(&metrics(1)), losses(&metrics(2)));
+    let (stopped_iter, stopped_loss) = *before.last().unwrap();
+    assert_eq!(after[0].0, stopped_iter + 1, "the iteration counter continues: {before:?} {after:?}");
+    let initial = before[0].1;
+    assert!(
+        (after[0].1 - stopped_loss).abs() < 0.5 * (initial - stopped_loss).abs(),
+        "the loss continues where it stopped ({stopped_loss} at {stopped_iter}), not from the start ({initial}): {after:?}"
+    );
+    rr(&["stop", "gpt-tiny"]);
+    wait("no workload process left", 2, &|| workload_processes(d).is_empty());
+}
