@@ -40,6 +40,22 @@ from .plan import Plan
 from .stop import StopFlag
 
 
+def _leave_process_group() -> None:
+    """Destroys torch's default process group, if one is up, before a stop exits: the
+    exit skips the script's own teardown, and at interpreter exit gloo's threads can
+    abort a rank ("terminate called without an active exception", exit -6) after it
+    checkpointed. Every rank agreed to stop, so no collective is pending. torch is not
+    imported for this (the package imports no torch)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as e:  # a teardown that fails must not fail the stop
+        print(f"rubick: leaving the process group: {e}", file=sys.stderr)
+
+
 class Run:
     """One run of a training script under the contract (see the module's example)."""
 
@@ -113,6 +129,7 @@ class Run:
                 if state is not None:
                     self.checkpoint(state, number)
                 print(f"rubick: stopped after iteration {number}", file=sys.stderr)
+                _leave_process_group()
                 sys.exit(0)
             if number == total and state is not None:
                 self.checkpoint(state, number)
