@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# `make test` three times in a row on a fresh clone while another `make test` runs
+# beside it, in a loop, on a second clone: what shows that no test's verdict depends on
+# how loaded the machine is or on another checkout testing at once (fixed ports, shared
+# files). Both clones go beside this checkout (so ../shared is theirs too), each with its
+# own copy of $CARGO_TARGET_DIR when set (else they build from scratch), under the
+# environment .ci/run gives `make test`. Needs what .ci/run needs (a Slurm started by it
+# or scripts/slurm-up.sh). About an hour on 2 cores with a warm target directory.
+#
+#   scripts/test-beside.sh [RUNS]    # summary in ../test-beside/summary.txt; exit 0 if all passed
+set -u
+runs=${1:-3}
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=$(dirname "$here")/test-beside
+rm -rf "$out" && mkdir -p "$out"
+for c in a b; do
+  git clone -q "$here" "$out/clone-$c" || exit 2
+  if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR" ]; then
+    cp -a "$CARGO_TARGET_DIR" "$out/target-$c"
+  fi
+done
+# The clones must sit beside ../shared as this checkout does.
+ln -s "$(dirname "$here")/shared" "$out/shared" 2>/dev/null || true
+echo "clones of $(git -C "$here" rev-parse --short HEAD), $(date)" > "$out/summary.txt"
+run() { # clone log
+  ( cd "$out/clone-$1" && export CARGO_TARGET_DIR="$out/target-$1" CI=true INSTA_UPDATE=no \
+      PROPTEST_RNG_SEED=20261202 RUBICK_REQUIRE_PYTORCH=1 && RUBICK_VENV=$(scripts/python-env.sh) && export RUBICK_VENV \
+    && start=$(date +%s) && make test > "$out/$2" 2>&1; rc=$?
+    echo "$1 $2 rc=$rc $(( $(date +%s) - start )) s" >> "$out/summary.txt"; return $rc )
+}
+( i=0; while [ ! -f "$out/done" ]; do i=$((i + 1)); run b "b-$i.log"; done ) &
+failed=0
+for i in $(seq "$runs"); do run a "a-$i.log" || failed=1; done
+touch "$out/done"
+wait
+cat "$out/summary.txt"
+exit $failed
