@@ -129,6 +129,8 @@ bench: setup
 	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv"; \
 	$(CARGO) bench -p rubick-profile --locked --bench profile
 	$(CARGO) bench -p rubick-run --locked --bench run
+	@venv=$$(scripts/python-env.sh) && export RUBICK_VENV="$$venv"; \
+	$(CARGO) bench -p rubick-run --locked --bench checkpoint
 	$(CARGO) build --release --workspace --bins --locked
 	FUZZ_CASES=50000 $(CARGO) test --release -p rubick-tests --test it --locked -- --nocapture fuzz:: | grep '^bench:'
 

@@ -21,8 +21,11 @@ that honours a rubick execution plan with real PyTorch machinery:
 The plan comes from RUBICK_* environment variables (argv flags override), the
 per-iteration metrics go to RUBICK_METRICS as `{"rubick":1,...}` JSON lines,
 and the stop signal (SIGUSR1, or RUBICK_STOP_SIGNAL) makes every rank finish
-the current iteration, save a full (unsharded) checkpoint in
-RUBICK_CHECKPOINT_DIR and exit 0.  A later run resumes from it at any plan.
+the current iteration, save a checkpoint in RUBICK_CHECKPOINT_DIR and exit 0.
+A later run resumes from it at any plan.  The checkpoint is sharded by default
+(torch.distributed.checkpoint: every rank writes its shards in parallel and
+reads back the slices it holds under the new plan); --checkpoint-format full
+gathers the whole state on rank 0 into one file instead.
 
 Run it under torchrun, or let it start its own workers with --nproc-per-node
 (then exit codes and signals reach every worker unchanged; see README.md).
@@ -131,6 +134,10 @@ def parse_args(argv):
     run.add_argument("--checkpoint-every", type=int, default=0,
                      help="also checkpoint every N iterations (0: only at a stop and at the end)")
     run.add_argument("--no-final-checkpoint", action="store_true")
+    run.add_argument("--checkpoint-format", choices=["sharded", "full"],
+                     default=os.environ.get("RUBICK_CHECKPOINT_FORMAT") or "sharded",
+                     help="sharded: DCP, each rank its shards (default); full: gathered on "
+                          "rank 0 into one file (env RUBICK_CHECKPOINT_FORMAT)")
     launch = p.add_argument_group("built-in launcher (instead of torchrun)")
     launch.add_argument("--nproc-per-node", type=int,
                         help="start this many workers on this node (ignored inside torchrun)")
@@ -861,19 +868,47 @@ class Trainer:
                     mine_g["params"] += g["params"]
         return model, optim
 
+    def _sharded_state(self):
+        """The model and optimizer state as DCP takes it, by parameter name, each
+        tensor as this rank holds it (sharded by FSDP or TP, ZeRO-1's optimizer
+        states for the parameters this rank owns, replicated otherwise), and the
+        optimizer's parameter groups (not saved: the run's own apply).  The
+        optimizer's states are created when it has not stepped yet, so that a
+        template to load into has them."""
+        from torch.distributed.checkpoint.state_dict import _init_optim_state, get_state_dict
+        if self.zero1:
+            local = self.optimizer.optim  # AdamW over this rank's partition
+            _init_optim_state(local)
+            names = {id(t): n for n, t in self.module.named_parameters()}
+            optim = {names[id(t)]: local.state[t] for g in local.param_groups for t in g["params"]}
+            return {"model": self.module.state_dict(), "optim": {"state": optim}}, None
+        target = self.model if self.plan["pp"] == 1 else self.module
+        model, optim = get_state_dict(target, self.optimizer)
+        return {"model": model, "optim": {"state": optim["state"]}}, optim["param_groups"]
+
     def save_checkpoint(self, iteration):
         if not self.args.checkpoint_dir or self.args.engine == "deepspeed":
             return False
-        model, optim = self._full_state()
+        start = time.perf_counter()
+        directory = self.args.checkpoint_dir
+        if self.args.checkpoint_format == "sharded":
+            state, _ = self._sharded_state()
+            rubick.checkpoint.save_sharded(directory, iteration, state, plan_name(self.plan),
+                                           extra={"model_config": self.cfg, "seed": self.args.seed})
+        else:
+            model, optim = self._full_state()
+            if self.rank == 0:
+                os.makedirs(directory, exist_ok=True)
+                state = {"version": 1, "iteration": iteration, "model_config": self.cfg,
+                         "plan": plan_name(self.plan), "seed": self.args.seed, "model": model, "optim": optim}
+                # Atomic: a kill mid-save leaves the previous one.
+                rubick.checkpoint.write_atomic(self._ckpt_path(), lambda f: self.torch.save(state, f))
+                rubick.checkpoint.remove_sharded(directory)
+            self.dist.barrier()
         if self.rank == 0:
-            os.makedirs(self.args.checkpoint_dir, exist_ok=True)
-            state = {"version": 1, "iteration": iteration, "model_config": self.cfg,
-                     "plan": plan_name(self.plan), "seed": self.args.seed, "model": model, "optim": optim}
-            # Atomic: a kill mid-save leaves the previous one.
-            rubick.checkpoint.write_atomic(self._ckpt_path(), lambda f: self.torch.save(state, f))
-        self.dist.barrier()
-        if self.rank == 0:
-            self.metrics.write({"rubick": 1, "event": "checkpointed", "iter": iteration})
+            self.metrics.write({"rubick": 1, "event": "checkpointed", "iter": iteration,
+                                "save_s": round(time.perf_counter() - start, 4),
+                                "format": self.args.checkpoint_format})
         return True
 
     def load_checkpoint(self):
@@ -882,9 +917,13 @@ class Trainer:
         full state and keeps its part, so the plan may differ from the saved one."""
         if not self.args.checkpoint_dir or self.args.engine == "deepspeed":
             return 0
-        path = self._ckpt_path()
-        if not os.path.exists(path):
+        kind = rubick.checkpoint.latest(self.args.checkpoint_dir)
+        if kind is None:
             return 0
+        if kind == "sharded":
+            return self._load_sharded()
+        path = self._ckpt_path()
+        start = time.perf_counter()
         torch = self.torch
         ck = torch.load(path, map_location="cpu", weights_only=True)
         if ck.get("model_config") != self.cfg:
@@ -909,8 +948,27 @@ class Trainer:
             set_state_dict(target, self.optimizer, model_state_dict=model, optim_state_dict=optim,
                            options=StateDictOptions(full_state_dict=True))
         if self.rank == 0:
-            log(f"resumed from {path}: iteration {ck['iteration']} saved at plan {ck['plan']}")
+            log(f"resumed from {path}: iteration {ck['iteration']} saved at plan {ck['plan']} "
+                f"(full, loaded in {time.perf_counter() - start:.2f} s)")
         return int(ck["iteration"])
+
+    def _load_sharded(self):
+        directory = self.args.checkpoint_dir
+        info = rubick.checkpoint.sharded_info(directory)
+        saved_cfg = info.get("extra", {}).get("model_config")
+        if saved_cfg != self.cfg:
+            fail(f"checkpoint {directory}/{info['path']} is of model {saved_cfg}, not {self.cfg}")
+        state, groups = self._sharded_state()
+        info = rubick.checkpoint.load_sharded(directory, state)
+        if not self.zero1:  # ZeRO-1's tensors were loaded in place
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+            target = self.model if self.plan["pp"] == 1 else self.module
+            set_state_dict(target, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict={"state": state["optim"]["state"], "param_groups": groups})
+        if self.rank == 0:
+            log(f"resumed from {directory}/{info['path']}: iteration {info['iteration']} saved at plan "
+                f"{info['plan']} (sharded, loaded in {info['load_s']:.2f} s)")
+        return int(info["iteration"])
 
     # -- the run ---------------------------------------------------------------
     def run(self):

@@ -1,22 +1,41 @@
 """Checkpoints written atomically: a kill at any moment leaves the previous complete
 checkpoint or the new one, never a torn file.
 
-The file is written beside its final name (``.tmp.<pid>``), flushed to disk, renamed
-over the old one, and the directory flushed. A run resumes from the file if there is
-one, at whatever plan it now has: what is saved should be the full, unsharded state.
+Two kinds, in ``RUBICK_CHECKPOINT_DIR``:
+
+* **full** (:func:`save` / :func:`load`): one file, ``checkpoint.pt``, written beside its
+  final name (``.tmp.<pid>``), flushed to disk, renamed over the old one, and the
+  directory flushed. What is saved should be the full, unsharded state, so that a run
+  resumes from it at whatever plan it now has; gathering it on one rank is what costs.
+* **sharded** (:func:`save_sharded` / :func:`load_sharded`): every rank writes its own
+  shards in parallel with ``torch.distributed.checkpoint`` (DCP) into a directory of its
+  own (``sharded-<iteration>-<token>/``), and the save is committed by one atomic write of
+  ``sharded.json`` naming it; older directories are removed after. DCP loads by
+  parameter name and global offsets, so a run resumes under another DP, TP, PP layout or
+  ZeRO stage: each rank reads just the slices it now holds.
+
+A run resumes from whichever of the two is newer (:func:`latest`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import pickle
+import shutil
 import sys
+import time
+import uuid
 from typing import Any, Callable
 
 #: The checkpoint's file name in ``RUBICK_CHECKPOINT_DIR``.
 FILE = "checkpoint.pt"
+
+#: The sharded checkpoint's commit record in ``RUBICK_CHECKPOINT_DIR``: the directory
+#: DCP wrote, the iteration, the plan, and what the caller added.
+SHARDED = "sharded.json"
 
 
 def write_atomic(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
@@ -64,7 +83,18 @@ def save(directory: str, iteration: int, state: Any, plan: str = "") -> str:
     of global iteration ``iteration``; returns its path."""
     path = os.path.join(directory, FILE)
     write_atomic(path, lambda f: _dump({"rubick": 1, "iteration": iteration, "plan": plan, "state": state}, f))
+    remove_sharded(directory)
     return path
+
+
+def remove_sharded(directory: str) -> None:
+    """Removes the sharded checkpoint from ``directory`` (its record first): what a full
+    save that replaced it calls."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(directory, SHARDED))
+    for entry in os.listdir(directory):
+        if entry.startswith("sharded-"):
+            shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
 
 
 def load(directory: str | None) -> tuple[int, Any, str] | None:
@@ -80,3 +110,97 @@ def load(directory: str | None) -> tuple[int, Any, str] | None:
     if not isinstance(saved, dict) or saved.get("rubick") != 1:
         raise ValueError(f"{path}: not a checkpoint written by rubick")
     return int(saved["iteration"]), saved["state"], str(saved.get("plan", ""))
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def sharded_info(directory: str | None) -> dict | None:
+    """The commit record of the newest sharded checkpoint in ``directory`` (its
+    ``iteration``, ``plan``, ``path`` and what :func:`save_sharded` was given as
+    ``extra``), or ``None`` when there is none."""
+    if not directory:
+        return None
+    path = os.path.join(directory, SHARDED)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        try:
+            info = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(info, dict) or info.get("rubick") != 1 or "path" not in info:
+        raise ValueError(f"{path}: not a sharded checkpoint record written by rubick")
+    if not os.path.isdir(os.path.join(directory, info["path"])):
+        raise ValueError(f"{path}: names {info['path']}, which is not in {directory}")
+    return info
+
+
+def latest(directory: str | None) -> str | None:
+    """Which checkpoint a run resumes from: ``"sharded"``, ``"full"`` (the newer by
+    iteration, then by time written) or ``None``."""
+    if not directory:
+        return None
+    info = sharded_info(directory)
+    full = os.path.join(directory, FILE)
+    if info is None:
+        return "full" if os.path.exists(full) else None
+    if not os.path.exists(full):
+        return "sharded"
+    record = os.path.join(directory, SHARDED)
+    return "sharded" if os.path.getmtime(record) >= os.path.getmtime(full) else "full"
+
+
+def save_sharded(directory: str, iteration: int, state_dict: dict, plan: str = "",
+                 extra: dict | None = None) -> float:
+    """Saves ``state_dict`` (DCP's kind: tensors, DTensors, sharded or replicated, by
+    name) as the checkpoint of global iteration ``iteration``; every rank of the default
+    process group calls it. Each rank writes its shards in parallel (replicated tensors
+    once); rank 0 then commits it by writing the record, and removes the previous
+    checkpoints (sharded and full). A kill at any moment leaves the previous checkpoint.
+    Returns the seconds the save took."""
+    import torch.distributed.checkpoint as dcp
+
+    start = time.perf_counter()
+    dist = _dist()
+    rank = dist.get_rank() if dist else 0
+    name = [f"sharded-{iteration:09d}-{uuid.uuid4().hex[:8]}" if rank == 0 else None]
+    if dist:
+        dist.broadcast_object_list(name, src=0)
+    name = name[0]
+    if rank == 0:
+        os.makedirs(os.path.join(directory, name), exist_ok=True)
+    if dist:
+        dist.barrier()
+    dcp.save(state_dict, checkpoint_id=os.path.join(directory, name))
+    if rank == 0:
+        record = {"rubick": 1, "format": "dcp", "iteration": iteration, "plan": plan, "path": name,
+                  "extra": extra or {}}
+        write_atomic(os.path.join(directory, SHARDED),
+                     lambda f: f.write(json.dumps(record, sort_keys=True).encode() + b"\n"))
+        for entry in os.listdir(directory):
+            if entry.startswith("sharded-") and entry != name:
+                shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, FILE))
+    if dist:
+        dist.barrier()
+    return time.perf_counter() - start
+
+
+def load_sharded(directory: str | None, state_dict: dict) -> dict | None:
+    """Loads the newest sharded checkpoint in ``directory`` into ``state_dict`` in place
+    (every rank of the default process group calls it, each with the tensors it now holds
+    under its plan: DCP reads the slices they cover). Returns its record (see
+    :func:`sharded_info`, with ``load_s`` added), or ``None`` when there is none."""
+    import torch.distributed.checkpoint as dcp
+
+    info = sharded_info(directory)
+    if info is None:
+        return None
+    start = time.perf_counter()
+    dcp.load(state_dict, checkpoint_id=os.path.join(directory, info["path"]))
+    return dict(info, load_s=time.perf_counter() - start)

@@ -500,12 +500,15 @@ pub enum MetricLine {
         #[serde(default)]
         peak_memory_gib: Option<f64>,
     },
-    /// `checkpointed` (at `iter`) or `oom`.
+    /// `checkpointed` (at `iter`; `save_s`: the seconds its save took, when the script
+    /// says) or `oom`.
     Event {
         rubick: u32,
         event: String,
         #[serde(default)]
         iter: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        save_s: Option<f64>,
     },
 }
 
@@ -630,7 +633,9 @@ mod tests {
         let it = MetricLine::parse(r#"{"rubick":1,"iter":7,"iter_time_s":0.5,"samples":16}"#).unwrap();
         assert!(matches!(it, MetricLine::Iteration { iter: 7, .. }));
         let ev = MetricLine::parse(r#"{"rubick":1,"event":"checkpointed","iter":9}"#).unwrap();
-        assert!(matches!(ev, MetricLine::Event { iter: Some(9), .. }));
+        assert!(matches!(ev, MetricLine::Event { iter: Some(9), save_s: None, .. }));
+        let ev = MetricLine::parse(r#"{"rubick":1,"event":"checkpointed","iter":9,"save_s":1.5,"format":"sharded"}"#);
+        assert!(matches!(ev, Some(MetricLine::Event { iter: Some(9), save_s: Some(s), .. }) if s == 1.5));
         assert!(MetricLine::parse(r#"{"rubick":1,"event":"oom"}"#).is_some());
         for other in
             ["loss 2.3", "{}", r#"{"rubick":2,"iter":1,"iter_time_s":1}"#, r#"{"rubick":1,"iter":1,"iter_time_s":-1}"#]

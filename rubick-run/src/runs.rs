@@ -270,6 +270,7 @@ pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunReco
         stop_s: secs,
         clean,
         checkpointed_iter: progress.checkpointed,
+        checkpoint_save_s: progress.checkpoint_save_s,
         first_iteration_s: None,
     });
 }

@@ -119,6 +119,9 @@ pub struct Reconfiguration {
     /// Iteration of its checkpoint, when it reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpointed_iter: Option<u64>,
+    /// Seconds that checkpoint's save took, when it said (part of `stop_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_save_s: Option<f64>,
     /// Start of the new run to its first metric line (seen by a later round; estimated
     /// from the metrics file's last change when more lines were written by then).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -167,6 +167,8 @@ pub struct Progress {
     pub recent_iter_time_s: Option<f64>,
     /// The iteration of its last checkpoint.
     pub checkpointed: Option<u64>,
+    /// How long that checkpoint's save took, when the run said (`save_s`).
+    pub checkpoint_save_s: Option<f64>,
 }
 
 /// The longest line a metrics reader takes: a protocol line is a few hundred bytes; a
@@ -323,6 +325,7 @@ fn read_progress(dir: &Path, iterations: u64, checkpoint: bool) -> Progress {
     use rubick_core::launch::{MetricLine, mean_sd};
     let path = dir.join("metrics.jsonl");
     let (mut times, mut last, mut checkpointed, mut warned) = (Vec::new(), None, None, false);
+    let mut checkpoint_save_s = None;
     let limit = if checkpoint { CHECKPOINT_SCAN_BYTES } else { TAIL_BYTES };
     lines_backwards(&path, limit, |line| {
         let enough = times.len() >= 10;
@@ -337,15 +340,18 @@ fn read_progress(dir: &Path, iterations: u64, checkpoint: bool) -> Progress {
                 last.get_or_insert(iter);
                 times.push(iter_time_s);
             }
-            Some(MetricLine::Event { event, iter: Some(i), .. }) if event == "checkpointed" => {
-                checkpointed.get_or_insert(i);
+            Some(MetricLine::Event { event, iter: Some(i), save_s, .. })
+                if event == "checkpointed" && checkpointed.is_none() =>
+            {
+                checkpointed = Some(i);
+                checkpoint_save_s = save_s.filter(|s| s.is_finite() && *s >= 0.0);
             }
             _ => {}
         }
         true
     });
     times.reverse();
-    Progress { last, recent_iter_time_s: mean_sd(&times).map(|(mean, _)| mean), checkpointed }
+    Progress { last, recent_iter_time_s: mean_sd(&times).map(|(mean, _)| mean), checkpointed, checkpoint_save_s }
 }
 
 /// The first iteration a run's metric lines name (read from the file's first 64 KiB,
