@@ -99,8 +99,8 @@ kill -s USR1 -- "-$pid" 2>/dev/null || true
 rc=0
 wait "$pid" || rc=$?
 last=$(field "$stop/m.jsonl" iter_time_s | wc -w)
-if [[ $rc == 0 ]] && grep -q "\"event\":\"checkpointed\",\"iter\":$last}" "$stop/m.jsonl" &&
-    [[ -f $stop/ck/checkpoint.pt ]]; then
+if [[ $rc == 0 ]] && grep -q "\"event\":\"checkpointed\",\"iter\":$last[,}]" "$stop/m.jsonl" &&
+    [[ -f $stop/ck/sharded.json ]]; then
     ok "stop signal: exit 0, checkpointed at iteration $last"
 else
     ko "stop signal: exit $rc, events: $(grep event "$stop/m.jsonl" | tr '\n' ' ')"
