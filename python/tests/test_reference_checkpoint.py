@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO, iterations, metric_lines, need
 
 SCRIPT = os.path.join(REPO, "examples", "pytorch", "train.py")
