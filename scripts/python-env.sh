@@ -45,7 +45,34 @@ venv_ok() {
         "$venv/bin/python" -c "$check" >/dev/null 2>&1
 }
 
-if venv_ok; then
+# torchtitan (rubick.torchtitan, examples/torchtitan) in a layer of its own inside the
+# venv, put on PYTHONPATH by whoever runs it: its dependencies (datasets < 4.8) would
+# downgrade huggingface-hub under transformers. Installed without dependency
+# resolution, so every package it imports is listed, pinned (found by importing
+# torchtitan.train and its llama3 configurations in this venv).
+titan=$venv/torchtitan-0.3.0
+titan_packages=(torchtitan==0.3.0 tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 spmd_types==0.2.3
+    torch_checkpointing==0.1.1 torchdata==0.11.0 tensorboard==2.21.0 protobuf==7.36.2 absl-py==2.5.1
+    datasets==4.7.0 multiprocess==0.70.19 pandas==3.1.1 python-dateutil==4.0.0 tzdata==2026.6 dill==0.4.1
+    xxhash==4.1.0 pyarrow==26.0.1 httpx==0.29.0 requests==2.34.2 urllib3==2.8.0 certifi==2026.10.19.post1
+    charset_normalizer==3.5.3)
+titan_ok() { [[ -f $titan/.rubick-ok ]]; }
+
+install_titan() {
+    titan_ok && return 0
+    log "pip install --target $titan ${titan_packages[*]}"
+    rm -rf "$titan"
+    # shellcheck disable=SC2086 # RUBICK_PIP_ARGS is a list of words on purpose
+    "$venv/bin/python" -m pip install --disable-pip-version-check --no-deps ${RUBICK_PIP_ARGS:-} \
+        --target "$titan" "${titan_packages[@]}" >&2
+    if ! PYTHONPATH=$titan "$venv/bin/python" -c 'import torchtitan.train, torchtitan.models.llama3.config_registry' >&2; then
+        log "error: torchtitan does not import from $titan"
+        exit 1
+    fi
+    echo "torchtitan 0.3.0" >"$titan/.rubick-ok"
+}
+
+if venv_ok && titan_ok; then
     log "reusing $venv"
     printf '%s\n' "$venv"
     exit 0
@@ -62,7 +89,8 @@ if command -v flock >/dev/null 2>&1; then
 fi
 
 if venv_ok; then
-    log "reusing $venv (built by a concurrent call)"
+    install_titan
+    log "reusing $venv (built by a concurrent call, or torchtitan added)"
     printf '%s\n' "$venv"
     exit 0
 fi
@@ -120,5 +148,6 @@ if ! "$venv/bin/python" -c "$check" >&2; then
     exit 1
 fi
 "$venv/bin/python" -c 'import torch; print(torch.__version__)' >"$marker"
+install_titan
 log "ready: $venv (torch $(cat "$marker"))"
 printf '%s\n' "$venv"

@@ -38,6 +38,10 @@ FILE = "checkpoint.pt"
 SHARDED = "sharded.json"
 
 
+def _write_all(f: io.BufferedWriter, body: bytes) -> None:
+    f.write(body)
+
+
 def write_atomic(path: str, write: Callable[[io.BufferedWriter], None]) -> None:
     """Calls ``write`` on a temporary file beside ``path``, then puts it at ``path``
     in one rename (the directory is created when missing)."""
@@ -112,13 +116,13 @@ def load(directory: str | None) -> tuple[int, Any, str] | None:
     return int(saved["iteration"]), saved["state"], str(saved.get("plan", ""))
 
 
-def _dist():
+def _dist() -> Any:
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def sharded_info(directory: str | None) -> dict | None:
+def sharded_info(directory: str | None) -> dict[str, Any] | None:
     """The commit record of the newest sharded checkpoint in ``directory`` (its
     ``iteration``, ``plan``, ``path`` and what :func:`save_sharded` was given as
     ``extra``), or ``None`` when there is none."""
@@ -154,8 +158,9 @@ def latest(directory: str | None) -> str | None:
     return "sharded" if os.path.getmtime(record) >= os.path.getmtime(full) else "full"
 
 
-def save_sharded(directory: str, iteration: int, state_dict: dict, plan: str = "",
-                 extra: dict | None = None) -> float:
+def save_sharded(
+    directory: str, iteration: int, state_dict: dict[str, Any], plan: str = "", extra: dict[str, Any] | None = None
+) -> float:
     """Saves ``state_dict`` (DCP's kind: tensors, DTensors, sharded or replicated, by
     name) as the checkpoint of global iteration ``iteration``; every rank of the default
     process group calls it. Each rank writes its shards in parallel (replicated tensors
@@ -167,20 +172,26 @@ def save_sharded(directory: str, iteration: int, state_dict: dict, plan: str = "
     start = time.perf_counter()
     dist = _dist()
     rank = dist.get_rank() if dist else 0
-    name = [f"sharded-{iteration:09d}-{uuid.uuid4().hex[:8]}" if rank == 0 else None]
+    chosen: list[str | None] = [f"sharded-{iteration:09d}-{uuid.uuid4().hex[:8]}" if rank == 0 else None]
     if dist:
-        dist.broadcast_object_list(name, src=0)
-    name = name[0]
+        dist.broadcast_object_list(chosen, src=0)
+    name = str(chosen[0])
     if rank == 0:
         os.makedirs(os.path.join(directory, name), exist_ok=True)
     if dist:
         dist.barrier()
     dcp.save(state_dict, checkpoint_id=os.path.join(directory, name))
     if rank == 0:
-        record = {"rubick": 1, "format": "dcp", "iteration": iteration, "plan": plan, "path": name,
-                  "extra": extra or {}}
-        write_atomic(os.path.join(directory, SHARDED),
-                     lambda f: f.write(json.dumps(record, sort_keys=True).encode() + b"\n"))
+        record = {
+            "rubick": 1,
+            "format": "dcp",
+            "iteration": iteration,
+            "plan": plan,
+            "path": name,
+            "extra": extra or {},
+        }
+        body = json.dumps(record, sort_keys=True).encode() + b"\n"
+        write_atomic(os.path.join(directory, SHARDED), lambda f: _write_all(f, body))
         for entry in os.listdir(directory):
             if entry.startswith("sharded-") and entry != name:
                 shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
@@ -191,7 +202,7 @@ def save_sharded(directory: str, iteration: int, state_dict: dict, plan: str = "
     return time.perf_counter() - start
 
 
-def load_sharded(directory: str | None, state_dict: dict) -> dict | None:
+def load_sharded(directory: str | None, state_dict: dict[str, Any]) -> dict[str, Any] | None:
     """Loads the newest sharded checkpoint in ``directory`` into ``state_dict`` in place
     (every rank of the default process group calls it, each with the tensors it now holds
     under its plan: DCP reads the slices they cover). Returns its record (see
@@ -199,7 +210,7 @@ def load_sharded(directory: str | None, state_dict: dict) -> dict | None:
     import torch.distributed.checkpoint as dcp
 
     info = sharded_info(directory)
-    if info is None:
+    if info is None or directory is None:
         return None
     start = time.perf_counter()
     dcp.load(state_dict, checkpoint_id=os.path.join(directory, info["path"]))

@@ -28,8 +28,18 @@ STEPS = 2  # iterations per run
 
 
 def train(plan, procs, iterations_, metrics, ckpt=None, fmt="sharded"):
-    args = [sys.executable, SCRIPT, "--iterations", str(iterations_), "--metrics", metrics, "--cpus", "2",
-            "--checkpoint-format", fmt]
+    args = [
+        sys.executable,
+        SCRIPT,
+        "--iterations",
+        str(iterations_),
+        "--metrics",
+        metrics,
+        "--cpus",
+        "2",
+        "--checkpoint-format",
+        fmt,
+    ]
     if procs > 1:
         args += ["--nproc-per-node", str(procs)]
     if ckpt:
@@ -76,8 +86,7 @@ def test_a_run_reconfigured_through_dp_tp_pp_and_zero_resumes_from_shards_on_the
     assert sorted(got) == sorted(expected)
     for it in sorted(expected):
         assert got[it] == pytest.approx(expected[it], abs=2e-4), (
-            f"iteration {it}: {got[it]} after the reconfigurations, {expected[it]} uninterrupted\n"
-            f"{got}\n{expected}"
+            f"iteration {it}: {got[it]} after the reconfigurations, {expected[it]} uninterrupted\n{got}\n{expected}"
         )
     # Training moved: the curve is not flat, so matching it means the state was carried.
     assert expected[1] - expected[STEPS * len(CHAIN)] > 0.05, expected

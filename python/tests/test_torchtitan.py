@@ -1,14 +1,39 @@
-"""The plan -> torchtitan flag mapping (rubick.torchtitan): every dimension torchtitan
-has, and a clear refusal of each it lacks. torchtitan itself is not needed."""
+"""rubick.torchtitan: the plan -> torchtitan flag mapping for every dimension torchtitan
+has and a clear refusal of each it lacks; the flags parsed by torchtitan 0.3.0's own
+ConfigManager (the layer scripts/python-env.sh installs); the checkpoint record that
+decides whether the data loader is left out of a resume; and the contract's hooks
+(metric lines, the agreed stop with its save, the checkpointed event) around a trainer
+whose loop is torchtitan's (torchtitan runs no CPU-only training, so its own Trainer
+cannot run here; scripts/torchtitan-gpu.sh runs it on a GPU)."""
+
+import inspect
+import json
+import os
+import subprocess
+import sys
 
 import pytest
+from helpers import REPO
 
 from rubick import Plan
-from rubick.torchtitan import SUPPORTS, Unsupported, checkpoint_flags, command, flags
+from rubick.plan import PlanError
+from rubick.stop import StopFlag
+from rubick.torchtitan import (
+    FOLDER,
+    SUPPORTS,
+    Hooks,
+    Unsupported,
+    checkpoint_flags,
+    command,
+    flags,
+    recompute,
+    record_save,
+    saved_dp,
+)
 
 
-def plan(text):
-    return Plan.from_env({"RUBICK_PLAN": text})
+def plan(text, **env):
+    return Plan.from_env({"RUBICK_PLAN": text, **env})
 
 
 def as_dict(args):
@@ -26,32 +51,41 @@ def test_data_parallel_plans_map_to_ddp_or_fsdp2_by_zero_stage():
     # Accumulation: torchtitan takes global / (local x dp) steps.
     assert (ddp["--training.local_batch_size"], ddp["--training.global_batch_size"]) == ("2", "16")
     assert "--parallelism.fsdp_reshard_after_forward" not in ddp
+    assert "--training.no_enable_cpu_offload" in ddp
     z2 = as_dict(flags(plan("dp4-tp1-pp1-mb2-ga2-z2"), 16))
     assert (z2["--parallelism.data_parallel_shard_degree"], z2["--parallelism.fsdp_reshard_after_forward"]) == (
         "4",
         "never",
     )
+    assert z2["--parallelism.data_parallel_replicate_degree"] == "1"
     z3 = as_dict(flags(plan("dp4-tp1-pp1-mb2-ga2-z3-offall"), 16))
     assert z3["--parallelism.fsdp_reshard_after_forward"] == "always"
     assert "--training.enable_cpu_offload" in z3
+    # On one data-parallel rank FSDP2 shards nothing; the offload still applies.
+    one = as_dict(flags(plan("dp1-tp1-pp1-mb2-ga1-z3-offall"), 16))
+    assert one["--parallelism.data_parallel_shard_degree"] == "1" and "--training.enable_cpu_offload" in one
 
 
 def test_tensor_sequence_pipeline_and_interleaving_map_to_their_flags():
-    f = as_dict(flags(plan("dp2-tp2-pp2-mb1-ga4-vp2-sp-sel"), 16))
+    p = plan("dp2-tp2-pp2-mb1-ga4-vp2-sp-sel")
+    f = as_dict(flags(p, 16))
     assert f["--parallelism.tensor_parallel_degree"] == "2"
+    assert "--parallelism.enable_sequence_parallel" in f
     assert f["--parallelism.pipeline_parallel_degree"] == "2"
     assert f["--parallelism.pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert f["--parallelism.pipeline_parallel_layers_per_stage"] == "4"
     assert f["--parallelism.pipeline_parallel_microbatch_size"] == "1"
     # With a pipeline the local batch holds all its micro-batches: no accumulation.
     assert (f["--training.local_batch_size"], f["--training.global_batch_size"]) == ("4", "8")
-    assert f["--activation_checkpoint.mode"] == "selective"
-    assert f["--activation_checkpoint.selective_ac_option"] == "op"
     assert f["--parallelism.pipeline_parallel_first_stage_less_layers"] == "0"
-    one = as_dict(flags(plan("dp1-tp1-pp4-mb1-ga8-gc"), 16))
-    assert one["--parallelism.pipeline_parallel_schedule"] == "1F1B"
-    assert one["--activation_checkpoint.mode"] == "full"
-    assert as_dict(flags(plan("dp1-tp1-pp1-mb1-ga1"), 2))["--activation_checkpoint.mode"] == "none"
+    assert "--training.disable_cuda_graphs" in f
+    assert recompute(p) == "activation-checkpoint:selective"
+    # torchtitan 0.3's TP shards the sequence only when asked (its default is on).
+    assert "--parallelism.no_enable_sequence_parallel" in flags(plan("dp1-tp2-pp1-mb1-ga1"), 16)
+    one = plan("dp1-tp1-pp4-mb1-ga8-gc")
+    assert as_dict(flags(one, 16))["--parallelism.pipeline_parallel_schedule"] == "1F1B"
+    assert recompute(one) == "activation-checkpoint:full"
+    assert recompute(plan("dp1-tp1-pp1-mb1-ga1")) == "activation-checkpoint:none"
 
 
 @pytest.mark.parametrize(
@@ -59,26 +93,280 @@ def test_tensor_sequence_pipeline_and_interleaving_map_to_their_flags():
     [
         ("dp2-tp1-pp1-mb1-ga1-z1", "ZeRO 1"),
         ("dp2-tp1-pp1-mb1-ga1-z2-offopt", "optimizer-only offload"),
-        ("dp1-tp2-pp1-mb1-ga1", "without sequence parallelism"),
         ("dp1-tp1-pp3-mb1-ga3-vp2", "does not divide"),
     ],
 )
 def test_what_torchtitan_cannot_run_is_refused_by_name(text, says):
     with pytest.raises(Unsupported, match=says):
         flags(plan(text), 16)
+    # A refusal is the contract's "this plan cannot run here": exit 2.
+    assert issubclass(Unsupported, PlanError)
 
 
 def test_the_supports_it_declares_keep_the_planner_inside_the_mapping():
     assert 1 not in SUPPORTS["zero"] and "optimizer" not in SUPPORTS["offload"]
-    assert SUPPORTS["sequenceParallel"] and SUPPORTS["selectiveRecompute"]
+    assert SUPPORTS["sequenceParallel"] and SUPPORTS["selectiveRecompute"] and SUPPORTS["maxVp"] > 1
+    # The job YAML declares the same.
+    with open(os.path.join(REPO, "examples", "torchtitan", "job.yaml")) as f:
+        job = f.read()
+    assert "supports: { zero: [0, 2, 3], offload: [none, all], sequenceParallel: true" in job
 
 
-def test_checkpoints_are_resumable_and_a_changed_dp_leaves_the_data_loader_out():
-    p = plan("dp2-tp1-pp1-mb2-ga1-z2")
-    same = checkpoint_flags("/ckpt", 2, p)
-    assert "--checkpoint.enable_checkpoint" in same and "--checkpoint.no_last_save_model_only" in same
+def test_the_command_puts_the_jobs_arguments_first_and_the_recompute_subcommand_last():
+    p = plan("dp2-tp1-pp1-mb2-ga1-z2-gc")
+    args = command(p, 6, ["--module", "llama3", "--config", "llama3_debugmodel"], "/ckpt/torchtitan", True, 40)
+    assert args[:4] == ["--module", "llama3", "--config", "llama3_debugmodel"]
+    assert args[-1] == "activation-checkpoint:full"
+    assert "--training.steps=40" in args and "--metrics.log_freq=1" in args
+    assert "--checkpoint.exclude_from_loading=dataloader" in args
+    assert not any(a.startswith("--checkpoint") for a in command(p, 6, [], None, False, None))
+    # What the plan sets cannot come from the job's own arguments too.
+    for own in (["--parallelism.tensor_parallel_degree=4"], ["activation-checkpoint:none"], ["--training.steps", "9"]):
+        with pytest.raises(Unsupported, match="the plan sets it"):
+            command(p, 6, own, None, False, None)
+
+
+def test_checkpoints_are_resumable_saved_synchronously_and_may_leave_the_data_loader_out():
+    same = checkpoint_flags("/ckpt", False)
+    assert "--checkpoint.enable" in same and "--checkpoint.no_last_save_model_only" in same
+    assert "--checkpoint.async_mode=disabled" in same
     assert not any("exclude_from_loading" in a for a in same)
-    assert "--checkpoint.exclude_from_loading=dataloader" in checkpoint_flags("/ckpt", 4, p)
-    assert not any("exclude_from_loading" in a for a in checkpoint_flags("/ckpt", None, p))
-    args = command(p, 16, "debug.toml", "/ckpt", 1)
-    assert args[0] == "--job.config_file=debug.toml" and args[-1] == "--checkpoint.exclude_from_loading=dataloader"
+    assert "--checkpoint.exclude_from_loading=dataloader" in checkpoint_flags("/ckpt", True)
+
+
+def test_the_record_names_the_degree_of_the_newest_complete_checkpoint(tmp_path):
+    d = str(tmp_path)
+    assert saved_dp(d) is None
+
+    def step(n, complete=True):
+        os.makedirs(tmp_path / FOLDER / f"step-{n}", exist_ok=True)
+        if complete:
+            (tmp_path / FOLDER / f"step-{n}" / ".metadata").write_bytes(b"x")
+
+    record_save(d, 10, 2)
+    step(10)
+    assert saved_dp(d) == (10, 2)
+    # A save that died before DCP's .metadata does not count; its entry is there anyway.
+    record_save(d, 20, 4)
+    step(20, complete=False)
+    assert saved_dp(d) == (10, 2)
+    step(20)
+    assert saved_dp(d) == (20, 4)
+    # Entries of checkpoints torchtitan purged are dropped at the next save.
+    os.rename(tmp_path / FOLDER / "step-10", tmp_path / "gone")
+    record_save(d, 30, 1)
+    assert json.loads((tmp_path / "rubick-torchtitan.json").read_text()) == {"dp": {"20": 4, "30": 1}}
+    # A checkpoint without an entry (written by torchtitan outside rubick) is unrecorded.
+    step(40)
+    assert saved_dp(d) == (40, None)
+
+
+class Checkpointer:
+    """torchtitan's checkpoint manager as the trainer calls it: save(step, last_step),
+    deciding by its interval (its _should_save)."""
+
+    def __init__(self, interval):
+        self.enable = True
+        self.interval = interval
+        self.saved = []
+
+    def _should_save(self, curr_step, last_step=False):
+        return last_step or curr_step % self.interval == 0
+
+    def save(self, curr_step, last_step=False):
+        if self._should_save(curr_step, last_step):
+            self.saved.append(curr_step)
+
+
+class Metrics:
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        self.last = (step, global_avg_loss)
+
+
+class Trainer:
+    """torchtitan 0.3.0's Trainer.train loop (torchtitan/trainer.py), model aside."""
+
+    def __init__(self, steps, interval, stop_at=None, stop=None, loss=None):
+        self.step, self.steps = 0, steps
+        self.checkpointer = Checkpointer(interval)
+        self.metrics_processor = Metrics()
+        self.stop_at, self.stop, self.loss = stop_at, stop, loss
+
+    def train_step(self, data_iterator):
+        if self.step == self.stop_at:
+            self.stop.request()
+        self.metrics_processor.log(self.step, self.loss if self.loss is not None else 10.0 / self.step, 0.0, 1.0)
+
+    def train(self):
+        while self.should_continue_training():
+            self.step += 1
+            self.train_step(iter(()))
+            self.checkpointer.save(self.step, last_step=(self.step == self.steps))
+
+    def should_continue_training(self):
+        return self.step < self.steps
+
+
+def run(tmp_path, text, steps, interval, stop_at=None, loss=None):
+    """The hooks installed on fresh stand-in classes; the trainer run; its metric lines."""
+    metrics = tmp_path / "m.jsonl"
+    p = plan(text, RUBICK_METRICS=str(metrics), RUBICK_CHECKPOINT_DIR=str(tmp_path / "ckpt"))
+    stop = StopFlag()
+    try:
+        trainer_cls = type("T", (Trainer,), {})
+        metrics_cls = type("M", (Metrics,), {})
+        hooks = Hooks(p, stop)
+        hooks.install(trainer_cls, metrics_cls)
+        trainer = trainer_cls(steps, interval, stop_at, stop, loss)
+        trainer.metrics_processor = metrics_cls()
+        trainer.train()
+    finally:
+        stop.uninstall()
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    return hooks, trainer, lines
+
+
+def test_every_step_writes_its_line_and_each_real_save_its_event(tmp_path):
+    hooks, trainer, lines = run(tmp_path, "dp2-tp1-pp1-mb2-ga1", steps=5, interval=2)
+    steps = [x for x in lines if "iter_time_s" in x]
+    assert [x["iter"] for x in steps] == [1, 2, 3, 4, 5]
+    assert all(x["samples"] == 4 and x["iter_time_s"] >= 0 and x["peak_memory_gib"] > 0 for x in steps)
+    assert steps[1]["loss"] == pytest.approx(5.0)
+    events = [x for x in lines if x.get("event") == "checkpointed"]
+    # The interval's saves (2, 4) and torchtitan's last-step save (5), each timed.
+    assert [x["iter"] for x in events] == [2, 4, 5] and trainer.checkpointer.saved == [2, 4, 5]
+    assert all(x["save_s"] >= 0 and x["format"] == "sharded" for x in events)
+    assert not hooks.stopped
+    # Each save's degree is recorded before it starts.
+    assert json.loads((tmp_path / "ckpt" / "rubick-torchtitan.json").read_text())["dp"]["5"] == 2
+
+
+def test_a_stop_saves_the_finished_step_once_and_ends_the_loop(tmp_path):
+    hooks, trainer, lines = run(tmp_path, "dp1-tp1-pp1-mb2-ga1", steps=50, interval=500, stop_at=3)
+    assert hooks.stopped and trainer.step == 3
+    assert trainer.checkpointer.saved == [3]
+    assert lines[-1]["event"] == "checkpointed" and lines[-1]["iter"] == 3
+    assert [x["iter"] for x in lines if "iter_time_s" in x] == [1, 2, 3]
+    # When the interval's save just wrote that step, the stop does not save it again.
+    hooks, trainer, lines = run(tmp_path, "dp1-tp1-pp1-mb2-ga1", steps=50, interval=4, stop_at=4)
+    assert trainer.checkpointer.saved == [4] and hooks.stopped
+
+
+def test_with_a_pipeline_rank_0s_placeholder_loss_is_left_out(tmp_path):
+    _, _, lines = run(tmp_path, "dp1-tp1-pp2-mb1-ga2", steps=2, interval=500, loss=-1.0)
+    assert all("loss" not in x for x in lines if "iter_time_s" in x)
+
+
+TITAN = os.path.join(sys.prefix, "torchtitan-0.3.0")
+
+
+def titan(code):
+    """``code`` run where torchtitan 0.3.0 imports from the venv's layer, as
+    ``python -m rubick.torchtitan`` finds it (a subprocess: this one stays without)."""
+    if not os.path.isfile(os.path.join(TITAN, ".rubick-ok")):
+        if os.environ.get("RUBICK_REQUIRE_PYTORCH") == "1":
+            pytest.fail(f"RUBICK_REQUIRE_PYTORCH=1 but torchtitan's layer {TITAN} is missing")
+        pytest.skip(f"torchtitan's layer {TITAN} is missing (scripts/python-env.sh installs it)")
+    code = "from rubick.torchtitan import importable; importable()\n" + code
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+PARSE = """
+import json, sys
+from torchtitan.config import ConfigManager
+from rubick import Plan
+from rubick.torchtitan import command, _model_layers
+own = ["--module", "llama3", "--config", "llama3_debugmodel"]
+layers = _model_layers(own)
+out = {"layers": layers}
+for text in sys.argv[1:] or %r:
+    c = ConfigManager().parse_args(command(Plan.from_env({"RUBICK_PLAN": text}), layers, own, "/ckpt/tt", True, 30))
+    p, t, k = c.parallelism, c.training, c.checkpoint
+    out[text] = {
+        "dp": [p.data_parallel_replicate_degree, p.data_parallel_shard_degree], "tp": p.tensor_parallel_degree,
+        "sp": p.enable_sequence_parallel, "pp": p.pipeline_parallel_degree, "schedule": p.pipeline_parallel_schedule,
+        "per_stage": p.pipeline_parallel_layers_per_stage, "reshard": p.fsdp_reshard_after_forward,
+        "batch": [t.local_batch_size, t.global_batch_size], "offload": t.enable_cpu_offload, "steps": t.steps,
+        "ac": type(c.activation_checkpoint).__qualname__ if c.activation_checkpoint is not None else None,
+        "ckpt": [k.enable, k.folder, k.last_save_model_only, k.exclude_from_loading],
+    }
+print(json.dumps(out))
+"""
+
+
+def test_torchtitan_0_3s_own_config_manager_reads_the_flags_as_the_plan_means_them():
+    plans = ["dp2-tp1-pp1-mb2-ga2", "dp2-tp2-pp1-mb1-ga1-z3-sp-sel", "dp1-tp2-pp1-mb1-ga1-offall-z3-gc"]
+    plans += ["dp1-tp1-pp2-mb1-ga4-vp3", "dp2-tp1-pp1-mb4-ga1-z2"]
+    got = titan(PARSE % (plans,))
+    assert got["layers"] == 6  # llama3_debugmodel
+    ddp = got["dp2-tp1-pp1-mb2-ga2"]
+    assert ddp["dp"] == [2, 1] and ddp["batch"] == [2, 8] and ddp["ac"] is None and ddp["steps"] == 30
+    assert ddp["ckpt"] == [True, "/ckpt/tt", False, ["dataloader"]]
+    tp = got["dp2-tp2-pp1-mb1-ga1-z3-sp-sel"]
+    assert (tp["dp"], tp["tp"], tp["sp"], tp["reshard"]) == ([1, 2], 2, True, "always")
+    assert tp["ac"] == "SelectiveAC.Config"
+    off = got["dp1-tp2-pp1-mb1-ga1-offall-z3-gc"]
+    assert (off["sp"], off["offload"], off["ac"]) == (False, True, "FullAC.Config")
+    pp = got["dp1-tp1-pp2-mb1-ga4-vp3"]
+    assert (pp["pp"], pp["schedule"], pp["per_stage"], pp["batch"]) == (2, "Interleaved1F1B", 1, [4, 4])
+    assert got["dp2-tp1-pp1-mb4-ga1-z2"]["reshard"] == "never"
+
+
+SHAPE = """
+import inspect, json
+from torchtitan.trainer import Trainer
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.checkpointer import CheckpointManager
+train = inspect.getsource(Trainer.train)
+print(json.dumps({
+    "train_step": list(inspect.signature(Trainer.train_step).parameters),
+    "continue": list(inspect.signature(Trainer.should_continue_training).parameters),
+    "log": list(inspect.signature(MetricsProcessor.log).parameters)[:3],
+    "save": list(inspect.signature(CheckpointManager.save).parameters)[:3],
+    "should_save": hasattr(CheckpointManager, "_should_save"),
+    "loop": ["while self.should_continue_training()" in train, "self.train_step(" in train,
+             "self.checkpointer.save(" in train],
+}))
+"""
+
+
+def test_the_hooks_fit_torchtitan_0_3s_trainer():
+    """What Hooks patches and calls exists in torchtitan 0.3.0 with these shapes (the
+    stand-in trainer above copies its loop)."""
+    got = titan(SHAPE)
+    assert got["train_step"] == ["self", "data_iterator"] and got["continue"] == ["self"]
+    assert got["log"] == ["self", "step", "global_avg_loss"]
+    assert got["save"] == ["self", "curr_step", "last_step"] and got["should_save"]
+    assert got["loop"] == [True, True, True]
+    assert inspect.signature(Hooks.between_steps)
+
+
+ASSETS = """
+import json, subprocess, sys
+out = sys.argv[1] if len(sys.argv) > 1 else %r
+subprocess.run([sys.executable, %r, out], check=True)
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+tok = HuggingFaceTokenizer(tokenizer_path=out + "/tokenizer")
+ds = HuggingFaceTextDataset("c4_test", out + "/corpus", tok, seq_len=64, dp_rank=1, dp_world_size=2, infinite=True)
+inputs, labels = next(iter(ds))
+print(json.dumps({"bos": tok.bos_id, "eos": tok.eos_id, "shape": list(labels.shape), "max": int(labels.max()),
+                  "first": int(inputs["input"][0])}))
+"""
+
+
+def test_the_examples_assets_feed_torchtitans_own_tokenizer_and_data_loader(tmp_path):
+    """examples/torchtitan/assets.py writes what the debug model reads (its wheel has
+    neither): torchtitan's tokenizer loads it with its begin/end tokens, its C4 dataset
+    reads the corpus, and every token fits the model's vocabulary of 2,048."""
+    script = os.path.join(REPO, "examples", "torchtitan", "assets.py")
+    got = titan(ASSETS % (str(tmp_path / "assets"), script))
+    assert (got["bos"], got["eos"]) == (0, 1)
+    assert got["shape"] == [64] and got["max"] < 2048 and got["first"] == 0
+    # Deterministic: the same files again.
+    first = (tmp_path / "assets" / "tokenizer" / "tokenizer.json").read_bytes()
+    titan(ASSETS % (str(tmp_path / "again"), script))
+    assert (tmp_path / "again" / "tokenizer" / "tokenizer.json").read_bytes() == first
