@@ -328,3 +328,24 @@ fn committed_schemas_match_the_types() {
         "schemas drifted from the types: {drifted:?}; run `make schemas` and commit the result"
     );
 }
+
+/// Every example's Job (examples/*/job.yaml) reads and validates (its requested plan
+/// inside its own `launch.supports` included): also the ones no test runs here
+/// (torchtitan needs a GPU).
+#[test]
+fn every_example_job_reads_and_allows_its_own_plan() {
+    let dir = rubick_tests::repo().join("examples");
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path().join("job.yaml");
+        if !path.exists() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let job: Job = parse_yaml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        job.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        seen.push(path.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned());
+    }
+    seen.sort();
+    assert!(seen.contains(&"torchtitan".to_string()) && seen.len() >= 6, "{seen:?}");
+}
