@@ -50,6 +50,8 @@ arguments followed by the plan's (:func:`command`). What rubick adds:
 
 torchtitan needs GPUs (it runs no CPU-only training: pytorch/torchtitan#1661);
 ``scripts/torchtitan-gpu.sh`` profiles and reconfigures its llama3 debug model on one.
+The tests run its trainer on CPU with its device type set to ``cpu`` around it
+(``python/tests/titan_cpu.py``).
 """
 
 from __future__ import annotations
@@ -296,6 +298,7 @@ class Hooks:
         hooks = self
 
         def timed_save(curr_step: int, last_step: bool = False) -> Any:
+            hooks._write_step(curr_step)
             decide = getattr(checkpointer, "_should_save", None)
             will = decide(curr_step, last_step) if decide is not None else True
             directory = hooks.plan.checkpoint_dir
@@ -304,7 +307,8 @@ class Hooks:
             start = time.perf_counter()
             with hooks.stop.held():
                 out = save(curr_step, last_step=last_step)
-            if will:
+            # torchtitan 0.3's save says whether it saved.
+            if out if isinstance(out, bool) else will:
                 hooks._saved_at = curr_step
                 hooks.reporter.event(
                     "checkpointed", iter=curr_step, save_s=round(time.perf_counter() - start, 6), format="sharded"
@@ -314,24 +318,29 @@ class Hooks:
         checkpointer.save = timed_save
         checkpointer._rubick = True
 
+    def _write_step(self, step: int) -> None:
+        """The metric line of the step that just ran, once (before its save's event)."""
+        if self.step_s is None:
+            return
+        line: dict[str, Any] = {
+            "iter": step,
+            "iter_time_s": round(self.step_s, 6),
+            "samples": self.plan.global_batch,
+            "peak_memory_gib": round(peak_memory_gib(), 4),
+        }
+        # With a pipeline, rank 0 (the first stage) holds no loss (torchtitan's -1).
+        if self.loss is not None and not (self.plan.pp > 1 and self.loss < 0):
+            line["loss"] = self.loss
+        self.reporter.write(line)
+        self.step_s = self.loss = None
+
     def between_steps(self, trainer: Any, should_continue: Any) -> bool:
         """Called before each step: the finished step's metric line, then whether to go
         on (torchtitan's own answer, unless every rank agreed to stop: then the finished
         step is saved and the answer is no)."""
         self._wrap_save(trainer)
         step = int(trainer.step)
-        if self.step_s is not None:
-            line: dict[str, Any] = {
-                "iter": step,
-                "iter_time_s": round(self.step_s, 6),
-                "samples": self.plan.global_batch,
-                "peak_memory_gib": round(peak_memory_gib(), 4),
-            }
-            # With a pipeline, rank 0 (the first stage) holds no loss (torchtitan's -1).
-            if self.loss is not None and not (self.plan.pp > 1 and self.loss < 0):
-                line["loss"] = self.loss
-            self.reporter.write(line)
-            self.step_s = self.loss = None
+        self._write_step(step)
         if not should_continue():
             return False
         if not self.stop.agreed():

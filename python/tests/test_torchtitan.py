@@ -1,10 +1,12 @@
 """rubick.torchtitan: the plan -> torchtitan flag mapping for every dimension torchtitan
 has and a clear refusal of each it lacks; the flags parsed by torchtitan 0.3.0's own
 ConfigManager (the layer scripts/python-env.sh installs); the checkpoint record that
-decides whether the data loader is left out of a resume; and the contract's hooks
-(metric lines, the agreed stop with its save, the checkpointed event) around a trainer
-whose loop is torchtitan's (torchtitan runs no CPU-only training, so its own Trainer
-cannot run here; scripts/torchtitan-gpu.sh runs it on a GPU)."""
+decides whether the data loader is left out of a resume; the contract's hooks (metric
+lines, the agreed stop with its save, the checkpointed event) around a trainer whose
+loop is torchtitan's; and torchtitan's own trainer end to end under rubick.torchrun on
+CPU (titan_cpu.py: torchtitan trains on GPUs only, so its device type is set to cpu
+around it), stopped by the signal and resumed under DDP, FSDP2, TP with sequence
+parallelism, an interleaved pipeline and ZeRO 3."""
 
 import inspect
 import json
@@ -13,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, iterations, metric_lines, stopped_under_torchrun
 
 from rubick import Plan
 from rubick.plan import PlanError
@@ -176,6 +178,8 @@ class Checkpointer:
     def save(self, curr_step, last_step=False):
         if self._should_save(curr_step, last_step):
             self.saved.append(curr_step)
+            return True
+        return False
 
 
 class Metrics:
@@ -232,6 +236,9 @@ def test_every_step_writes_its_line_and_each_real_save_its_event(tmp_path):
     assert [x["iter"] for x in steps] == [1, 2, 3, 4, 5]
     assert all(x["samples"] == 4 and x["iter_time_s"] >= 0 and x["peak_memory_gib"] > 0 for x in steps)
     assert steps[1]["loss"] == pytest.approx(5.0)
+    # Each save's event comes after its step's line.
+    order = [x.get("iter") for x in lines]
+    assert order == [1, 2, 2, 3, 4, 4, 5, 5], lines
     events = [x for x in lines if x.get("event") == "checkpointed"]
     # The interval's saves (2, 4) and torchtitan's last-step save (5), each timed.
     assert [x["iter"] for x in events] == [2, 4, 5] and trainer.checkpointer.saved == [2, 4, 5]
@@ -326,6 +333,7 @@ print(json.dumps({
     "continue": list(inspect.signature(Trainer.should_continue_training).parameters),
     "log": list(inspect.signature(MetricsProcessor.log).parameters)[:3],
     "save": list(inspect.signature(CheckpointManager.save).parameters)[:3],
+    "returns": str(inspect.signature(CheckpointManager.save).return_annotation),
     "should_save": hasattr(CheckpointManager, "_should_save"),
     "loop": ["while self.should_continue_training()" in train, "self.train_step(" in train,
              "self.checkpointer.save(" in train],
@@ -340,6 +348,7 @@ def test_the_hooks_fit_torchtitan_0_3s_trainer():
     assert got["train_step"] == ["self", "data_iterator"] and got["continue"] == ["self"]
     assert got["log"] == ["self", "step", "global_avg_loss"]
     assert got["save"] == ["self", "curr_step", "last_step"] and got["should_save"]
+    assert got["returns"] in ("bool", "<class 'bool'>")
     assert got["loop"] == [True, True, True]
     assert inspect.signature(Hooks.between_steps)
 
@@ -370,3 +379,89 @@ def test_the_examples_assets_feed_torchtitans_own_tokenizer_and_data_loader(tmp_
     first = (tmp_path / "assets" / "tokenizer" / "tokenizer.json").read_bytes()
     titan(ASSETS % (str(tmp_path / "again"), script))
     assert (tmp_path / "again" / "tokenizer" / "tokenizer.json").read_bytes() == first
+
+
+# torchtitan's own trainer, end to end on CPU (python/tests/titan_cpu.py: its device type
+# set to cpu and FlexAttention computed densely, since torchtitan runs on GPUs only).
+TITAN_CPU = os.path.join(REPO, "python", "tests", "titan_cpu.py")
+OWN = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq_len=64"]
+OWN += ["--training.mixed_precision_param=float32", "--debug.seed=7"]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    if not os.path.isfile(os.path.join(TITAN, ".rubick-ok")):
+        titan("")  # skips, or fails under RUBICK_REQUIRE_PYTORCH, saying why
+    out = str(tmp_path_factory.mktemp("titan") / "assets")
+    subprocess.run([sys.executable, os.path.join(REPO, "examples", "torchtitan", "assets.py"), out], check=True)
+    return [f"--hf_assets_path={out}/tokenizer", f"--dataloader.dataset_path={out}/corpus"]
+
+
+def titan_env(tmp_path, text, total):
+    os.makedirs(tmp_path, exist_ok=True)
+    metrics, ckpt = str(tmp_path / "m.jsonl"), str(tmp_path / "ckpt")
+    env = dict(os.environ, RUBICK_PLAN=text, RUBICK_METRICS=metrics, RUBICK_CHECKPOINT_DIR=ckpt)
+    env.update(RUBICK_TOTAL_ITERATIONS=str(total), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    return metrics, env
+
+
+def titan_run(tmp_path, text, total, assets):
+    """One run under rubick.torchrun with 2 workers, to its end (iteration ``total``)."""
+    metrics, env = titan_env(tmp_path, text, total)
+    launcher = [sys.executable, "-m", "rubick.torchrun", "--standalone", "--nproc-per-node", "2"]
+    out = subprocess.run([*launcher, TITAN_CPU, *OWN, *assets], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return metric_lines(metrics), out.stderr
+
+
+def losses(lines, after=0):
+    return {x["iter"]: x["loss"] for x in lines if "loss" in x and x["iter"] > after}
+
+
+def test_torchtitan_stops_on_the_signal_and_resumes_under_every_layout(tmp_path, assets):
+    """dp2 (DDP) stopped by the contract's signal -> dp2-z2 (FSDP2 at the same
+    data-parallel degree: the data loader resumes too, and the loss follows the
+    uninterrupted run's) -> tp2 with sequence parallelism and selective recompute -> an
+    interleaved pipeline (pp2, 3 virtual stages) with full recompute -> dp2-z3 to the
+    end; each run stopped by the signal resumes by DCP at the next step; a changed
+    data-parallel degree restarts the data loader, said on stderr."""
+    total = 24
+    whole, _ = titan_run(tmp_path / "whole", "dp2-tp1-pp1-mb2-ga1", total, assets)
+    expected = losses(whole)
+    assert sorted(expected) == list(range(1, total + 1)) and expected[total] < expected[1] - 2.0
+    assert whole[-1] == {
+        "rubick": 1,
+        "event": "checkpointed",
+        "iter": total,
+        "save_s": whole[-1]["save_s"],
+        "format": "sharded",
+    }
+
+    metrics, env = titan_env(tmp_path / "chain", "dp2-tp1-pp1-mb2-ga1", total)
+    lines, _ = stopped_under_torchrun([TITAN_CPU, *OWN, *assets], env, metrics, after=3, timeout=300)
+    stopped = lines[-1]["iter"]
+    assert lines[-1]["save_s"] > 0 and [x["iter"] for x in iterations(metrics)] == list(range(1, stopped + 1))
+    for text, restarts in [
+        ("dp2-tp1-pp1-mb2-ga1-z2", False),
+        ("dp1-tp2-pp1-mb4-ga1-sp-sel", True),
+        ("dp1-tp1-pp2-mb1-ga4-vp3-gc", False),
+        ("dp2-tp1-pp1-mb2-ga1-z3", True),
+    ]:
+        before = iterations(metrics)
+        metrics, env = titan_env(tmp_path / "chain", text, total)
+        if text.endswith("-z3"):
+            lines, err = titan_run(tmp_path / "chain", text, total, assets)
+        else:
+            lines, err = stopped_under_torchrun([TITAN_CPU, *OWN, *assets], env, metrics, len(before) + 2, 300)
+        new = iterations(metrics)[len(before) :]
+        assert [x["iter"] for x in new] == list(range(before[-1]["iter"] + 1, lines[-1]["iter"] + 1)), (text, new)
+        assert ("the data loader starts over" in err) == restarts, (text, err[-2000:])
+        if text.endswith("-pp1-mb2-ga1-z2"):
+            # DDP -> FSDP2 at dp2: the model, optimizer, schedule and data position resumed.
+            for x in new:
+                assert x["loss"] == pytest.approx(expected[x["iter"]], rel=2e-3), (x, expected[x["iter"]])
+        if "-pp2-" in text:
+            assert all("loss" not in x for x in new)  # the pipeline's rank 0 holds none
+    assert lines[-1]["iter"] == total
+    # The loss went on falling across the layouts.
+    assert losses(metric_lines(metrics))[total] < expected[1] - 2.0
