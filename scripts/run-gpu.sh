@@ -21,42 +21,5 @@ plan1="${PLAN1:-dp1-tp1-pp1-mb8-ga8}" plan2="${PLAN2:-dp1-tp1-pp1-mb64-ga1}"
 wait_s="${SECONDS_PER_ROUND:-45}"
 mkdir -p "$out" "$work"
 . scripts/python-on-path.sh
-state="$work/state"
-name="$(sed -n 's/^name: *//p' "$job" | head -1)"
-group_cluster="$(sed -n 's/^name: *//p' "$cluster" | head -1)"
-round() { # round N PLAN
-  cat >"$work/round$1.yaml" <<YAML
-apiVersion: rubick/v1
-kind: Schedule
-cluster: $group_cluster
-round: $1
-policy: by-hand
-assignments:
-  - { job: $name, plan: $2, nodes: [{ node: local-0, gpus: [0], cpus: ${CPUS:-4}, hostMemoryGib: 16 }], predictedThroughput: 1, change: started }
-totals: { gpusUsed: 1, gpusTotal: 1, cpusUsed: ${CPUS:-4}, hostMemoryGibUsed: 16, normalizedThroughput: 1 }
-objective: 0
-solver: { method: by-hand, status: optimal }
-YAML
-  "$bin" apply "$work/round$1.yaml" --cluster "$cluster" --state "$state"
-}
-"$bin" submit "$job" --state "$state"
-round 1 "$plan1"
-sleep "$wait_s"
-round 2 "$plan2"
-sleep "$wait_s"
-"$bin" status --state "$state" | tee "$out/status.txt"
-"$bin" stop "$name" --state "$state"
-cp "$state/state.yaml" "$out/state.yaml"
-for k in 1 2; do
-  m="$state/jobs/$name/attempt-$k/metrics.jsonl"
-  cp "$m" "$out/metrics-$k.jsonl"
-  "$py" - "$m" "$k" <<'PY' | tee -a "$out/summary.txt"
-import json, statistics, sys
-lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-its = [l for l in lines if "iter_time_s" in l]
-t = [l["iter_time_s"] for l in its[3:]] or [l["iter_time_s"] for l in its]
-ck = [l["iter"] for l in lines if l.get("event") == "checkpointed"]
-print(f"run {sys.argv[2]}: iterations {its[0]['iter']}..{its[-1]['iter']}, median iter {statistics.median(t):.4f} s, "
-      f"loss {its[0].get('loss')} -> {its[-1].get('loss')}, checkpointed at {ck}")
-PY
-done
+. scripts/gpu-rounds.sh
+PYTHONPATH="python${PYTHONPATH:+:$PYTHONPATH}" two_rounds "$bin" "$job" "$cluster" "$out" "$work" "$plan1" "$plan2" "$wait_s"

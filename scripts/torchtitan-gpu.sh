@@ -51,48 +51,6 @@ done
   -o "$out/torchtitan-llama3-debug.model.yaml" 2>&1 | tee "$out/fit.txt"
 
 # Two rounds: started under PLAN1, reconfigured to PLAN2, stopped.
-state="$out/state"
-name="$(sed -n 's/^name: *//p' "$job" | head -1)"
-cluster_name="$(sed -n 's/^name: *//p' "$out/cluster.yaml" | head -1)"
-node="$(sed -n 's/^- name: *//p' "$out/cluster.yaml" | head -1)-0"
-gpus_of() { "$py" -c 'import sys; from rubick import Plan; print(Plan.from_env({"RUBICK_PLAN": sys.argv[1]}).world_size)' "$1"; }
-round() { # round N PLAN
-  local n
-  n="$(PYTHONPATH=python gpus_of "$2")"
-  local ids
-  ids="$(seq -s, 0 $((n - 1)))"
-  cat >"$out/round$1.yaml" <<YAML
-apiVersion: rubick/v1
-kind: Schedule
-cluster: $cluster_name
-round: $1
-policy: by-hand
-assignments:
-  - { job: $name, plan: $2, nodes: [{ node: $node, gpus: [$ids], cpus: ${CPUS:-4}, hostMemoryGib: 32 }], predictedThroughput: 1, change: started }
-totals: { gpusUsed: $n, gpusTotal: $n, cpusUsed: ${CPUS:-4}, hostMemoryGibUsed: 32, normalizedThroughput: 1 }
-objective: 0
-solver: { method: by-hand, status: optimal }
-YAML
-  "$bins/rubick-run" apply "$out/round$1.yaml" --cluster "$out/cluster.yaml" --state "$state"
-}
-"$bins/rubick-run" submit "$job" --state "$state"
-round 1 "$plan1"
-sleep "$wait_s"
-round 2 "$plan2"
-sleep "$wait_s"
-"$bins/rubick-run" status --state "$state" | tee "$out/status.txt"
-"$bins/rubick-run" stop "$name" --state "$state"
-cp "$state/state.yaml" "$out/state.yaml"
-for k in 1 2; do
-  m="$state/jobs/$name/attempt-$k/metrics.jsonl"
-  cp "$m" "$out/metrics-$k.jsonl"
-  "$py" - "$m" "$k" <<'PY' | tee -a "$out/summary.txt"
-import json, statistics, sys
-lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-its = [l for l in lines if "iter_time_s" in l]
-t = [l["iter_time_s"] for l in its[3:]] or [l["iter_time_s"] for l in its]
-ck = [(l["iter"], l.get("save_s")) for l in lines if l.get("event") == "checkpointed"]
-print(f"run {sys.argv[2]}: steps {its[0]['iter']}..{its[-1]['iter']}, median step {statistics.median(t):.4f} s, "
-      f"loss {its[0].get('loss')} -> {its[-1].get('loss')}, checkpointed (step, save_s) {ck}")
-PY
-done
+. scripts/gpu-rounds.sh
+PYTHONPATH="python${PYTHONPATH:+:$PYTHONPATH}" two_rounds "$bins/rubick-run" "$job" "$out/cluster.yaml" "$out" "$out/work" \
+  "$plan1" "$plan2" "$wait_s"
