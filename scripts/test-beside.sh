@@ -5,7 +5,8 @@
 # files). Both clones go beside this checkout (so ../shared is theirs too), each with its
 # own copy of $CARGO_TARGET_DIR when set (else they build from scratch), under the
 # environment .ci/run gives `make test`. Needs what .ci/run needs (a Slurm started by it
-# or scripts/slurm-up.sh). About an hour on 2 cores with a warm target directory.
+# or scripts/slurm-up.sh). About 45 minutes a run beside another on 2 cores with a warm
+# target directory (2 h 15 min for 3): on a fresh machine, start it right after set-up.
 #
 #   scripts/test-beside.sh [RUNS]    # summary in ../test-beside/summary.txt; exit 0 if all passed
 set -u
