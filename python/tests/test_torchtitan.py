@@ -392,9 +392,15 @@ OWN += ["--training.mixed_precision_param=float32", "--debug.seed=7"]
 def assets(tmp_path_factory):
     if not os.path.isfile(os.path.join(TITAN, ".rubick-ok")):
         titan("")  # skips, or fails under RUBICK_REQUIRE_PYTORCH, saying why
-    out = str(tmp_path_factory.mktemp("titan") / "assets")
+    base = tmp_path_factory.mktemp("titan")
+    out = str(base / "assets")
     subprocess.run([sys.executable, os.path.join(REPO, "examples", "torchtitan", "assets.py"), out], check=True)
-    return [f"--hf_assets_path={out}/tokenizer", f"--dataloader.dataset_path={out}/corpus"]
+    # torchtitan's dump folder (its structured logs) defaults to ./outputs: kept out of the tree.
+    return [
+        f"--hf_assets_path={out}/tokenizer",
+        f"--dataloader.dataset_path={out}/corpus",
+        f"--dump_folder={base}/outputs",
+    ]
 
 
 def titan_env(tmp_path, text, total):
