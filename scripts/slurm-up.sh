@@ -11,6 +11,10 @@
 #                                            address 127.0.1.K, its own port; jobs on a
 #                                            node see that node's hostname, so a run
 #                                            spanning nodes works as on a real cluster
+#   scripts/slurm-up.sh ... --clean          also cancel every job in the queue and wait
+#                                            until the nodes are free: for a machine that
+#                                            only tests use (.ci/run), where anything
+#                                            queued is a leftover of a run that was killed
 #
 # stdout: exactly one line at the end, `ready: <partition> <avail> <nodes> <state>
 # <cpus> cpus <gres>`.  Progress goes to stderr.  Exit status non-zero when Slurm
@@ -40,6 +44,7 @@ set -euo pipefail
 
 NGPU="${SLURM_FAKE_GPUS:-4}"
 NODES=0
+CLEAN=0
 ACCOUNTING="${SLURM_ACCOUNTING:-0}"
 CPUS="$(nproc)"
 MEM_MB="$(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024 - 1024))"
@@ -57,8 +62,9 @@ while [ $# -gt 0 ]; do
     --nodes=*) NODES="${1#*=}"; shift ;;
     --gpus-per-node) NGPU="${2:-}"; shift 2 || die "--gpus-per-node needs a number" ;;
     --gpus-per-node=*) NGPU="${1#*=}"; shift ;;
+    --clean) CLEAN=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (--nodes N, --gpus-per-node G)" ;;
+    *) die "unknown argument '$1' (--nodes N, --gpus-per-node G, --clean)" ;;
   esac
 done
 case "$NODES" in '' | *[!0-9]*) die "--nodes must be a number, got '$NODES'" ;; esac
@@ -307,7 +313,25 @@ for name in "${names[@]}"; do
   "$(dirname "$0")/slurm-node.sh" start "$name"
 done
 
-# ---- 5. the nodes up and schedulable ----
+# ---- 5. leftovers (--clean): the controller keeps its jobs across restarts ----
+# slurmctld saves its queue and reloads it when it starts again: the jobs of a test run
+# killed with the machine (or by hand) come back, requeued or "running" on a node whose
+# processes are long gone, and hold the nodes that the next run's jobs wait for (an hour,
+# rubick-launch's pending limit). Only a caller that owns the machine asks for this.
+if [ "$CLEAN" = 1 ]; then
+  left="$(squeue -h -a -o '%i %T %j %N' 2>/dev/null || true)"
+  if [ -n "$left" ]; then
+    log "cancelling $(printf '%s\n' "$left" | wc -l) job(s) left in the queue:"
+    printf '%s\n' "$left" | sed 's/^/    /' >&2
+    # shellcheck disable=SC2046 # one job id per word
+    scancel $(printf '%s\n' "$left" | awk '{print $1}') 2>/dev/null || true
+    for _ in $(seq 150); do [ -z "$(squeue -h -a -o %i 2>/dev/null)" ] && break; sleep 0.2; done
+    still="$(squeue -h -a -o '%i %T %j %N' 2>/dev/null || true)"
+    [ -z "$still" ] || die "jobs still queued 30 s after scancel: $still"
+  fi
+fi
+
+# ---- 6. the nodes up and schedulable ----
 ready_state() { case "$1" in idle | mixed | allocated | completing) return 0 ;; esac; return 1; }
 for name in "${names[@]}"; do
   st="$(node_state "$name")"

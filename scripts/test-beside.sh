@@ -4,8 +4,8 @@
 # how loaded the machine is or on another checkout testing at once (fixed ports, shared
 # files). Both clones go beside this checkout (so ../shared is theirs too), each with its
 # own copy of $CARGO_TARGET_DIR when set (else they build from scratch), under the
-# environment .ci/run gives `make test`. Needs what .ci/run needs (a Slurm started by it
-# or scripts/slurm-up.sh). About 45 minutes a run beside another on 2 cores with a warm
+# environment .ci/run gives `make test`. Needs what .ci/run needs: as root it starts the
+# Slurm as .ci/run does (cancelling what killed runs left queued). About 45 minutes a run beside another on 2 cores with a warm
 # target directory (2 h 15 min for 3): on a fresh machine, start it right after set-up.
 #
 #   scripts/test-beside.sh [RUNS]    # summary in ../test-beside/summary.txt; exit 0 if all passed
@@ -14,6 +14,9 @@ runs=${1:-3}
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(dirname "$here")/test-beside
 rm -rf "$out" && mkdir -p "$out"
+if [ "$(id -u)" = 0 ]; then
+  SLURM_ACCOUNTING=1 "$here/scripts/slurm-up.sh" --nodes 3 --gpus-per-node 2 --clean >&2 || exit 2
+fi
 for c in a b; do
   git clone -q "$here" "$out/clone-$c" || exit 2
   if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR" ]; then
