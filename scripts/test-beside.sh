@@ -16,9 +16,9 @@ runs=${1:-3}
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=$(dirname "$here")/test-beside
 rm -rf "$out" && mkdir -p "$out"
-if [ "$(id -u)" = 0 ]; then
-  SLURM_ACCOUNTING=1 "$here/scripts/slurm-up.sh" --nodes 3 --gpus-per-node 2 --clean >&2 || exit 2
-fi
+# As root, the Slurm .ci/run starts, with nothing queued (what killed runs left cancelled).
+slurm() { [ "$(id -u)" != 0 ] || SLURM_ACCOUNTING=1 "$here/scripts/slurm-up.sh" --nodes 3 --gpus-per-node 2 --clean; }
+slurm >&2 || exit 2
 for c in a b; do
   git clone -q "$here" "$out/clone-$c" || exit 2
   if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR" ]; then
@@ -34,20 +34,14 @@ run() { # clone log
     && start=$(date +%s) && make test > "$out/$2" 2>&1; rc=$?
     echo "$1 $2 rc=$rc $(( $(date +%s) - start )) s" >> "$out/summary.txt"; return $rc )
 }
-# Job control: the loop beside runs in a process group of its own, to be stopped whole.
-set -m
 ( i=0; while [ ! -f "$out/done" ]; do i=$((i + 1)); run b "b-$i.log"; done ) &
-beside=$!
-set +m
 failed=0
 for i in $(seq "$runs"); do run a "a-$i.log" || failed=1; done
 touch "$out/done"
 # b's run in progress has nothing left to stand beside: stopped rather than waited for
-# (45 min), with everything it started, found by its environment (tests start some
-# processes in sessions of their own), and what it left queued in Slurm.
-kill -TERM -- "-$beside" 2>/dev/null
+# (45 min), with every process it started, found by its environment (tests start some in
+# sessions of their own), and what it left queued in Slurm; the loop then sees done.
 of_b() { grep -lsz "^CARGO_TARGET_DIR=$out/target-b\$" /proc/[0-9]*/environ | cut -d/ -f3; }
-sleep 5
 # shellcheck disable=SC2046 # one pid per word
 kill -TERM $(of_b) 2>/dev/null
 sleep 5
@@ -55,8 +49,6 @@ sleep 5
 kill -KILL $(of_b) 2>/dev/null
 wait
 echo "b's last run was stopped when a's runs ended: its rc is not a verdict" >> "$out/summary.txt"
-if [ "$(id -u)" = 0 ]; then
-  SLURM_ACCOUNTING=1 "$here/scripts/slurm-up.sh" --nodes 3 --gpus-per-node 2 --clean >/dev/null || true
-fi
+slurm >/dev/null 2>&1
 cat "$out/summary.txt"
 exit $failed
