@@ -19,7 +19,8 @@ the launcher's DeepSpeed JSON when DeepSpeed imports, else FSDP (ZeRO 2 ->
 counterpart and runs as ``shard_grad_op``), the checkpoint directory ->
 ``output_dir`` (the Trainer's own checkpoints, resumed by the Trainer at the next
 global step, at any data parallelism), ``RUBICK_TOTAL_ITERATIONS`` (else a profile's
-``RUBICK_ITERATIONS``) -> ``max_steps``.
+``RUBICK_ITERATIONS``) -> ``max_steps`` (a positive integer, else a
+:class:`~rubick.PlanError`; it wins over a ``max_steps`` passed, with a warning).
 What cannot be: tensor and pipeline parallelism (the Trainer has no switch for them):
 a plan with tp or pp > 1 is a :class:`~rubick.PlanError` (exit 2 for the launcher).
 
@@ -29,7 +30,9 @@ The run's directories win: under rubick (``RUBICK_CHECKPOINT_DIR`` set) an
 the argument: a fixed ``output_dir`` would make every run resume (and profile) some
 other run's checkpoint. Without ``RUBICK_CHECKPOINT_DIR`` (a plain run) the argument is
 used as given. The plan's own fields (batch, accumulation, checkpointing, sharding) win
-the same way, with the same warning when the value passed differs.
+the same way, with the same warning when the value passed differs, and so does the run's
+iteration count over ``max_steps``: a profile runs its warm-up + measured steps, a run
+the job's iterations, whatever the script's own default.
 
 ``import rubick.hf`` does not import transformers (``training_arguments`` and the
 Trainer do), so the callback, whose stop flag is installed when it is made, can be
@@ -63,7 +66,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
-from .plan import Plan, PlanError, _to_int
+from .plan import Plan, PlanError, _to_int, total_iterations
 from .stop import StopFlag
 
 if TYPE_CHECKING:  # imported for real only when needed (it takes seconds)
@@ -92,16 +95,18 @@ def training_arguments(plan: Plan | None = None, **overrides: Any) -> TrainingAr
     except the plan's own (batch, accumulation, checkpointing, sharding) and, under
     rubick (``plan.checkpoint_dir`` set), the run's directories: ``output_dir`` is the
     run's checkpoint directory, ``logging_dir`` is left to the Trainer and
-    ``resume_from_checkpoint`` is the run's newest complete checkpoint. An override the
+    ``resume_from_checkpoint`` is the run's newest complete checkpoint; and the run's
+    iterations (:func:`rubick.plan.total_iterations`) are ``max_steps``. An override the
     run replaces is named in a warning on stderr (rank 0) when its value differs;
     nothing is replaced silently. Raises :class:`~rubick.PlanError` for a plan the
-    Trainer cannot run (tp or pp > 1)."""
-    from transformers import TrainingArguments
-
+    Trainer cannot run (tp or pp > 1) and for an iteration count that is not a positive
+    integer (0 would make the Trainer count epochs instead)."""
     plan = plan if plan is not None else Plan.from_env()
     if plan.tp > 1 or plan.pp > 1:
         raise PlanError(f"plan {plan.code()}: the Trainer has no tensor or pipeline parallelism (tp, pp must be 1)")
+    total = total_iterations()  # a bad count is refused before the slow imports
     import torch
+    from transformers import TrainingArguments
 
     fields = inspect.signature(TrainingArguments.__init__).parameters
     cpu = not torch.cuda.is_available()
@@ -138,12 +143,15 @@ def training_arguments(plan: Plan | None = None, **overrides: Any) -> TrainingAr
     )
     if cpu and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         kwargs["ddp_backend"] = "gloo"
-    # rubick-run: the job's iterations in all; rubick-profile: warm-up + measured.
-    for var in ("RUBICK_TOTAL_ITERATIONS", "RUBICK_ITERATIONS"):
-        total = os.environ.get(var, "").strip()
-        if total.isdigit():
-            overrides["max_steps"] = int(total)
-            break
+    # rubick-run: the job's iterations in all; rubick-profile: warm-up + measured. The
+    # run's count wins over the script's (the launcher planned for it, and a profile runs
+    # its warm-up + measured steps whatever the script's own count), with a warning.
+    if total is not None:
+        var, steps = total
+        given = overrides.get("max_steps")
+        if given is not None and given != steps:
+            _warn(f"training_arguments(max_steps={given!r}) ignored: the run's iterations win ({var}={steps})")
+        overrides["max_steps"] = steps
     kwargs.update(overrides)
     # Transformers 5 renamed `gradient_checkpointing` to `activation_checkpointing`.
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"

@@ -16,7 +16,8 @@ What is mapped: data parallelism -> ``devices`` per node and ``num_nodes`` with 
 ``ddp`` strategy, accumulation -> ``accumulate_grad_batches``, ZeRO -> DeepSpeed's
 ``deepspeed_stage_N`` (``_offload`` with offload) when DeepSpeed imports, else FSDP
 (ZeRO 3: full sharding, 1 and 2: ``SHARD_GRAD_OP``), ``RUBICK_TOTAL_ITERATIONS``
-(else a profile's ``RUBICK_ITERATIONS``) -> ``max_steps``. What is not the
+(else a profile's ``RUBICK_ITERATIONS``; a positive integer, else a
+:class:`~rubick.PlanError`) -> ``max_steps``. What is not the
 Trainer's to map: the micro-batch (the script's ``DataLoader``: ``plan.micro_batch``)
 and activation checkpointing (the model's: ``plan.gc``). What cannot be: tensor and
 pipeline parallelism (a :class:`~rubick.PlanError`).
@@ -42,7 +43,7 @@ except ImportError:  # the older package name
 
 from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
-from .plan import Plan, PlanError
+from .plan import Plan, PlanError, total_iterations
 from .stop import StopFlag
 
 #: The checkpoint's file name in the checkpoint directory.
@@ -80,11 +81,9 @@ def trainer_kwargs(plan: Plan | None = None, **overrides: Any) -> dict[str, Any]
             kw["strategy"] = FSDPStrategy(sharding_strategy=sharding, cpu_offload=plan.offload != "none")
     elif plan.dp > 1:
         kw["strategy"] = "ddp"
-    for var in ("RUBICK_TOTAL_ITERATIONS", "RUBICK_ITERATIONS"):
-        total = os.environ.get(var, "").strip()
-        if total.isdigit():
-            kw["max_steps"] = int(total)
-            break
+    total = total_iterations()  # a count that is not a positive integer: PlanError
+    if total is not None:
+        kw["max_steps"] = total[1]
     kw.update(overrides)
     return kw
 

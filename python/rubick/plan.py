@@ -9,7 +9,8 @@ defaults of a plain single-process run. A field given both ways must agree: a
 (a complete plan string, one naming dp, tp, pp, mb and ga as the launcher writes it,
 also says ZeRO 0, no offload and no activation checkpointing by leaving them out).
 ``RUBICK_GPUS``, when set, must be dp x tp x pp; every integer is at most 2**32 - 1
-(the launcher's range); the stop signal must be one a process can catch.
+(the launcher's range); the stop signal must be one of the contract's (SIGUSR1,
+SIGUSR2, SIGTERM, SIGINT).
 
 An uncaught :class:`PlanError` ends the script with exit code 2, the contract's "this
 plan cannot run here" (``import rubick`` installs a ``sys.excepthook`` that prints the
@@ -69,6 +70,13 @@ _TOKEN = re.compile(r"([a-z]+)([0-9]*)")
 
 #: Signals a process cannot catch: a stop on one of them could never checkpoint.
 _UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+
+#: The contract's stop signals (``rubick_core::launch::StopSignal``), the default first:
+#: every other one is refused (SIGCHLD arrives whenever a child exits, SIGSEGV is a crash).
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+#: The most iterations a job may have (``rubick_core::limits::MAX_JOB_ITERATIONS``).
+MAX_ITERATIONS = 1 << 40
 
 _NUMBER = re.compile(r"[+-]?[0-9]+")
 
@@ -230,7 +238,8 @@ def _flag(env: Mapping[str, str], name: str) -> bool | None:
 def stop_signal(env: Mapping[str, str] | None = None) -> signal.Signals:
     """The stop signal ``RUBICK_STOP_SIGNAL`` names (``SIGUSR1`` by default; ``USR2``,
     ``SIGTERM`` and numbers also work), without reading the rest of the plan. A signal
-    no process can catch (``SIGKILL``, ``SIGSTOP``) is a :class:`PlanError`."""
+    other than the contract's (:data:`STOP_SIGNALS`: SIGUSR1, SIGUSR2, SIGTERM, SIGINT)
+    is a :class:`PlanError`."""
     env = os.environ if env is None else env
     return _stop_signal(env.get("RUBICK_STOP_SIGNAL", ""))
 
@@ -254,7 +263,27 @@ def _stop_signal(raw: str) -> signal.Signals:
             f"RUBICK_STOP_SIGNAL={raw!r}: {sig.name} cannot be caught, so a run could never checkpoint "
             "on it; use SIGUSR1 (the default), SIGUSR2, SIGTERM or SIGINT"
         )
+    if sig not in STOP_SIGNALS:
+        raise PlanError(
+            f"RUBICK_STOP_SIGNAL={raw!r}: {sig.name} is not one of the contract's stop signals; "
+            "use SIGUSR1 (the default), SIGUSR2, SIGTERM or SIGINT"
+        )
     return sig
+
+
+def total_iterations(env: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """The iterations the launcher gives the run, with the variable that said so:
+    ``RUBICK_TOTAL_ITERATIONS`` (``rubick-run``: the job's iterations in all), else
+    ``RUBICK_ITERATIONS`` (``rubick-profile``: warm-up + measured); ``None`` when neither
+    is set. A value that is not an integer from 1 to :data:`MAX_ITERATIONS` is a
+    :class:`PlanError` naming its variable (0 would mean "train by epochs" to the HF
+    Trainer, and a typo must not mean "use the script's own count")."""
+    env = os.environ if env is None else env
+    for name in ("RUBICK_TOTAL_ITERATIONS", "RUBICK_ITERATIONS"):
+        raw = env.get(name, "")
+        if raw.strip():
+            return name, _to_int(name, raw, 1, MAX_ITERATIONS)
+    return None
 
 
 def _sources(source: Mapping[str, str]) -> str:

@@ -10,7 +10,9 @@ takes torchrun's own arguments (``torch.distributed.run``) and changes four thin
 * **The stop signal is handled.** The job's stop signal (``RUBICK_STOP_SIGNAL``,
   SIGUSR1 by default) is added to ``--signals-to-handle`` (torchrun's default list
   lacks SIGUSR1, and a signal torchrun does not handle kills it without a word to its
-  workers); torchrun relays it to its workers, which checkpoint and exit 0.
+  workers); torchrun relays it to its workers, which checkpoint and exit 0. It is
+  caught from the launcher's first moment, before torch is imported (seconds): a stop
+  before torch's launcher took the signal over (no worker started yet) exits 0 at once.
 * **A stop exits 0.** On a signal it handles, torchrun shuts its workers down with it
   and then raises ``SignalException`` ("Process N got signal: 10"), a traceback and
   exit 1, even when every worker checkpointed and exited 0. Here, when the signal is
@@ -103,10 +105,34 @@ def _signal_list(current: str | None, sig: signal.Signals) -> str:
     return ",".join(names)
 
 
+class _StoppedEarly(BaseException):
+    """The stop signal before torch's launcher handles it (no worker started yet). A
+    ``BaseException``: no ``except Exception`` on the way (in torch's import, in the
+    rendezvous) may swallow the stop."""
+
+
+def _stop_early(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a second stop changes nothing
+    raise _StoppedEarly(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs torchrun with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     sig = stop_signal()  # a bad RUBICK_STOP_SIGNAL: PlanError, exit 2
+    # Caught from here on, before anything slow (importing torch takes seconds, then the
+    # rendezvous): until torch's launcher takes the signal over as it starts the
+    # workers, a stop ends the launcher at once, cleanly, not killed by it (128 + N).
+    signal.signal(sig, _stop_early)
+    try:
+        return _launch(argv, sig)
+    except _StoppedEarly:
+        _say(f"stopped by {sig.name} before any worker started; exit 0")
+        return 0
+
+
+def _launch(argv: list[str], sig: signal.Signals) -> int:
+    """torchrun with ``argv``, its stop on ``sig`` and its workers' exit codes read."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 

@@ -38,7 +38,9 @@ arguments followed by the plan's (:func:`command`). What rubick adds:
   loader refuses a changed data-parallel degree, so when the newest checkpoint was saved
   at another one (``rubick-torchtitan.json`` records each save's degree) it is left out
   of loading (``--checkpoint.exclude_from_loading=dataloader``): the data loader's
-  position restarts; the step and everything else resume.
+  position restarts; the step and everything else resume. A malformed record counts as
+  absent (a warning on stderr; the degree unrecorded) and is replaced, atomically, at
+  the next save.
 * **The contract at run time** (:func:`main`): the stop signal (installed before torch
   is imported) is checked between steps and agreed by all ranks; on it the trainer
   saves a full checkpoint at the step it finished (unless its own interval just did),
@@ -68,7 +70,7 @@ from typing import Any
 from . import checkpoint as _checkpoint
 from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
-from .plan import Plan, PlanError
+from .plan import Plan, PlanError, total_iterations
 from .stop import StopFlag
 
 #: ``launch.supports`` of a torchtitan job: what :func:`flags` can map.
@@ -217,12 +219,34 @@ def _valid_steps(folder: str) -> list[int]:
 
 
 def _read_record(checkpoint_dir: str) -> dict[str, int]:
+    """The record's entries (step -> data-parallel degree); none when there is no
+    record. A malformed one (not JSON, not ``{"dp": {"<step>": <degree>, ...}}``) counts
+    as absent, with a warning on stderr: the next :func:`record_save` replaces it."""
+    path = os.path.join(checkpoint_dir, RECORD)
     try:
-        with open(os.path.join(checkpoint_dir, RECORD)) as f:
-            saved = json.load(f).get("dp", {})
-    except (FileNotFoundError, ValueError, AttributeError):
+        with open(path, "rb") as f:
+            saved = json.loads(f.read())
+    except FileNotFoundError:
         return {}
-    return {str(k): int(v) for k, v in saved.items() if isinstance(v, int)}
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        return _malformed(path, str(e))
+    entries = saved.get("dp") if isinstance(saved, dict) else None
+    if not isinstance(entries, dict):
+        return _malformed(path, 'expected {"dp": {"<step>": <degree>, ...}}')
+    for k, v in entries.items():
+        if not re.fullmatch(r"[0-9]+", k) or type(v) is not int or v < 1:
+            return _malformed(path, f"entry {k!r}: {v!r} is not a step and its data-parallel degree")
+    return {str(int(k)): v for k, v in entries.items()}
+
+
+def _malformed(path: str, why: str) -> dict[str, int]:
+    if _rank.is_main():
+        print(
+            f"rubick: warning: {path}: malformed ({why}); treated as absent (the next save rewrites it)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {}
 
 
 def saved_dp(checkpoint_dir: str) -> tuple[int, int | None] | None:
@@ -381,11 +405,8 @@ def _model_layers(own: Sequence[str]) -> int:
 
 
 def _steps() -> int | None:
-    for var in ("RUBICK_TOTAL_ITERATIONS", "RUBICK_ITERATIONS"):
-        raw = os.environ.get(var, "").strip()
-        if raw.isdigit() and int(raw) > 0:
-            return int(raw)
-    return None
+    total = total_iterations()  # a count that is not a positive integer: PlanError
+    return total[1] if total is not None else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

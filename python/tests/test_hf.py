@@ -93,3 +93,37 @@ def test_old_checkpoints_are_pruned_to_the_newest(tmp_path, monkeypatch):
     monkeypatch.setenv("RUBICK_KEEP_CHECKPOINTS", "-1")
     with pytest.raises(PlanError, match="RUBICK_KEEP_CHECKPOINTS"):
         hf.RubickCallback(plan=Plan.from_env({}))
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "abc", "1.5", str(2**41)])
+def test_the_runs_iterations_must_be_a_positive_integer(raw, monkeypatch):
+    """issue 40: "`RUBICK_TOTAL_ITERATIONS=0` means "epochs" to the HF Trainer
+    (max_steps<=0)"."""
+    need("torch", "transformers", "accelerate")
+    import rubick.hf
+
+    monkeypatch.setenv("RUBICK_TOTAL_ITERATIONS", raw)
+    with pytest.raises(PlanError, match="RUBICK_TOTAL_ITERATIONS="):
+        rubick.hf.training_arguments(Plan.from_env({}), max_steps=10)
+
+
+def test_the_runs_iterations_replace_max_steps_only_with_a_warning(monkeypatch, capsys):
+    """issue 40: "`training_arguments` (hf.py) replaces `max_steps` silently"."""
+    need("torch", "transformers", "accelerate")
+    import rubick.hf
+
+    monkeypatch.delenv("RUBICK_TOTAL_ITERATIONS", raising=False)
+    monkeypatch.setenv("RUBICK_ITERATIONS", "7")  # a profile: warm-up + measured
+    args = rubick.hf.training_arguments(Plan.from_env({}), max_steps=1000)
+    assert args.max_steps == 7, "the run's iterations win"
+    err = capsys.readouterr().err
+    assert "training_arguments(max_steps=1000) ignored: the run's iterations win (RUBICK_ITERATIONS=7)" in err, err
+    # The same count passed, or none: no warning; RUBICK_TOTAL_ITERATIONS comes first.
+    monkeypatch.setenv("RUBICK_TOTAL_ITERATIONS", "12")
+    assert rubick.hf.training_arguments(Plan.from_env({}), max_steps=12).max_steps == 12
+    assert rubick.hf.training_arguments(Plan.from_env({})).max_steps == 12
+    assert "ignored" not in capsys.readouterr().err
+    # Without the launcher's count, the script's own is used.
+    monkeypatch.delenv("RUBICK_TOTAL_ITERATIONS")
+    monkeypatch.delenv("RUBICK_ITERATIONS")
+    assert rubick.hf.training_arguments(Plan.from_env({}), max_steps=1000).max_steps == 1000

@@ -240,3 +240,26 @@ def test_the_newer_dimensions_come_from_their_variables_and_agree_with_the_plan_
             Plan.from_env({"RUBICK_PLAN": "dp1-tp2-pp2-mb1-ga4-vp2-sp-sel", **extra})
     with pytest.raises(PlanError, match="needs tp > 1"):
         Plan.from_env({"RUBICK_SP": "1"})
+
+
+@pytest.mark.parametrize("name", ["SIGCHLD", "SIGSEGV", "CHLD", "17", "11", "SIGHUP", "SIGALRM"])
+def test_only_the_contracts_stop_signals_are_accepted(name):
+    """issue 40: "`Plan.from_env` accepts SIGCHLD/SIGSEGV as the stop signal"."""
+    with pytest.raises(PlanError, match=f"RUBICK_STOP_SIGNAL={name!r}: .* not one of the contract's stop signals"):
+        Plan.from_env({"RUBICK_STOP_SIGNAL": name})
+
+
+@pytest.mark.parametrize(
+    "name, sig",
+    [
+        ("", signal.SIGUSR1),
+        ("SIGUSR1", signal.SIGUSR1),
+        ("usr2", signal.SIGUSR2),
+        ("SIGTERM", signal.SIGTERM),
+        ("INT", signal.SIGINT),
+        (str(int(signal.SIGUSR1)), signal.SIGUSR1),
+        (str(int(signal.SIGTERM)), signal.SIGTERM),
+    ],
+)
+def test_the_contracts_stop_signals_are_accepted_by_name_or_number(name, sig):
+    assert Plan.from_env({"RUBICK_STOP_SIGNAL": name}).stop_signal == sig

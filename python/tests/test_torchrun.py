@@ -77,3 +77,35 @@ def test_the_contract_exit_codes_pass_the_contract_exit_codes_through(tmp_path):
     )
     assert run.returncode == 2, run.stderr[-3000:]
     assert "the first worker to fail exited 2" in run.stderr
+
+
+def test_a_stop_before_any_worker_started_is_a_clean_stop(tmp_path):
+    """issue 40: "`python -m rubick.torchrun` stopped (by its stop signal, e.g. SIGUSR1)
+    in its first ~3 s dies with exit 138 (128+SIGUSR1)"."""
+    # A torch whose import takes as long as it likes (the real one takes seconds): the
+    # launcher is stopped while it imports it.
+    stub = tmp_path / "slow" / "torch"
+    stub.mkdir(parents=True)
+    ready = tmp_path / "importing-torch"
+    (stub / "__init__.py").write_text(f"import time\nopen({str(ready)!r}, 'w').close()\ntime.sleep(60)\n")
+    path = os.pathsep.join([str(stub.parent), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    for name, sig in (("", signal.SIGUSR1), ("SIGTERM", signal.SIGTERM)):
+        ready.unlink(missing_ok=True)
+        env = dict(os.environ, PYTHONPATH=path, RUBICK_STOP_SIGNAL=name)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rubick.torchrun", "--standalone", "--nproc-per-node=2", "train.py"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        start = time.time()
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.time() - start < 30, "the launcher did not start importing torch"
+            time.sleep(0.02)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, (sig.name, proc.returncode, err[-3000:])
+        assert f"stopped by {sig.name} before any worker started; exit 0" in err and "Traceback" not in err, err

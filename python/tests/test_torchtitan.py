@@ -471,3 +471,37 @@ def test_torchtitan_stops_on_the_signal_and_resumes_under_every_layout(tmp_path,
     assert lines[-1]["iter"] == total
     # The loss went on falling across the layouts.
     assert losses(metric_lines(metrics))[total] < expected[1] - 2.0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"\xff\xfe",
+        b"[1, 2]",
+        b'{"dp": [1, 2]}',
+        b'{"dp": null}',
+        b'{"dp": "abc"}',
+        b'{"dp": {"x": 2}}',
+        b'{"dp": {"10": "2"}}',
+        b'{"dp": {"10": 0}}',
+    ],
+)
+def test_a_malformed_record_is_treated_as_absent_and_rewritten_at_the_next_save(tmp_path, capsys, body):
+    """issue 40: "a malformed `rubick-torchtitan.json` (torchtitan.py's per-save DP
+    record) makes every later save crash"."""
+    d = str(tmp_path)
+    for n in (10, 20):
+        os.makedirs(tmp_path / FOLDER / f"step-{n}")
+        (tmp_path / FOLDER / f"step-{n}" / ".metadata").write_bytes(b"x")
+    record = tmp_path / "rubick-torchtitan.json"
+    record.write_bytes(body)
+    assert saved_dp(d) == (20, None), "unrecorded"
+    err = capsys.readouterr().err
+    assert f"rubick: warning: {record}: malformed" in err and "treated as absent" in err, err
+    record_save(d, 30, 2)
+    assert json.loads(record.read_text()) == {"dp": {"30": 2}}
+    assert "malformed" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["rubick-torchtitan.json", FOLDER], "written atomically, no leftovers"
+    record_save(d, 40, 4)
+    assert capsys.readouterr().err == ""
