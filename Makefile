@@ -134,12 +134,15 @@ bench: setup
 	$(CARGO) build --release --workspace --bins --locked
 	FUZZ_CASES=50000 $(CARGO) test --release -p rubick-tests --test it --locked -- --nocapture fuzz:: | grep '^bench:'
 
-# The fuzzing harness's long run (tests/it/fuzz.rs; `make test` runs 2,000 cases):
-# mutated artifacts through every parser and their consumers, a million cases.
+# The fuzzing harness's long run (tests/it/fuzz.rs; `make test` runs 2,000 cases of
+# each): mutated artifacts through every parser and their consumers, a million cases;
+# mutated states (state.yaml, its cache, pid files) through every rubick-run command
+# beside live decoy processes that must survive, 100,000 cases (tests/it/fuzz/state.rs).
 FUZZ_CASES ?= 1000000
+FUZZ_STATE_CASES ?= 100000
 fuzz: setup
 	$(CARGO) build --workspace --bins --locked
-	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test -p rubick-tests --test it --locked -- --nocapture fuzz::
+	FUZZ_CASES=$(FUZZ_CASES) FUZZ_STATE_CASES=$(FUZZ_STATE_CASES) $(CARGO) test -p rubick-tests --test it --locked -- --nocapture fuzz::
 
 # The tools (release), their man pages and shell completions under $(PREFIX)
 # (DESTDIR for packaging).

@@ -29,8 +29,9 @@ pub enum Handle {
     /// A local run: its wrapper's process group and its directory, whose
     /// `metrics.jsonl` path every process of the run carries in its environment (the
     /// mark: a process group id reused by another program is never taken for the run).
-    /// No directory: an older state's plain group id.
-    Local { pgid: u32, dir: Option<PathBuf> },
+    /// (An older state's plain group id is no handle: a group id alone names whatever
+    /// holds it now; such a run is found from its directory's pid file and its mark.)
+    Local { pgid: u32, dir: PathBuf },
     /// A Slurm job id.
     Slurm { job: String },
     /// A Kubernetes run: its resources' name and the run's directory.
@@ -38,11 +39,10 @@ pub enum Handle {
 }
 
 impl std::fmt::Display for Handle {
-    /// `PGID@DIR` (or `PGID`), `JOBID`, `NAME@DIR`.
+    /// `PGID@DIR`, `JOBID`, `NAME@DIR`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Handle::Local { pgid, dir: Some(dir) } => write!(f, "{pgid}@{}", dir.display()),
-            Handle::Local { pgid, dir: None } => write!(f, "{pgid}"),
+            Handle::Local { pgid, dir } => write!(f, "{pgid}@{}", dir.display()),
             Handle::Slurm { job } => f.write_str(job),
             Handle::Kubernetes { name, dir } => write!(f, "{name}@{}", dir.display()),
         }
@@ -59,12 +59,39 @@ impl Handle {
         }
     }
 
-    /// A local handle's text (`PGID@DIR` or `PGID`).
-    pub fn parse_local(text: &str) -> Option<Handle> {
-        match text.split_once('@') {
-            Some((pgid, dir)) => Some(Handle::Local { pgid: pgid.parse().ok()?, dir: Some(PathBuf::from(dir)) }),
-            None => Some(Handle::Local { pgid: text.parse().ok()?, dir: None }),
+    /// A handle's text as the backend `backend` writes it (see its `Display`): what a
+    /// file says of a run, parsed without the backend's settings; `None` when it is not
+    /// one (an unknown backend included).
+    pub fn parse(backend: &str, text: &str) -> Option<Handle> {
+        match backend {
+            "local" => Handle::parse_local(text),
+            "slurm" => (!text.is_empty() && text.chars().all(|c| c.is_ascii_digit()))
+                .then(|| Handle::Slurm { job: text.into() }),
+            "kubernetes" => {
+                let (name, dir) = text.split_once('@')?;
+                let dir = PathBuf::from(dir);
+                (crate::kubernetes::is_dns_label(name) && dir.is_absolute())
+                    .then(|| Handle::Kubernetes { name: name.into(), dir })
+            }
+            _ => None,
         }
+    }
+
+    /// The run's directory the handle names (local and Kubernetes runs).
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        match self {
+            Handle::Local { dir, .. } | Handle::Kubernetes { dir, .. } => Some(dir),
+            Handle::Slurm { .. } => None,
+        }
+    }
+
+    /// A local handle's text, `PGID@DIR`: a group id above 1 (never "every process" or
+    /// init's) and an absolute directory; anything else is no handle.
+    pub fn parse_local(text: &str) -> Option<Handle> {
+        let (pgid, dir) = text.split_once('@')?;
+        let pgid: u32 = pgid.parse().ok().filter(|&p| p > 1)?;
+        let dir = PathBuf::from(dir);
+        dir.is_absolute().then_some(Handle::Local { pgid, dir })
     }
 }
 

@@ -39,10 +39,13 @@ impl Guard {
     }
 
     /// Kills a run without a wrapper (which would watch it itself) when the launcher
-    /// dies: its process group `pgid` and every process marked with its `metrics` path
+    /// dies: its process group `pgid` (while its leader carries the run's mark) and every
+    /// process marked with its `metrics` path
     /// (see [`crate::proc::marked_processes`]); a `sh`.
     pub fn run(pgid: u32, metrics: &str) -> std::io::Result<Guard> {
-        const CLEANUP: &str = r#"kill -s KILL -- "-$1"
+        // The group only while its leader carries the run's mark (a group id alone may
+        // have been reused); then every marked process, wherever it is.
+        const CLEANUP: &str = r#"[ "$1" -gt 1 ] && tr '\000' '\n' < "/proc/$1/environ" 2>/dev/null | grep -qxF "RUBICK_METRICS=$2" && kill -s KILL -- "-$1"
 for f in /proc/[0-9]*/environ; do
   if tr '\000' '\n' < "$f" 2>/dev/null | grep -qxF "RUBICK_METRICS=$2"; then
     p=${f#/proc/}; kill -s KILL "${p%/environ}"

@@ -13,9 +13,7 @@ use crate::end::{Exit, RunOutcome};
 use crate::error::{LaunchError, io};
 use crate::executor::{Executor, Handle, RunState, Submission, run_to_end};
 use crate::guard::{Guard, Watch, Watches, lock};
-use crate::proc::{
-    RunSignal, carries_mark, group_members, in_group, marked_processes, signal_group, signal_run, status_code,
-};
+use crate::proc::{RunSignal, carries_mark, marked_processes, signal_run, status_code};
 use crate::wrap::Wrap;
 
 /// A local run's process group id (its wrapper's pid), in its directory.
@@ -122,7 +120,7 @@ impl Executor for Local {
                 match Guard::run(pgid, run.mark()) {
                     Ok(guard) => Some(Watch::Guard(guard)),
                     Err(source) => {
-                        signal_run(Some(pgid), run.mark(), RunSignal::Kill);
+                        signal_run(run.mark(), RunSignal::Kill);
                         let _ = child.wait();
                         return Err(LaunchError::Spawn { program: "sh (the watchdog)".into(), source });
                     }
@@ -130,7 +128,7 @@ impl Executor for Local {
             }
             _ => None,
         };
-        let handle = Handle::Local { pgid, dir: Some(dir.clone()) };
+        let handle = Handle::Local { pgid, dir: dir.clone() };
         if let Some(watch) = watch {
             self.watches.hold(&handle, watch);
         }
@@ -153,26 +151,22 @@ impl Executor for Local {
         Ok(handle)
     }
 
-    fn poll(&self, handle: &Handle, dir: &Path, _nodes: &[String]) -> RunState {
+    fn poll(&self, handle: &Handle, _dir: &Path, _nodes: &[String]) -> RunState {
         let Handle::Local { pgid, dir: own } = handle else {
             return RunState::Ended(Exit { note: Some(format!("{handle}: not a local run")), ..Exit::default() });
         };
-        let dir = own.as_deref().unwrap_or(dir);
+        // The run's own directory (a caller that read the handle from a file checked it
+        // is the directory of the run it means).
+        let dir = own.as_path();
         // Its exit status is written as its last act: ended, even if the wrapper lingers.
         if let Ok(text) = std::fs::read_to_string(dir.join(EXIT_FILE)) {
             return RunState::Ended(Exit { code: text.trim().parse().ok(), ..Exit::default() });
         }
-        let alive = match own {
-            _ if lock(&self.unreaped).contains(pgid) => true,
-            // The run is its marked processes; its wrapper, the group's leader, lives as
-            // long as the job: one read; a scan of /proc only once the leader is gone.
-            Some(own) => {
-                let mark = mark_of(own);
-                carries_mark(*pgid, &mark) || !marked_processes(&mark).is_empty()
-            }
-            // An older state's plain group id: its leader, else its members.
-            None => in_group(*pgid, *pgid) || !group_members(*pgid).is_empty(),
-        };
+        // The run is its marked processes; its wrapper, the group's leader, lives as long
+        // as the job: one read; a scan of /proc only once the leader is gone.
+        let mark = mark_of(dir);
+        let alive =
+            lock(&self.unreaped).contains(pgid) || carries_mark(*pgid, &mark) || !marked_processes(&mark).is_empty();
         if alive {
             return RunState::Running;
         }
@@ -182,17 +176,15 @@ impl Executor for Local {
     }
 
     fn signal(&self, handle: &Handle, signal: RunSignal) {
-        match handle {
-            // Only the run's own (marked) processes: never whatever holds a reused id.
-            Handle::Local { dir: Some(dir), .. } => signal_run(None, &mark_of(dir), signal),
-            Handle::Local { pgid, dir: None } => signal_group(*pgid, signal),
-            _ => {}
+        // Only the run's own (marked) processes: never whatever holds a reused id.
+        if let Handle::Local { dir, .. } = handle {
+            signal_run(&mark_of(dir), signal);
         }
     }
 
     fn recover(&self, dir: &Path, _name: Option<&str>) -> Option<Handle> {
         let pgid: u32 = std::fs::read_to_string(dir.join(PID_FILE)).ok()?.trim().parse().ok()?;
-        Some(Handle::Local { pgid, dir: Some(std::path::absolute(dir).ok()?) })
+        Some(Handle::Local { pgid, dir: std::path::absolute(dir).ok()? }).filter(|_| pgid > 1)
     }
 
     fn handle(&self, text: &str) -> Option<Handle> {
@@ -203,9 +195,9 @@ impl Executor for Local {
         // Whatever the launcher left behind goes with it, in its group or not: by the
         // run's mark only, since the reaped leader's group id may belong to another.
         if self.watches.release(handle)
-            && let Handle::Local { dir: Some(dir), .. } = handle
+            && let Handle::Local { dir, .. } = handle
         {
-            signal_run(None, &mark_of(dir), RunSignal::Kill);
+            signal_run(&mark_of(dir), RunSignal::Kill);
         }
     }
 }
@@ -223,11 +215,13 @@ mod tests {
 
     #[test]
     fn handles_read_back_what_they_wrote() {
-        let local = Handle::Local { pgid: 42, dir: Some(PathBuf::from("/s/jobs/a/attempt-1")) };
+        let local = Handle::Local { pgid: 42, dir: PathBuf::from("/s/jobs/a/attempt-1") };
         assert_eq!(local.to_string(), "42@/s/jobs/a/attempt-1");
         assert_eq!(Local::new().handle(&local.to_string()), Some(local.clone()));
-        assert_eq!(Local::new().handle("42"), Some(Handle::Local { pgid: 42, dir: None }));
-        assert_eq!(Local::new().handle("x@/d"), None);
+        // A group id alone, init's or "every process", or a relative directory: no handle.
+        for text in ["42", "x@/d", "1@/s/jobs/a/attempt-1", "0@/d", "-1@/d", "42@s/jobs/a/attempt-1"] {
+            assert_eq!(Local::new().handle(text), None, "{text}");
+        }
         assert_eq!(local.short(), "42");
     }
 

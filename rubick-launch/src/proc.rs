@@ -1,13 +1,16 @@
-//! The processes of a run, as the kernel knows them: signals (typed, through `kill(2)`),
-//! `/proc` (a process's state, parent and group; descendants), and the run's mark.
+//! The processes of a run, as the kernel knows them: signals (typed, each through one
+//! checked function, [`send_checked`]), `/proc` (a process's state, parent and group;
+//! descendants), and the run's mark.
 //!
 //! The mark: every process a run starts inherits the run's own `RUBICK_METRICS=PATH`
 //! in its environment, so the run's processes are found by it, also those that left
 //! its process group (torchrun's, DeepSpeed's and Accelerate's workers start sessions
 //! of their own). A leaf: it names nothing else of this crate.
 
+use std::path::Path;
+
 /// A signal for a run's processes: the contract's stop signal, `TERM` (end now), or
-/// `KILL`. Typed: sent with `kill(2)` through rustix, never by a `kill` subprocess.
+/// `KILL`. Typed: sent through rustix ([`send_checked`]), never by a `kill` subprocess.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunSignal {
     Stop(rubick_core::launch::StopSignal),
@@ -43,43 +46,107 @@ pub(crate) fn pid_of(pid: u32) -> Option<rustix::process::Pid> {
     i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw)
 }
 
-/// Signals a whole process group.
-pub fn signal_group(pgid: u32, signal: RunSignal) {
-    if let Some(pgid) = pid_of(pgid) {
-        let _ = rustix::process::kill_process_group(pgid, signal.raw());
+/// The one way a signal leaves this crate for another process: `pid` (never 0 or 1,
+/// never this process) is opened as a pidfd first (a handle on that very process, so a
+/// reused id cannot be mistaken for it afterwards), then `belongs(pid)` is asked (read
+/// after the open: it sees the process the pidfd holds, or one that reused the id of a
+/// process that has exited, which the pidfd's signal then cannot reach), and only then is
+/// the signal sent, through the pidfd. Whether it was sent.
+pub fn send_checked(pid: u32, signal: RunSignal, belongs: impl Fn(u32) -> bool) -> bool {
+    if pid <= 1 || pid == std::process::id() {
+        return false;
     }
+    let Some(p) = pid_of(pid) else { return false };
+    match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => belongs(pid) && rustix::process::pidfd_send_signal(&fd, signal.raw()).is_ok(),
+        // A kernel without pidfds (before 5.3): checked, then sent by id.
+        Err(rustix::io::Errno::NOSYS) => belongs(pid) && rustix::process::kill_process(p, signal.raw()).is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Signals process `pid` only if it carries the run mark `metrics` at that moment (see
+/// [`send_checked`]); whether it was sent.
+pub fn signal_marked(pid: u32, metrics: &str, signal: RunSignal) -> bool {
+    send_checked(pid, signal, |pid| carries_mark(pid, metrics))
 }
 
 /// Every live process of a run, found by the run's own `RUBICK_METRICS=PATH` in its
 /// environment (every process a run starts inherits it): also those that started their
 /// own session (torchrun's, DeepSpeed's and Accelerate's workers, a `setsid` grandchild),
-/// which its process group does not hold. A scan of /proc (this user's processes).
+/// which its process group does not hold. A scan of /proc (this user's processes). A
+/// mark names the run by the path it was started through; the same file through
+/// another path (a symlink, `..`) is the same run ([`Mark`]).
 pub fn marked_processes(metrics: &str) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let me = std::process::id();
+    let mark = Mark::new(metrics);
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me && carries_mark(pid, metrics))
+        .filter(|&pid| pid != me && mark.carried_by(pid))
         .collect()
 }
 
 /// Every live process (but this one) whose run mark (`RUBICK_METRICS=PATH`, see
-/// [`marked_processes`]) lies under `prefix`, with its mark: the runs of a state
-/// directory, recorded or not. A scan of /proc.
+/// [`marked_processes`]) lies under the directory `prefix` (canonical, ending in `/`),
+/// with its mark made canonical: the runs of a state directory, recorded or not, also
+/// those started through another path to it. A scan of /proc.
 pub fn marked_under(prefix: &str) -> Vec<(u32, String)> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let me = std::process::id();
-    let key = format!("RUBICK_METRICS={prefix}");
     // No `stat` first: a zombie's environment cannot be read (ESRCH), so it carries no
     // mark, and one read a process is half the cost of a scan (apply's no-op round).
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me)
         .filter_map(|pid| {
-            let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-            let mark = env.split(|b| *b == 0).find(|v| v.starts_with(key.as_bytes()))?;
-            let mark = std::str::from_utf8(mark).ok()?.strip_prefix("RUBICK_METRICS=")?.to_owned();
-            Some((pid, mark))
+            let mark = mark_of(pid)?;
+            if mark.starts_with(prefix) {
+                return Some((pid, mark));
+            }
+            let canonical = canonical_mark(&mark)?;
+            canonical.starts_with(prefix).then_some((pid, canonical))
         })
         .collect()
+}
+
+/// The run mark process `pid` carries (`RUBICK_METRICS`), if it lives and has one.
+fn mark_of(pid: u32) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let mark = env.split(|b| *b == 0).find_map(|v| v.strip_prefix(b"RUBICK_METRICS="))?;
+    std::str::from_utf8(mark).ok().map(str::to_owned)
+}
+
+/// A mark's path with its directory resolved (symlinks, `.` and `..`), if that exists.
+fn canonical_mark(mark: &str) -> Option<String> {
+    let path = std::path::Path::new(mark);
+    let dir = path.parent()?.canonicalize().ok()?;
+    Some(dir.join(path.file_name()?).to_str()?.to_owned())
+}
+
+/// A run's mark as searched for: its text, and its canonical form (resolved once, when
+/// first needed) for processes started through another path to the same run directory.
+struct Mark<'a> {
+    text: &'a str,
+    canonical: std::cell::OnceCell<Option<String>>,
+}
+
+impl<'a> Mark<'a> {
+    fn new(text: &'a str) -> Mark<'a> {
+        Mark { text, canonical: std::cell::OnceCell::new() }
+    }
+
+    /// Whether process `pid` lives (not a zombie: its environment cannot be read) and
+    /// carries this mark, through whichever path.
+    fn carried_by(&self, pid: u32) -> bool {
+        let Some(found) = mark_of(pid) else { return false };
+        if found == self.text {
+            return true;
+        }
+        if Path::new(&found).file_name() != Path::new(self.text).file_name() {
+            return false;
+        }
+        let canonical = self.canonical.get_or_init(|| canonical_mark(self.text));
+        canonical.is_some() && canonical_mark(&found) == *canonical
+    }
 }
 
 /// What `/proc/PID/stat` says of a process.
@@ -101,34 +168,55 @@ pub fn proc_stat(pid: u32) -> Option<ProcStat> {
 }
 
 /// Whether process `pid` lives (not a zombie) and carries the mark of the run whose
-/// metrics file is `metrics` (see [`marked_processes`]): one process, no scan.
+/// metrics file is `metrics`, through whichever path (see [`marked_processes`]): one
+/// process, no scan.
 pub fn carries_mark(pid: u32, metrics: &str) -> bool {
-    // A zombie's environment cannot be read (ESRCH): it carries no mark.
-    let marker = format!("RUBICK_METRICS={metrics}");
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
+    Mark::new(metrics).carried_by(pid)
 }
 
-/// Signals every process of a run: its process group and [`marked_processes`].
+/// Signals every process of a run: those that carry its mark `metrics` (see
+/// [`marked_processes`]), each checked at the moment of signalling ([`signal_marked`]).
+/// Never a process group: a group id outlives nothing it can be trusted with.
 ///
 /// A `KILL` also reaches their descendants, first: what the run wrapper (a child
 /// subreaper, marked) holds that carries no mark (a helper started with `env -i` in a
 /// session of its own) would otherwise be re-parented to init once the wrapper dies,
-/// and outlive the run.
-pub fn signal_run(pgid: Option<u32>, metrics: &str, signal: RunSignal) {
+/// and outlive the run. Each is checked, when signalled, to be still the child of one
+/// of the run's processes.
+pub fn signal_run(metrics: &str, signal: RunSignal) {
     let marked = marked_processes(metrics);
     if matches!(signal, RunSignal::Kill) {
-        // Of the marked processes only: a group id may have been reused.
-        for pid in descendants_of(&marked).into_iter().filter_map(pid_of) {
-            let _ = rustix::process::kill_process(pid, signal.raw());
+        let unmarked = descendants_of(&marked);
+        let family: std::collections::BTreeSet<u32> = marked.iter().chain(&unmarked).copied().collect();
+        for pid in unmarked {
+            send_checked(pid, signal, |pid| proc_stat(pid).is_some_and(|s| !s.zombie && family.contains(&s.ppid)));
         }
     }
-    if let Some(pgid) = pgid {
-        signal_group(pgid, signal);
+    for pid in marked {
+        signal_marked(pid, metrics, signal);
     }
-    for pid in marked.into_iter().filter_map(pid_of) {
-        let _ = rustix::process::kill_process(pid, signal.raw());
+}
+
+/// Whether `pid` is a live (not zombie) descendant of `root`, by its chain of parents
+/// as `/proc` says now (the check [`send_checked`] makes for a process found by ancestry).
+pub fn descends_from(pid: u32, root: u32) -> bool {
+    let mut at = pid;
+    // A chain of parents is finite; the bound only guards against a /proc that lies.
+    for _ in 0..4096 {
+        match proc_stat(at) {
+            Some(s) if !s.zombie || at != pid => {
+                if s.ppid == root {
+                    return true;
+                }
+                if s.ppid <= 1 {
+                    return false;
+                }
+                at = s.ppid;
+            }
+            _ => return false,
+        }
     }
+    false
 }
 
 /// Live (not zombie) processes whose ancestry leads to `root`, from `/proc`.
@@ -157,17 +245,6 @@ pub fn descendants_of(roots: &[u32]) -> Vec<u32> {
         }
     }
     found.into_iter().collect()
-}
-
-/// Whether `pid` is a live (not zombie) member of process group `pgid`.
-pub fn in_group(pid: u32, pgid: u32) -> bool {
-    proc_stat(pid).is_some_and(|s| !s.zombie && s.pgrp == pgid)
-}
-
-/// Non-zombie processes of process group `pgid` (a scan of /proc).
-pub fn group_members(pgid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).filter(|pid| in_group(*pid, pgid)).collect()
 }
 
 /// The exit status a wait reports: the code, or 128 + the signal.

@@ -34,9 +34,9 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use rubick_io::files::write_atomic;
-use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::process::{Pid, WaitOptions};
 
-use crate::proc::{descendants, pid_of};
+use crate::proc::{RunSignal, descendants, descends_from, send_checked};
 
 /// The hidden first argument that makes a tool the run wrapper.
 pub const SUBCOMMAND: &str = "__rubick-run-wrapper";
@@ -247,8 +247,9 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         // (however the supervisor ended) takes the run down at once.
         std::thread::spawn(|| {
             let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-            for pid in descendants(std::process::id()).into_iter().filter_map(pid_of) {
-                let _ = rustix::process::kill_process(pid, Signal::KILL);
+            let me = std::process::id();
+            for pid in descendants(me) {
+                send_checked(pid, RunSignal::Kill, |pid| descends_from(pid, me));
             }
         });
     }
@@ -280,10 +281,11 @@ fn end_descendants(grace: Duration) {
         if left.is_empty() {
             break;
         }
-        let signal = if start.elapsed() >= grace { Signal::KILL } else { Signal::TERM };
-        if signal == Signal::KILL || !termed {
-            for pid in left.iter().copied().filter_map(pid_of) {
-                let _ = rustix::process::kill_process(pid, signal);
+        let signal = if start.elapsed() >= grace { RunSignal::Kill } else { RunSignal::Term };
+        if signal == RunSignal::Kill || !termed {
+            let me = std::process::id();
+            for pid in left.iter().copied() {
+                send_checked(pid, signal, |pid| descends_from(pid, me));
             }
             termed = true;
         }

@@ -34,8 +34,31 @@ pub fn job_inputs(
             (Some((_, schedule)), Some(&k)) => schedule.assignments[k].nodes.iter().map(|n| n.node.as_str()).collect(),
             _ => job.current.iter().flat_map(|c| c.nodes.iter().map(String::as_str)).collect(),
         };
-        if let Some(gone) = previous_nodes.iter().find(|n| hosted && node_by_name(cluster, n).is_none()) {
-            tracing::warn!("`{}`: its node `{gone}` is not in cluster `{}` now: its run moves", job.name, cluster.name);
+        // A GPU the node no longer has (its group's `gpusPerNode` went down: a GPU failed
+        // and was taken out) is a resource that left, like a drained node: the run moves.
+        let previous_gpus: Vec<(&str, u32)> = match (previous, assigned.get(job.name.as_str())) {
+            (Some((_, schedule)), Some(&k)) => schedule.assignments[k]
+                .nodes
+                .iter()
+                .filter_map(|n| Some((n.node.as_str(), n.gpus.iter().copied().max()?)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let gone_node = previous_nodes.iter().find(|n| hosted && node_by_name(cluster, n).is_none());
+        let gone_gpu = previous_gpus.iter().find_map(|&(node, top)| {
+            let (g, _) = node_by_name(cluster, node)?;
+            let per_node = cluster.node_groups[g].gpus_per_node;
+            (top >= per_node).then(|| {
+                format!(
+                    "GPU {top} of node `{node}` is not in cluster `{}` now (it has {per_node} per node)",
+                    cluster.name
+                )
+            })
+        });
+        let gone =
+            gone_node.map(|gone| format!("its node `{gone}` is not in cluster `{}` now", cluster.name)).or(gone_gpu);
+        if let Some(gone) = gone {
+            tracing::warn!("`{}`: {gone}: its run moves", job.name);
             let allowed =
                 job.current.as_ref().map_or(Restriction::Any, |c| Restriction::of_checkpoint(&c.plan, job.resharding));
             let restarts = job.current.as_ref().map_or(0, |c| c.restarts);

@@ -147,7 +147,11 @@ pub(crate) fn apply(
     lap("schedule checked");
     refresh(&dir, &mut state, backend.as_ref())?;
     lap("runs refreshed");
-    dir.save(&state)?;
+    // No write failure holds a stop back (a full disk): the round's stops save their
+    // intent themselves, or leave a mark; a start is never made without its record.
+    if let Err(e) = dir.save(&state) {
+        tracing::warn!("{e:#}: the round goes on; the state is written when it can be");
+    }
     lap("state saved");
     let desired = desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
     let actual: BTreeMap<String, Allocation> = state
@@ -234,16 +238,25 @@ pub(crate) fn apply(
             continue;
         }
         let rec = state.jobs.get_mut(job).context("a desired job has a record")?;
-        rec.attempts += 1;
-        // Never an attempt directory that exists: its files are another run's.
-        while dir.attempt_dir(job, rec.attempts).exists() {
-            tracing::warn!(
-                "`{job}`: {} exists already; skipping that attempt number",
-                dir.attempt_dir(job, rec.attempts).display()
-            );
-            rec.attempts += 1;
-        }
-        let attempt = rec.attempts;
+        // Never an attempt directory that exists: its files are another run's. Never past
+        // the bound either (a counter that wrapped would name attempt 0).
+        let next = (rec.attempts + 1..=state::MAX_ATTEMPTS).find(|&a| {
+            let exists = dir.attempt_dir(job, a).exists();
+            if exists {
+                tracing::warn!(
+                    "`{job}`: {} exists already; skipping that attempt number",
+                    dir.attempt_dir(job, a).display()
+                );
+            }
+            !exists
+        });
+        let Some(attempt) = next else {
+            let why = format!("{job}: not started: it has used all {} attempts a job may have", state::MAX_ATTEMPTS);
+            eprintln!("{why}");
+            start_failures.push(why);
+            continue;
+        };
+        rec.attempts = attempt;
         // Cores no other run holds, the ones recorded just before included.
         let cores = if backend.name() == "local" {
             let held: Vec<u32> = state_cores(&state, job);

@@ -102,7 +102,7 @@ pub enum Command {
         /// by a signal, a crash). Exit 2 (the contract's bad plan) marks the plan
         /// unsupported: never offered again, the job queued for another, failed after
         /// 3 refused plans. Out of memory (exit 3, the `oom` event) is permanent
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(..=i64::from(state::MAX_RETRIES)))]
         retries: u32,
         /// Replace a job of the same name that is stopped, failed or finished: a new
         /// incarnation, with fresh attempt and checkpoint directories (the old ones are
@@ -497,7 +497,14 @@ fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
 
 fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args, false);
-    let (mut state, backend) = refreshed(&dir)?;
+    // A stop signals first and records after: what the refresh learnt (another run's
+    // end) is written when it can be, never before the signal (a full disk).
+    let mut state = dir.load()?;
+    let backend = runs::state_backend(&dir, &state)?;
+    refresh(&dir, &mut state, backend.as_ref())?;
+    if let Err(e) = dir.save(&state) {
+        tracing::warn!("{e:#}: stopping `{job}` all the same; the state is written when it can be");
+    }
     let was = record(&dir, &state, job)?.status;
     // The intent first, saved with the run's phase (stopping) before any signal: a stop
     // killed midway is finished as a stop by the next command, never repaired into a

@@ -10,9 +10,29 @@ use rubick_launch::RunStatus;
 use crate::MAX_REFUSED_PLANS;
 use crate::state::{JobRecord, JobStatus};
 
-/// The job after its run ended with `status` (its exit code `code`, none when unknown):
-/// status, reason, exit code, retries and unsupported plans updated, the run cleared.
-pub fn after(rec: &mut JobRecord, code: Option<i32>, status: RunStatus) {
+/// How far a run that ended got, as its metric lines say: what tells a job that is done
+/// from one that exited 0 short of its iterations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reached {
+    /// The highest iteration any of the job's runs reported (this one included).
+    pub iterations_done: u64,
+    /// Whether this run reported an iteration of its own.
+    pub progressed: bool,
+    /// The iteration of this run's last checkpoint, when it reported one.
+    pub checkpointed: Option<u64>,
+}
+
+/// The job after its run ended with `status` (its exit code `code`, none when unknown)
+/// having `reached` so far: status, reason, exit code, retries and unsupported plans
+/// updated, the run cleared.
+///
+/// Exit 0 is the job done only when its metric lines reach its iterations (or it never
+/// reported any: then its word is all there is). Short of them, exit 0 is a stop
+/// rubick-run did not send (a user's signal, a framework's at shutdown): after a
+/// checkpoint and some progress of its own, the job is queued to resume (no retry
+/// spent); without either, it is a failure (a retry spent), so that a script that
+/// always exits early cannot be restarted for ever.
+pub fn after(rec: &mut JobRecord, code: Option<i32>, status: RunStatus, reached: Reached) {
     let plan = rec.run.as_ref().map(|r| r.plan);
     let plan_text = plan.map_or_else(String::new, |p| p.to_string());
     let name = rec.job.name.clone();
@@ -23,7 +43,34 @@ pub fn after(rec: &mut JobRecord, code: Option<i32>, status: RunStatus) {
             tracing::warn!("`{name}` was preempted by the backend's scheduler: queued again");
             (JobStatus::Queued, "preempted by the backend's scheduler (or its node failed)".to_owned())
         }
-        RunStatus::Ok => (JobStatus::Finished, "finished".to_owned()),
+        RunStatus::Ok if reached.iterations_done == 0 || reached.iterations_done >= rec.job.iterations => {
+            (JobStatus::Finished, "finished".to_owned())
+        }
+        RunStatus::Ok if reached.progressed && reached.checkpointed.is_some() => {
+            let (done, total) = (reached.iterations_done, rec.job.iterations);
+            tracing::warn!(
+                "`{name}` exited 0 at iteration {done} of {total} after a checkpoint: stopped by a signal rubick-run did not send; queued to resume"
+            );
+            (
+                JobStatus::Queued,
+                format!(
+                    "exit 0 at iteration {done} of {total} after its checkpoint at {}: stopped by someone else (a signal rubick-run did not send); queued to resume",
+                    reached.checkpointed.unwrap_or(done)
+                ),
+            )
+        }
+        RunStatus::Ok => {
+            let (done, total) = (reached.iterations_done, rec.job.iterations);
+            let what = if reached.progressed { "without a checkpoint" } else { "without progress" };
+            let short = format!("exit 0 at iteration {done} of {total} {what}");
+            if rec.retries_left > 0 {
+                rec.retries_left -= 1;
+                tracing::warn!("`{name}`: {short}: not finished; retried ({} retries left)", rec.retries_left);
+                (JobStatus::Queued, format!("{short} under {plan_text}: retried ({} retries left)", rec.retries_left))
+            } else {
+                (JobStatus::Failed, format!("{short} under {plan_text}: not finished, no retries left"))
+            }
+        }
         // Exit 2 is about the plan: never offered again; another plan may run. A script
         // that refuses plan after plan has a bad argument, not a bad plan.
         RunStatus::Unsupported if let Some(plan) = plan => {
@@ -124,7 +171,9 @@ mod tests {
 
     fn end(rec: &mut JobRecord, end: &How) {
         match end {
-            How::Ran(code, status) => after(rec, *code, *status),
+            How::Ran(code, status) => {
+                after(rec, *code, *status, Reached { iterations_done: 100, ..Reached::default() })
+            }
             How::Lost(why) => lost(rec, why),
         }
     }
@@ -165,6 +214,35 @@ mod tests {
             assert_eq!(rec.job.unsupported_plans.len(), unsupported, "{how:?}");
             assert!(rec.reason.as_deref().is_some_and(|r| r.contains(why)), "{how:?}: {:?}", rec.reason);
             assert!(rec.run.is_none(), "{how:?}: the run is over");
+        }
+    }
+
+    /// Found by an adversarial pass: "a run that checkpoints and exits 0 after a signal
+    /// rubick-run did not send (a user's `kill -USR1`, a torchtitan rank's SIGTERM at
+    /// shutdown) is recorded `finished` at 11 of 100000 iterations and never scheduled
+    /// again".
+    #[test]
+    fn exit_0_is_finished_only_once_the_iterations_are_reached() {
+        let reached = |done: u64, progressed: bool, checkpointed: Option<u64>| Reached {
+            iterations_done: done,
+            progressed,
+            checkpointed,
+        };
+        // (what it reached, retries) -> (status, retries after, reason holds)
+        let cases = [
+            (reached(100, true, Some(100)), 1, JobStatus::Finished, 1, "finished"),
+            (reached(0, false, None), 1, JobStatus::Finished, 1, "finished"),
+            (reached(11, true, Some(11)), 1, JobStatus::Queued, 1, "iteration 11 of 100 after its checkpoint at 11"),
+            (reached(11, true, Some(11)), 0, JobStatus::Queued, 0, "stopped by someone else"),
+            (reached(11, true, None), 1, JobStatus::Queued, 0, "without a checkpoint"),
+            (reached(11, false, Some(11)), 1, JobStatus::Queued, 0, "without progress"),
+            (reached(11, false, Some(11)), 0, JobStatus::Failed, 0, "not finished, no retries left"),
+        ];
+        for (r, retries, status, retries_after, why) in cases {
+            let mut rec = running(retries, &[]);
+            after(&mut rec, Some(0), RunStatus::Ok, r);
+            assert_eq!((rec.status, rec.retries_left), (status, retries_after), "{r:?}");
+            assert!(rec.reason.as_deref().is_some_and(|x| x.contains(why)), "{r:?}: {:?}", rec.reason);
         }
     }
 

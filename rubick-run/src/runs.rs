@@ -117,13 +117,13 @@ fn stop_unrecorded(dir: &StateDir, state: &State) {
             timeout.as_secs_f64()
         );
         use rubick_launch::proc::{RunSignal, marked_processes, signal_run};
-        signal_run(None, &mark, RunSignal::Stop(signal));
+        signal_run(&mark, RunSignal::Stop(signal));
         let start = Instant::now();
         while !marked_processes(&mark).is_empty() && start.elapsed() < timeout {
             std::thread::sleep(Duration::from_millis(100));
         }
         if !marked_processes(&mark).is_empty() {
-            signal_run(None, &mark, RunSignal::Kill);
+            signal_run(&mark, RunSignal::Kill);
         }
     }
 }
@@ -247,7 +247,14 @@ pub(crate) fn ended(rec: &mut JobRecord, end: Exit, attempt_dir: &Path) {
     if let Some(note) = &end.note {
         rubick_launch::contract::append(&attempt_dir.join("log.txt"), note);
     }
-    lifecycle::after(rec, end.code, classify(&end, attempt_dir));
+    let progress = backends::progress_and_checkpoint(attempt_dir, rec.job.iterations);
+    rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
+    let reached = lifecycle::Reached {
+        iterations_done: rec.iterations_done,
+        progressed: progress.last.is_some(),
+        checkpointed: progress.checkpointed,
+    };
+    lifecycle::after(rec, end.code, classify(&end, attempt_dir), reached);
 }
 
 /// Distinct plans a job may refuse (exit 2) before it is failed rather than requeued.

@@ -3,8 +3,9 @@
 //! ```text
 //! DIR/state.yaml        every job: its spec, status, current run, restarts, reconfigurations
 //! DIR/state.cache.json  the same, parsed faster; used only while it matches state.yaml
-//! DIR/state.seal        state.yaml's identity when this build last wrote or checked it:
-//!                       while it holds, no process search for runs without a record
+//! DIR/state.seal        state.yaml's and the cache's identities when this build last
+//!                       wrote or checked them: while they hold, the cache is read and
+//!                       no process search for runs without a record is made
 //! DIR/current.yaml      the schedule as last applied (the planner's --current)
 //! DIR/lock              held by the one rubick-run that may act
 //! DIR/jobs/NAME/        checkpoints/ (kept across runs), attempt-N/ (log, metric lines,
@@ -32,6 +33,16 @@ use crate::reconcile::Allocation;
 
 /// The state format this build reads and writes.
 pub const STATE_VERSION: u32 = 1;
+
+/// The most runs a job may have started (`attempts`): far beyond any real job's, and
+/// far from the counter's limit, so that the next start never wraps.
+pub const MAX_ATTEMPTS: u32 = 1_000_000;
+
+/// The most restarts a job may be given (`submit --retries`, `retriesLeft`).
+pub const MAX_RETRIES: u32 = 10_000;
+
+/// CPU core numbers a run may be pinned to are below this (Linux's `NR_CPUS` limit).
+pub const MAX_CORES: u32 = 8192;
 
 /// A job's lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,7 +229,45 @@ impl State {
                     format!("`{}` is not the job's key `{key}`", r.job.name.escape_debug()),
                 ));
             }
+            if r.attempts > MAX_ATTEMPTS {
+                return Err(ValidationError::new(
+                    at("attempts"),
+                    format!("{} is more runs than any job may start (at most {MAX_ATTEMPTS})", r.attempts),
+                ));
+            }
+            if r.retries_left > MAX_RETRIES {
+                return Err(ValidationError::new(
+                    at("retriesLeft"),
+                    format!("{} is more than a job may be given (at most {MAX_RETRIES})", r.retries_left),
+                ));
+            }
+            let time = |field: &str, t: f64| {
+                if t.is_finite() && t >= 0.0 {
+                    Ok(())
+                } else {
+                    Err(ValidationError::new(at(field), format!("{t} is not a time (non-negative seconds)")))
+                }
+            };
+            time("submittedUnixS", r.submitted_unix_s)?;
+            if let Some(t) = r.first_started_unix_s {
+                time("firstStartedUnixS", t)?;
+            }
+            for (k, c) in r.reconfigurations.iter().enumerate() {
+                time(&format!("reconfigurations[{k}].stopS"), c.stop_s)?;
+                if let Some(t) = c.checkpoint_save_s {
+                    time(&format!("reconfigurations[{k}].checkpointSaveS"), t)?;
+                }
+                if let Some(t) = c.first_iteration_s {
+                    time(&format!("reconfigurations[{k}].firstIterationS"), t)?;
+                }
+            }
             if let Some(run) = &r.run {
+                if let Some(&core) = run.cores.iter().find(|&&c| c >= MAX_CORES) {
+                    return Err(ValidationError::new(
+                        at("run.cores"),
+                        format!("{core} is not a CPU core of any machine (at most {})", MAX_CORES - 1),
+                    ));
+                }
                 if run.attempt == 0 || run.attempt > r.attempts {
                     return Err(ValidationError::new(
                         at("run.attempt"),
@@ -252,6 +301,49 @@ impl State {
                     at("submittedFrom"),
                     format!("`{}` is not an absolute path", from.display()),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every run's handle checked against the state directory `root` (canonical) and the
+    /// state's backend: a handle is what a stop signals, so it must be one this state's
+    /// backend wrote for that very run (a local or Kubernetes handle names the run's own
+    /// `ROOT/jobs/KEY/attempt-N`; a local group id is above 1; a Slurm handle is a job
+    /// id). A handle that names anything else (a bare group id, `1`, another state's run)
+    /// is refused: nothing would be signalled through it. The error names the field.
+    pub fn check_handles(&self, root: &Path) -> Result<(), rubick_core::ValidationError> {
+        use rubick_core::ValidationError;
+        let backend = self.backend.as_deref().unwrap_or("local");
+        for (key, r) in &self.jobs {
+            let Some(run) = &r.run else { continue };
+            let Some(text) = &run.handle else { continue };
+            let field = format!("jobs.{key:?}.run.handle");
+            let handle = rubick_launch::Handle::parse(backend, text).ok_or_else(|| {
+                let want = match backend {
+                    "local" => "PGID@DIR (a process group id above 1 and the run's directory)",
+                    "slurm" => "a Slurm job id",
+                    "kubernetes" => "NAME@DIR (the run's resources and its directory)",
+                    _ => "a handle of a known backend",
+                };
+                ValidationError::new(
+                    &field,
+                    format!("`{}` is not a {backend} run's handle: expected {want}", text.escape_debug()),
+                )
+            })?;
+            if let Some(dir) = handle.dir() {
+                let own = root.join("jobs").join(key).join(format!("attempt-{}", run.attempt));
+                if !same_path(dir, &own) {
+                    return Err(ValidationError::new(
+                        &field,
+                        format!(
+                            "`{}` names {}, not this run's directory {}: it is refused (a stop would signal another run)",
+                            text.escape_debug(),
+                            dir.display(),
+                            own.display()
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
@@ -297,9 +389,15 @@ pub struct StateDir {
     identity: std::sync::Mutex<Option<String>>,
 }
 
-/// Where the identity of the `state.yaml` this build last wrote, or last found to
-/// agree with the live runs, is kept: see [`StateDir::sealed`].
+/// Where the identities of the `state.yaml` (and of its cache) this build last wrote, or
+/// last found to agree with the live runs, are kept: see [`StateDir::sealed`].
 pub const SEAL_FILE: &str = "state.seal";
+
+/// Whether two paths name the same file or directory: equal, or equal once resolved
+/// (symlinks, `.`, `..`) where they exist.
+pub fn same_path(a: &Path, b: &Path) -> bool {
+    a == b || a.canonicalize().is_ok_and(|a| b.canonicalize().is_ok_and(|b| a == b))
+}
 
 /// A file's identity as the file system tells it (device, inode, modification time to
 /// the nanosecond, length): any write, copy or restore of the file changes it.
@@ -310,7 +408,7 @@ fn file_identity(path: &Path) -> Option<String> {
 }
 
 impl StateDir {
-    /// Opens (with `create`: makes) the state directory at `root`, made absolute once, and
+    /// Opens (with `create`: makes) the state directory at `root`, resolved once, and
     /// takes its lock, waiting up to `wait` for a round in progress; then fails with a
     /// message saying so (the caller exits 1). Without `create`, a directory that holds
     /// no state is an error.
@@ -324,6 +422,9 @@ impl StateDir {
         }
         std::fs::create_dir_all(root)
             .with_context(|| format!("{}: cannot create the state directory", root.display()))?;
+        // Resolved once (symlinks, `..`): the runs' marks, handles and directories name
+        // the state by this one path, whichever path a command was given.
+        let root = &root.canonicalize().with_context(|| format!("{}: cannot resolve", root.display()))?;
         let path = root.join("lock");
         let lock = File::options()
             .create(true)
@@ -377,15 +478,17 @@ impl StateDir {
     /// The state (empty when there is none yet). A newer format is refused.
     pub fn load(&self) -> anyhow::Result<State> {
         let path = self.state_path();
-        // Taken before the read: a change in between reads as unsealed (the safe side).
-        *self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = file_identity(&path);
+        // Taken before the reads: a change in between reads as unsealed (the safe side).
+        let yaml_id = file_identity(&path);
+        let cache_id = file_identity(&self.root.join(CACHE_FILE));
+        self.set_identity(yaml_id.as_deref(), cache_id.as_deref());
         if !path.exists() {
             return Ok(State::default());
         }
         let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read", path.display()))?;
         let key = cache_key(text.as_bytes());
         let valid = |state: State| -> anyhow::Result<State> {
-            state.validate().map_err(|e| {
+            state.validate().and_then(|()| state.check_handles(&self.root)).map_err(|e| {
                 anyhow::anyhow!(
                     "{}: {e}; the state is refused as it is (fix or restore it; nothing was done)",
                     path.display()
@@ -393,7 +496,10 @@ impl StateDir {
             })?;
             Ok(state)
         };
-        if let Some(state) = self.cached(&key) {
+        // The cache only while the seal vouches for both files as this build left them.
+        if self.sealed()
+            && let Some(state) = self.cached(&key)
+        {
             let state = valid(state)?;
             *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(state.clone());
             return Ok(state);
@@ -425,9 +531,19 @@ impl StateDir {
             return Err(newer(state.version));
         }
         let state = valid(state)?;
+        // A new cache is a new file: not the one the seal vouched for, so the state reads
+        // as unsealed until a search for unrecorded runs seals it.
         self.write_cache(&key, &state);
+        self.set_identity(yaml_id.as_deref(), file_identity(&self.root.join(CACHE_FILE)).as_deref());
         *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(state.clone());
         Ok(state)
+    }
+
+    /// What this process knows of the two files the seal vouches for: `state.yaml`'s
+    /// identity and the cache's (none when `state.yaml` is absent).
+    fn set_identity(&self, yaml: Option<&str>, cache: Option<&str>) {
+        *self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            yaml.map(|y| format!("{y}\n{}", cache.unwrap_or("-")));
     }
 
     /// The cached state, if the cache is a copy of the YAML whose key is `key`.
@@ -463,17 +579,19 @@ impl StateDir {
         write_private(&self.state_path(), yaml.as_bytes())?;
         self.write_cache(&cache_key(yaml.as_bytes()), state);
         *on_disk = Some(state.clone());
-        *self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = file_identity(&self.state_path());
+        let yaml_id = file_identity(&self.state_path());
+        self.set_identity(yaml_id.as_deref(), file_identity(&self.root.join(CACHE_FILE)).as_deref());
         self.seal();
         Ok(())
     }
 
-    /// Whether the `state.yaml` this process read is the very file this build last
-    /// wrote or found to agree with the live runs ([`StateDir::seal`]): not edited,
-    /// copied or restored since. Only then may a command trust that every live run of
-    /// the directory has its record, and skip the search of all processes for runs
-    /// without one. A missing or unreadable seal, or a state that was absent, is not
-    /// sealed.
+    /// Whether the `state.yaml` this process read, and the cache beside it, are the very
+    /// files this build last wrote or found to agree with the live runs
+    /// ([`StateDir::seal`]): not edited, copied or restored since. Only then is the cache
+    /// read, and may a command trust that every live run of the directory has its
+    /// record and skip the search of all processes for runs without one. A missing or
+    /// unreadable seal, a cache that is not the one sealed (edited under its first line,
+    /// rewritten, lost), or a state that was absent, is not sealed.
     pub fn sealed(&self) -> bool {
         let identity = self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         identity.is_some_and(|id| std::fs::read_to_string(self.root.join(SEAL_FILE)).is_ok_and(|s| s == id))
@@ -521,9 +639,14 @@ mod tests {
         let cache = std::fs::read_to_string(root.path().join(CACHE_FILE)).unwrap();
         assert_eq!(cache.lines().next(), Some(cache_key(yaml.as_bytes()).as_str()));
         assert_eq!(dir.load().unwrap(), state);
-        // A cache keyed by this YAML is what a load reads (one that says otherwise is
-        // believed: the proof that it is read)...
+        // A cache keyed by this YAML, written and sealed by this build, is what a load
+        // reads (one that says otherwise is believed: the proof that it is read)...
         dir.write_cache(&cache_key(yaml.as_bytes()), &State { round: Some(4), ..State::default() });
+        dir.set_identity(
+            file_identity(&dir.state_path()).as_deref(),
+            file_identity(&root.path().join(CACHE_FILE)).as_deref(),
+        );
+        dir.seal();
         assert_eq!(dir.load().unwrap().round, Some(4));
         // ...and any change to state.yaml (a hand edit) outdates it: the YAML is parsed,
         // and the cache written again for it.
@@ -536,6 +659,107 @@ mod tests {
         // A cache that is not JSON of a state is passed over.
         std::fs::write(root.path().join(CACHE_FILE), format!("{}\n{{garbage", cache_key(edited.as_bytes()))).unwrap();
         assert_eq!(dir.load().unwrap().round, Some(5));
+    }
+
+    /// Found by an adversarial pass: "a `state.cache.json` edited under its unchanged
+    /// first line (run removed, status queued) is trusted and the search for unrecorded
+    /// runs is skipped: `stop` reaches nothing, `delete` orphans the wrapper and its
+    /// child".
+    #[test]
+    fn a_cache_edited_under_its_first_line_is_not_read_and_unseals_the_state() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(root.path(), Duration::ZERO, true).unwrap().unwrap();
+        dir.save(&State { round: Some(3), ..State::default() }).unwrap();
+        assert_eq!(dir.load().unwrap().round, Some(3));
+        assert!(dir.sealed());
+        let cache = root.path().join(CACHE_FILE);
+        let text = std::fs::read_to_string(&cache).unwrap();
+        let edited = text.replace("\"round\":3", "\"round\":9");
+        assert_ne!(edited, text);
+        std::fs::write(&cache, &edited).unwrap();
+        assert_eq!(dir.load().unwrap().round, Some(3), "state.yaml is the record, not an edited cache");
+        assert!(!dir.sealed(), "a cache not the one sealed: the runs must be searched for");
+        dir.seal();
+        assert_eq!(dir.load().unwrap().round, Some(3));
+        assert!(dir.sealed(), "searched, sealed again with the cache written anew");
+    }
+
+    /// Found by an adversarial pass: "`State::validate` does not check `run.handle`. A
+    /// plain number is taken as an older state's process-group id and `stop` calls
+    /// `kill(-pgid)`": `'1'` is every process, a foreign group's id kills it, and
+    /// `PGID@<another state>/jobs/a/attempt-1` stops another state's run.
+    #[test]
+    fn a_handle_is_accepted_only_when_it_names_this_runs_own_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(root.path(), Duration::ZERO, true).unwrap().unwrap();
+        let own = dir.attempt_dir("a", 1);
+        std::fs::create_dir_all(&own).unwrap();
+        let state = |handle: &str, backend: Option<&str>| {
+            let mut rec = crate::lifecycle::record(1, "running", Some(handle), 1, &[]);
+            rec.job.name = "a".into();
+            State { backend: backend.map(str::to_owned), jobs: [("a".to_owned(), rec)].into(), ..State::default() }
+        };
+        let other = tempfile::tempdir().unwrap();
+        let refused = [
+            "1".to_owned(),
+            "4242".to_owned(),
+            "0@/x".to_owned(),
+            format!("1@{}", own.display()),
+            format!("-1@{}", own.display()),
+            format!("4242@{}", other.path().join("jobs/a/attempt-1").display()),
+            format!("4242@{}", dir.attempt_dir("a", 2).display()),
+            format!("4242@{}", dir.attempt_dir("b", 1).display()),
+            "4242@jobs/a/attempt-1".to_owned(),
+        ];
+        for text in &refused {
+            let e = state(text, None).check_handles(&dir.root).unwrap_err().to_string();
+            assert!(e.contains("jobs.\"a\".run.handle"), "{text}: {e}");
+        }
+        state(&format!("4242@{}", own.display()), None).check_handles(&dir.root).unwrap();
+        // Through a symlink to the state, the same directory.
+        let link = other.path().join("link");
+        std::os::unix::fs::symlink(&dir.root, &link).unwrap();
+        state(&format!("4242@{}/jobs/a/attempt-1", link.display()), Some("local")).check_handles(&dir.root).unwrap();
+        // Each backend's own form only.
+        state("123", Some("slurm")).check_handles(&dir.root).unwrap();
+        assert!(state("123@/x", Some("slurm")).check_handles(&dir.root).is_err());
+        state(&format!("rubick-a-1@{}", own.display()), Some("kubernetes")).check_handles(&dir.root).unwrap();
+        assert!(state("rubick-a-1@/elsewhere", Some("kubernetes")).check_handles(&dir.root).is_err());
+    }
+
+    /// Found by an adversarial pass: "`attempts: 4294967295` passes validation; the next
+    /// start wraps to attempt 0 and every later command refuses the state, so the live
+    /// run cannot be stopped".
+    #[test]
+    fn counters_and_times_read_from_the_state_are_bounded() {
+        let mut rec = crate::lifecycle::record(1, "running", None, 1, &[]);
+        rec.job.name = "a".into();
+        let ok = State { jobs: [("a".to_owned(), rec.clone())].into(), ..State::default() };
+        ok.validate().unwrap();
+        let cases: [(&str, fn(&mut JobRecord)); 6] = [
+            ("attempts", |r| r.attempts = u32::MAX),
+            ("retriesLeft", |r| r.retries_left = u32::MAX),
+            ("submittedUnixS", |r| r.submitted_unix_s = f64::NAN),
+            ("firstStartedUnixS", |r| r.first_started_unix_s = Some(-1.0)),
+            ("run.cores", |r| r.run.as_mut().unwrap().cores = vec![u32::MAX]),
+            ("reconfigurations[0].stopS", |r| {
+                r.reconfigurations.push(Reconfiguration {
+                    from: "x".into(),
+                    to: None,
+                    stop_s: f64::INFINITY,
+                    clean: true,
+                    checkpointed_iter: None,
+                    checkpoint_save_s: None,
+                    first_iteration_s: None,
+                })
+            }),
+        ];
+        for (field, spoil) in cases {
+            let mut bad = rec.clone();
+            spoil(&mut bad);
+            let e = State { jobs: [("a".to_owned(), bad)].into(), ..State::default() }.validate().unwrap_err();
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        }
     }
 
     #[test]

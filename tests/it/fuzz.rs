@@ -17,6 +17,8 @@ use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator};
 use rubick_milp::Milp;
 use rubick_tests::repo;
 
+mod state;
+
 /// Values that have broken code: zero, negatives, huge, tiny, not-a-number, the integer
 /// limits.
 const ABSURD: &[&str] = &[

@@ -26,3 +26,4 @@ mod run;
 mod schedule;
 mod simulate;
 mod status_and_bounds;
+mod trust;

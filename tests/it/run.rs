@@ -36,7 +36,7 @@ done
 echo "$i" > "$ckpt"
 "#;
 
-fn setup(dir: &Path, iterations: u64) {
+pub(crate) fn setup(dir: &Path, iterations: u64) {
     std::fs::write(dir.join("work.sh"), WORKLOAD).unwrap();
     for name in ["a", "b"] {
         let job = format!(
@@ -91,7 +91,7 @@ fn cron_round(d: &Path, flags: &str) -> (bool, String) {
 
 /// A schedule: `(job, plan, gpus)` on node `local-0`.
 #[allow(clippy::type_complexity)]
-fn schedule(dir: &Path, file: &str, round: u64, jobs: &[(&str, &str, &[u32])]) {
+pub(crate) fn schedule(dir: &Path, file: &str, round: u64, jobs: &[(&str, &str, &[u32])]) {
     let mut text =
         format!("apiVersion: rubick/v1\nkind: Schedule\ncluster: box\nround: {round}\npolicy: test\nassignments:\n");
     for (job, plan, gpus) in jobs {
@@ -105,7 +105,7 @@ fn schedule(dir: &Path, file: &str, round: u64, jobs: &[(&str, &str, &[u32])]) {
     std::fs::write(dir.join(file), text).unwrap();
 }
 
-fn rr(dir: &Path, args: &[&str], failpoint: Option<&str>) -> (Option<i32>, String, String) {
+pub(crate) fn rr(dir: &Path, args: &[&str], failpoint: Option<&str>) -> (Option<i32>, String, String) {
     let mut c = Command::new(binary("rubick-run"));
     c.args(args).arg("--state").arg(dir.join("state")).current_dir(dir).env("NO_COLOR", "1");
     if let Some(p) = failpoint {
@@ -119,36 +119,36 @@ fn rr(dir: &Path, args: &[&str], failpoint: Option<&str>) -> (Option<i32>, Strin
     )
 }
 
-fn ok(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn ok(dir: &Path, args: &[&str]) -> String {
     let (code, out, err) = rr(dir, args, None);
     assert_eq!(code, Some(0), "rubick-run {args:?}: {err}");
     out
 }
 
-fn state(dir: &Path) -> serde_yaml_ng::Value {
+pub(crate) fn state(dir: &Path) -> serde_yaml_ng::Value {
     serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("state/state.yaml")).unwrap()).unwrap()
 }
 
-fn last_iter(dir: &Path, job: &str, attempt: u64) -> u64 {
+pub(crate) fn last_iter(dir: &Path, job: &str, attempt: u64) -> u64 {
     let path = dir.join(format!("state/jobs/{job}/attempt-{attempt}/metrics.jsonl"));
     let text = std::fs::read_to_string(path).unwrap_or_default();
     text.lines().filter_map(|l| l.split("\"iter\":").nth(1)?.split([',', '}']).next()?.parse().ok()).max().unwrap_or(0)
 }
 
-fn first_iter(dir: &Path, job: &str, attempt: u64) -> Option<u64> {
+pub(crate) fn first_iter(dir: &Path, job: &str, attempt: u64) -> Option<u64> {
     let path = dir.join(format!("state/jobs/{job}/attempt-{attempt}/metrics.jsonl"));
     let text = std::fs::read_to_string(path).ok()?;
     text.lines().find_map(|l| l.split("\"iter\":").nth(1)?.split([',', '}']).next()?.parse().ok())
 }
 
 /// Submits `a` (after [`setup`]) and starts it on slot 0 at DP 1 (`r1.yaml`).
-fn start_a(d: &Path) {
+pub(crate) fn start_a(d: &Path) {
     ok(d, &["submit", "a.yaml"]);
     schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
     ok(d, &["apply", "r1.yaml"]);
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -158,7 +158,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 /// Live processes running the stand-in for `dir` (by their command line), without the
 /// stand-in's own short-lived subshells (forks that share its command line).
-fn workers(dir: &Path) -> Vec<String> {
+pub(crate) fn workers(dir: &Path) -> Vec<String> {
     let needle = dir.join("work.sh").display().to_string();
     let found: Vec<(u32, u32, String)> = std::fs::read_dir("/proc")
         .unwrap()
@@ -1692,10 +1692,10 @@ fn unmarked_setsid_helpers_do_not_survive_a_stop() {
 }
 
 /// A tmpfs of `size` mounted on `dir` (root only), unmounted when dropped.
-struct SmallDisk(std::path::PathBuf);
+pub(crate) struct SmallDisk(std::path::PathBuf);
 
 impl SmallDisk {
-    fn mount(dir: &Path, size: &str) -> Result<SmallDisk, String> {
+    pub(crate) fn mount(dir: &Path, size: &str) -> Result<SmallDisk, String> {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])

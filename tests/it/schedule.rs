@@ -436,3 +436,40 @@ fn a_script_that_implements_the_newer_dimensions_gets_them_where_they_pay() {
     assert!(space.lines().next().unwrap().contains("recompute,sequence_parallel,virtual_stages"), "{space}");
     assert!(space.contains("-sp-sel,") && space.contains("-vp2"), "{space}");
 }
+
+/// Found by an adversarial pass (issue 40, 12): "A cluster that loses a GPU
+/// (`gpusPerNode: 2` -> 1) makes every cron round exit 2 ('assignments[1].nodes[0].gpus:
+/// GPU 1 does not exist') until `current.yaml` is fixed by hand: the round should treat
+/// the vanished GPU like a drained node and move the job".
+#[test]
+fn a_gpu_that_left_the_cluster_moves_its_job_like_a_drained_node() {
+    let dir = temp();
+    let (cluster, jobs) = (data("cluster-a800-8x8.yaml"), data("jobs-paper.yaml"));
+    let run =
+        run_in(dir.path(), "rubick-plan", &["schedule", "--cluster", &cluster, "--jobs", &jobs, "-o", "round0.yaml"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let round0 = schedule_of(&dir.path().join("round0.yaml"));
+    let on_high: Vec<&str> = round0
+        .assignments
+        .iter()
+        .filter(|a| a.nodes.iter().any(|n| n.gpus.iter().any(|&g| g >= 4)))
+        .map(|a| a.job.as_str())
+        .collect();
+    assert!(!on_high.is_empty(), "some job runs on GPUs 4-7 of a node");
+    // Every node loses its GPUs 4-7.
+    let text = std::fs::read_to_string(&cluster).unwrap();
+    assert!(text.contains("gpusPerNode: 8"), "{text}");
+    std::fs::write(dir.path().join("smaller.yaml"), text.replace("gpusPerNode: 8", "gpusPerNode: 4")).unwrap();
+    let args =
+        ["schedule", "--cluster", "smaller.yaml", "--jobs", &jobs, "--current", "round0.yaml", "-o", "round1.yaml"];
+    let run = run_in(dir.path(), "rubick-plan", &args);
+    assert_eq!(run.code, Some(0), "the round goes on: {}", run.stderr);
+    assert!(run.stderr.contains("is not in cluster") && run.stderr.contains("its run moves"), "{}", run.stderr);
+    let round1 = schedule_of(&dir.path().join("round1.yaml"));
+    for a in &round1.assignments {
+        assert!(a.nodes.iter().all(|n| n.gpus.iter().all(|&g| g < 4)), "{}: on a GPU that left: {:?}", a.job, a.nodes);
+        if on_high.contains(&a.job.as_str()) && a.plan.is_some() {
+            assert_ne!(a.change, Change::Kept, "{}: its GPUs left, it cannot be kept", a.job);
+        }
+    }
+}
