@@ -736,7 +736,8 @@ mod tests {
         rec.job.name = "a".into();
         let ok = State { jobs: [("a".to_owned(), rec.clone())].into(), ..State::default() };
         ok.validate().unwrap();
-        let cases: [(&str, fn(&mut JobRecord)); 6] = [
+        type Spoil = fn(&mut JobRecord);
+        let cases: [(&str, Spoil); 6] = [
             ("attempts", |r| r.attempts = u32::MAX),
             ("retriesLeft", |r| r.retries_left = u32::MAX),
             ("submittedUnixS", |r| r.submitted_unix_s = f64::NAN),

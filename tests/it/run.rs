@@ -1540,7 +1540,7 @@ fn the_run_wrapper_leaves_nothing_its_launcher_started_behind() {
 /// `../../victim` (a directory outside the state) is refused by every command that
 /// reads the state (exit 2, naming the key), and nothing outside is touched: no
 /// `delete` of the victim, no run started there. Its cache edited to say the same is
-/// refused alike; `check` refuses a Schedule naming such a job.
+/// never read; `check` refuses a Schedule naming such a job.
 #[test]
 fn a_hand_edited_state_naming_a_path_outside_is_exit_2_for_every_command() {
     let dir = temp();
@@ -1577,14 +1577,22 @@ fn a_hand_edited_state_naming_a_path_outside_is_exit_2_for_every_command() {
         }
     };
     check("state.yaml edited");
-    // The cache, keyed by the original YAML, edited to say the same.
+    // The cache, keyed by the original YAML, edited to say the same: not the cache the
+    // seal vouches for, so never read (state.yaml is the record): no command knows a
+    // job `../../victim`, and nothing outside is touched.
     std::fs::write(d.join("state/state.yaml"), &text).unwrap();
     ok(d, &["status"]);
     let cache = std::fs::read_to_string(d.join("state/state.cache.json")).unwrap();
     let (key, json) = cache.split_once('\n').unwrap();
     let json = json.replace("\"a\":{", "\"../../victim\":{").replace("\"name\":\"a\"", "\"name\":\"../../victim\"");
     std::fs::write(d.join("state/state.cache.json"), format!("{key}\n{json}")).unwrap();
-    check("the cache edited");
+    let status = ok(d, &["status"]);
+    assert!(!status.contains("victim") && status.contains("a "), "{status}");
+    for args in [&["stop", "../../victim"][..], &["delete", "../../victim"], &["logs", "../../victim"]] {
+        let (code, out, err) = rr(d, args, None);
+        assert_eq!(code, Some(2), "the cache edited: rubick-run {args:?}: {out}{err}");
+        assert_eq!(std::fs::read_to_string(d.join("victim/keep")).unwrap(), "precious", "{args:?}");
+    }
     let out = Command::new(binary("rubick-run")).args(["check", "evil.yaml"]).current_dir(d).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "check refuses a schedule naming ../../victim: {err}");

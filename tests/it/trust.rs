@@ -211,14 +211,19 @@ fn a_full_disk_never_holds_a_stop_back() {
         Ok(disk) => disk,
         Err(why) => return rubick_io::testing::missing(Need::Root, &format!("a small tmpfs: {why}")),
     };
-    // `a` fills the disk; `b` ends (its exit status in the wrapper's reserved bytes) once
-    // the disk is full, so that recording it is a state write that fails.
-    let a = "echo '{\"rubick\":1,\"iter\":1,\"iter_time_s\":0.1}' >> \"$RUBICK_METRICS\"\n\
-             dd if=/dev/zero of=\"$RUBICK_CHECKPOINT_DIR/fill\" bs=64k 2>/dev/null\n\
-             touch \"$RUBICK_CHECKPOINT_DIR/full\"\n\
-             trap 'exit 0' USR1\nwhile :; do sleep 0.1; done\n";
-    let b = "full=\"$RUBICK_CHECKPOINT_DIR/../../a/checkpoints/full\"\n\
-             while [ ! -e \"$full\" ]; do sleep 0.1; done\nexit 1\n";
+    // `a` fills the disk once `b` runs (its wrapper has reserved the bytes of its exit
+    // status); `b` ends once the disk is full, so that recording it is a state write that
+    // fails. The two meet through files outside the small disk.
+    let up = d.join("b-up").display().to_string();
+    let full = d.join("full").display().to_string();
+    let a = format!(
+        "echo '{{\"rubick\":1,\"iter\":1,\"iter_time_s\":0.1}}' >> \"$RUBICK_METRICS\"\n\
+         while [ ! -e {up} ]; do sleep 0.1; done\n\
+         dd if=/dev/zero of=\"$RUBICK_CHECKPOINT_DIR/fill\" bs=64k 2>/dev/null\n\
+         touch {full}\n\
+         trap 'exit 0' USR1\nwhile :; do sleep 0.1; done\n"
+    );
+    let b = format!("touch {up}\nwhile [ ! -e {full} ]; do sleep 0.1; done\nexit 1\n");
     std::fs::write(d.join("work.sh"), a).unwrap();
     std::fs::write(d.join("b.sh"), b).unwrap();
     let job_b = std::fs::read_to_string(d.join("b.yaml")).unwrap().replace("work.sh", "b.sh");
@@ -226,7 +231,7 @@ fn a_full_disk_never_holds_a_stop_back() {
     ok(d, &["submit", "a.yaml", "b.yaml"]);
     schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0]), ("b", "dp1-tp1-pp1-mb4-ga4", &[1])]);
     ok(d, &["apply", "r1.yaml"]);
-    wait_for("the disk full", || d.join("state/jobs/a/checkpoints/full").exists());
+    wait_for("the disk full", || d.join("full").exists());
     wait_for("b ended", || d.join("state/jobs/b/attempt-1/exit-code").exists());
     let (code, _, err) = rr(d, &["stop", "a"], None);
     assert_eq!(code, Some(2), "the state cannot be written: {err}");
