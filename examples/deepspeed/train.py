@@ -7,7 +7,7 @@ checkpointed when the plan says so, metric lines from rank 0, the stop signal
     deepspeed --num_gpus 2 examples/deepspeed/train.py --iterations 50
 
 (DeepSpeed's own launcher; on a machine without GPUs it starts that many CPU workers.)
-The lines marked `# rubick` are all the contract needed (25 of them, the phase timers
+The lines marked `# rubick` are all the contract needed (26 of them, the phase timers
 included).
 
 What is saved is the full state (the module's weights, the same on every rank under
@@ -29,10 +29,15 @@ except ImportError:  # not installed: the package of this checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
 
-import deepspeed
-import torch
-import torch.distributed as dist
-from torch.utils.checkpoint import checkpoint
+# The stop signal is caught from here on, before the slow imports (a stop before would
+# kill the worker). DeepSpeed's launcher ends its workers with SIGTERM when it is
+# signalled: both stop.
+stop = rubick.StopFlag(rubick.Plan.from_env().stop_signal, signal.SIGTERM)  # rubick
+
+import deepspeed  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 
 class Net(torch.nn.Module):
@@ -68,8 +73,7 @@ def main():
     parser.add_argument("--local_rank", type=int, default=0)  # DeepSpeed's launcher passes it
     args = parser.parse_args()
 
-    # DeepSpeed's launcher ends its workers with SIGTERM when it is signalled: both stop.
-    with rubick.Run(stop_also=[signal.SIGTERM]) as run:  # rubick
+    with rubick.Run(stop=stop) as run:  # rubick
         plan = run.plan  # rubick
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else None)
         world, rank = dist.get_world_size(), dist.get_rank()

@@ -36,6 +36,7 @@ Exit codes: 0 ok (also after a stop), 2 bad arguments or plan, 3 out of memory.
 """
 
 import argparse
+import atexit
 import contextlib
 import ctypes
 import json
@@ -684,6 +685,7 @@ class Trainer:
                               dtype=self.torch.float64, device=self.flag_device)
         self.dist.all_reduce(t)
         stop, oom, loss_sum, n = t.tolist()
+        rubick.stop.released(t)  # gloo's thread let go of it: a rank may exit right after
         return stop > 0, oom > 0, (loss_sum / n if n else None)
 
     # -- checkpoints ----------------------------------------------------------
@@ -916,6 +918,10 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.iterations < 0:
         fail("--iterations must be >= 0")
+    # A stop once the run is over (rubick signals each of the run's processes, and the
+    # launcher relays it too) has nothing left to stop: ignored at the interpreter's
+    # exit, where Python would restore its default action and a late stop kill (-10).
+    atexit.register(signal.signal, stop_signal(), signal.SIG_IGN)
     if "LOCAL_RANK" not in os.environ and args.nproc_per_node and (
             args.nproc_per_node > 1 or args.nnodes > 1):
         return launch_workers(args)

@@ -8,7 +8,7 @@ signal (checkpoint after the step, exit 0), resume at any data parallelism, OOM.
 stop; plain torchrun needs --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 and exits 1 on every stop.)
 
-The lines marked `# rubick` are all the contract needed (23 of them, the phase timers
+The lines marked `# rubick` are all the contract needed (24 of them, the phase timers
 included).
 """
 
@@ -23,9 +23,14 @@ except ImportError:  # not installed: the package of this checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+# The stop signal is caught from here on, before the slow `import torch` (a stop before
+# would kill the worker). torchrun relays it, then shuts its workers down with SIGTERM:
+# both stop.
+stop = rubick.StopFlag(rubick.Plan.from_env().stop_signal, signal.SIGTERM)  # rubick
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 
 def batch(seed, iteration, rank, rows):
@@ -42,8 +47,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    # torchrun relays the stop signal, then shuts its workers down with SIGTERM: both stop.
-    with rubick.Run(stop_also=[signal.SIGTERM]) as run:  # rubick
+    with rubick.Run(stop=stop) as run:  # rubick
         plan = run.plan  # rubick
         if "RANK" in os.environ:
             dist.init_process_group("gloo")

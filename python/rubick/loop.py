@@ -41,11 +41,12 @@ from .stop import StopFlag
 
 
 def _leave_process_group() -> None:
-    """Destroys torch's default process group, if one is up, before a stop exits: the
-    exit skips the script's own teardown, and at interpreter exit gloo's threads can
-    abort a rank ("terminate called without an active exception", exit -6) after it
-    checkpointed. Every rank agreed to stop, so no collective is pending. torch is not
-    imported for this (the package imports no torch)."""
+    """Destroys torch's default process group, if one is up, before a stop exits (the
+    exit skips the script's own teardown). Every rank agreed to stop and the vote's
+    tensor is released (``rubick.stop.released``: what kept gloo's thread from aborting
+    a rank at the interpreter's exit, "terminate called without an active exception"),
+    so no collective is pending. torch is not imported for this (the package imports
+    no torch)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return

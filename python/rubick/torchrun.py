@@ -13,6 +13,9 @@ takes torchrun's own arguments (``torch.distributed.run``) and changes four thin
   workers); torchrun relays it to its workers, which checkpoint and exit 0. It is
   caught from the launcher's first moment, before torch is imported (seconds): a stop
   before torch's launcher took the signal over (no worker started yet) exits 0 at once.
+  A worker gets the stop only once it catches it (its script's handler installed, up
+  to ``RELAY_WAIT_S``): a worker just started is not killed by it. Once torch's
+  launcher returned (the workers ended), a stop is ignored: nothing is left to stop.
 * **A stop exits 0.** On a signal it handles, torchrun shuts its workers down with it
   and then raises ``SignalException`` ("Process N got signal: 10"), a traceback and
   exit 1, even when every worker checkpointed and exited 0. Here, when the signal is
@@ -44,6 +47,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -96,6 +100,101 @@ def _watch_workers() -> bool:
     api.PContext.close = close
     _watching = True
     return True
+
+
+#: How long the stop waits for a worker to catch it before it is relayed anyway.
+RELAY_WAIT_S = 30.0
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` catches or ignores ``sig`` now, or has exited (Linux's
+    ``/proc``; where it cannot be read: assumed)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True
+    if status.get("State", "").strip()[:1] in ("Z", "X", ""):
+        return True
+    bit = 1 << (int(sig) - 1)
+    return any(int(status.get(k, "0").strip() or "0", 16) & bit for k in ("SigCgt", "SigIgn"))
+
+
+def _relay_when_caught(sig: signal.Signals) -> None:
+    """torch relays the stop to a worker only once the worker catches it: a worker
+    stopped before its script installed its handler (Python's start, ``import rubick``)
+    would die of it (-10) instead of checkpointing. Bounded by ``RELAY_WAIT_S``."""
+    try:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+    except ImportError:
+        return
+    original = SubprocessHandler.close
+    if getattr(original, "_rubick", False):
+        return
+
+    def close(self: Any, death_sig: signal.Signals | None = None) -> Any:
+        proc = getattr(self, "proc", None)
+        if death_sig == sig and proc is not None:
+            deadline = time.monotonic() + RELAY_WAIT_S
+            while not _catches(proc.pid, sig) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return original(self, death_sig)
+
+    close._rubick = True  # type: ignore[attr-defined]
+    SubprocessHandler.close = close
+
+
+def _start_whole() -> None:
+    """A signal torch handles that comes while it starts the workers is held until
+    they all run, then raised (torch then shuts them all down, relaying it). Raised
+    in the middle, it left the workers already started unknown to torch: never
+    stopped, running on after the launcher exited ("no worker had started")."""
+    try:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+        from torch.distributed.elastic.multiprocessing import api
+    except ImportError:
+        return
+    terminate = getattr(api, "_terminate_process_handler", None)
+    original = getattr(LocalElasticAgent, "_start_workers", None)
+    if terminate is None or original is None or getattr(original, "_rubick", False):
+        return
+    held: list[int | None] = [None]
+    starting = [False]
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if starting[0]:
+            held[0] = signum
+        else:
+            terminate(signum, frame)
+
+    def start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        starting[0] = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            starting[0] = False
+            signum, held[0] = held[0], None
+            if signum is not None:
+                terminate(signum, None)
+
+    start_workers._rubick = True  # type: ignore[attr-defined]
+    api._terminate_process_handler = handler  # what torch installs as it starts them
+    LocalElasticAgent._start_workers = start_workers
+
+
+def _then_ignore(run: Any, sig: signal.Signals) -> Any:
+    """``run``, after which ``sig`` is ignored: once torch's launcher returned (its
+    workers ended, or were shut down on a stop), a stop has nothing left to stop, and
+    torch's handler would raise it anywhere in the launcher's own exit (a traceback,
+    exit 1), or Python's exit would let it kill the launcher."""
+
+    def ran(args: Any) -> Any:
+        try:
+            return run(args)
+        finally:
+            signal.signal(sig, signal.SIG_IGN)
+
+    return ran
 
 
 def _signal_list(current: str | None, sig: signal.Signals) -> str:
@@ -153,8 +252,10 @@ def _launch(argv: list[str], sig: signal.Signals) -> int:
 
         signal.signal(sig, handle)
     watching = _watch_workers()
+    _relay_when_caught(sig)
+    _start_whole()
     try:
-        record(torchrun.run)(args)
+        record(_then_ignore(torchrun.run, sig))(args)
     except SignalException as e:
         if getattr(e, "sigval", None) != sig:
             raise

@@ -51,6 +51,23 @@ def workers(script):
     return [p for p in out if int(p) != os.getpid()]
 
 
+def run_processes(metrics):
+    """Live processes of the run whose metrics file is `metrics`, by their environment
+    (as rubick marks a run's processes): those a stop must leave none of, whatever runs
+    beside it (another run of the same script, from another test)."""
+    mark = f"RUBICK_METRICS={metrics}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                marked = mark in f.read().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if marked and int(pid) != os.getpid():
+            found.append(pid)
+    return found
+
+
 #: The checkout's root (the examples are under it).
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
