@@ -50,6 +50,9 @@ struct JobLine<'a> {
     record: &'a JobRecord,
     /// Seconds per iteration of the current run's recent iterations.
     measured_iter_s: Option<f64>,
+    /// The current run's last iteration and its loss, when the run reports one (NaN or
+    /// an infinity: the job diverges).
+    loss: Option<(u64, f64)>,
     /// The last applied round's assignment of the job.
     assignment: Option<&'a Assignment>,
     /// The log of the job's last run, once it ran.
@@ -62,14 +65,17 @@ impl<'a> StatusReport<'a> {
         let jobs = state
             .jobs
             .iter()
-            .map(|(name, r)| JobLine {
-                name,
-                record: r,
-                measured_iter_s: r.run.as_ref().and_then(|run| {
-                    backends::progress(&dir.attempt_dir(name, run.attempt), r.job.iterations).recent_iter_time_s
-                }),
-                assignment: applied.and_then(|s| s.assignments.iter().find(|a| a.job == *name)),
-                log: (r.attempts > 0).then(|| dir.attempt_dir(name, r.attempts).join("log.txt")),
+            .map(|(name, r)| {
+                let progress =
+                    r.run.as_ref().map(|run| backends::progress(&dir.attempt_dir(name, run.attempt), r.job.iterations));
+                JobLine {
+                    name,
+                    record: r,
+                    measured_iter_s: progress.and_then(|p| p.recent_iter_time_s),
+                    loss: progress.and_then(|p| p.last.zip(p.loss)),
+                    assignment: applied.and_then(|s| s.assignments.iter().find(|a| a.job == *name)),
+                    log: (r.attempts > 0).then(|| dir.attempt_dir(name, r.attempts).join("log.txt")),
+                }
             })
             .collect();
         StatusReport { state, jobs, now_s: unix_now() }
@@ -86,6 +92,12 @@ impl JobLine<'_> {
         let a = self.assignment?;
         (self.running() && a.predicted_throughput > 0.0)
             .then(|| self.record.job.model.global_batch as f64 / a.predicted_throughput)
+    }
+
+    /// The current run's loss when it is not a number (NaN, or an infinity: the job
+    /// diverges), and the iteration that reported it.
+    fn diverged(&self) -> Option<(u64, f64)> {
+        self.loss.filter(|(_, loss)| !loss.is_finite())
     }
 
     /// The last applied round's assignment, when it did not keep the job's guarantee.
@@ -127,11 +139,34 @@ fn yaml(report: &StatusReport<'_>) -> anyhow::Result<String> {
         entry["measuredIterTimeS"] = serde_yaml_ng::to_value(line.measured_iter_s)?;
         entry["predictedIterTimeS"] = serde_yaml_ng::to_value(line.predicted_iter_s())?;
         entry["log"] = serde_yaml_ng::to_value(&line.log)?;
+        if let Some((_, loss)) = line.loss {
+            entry["loss"] = serde_yaml_ng::to_value(loss)?;
+        }
         if let Some(a) = line.guarantee_not_held() {
             entry["guaranteeNotHeld"] = serde_yaml_ng::to_value(&a.reason)?;
         }
     }
     Ok(serde_yaml_ng::to_string(&doc)?)
+}
+
+/// A loss as the script's Python wrote it: `NaN`, `Infinity`, `-Infinity`, or the number.
+fn loss_text(loss: f64) -> String {
+    match loss {
+        _ if loss.is_nan() => "NaN".to_owned(),
+        f64::INFINITY => "Infinity".to_owned(),
+        f64::NEG_INFINITY => "-Infinity".to_owned(),
+        _ => format!("{loss}"),
+    }
+}
+
+/// A sample value in the Prometheus text format (`NaN`, `+Inf`, `-Inf` as it spells them).
+fn prometheus_value(v: f64) -> String {
+    match v {
+        _ if v.is_nan() => "NaN".to_owned(),
+        f64::INFINITY => "+Inf".to_owned(),
+        f64::NEG_INFINITY => "-Inf".to_owned(),
+        _ => format!("{v}"),
+    }
 }
 
 /// `text` cut to `width` characters, a `~` marking the cut.
@@ -163,6 +198,10 @@ fn table(report: &StatusReport<'_>) -> String {
             fit(format!("{}/{}", r.iterations_done, r.job.iterations), 11),
             fit(times, 13),
         ));
+        // A diverging job runs on, its iterations counted: its loss says so.
+        if let Some((iter, loss)) = line.diverged() {
+            out.push_str(&format!("  loss {} at iteration {iter}: the job diverges\n", loss_text(loss)));
+        }
         if !line.running()
             && let Some(reason) = &r.reason
         {
@@ -196,7 +235,7 @@ fn prometheus(report: &StatusReport<'_>) -> String {
     let mut metric = |name: &str, kind: &str, help: &str, values: &[(String, f64)]| {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
         for (labels, v) in values {
-            out.push_str(&format!("{name}{{{labels}}} {v}\n"));
+            out.push_str(&format!("{name}{{{labels}}} {}\n", prometheus_value(*v)));
         }
     };
     let escape = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
@@ -257,6 +296,14 @@ fn prometheus(report: &StatusReport<'_>) -> String {
         .filter_map(|l| l.measured_iter_s.map(|m| (label(l), l.record.job.model.global_batch as f64 / m)))
         .collect();
     metric("rubick_job_measured_samples_per_second", "gauge", "throughput of the last ten iterations", &measured);
+    let loss: Vec<(String, f64)> =
+        report.jobs.iter().filter_map(|l| l.loss.map(|(_, loss)| (label(l), loss))).collect();
+    metric(
+        "rubick_job_loss",
+        "gauge",
+        "the loss of the run's last iteration (NaN or an infinity when the job diverges)",
+        &loss,
+    );
     // What the round that placed it predicted, and whether its guarantee held.
     let predicted: Vec<(String, f64)> = report
         .jobs

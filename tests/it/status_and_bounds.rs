@@ -219,6 +219,44 @@ sleep 60
     assert!(batch.contains("iterations: 98"), "the remaining iterations: {batch}");
 }
 
+/// Regression, "a diverging job looks idle: Python writes metric lines with
+/// `"loss":NaN` / `Infinity` / `-Infinity` (json.dumps allow_nan default), serde rejects
+/// those lines, and `rubick-run status` shows 0 iterations done": the lines are its
+/// iterations, the table, YAML and Prometheus text show the loss, and the measured time
+/// stays a number.
+#[test]
+fn a_diverging_job_is_not_idle() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    // As `rubick.metrics` writes them (json.dumps, compact separators).
+    let script = r#"for loss in 2.5 Infinity -Infinity NaN; do
+  echo "{\"rubick\":1,\"iter\":$((n = n + 1)),\"iter_time_s\":0.05,\"samples\":16,\"loss\":$loss}" >> "$RUBICK_METRICS"
+done
+sleep 60
+"#;
+    job(d, "a", 100, script);
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r.yaml", &[("a", 0)]);
+    ok(d, &["apply", "r.yaml"]);
+    let metrics = d.join("state/jobs/a/attempt-1/metrics.jsonl");
+    wait_for("the lines", || std::fs::read_to_string(&metrics).unwrap_or_default().lines().count() == 4);
+    let table = ok(d, &["status"]).stdout;
+    assert!(table.contains("4/100"), "{table}");
+    assert!(table.contains("loss NaN at iteration 4"), "{table}");
+    assert!(table.contains("0.050"), "the measured time: {table}");
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&ok(d, &["status", "--format", "yaml"]).stdout).unwrap();
+    let a = &yaml["jobs"]["a"];
+    assert_eq!(a["iterationsDone"].as_u64(), Some(4), "{yaml:?}");
+    assert!(a["loss"].as_f64().is_some_and(f64::is_nan), "{yaml:?}");
+    assert_eq!(a["measuredIterTimeS"].as_f64(), Some(0.05), "{yaml:?}");
+    let prometheus = ok(d, &["status", "--format", "prometheus"]).stdout;
+    assert!(prometheus.contains("rubick_job_loss{job=\"a\"} NaN"), "{prometheus}");
+    assert!(prometheus.contains("rubick_job_iterations_done{job=\"a\"} 4"), "{prometheus}");
+    let batch = ok(d, &["jobs"]).stdout;
+    assert!(batch.contains("iterations: 96"), "the remaining iterations: {batch}");
+}
+
 #[test]
 fn status_and_stop_read_only_the_tail_of_a_metrics_file() {
     let dir = temp();

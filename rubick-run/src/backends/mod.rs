@@ -169,6 +169,9 @@ pub struct Progress {
     pub checkpointed: Option<u64>,
     /// How long that checkpoint's save took, when the run said (`save_s`).
     pub checkpoint_save_s: Option<f64>,
+    /// The last iteration's loss, when the run said: NaN or an infinity when the job
+    /// diverges.
+    pub loss: Option<f64>,
 }
 
 /// The longest line a metrics reader takes: a protocol line is a few hundred bytes; a
@@ -325,7 +328,7 @@ fn read_progress(dir: &Path, iterations: u64, checkpoint: bool) -> Progress {
     use rubick_core::launch::{MetricLine, mean_sd};
     let path = dir.join("metrics.jsonl");
     let (mut times, mut last, mut checkpointed, mut warned) = (Vec::new(), None, None, false);
-    let mut checkpoint_save_s = None;
+    let (mut checkpoint_save_s, mut last_loss) = (None, None);
     let limit = if checkpoint { CHECKPOINT_SCAN_BYTES } else { TAIL_BYTES };
     lines_backwards(&path, limit, |line| {
         let enough = times.len() >= 10;
@@ -336,8 +339,10 @@ fn read_progress(dir: &Path, iterations: u64, checkpoint: bool) -> Progress {
             return true;
         }
         match in_range(line, iterations, &path, &mut warned) {
-            Some(MetricLine::Iteration { iter, iter_time_s, .. }) if !enough => {
-                last.get_or_insert(iter);
+            Some(MetricLine::Iteration { iter, iter_time_s, loss, .. }) if !enough => {
+                if last.is_none() {
+                    (last, last_loss) = (Some(iter), loss);
+                }
                 times.push(iter_time_s);
             }
             Some(MetricLine::Event { event, iter: Some(i), save_s, .. })
@@ -351,7 +356,13 @@ fn read_progress(dir: &Path, iterations: u64, checkpoint: bool) -> Progress {
         true
     });
     times.reverse();
-    Progress { last, recent_iter_time_s: mean_sd(&times).map(|(mean, _)| mean), checkpointed, checkpoint_save_s }
+    Progress {
+        last,
+        recent_iter_time_s: mean_sd(&times).map(|(mean, _)| mean),
+        checkpointed,
+        checkpoint_save_s,
+        loss: last_loss,
+    }
 }
 
 /// The first iteration a run's metric lines name (read from the file's first 64 KiB,
