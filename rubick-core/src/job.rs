@@ -172,7 +172,7 @@ impl Job {
         let at = |field: &'static str| move |why: String| ValidationError::new(field, why);
         check_range(self.iterations, 1, limits::MAX_JOB_ITERATIONS).map_err(at("iterations"))?;
         // Submit times are trace seconds or Unix seconds: up to the year 5000.
-        check_real(self.submit_time_s, 0.0, 1e11, false).map_err(at("submitTimeS"))?;
+        check_real(self.submit_time_s, 0.0, limits::MAX_CLOCK_SECONDS, false).map_err(at("submitTimeS"))?;
         if let Some(cost) = self.restart_cost_s {
             crate::launch::check_seconds(cost, true).map_err(at("restartCostS"))?;
         }

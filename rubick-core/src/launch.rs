@@ -244,7 +244,10 @@ pub fn check_seconds(value: f64, zero_ok: bool) -> Result<(), String> {
         Ok(())
     } else {
         let low = if zero_ok { "0" } else { "above 0" };
-        Err(format!("must be a number of seconds from {low} to {MAX_SECONDS} (a week), got {value}"))
+        Err(format!(
+            "must be a number of seconds from {low} to {MAX_SECONDS} (a week), got {}",
+            crate::limits::shown(value)
+        ))
     }
 }
 

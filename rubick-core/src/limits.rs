@@ -28,12 +28,20 @@ pub const MAX_WIDTH: u32 = 1 << 24;
 pub const MAX_PARAMETERS: u64 = 1_000_000_000_000_000;
 /// Iterations of a job.
 pub const MAX_JOB_ITERATIONS: u64 = 1 << 40;
+/// A time on the jobs' clock: a submission, a round's time, a trace's times and
+/// durations (seconds; 1e11 is about 3,000 years, where a float's second still counts).
+pub const MAX_CLOCK_SECONDS: f64 = 1e11;
 /// Bytes per parameter of a model state, and the activation factor.
 pub const MAX_FACTOR: f64 = 1e4;
 
 /// `Err` with the range when `value` is outside `lo..=hi`.
 pub fn check_range<T: PartialOrd + std::fmt::Display + Copy>(value: T, lo: T, hi: T) -> Result<(), String> {
     if value >= lo && value <= hi { Ok(()) } else { Err(format!("must be {lo} to {hi}, got {value}")) }
+}
+
+/// A number as a message shows it: `1e300`, not its 301 digits.
+pub fn shown(value: f64) -> String {
+    if value.abs() < 1e15 { format!("{value}") } else { format!("{value:e}") }
 }
 
 /// `Err` with the range when `value` is not a finite number in `lo..=hi` (`lo`
@@ -44,6 +52,6 @@ pub fn check_real(value: f64, lo: f64, hi: f64, open_low: bool) -> Result<(), St
         Ok(())
     } else {
         let low = if open_low { format!("above {lo}") } else { format!("{lo}") };
-        Err(format!("must be a number from {low} to {hi}, got {value}"))
+        Err(format!("must be a number from {low} to {hi}, got {}", shown(value)))
     }
 }

@@ -8,6 +8,7 @@
 //!   fitted models a simulation's policies believe, per model;
 //! * [`plot`]: figures as PNG or SVG with a bundled font;
 //! * [`cli`]: conventions every rubick binary shares (logging, exit codes, formats);
+//!   [`flags`]: the bounds of the command line's numbers, one parser per concept;
 //! * [`testing`]: what a test needs that may be absent (a Slurm, PyTorch, the
 //!   reference data): skipped visibly, a failure where it is required (CI).
 
@@ -15,6 +16,7 @@ pub mod beliefs;
 pub mod cli;
 pub mod external;
 pub mod files;
+pub mod flags;
 pub mod plot;
 pub mod reference;
 pub mod table;

@@ -103,7 +103,7 @@ pub fn run(args: &CurvesArgs) -> anyhow::Result<Outcome> {
     }
     let cluster: Cluster = crate::load_cluster(&args.cluster)?;
     let jobs = crate::load_jobs(&args.jobs)?;
-    let config = args.planner.config(&jobs)?;
+    let config = args.planner.config(&jobs);
     let reference = args.planner.reference()?;
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
     let params = job_params(&jobs, &cluster, &source)?;

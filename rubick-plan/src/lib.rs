@@ -140,7 +140,7 @@ pub struct SpaceArgs {
     #[arg(long)]
     pub cluster: PathBuf,
     /// GPUs to plan for; default: each job's requested GPUs
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=rubick_core::limits::MAX_GPUS as i64), allow_hyphen_values = true)]
     pub gpus: Option<u32>,
     /// Output format; default by the extension of -o (.yaml, .csv, .parquet), else YAML; an extension naming another format is an error
     #[arg(long, value_enum)]
@@ -149,7 +149,7 @@ pub struct SpaceArgs {
     #[arg(short, long, default_value = "-")]
     pub output: PathBuf,
     /// GiB kept free on every GPU for context, NCCL and fragmentation
-    #[arg(long, default_value_t = MemoryEstimator::default().reserve_gib)]
+    #[arg(long, default_value_t = MemoryEstimator::default().reserve_gib, value_parser = rubick_io::flags::gib, allow_hyphen_values = true)]
     pub reserve_gib: f64,
 }
 

@@ -7,6 +7,7 @@ use rubick_core::planner::PlannerConfig;
 use rubick_core::schedule::Schedule;
 use rubick_io::cli::Outcome;
 use rubick_io::files::{load_artifact, write_output};
+use rubick_io::flags;
 use rubick_io::reference::ReferenceData;
 
 use crate::round::job_inputs;
@@ -35,7 +36,7 @@ pub struct ChurnArgs {
     pub keep_request: bool,
     /// Each GPU beyond a job's request must add at least this share of the request's
     /// throughput per GPU (0: any gain)
-    #[arg(long, default_value_t = PlannerConfig::default().scale_out_efficiency)]
+    #[arg(long, default_value_t = PlannerConfig::default().scale_out_efficiency, value_parser = flags::ratio, allow_hyphen_values = true)]
     pub scale_out_efficiency: f64,
     /// A running job restarted this many times (`current.restarts`) is never shrunk or
     /// paused again (only a guarantee may take its resources; the Rubick artifact's 5);
@@ -45,49 +46,52 @@ pub struct ChurnArgs {
 }
 
 impl ChurnArgs {
-    /// Sets the rules on `config`.
-    pub fn apply(&self, config: &mut PlannerConfig) -> anyhow::Result<()> {
-        let e = self.scale_out_efficiency;
-        anyhow::ensure!(e.is_finite() && e >= 0.0, "--scale-out-efficiency: must be a non-negative number, got {e}");
+    /// Sets the rules on `config` (their numbers bounded where they were parsed).
+    pub fn apply(&self, config: &mut PlannerConfig) {
         config.restart_factor = self.restart_factor;
         config.max_growth = (self.max_growth > 0).then_some(self.max_growth);
         config.keep_request = self.keep_request;
-        config.scale_out_efficiency = e;
+        config.scale_out_efficiency = self.scale_out_efficiency;
         config.restart_cap = (self.restart_cap > 0).then_some(self.restart_cap);
-        Ok(())
     }
 }
 
-/// Knobs of the planner shared by `schedule` and `curves`.
+/// `--max-scale`: at least 1 (a job gets at least its request).
+pub fn max_scale() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..)
+}
+
+/// Knobs of the planner shared by `schedule` and `curves` (`simulate` takes the same
+/// numbers through the same parsers of [`flags`]).
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlannerArgs {
     /// More resources must buy at least this share more throughput (Pareto pruning)
-    #[arg(long, default_value_t = PlannerConfig::default().min_gain)]
+    #[arg(long, default_value_t = PlannerConfig::default().min_gain, value_parser = flags::ratio, allow_hyphen_values = true)]
     pub min_gain: f64,
     /// A change of a running job must raise the objective by this much (in requests)
-    #[arg(long, default_value_t = PlannerConfig::default().change_min_gain)]
+    #[arg(long, default_value_t = PlannerConfig::default().change_min_gain, value_parser = flags::ratio, allow_hyphen_values = true)]
     pub change_min_gain: f64,
     /// Rounds a job's allocation is left alone after a change
     #[arg(long, default_value_t = PlannerConfig::default().cooldown_rounds)]
     pub cooldown: u32,
     /// Seconds over which a restart must pay for itself
-    #[arg(long, default_value_t = PlannerConfig::default().horizon_s)]
+    #[arg(long, default_value_t = PlannerConfig::default().horizon_s, value_parser = flags::seconds, allow_hyphen_values = true)]
     pub horizon: f64,
     /// Restart cost (s) of jobs that declare none
-    #[arg(long, default_value_t = PlannerConfig::default().default_restart_s)]
+    #[arg(long, default_value_t = PlannerConfig::default().default_restart_s, value_parser = flags::seconds, allow_hyphen_values = true)]
     pub restart_cost: f64,
     /// Seconds of waiting after which a queued job is admitted first
-    #[arg(long, default_value_t = PlannerConfig::default().starvation_s)]
+    #[arg(long, default_value_t = PlannerConfig::default().starvation_s, value_parser = flags::seconds, allow_hyphen_values = true)]
     pub starvation: f64,
     /// A job gets at most this many times its requested GPUs (at least a node)
-    #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
+    #[arg(long, default_value_t = PlannerConfig::default().max_scale, value_parser = max_scale(), allow_hyphen_values = true)]
     pub max_scale: u32,
     /// The restart rules
     #[command(flatten)]
     pub churn: ChurnArgs,
     /// Time of the round on the jobs' clock (s); default: the batch's `nowS` (`rubick-run
     /// jobs` writes the time it was taken), else the latest submission
-    #[arg(long)]
+    #[arg(long, value_parser = flags::clock_seconds, allow_hyphen_values = true)]
     pub now: Option<f64>,
     /// The authors' reference data: jobs of its models without a perfModel get one
     /// fitted from 8 profiled rows (else the model's FLOPs decide its speed)
@@ -96,22 +100,12 @@ pub struct PlannerArgs {
 }
 
 impl PlannerArgs {
-    pub fn config(&self, jobs: &[rubick_core::Job]) -> anyhow::Result<PlannerConfig> {
+    pub fn config(&self, jobs: &[rubick_core::Job]) -> PlannerConfig {
         self.config_at(jobs, None)
     }
 
     /// [`PlannerArgs::config`] with the batch's own time as the default `--now`.
-    pub fn config_at(&self, jobs: &[rubick_core::Job], batch_now: Option<f64>) -> anyhow::Result<PlannerConfig> {
-        for (name, v) in [
-            ("--min-gain", self.min_gain),
-            ("--change-min-gain", self.change_min_gain),
-            ("--horizon", self.horizon),
-            ("--restart-cost", self.restart_cost),
-            ("--starvation", self.starvation),
-        ] {
-            anyhow::ensure!(v.is_finite() && v >= 0.0, "{name}: must be a non-negative number, got {v}");
-        }
-        anyhow::ensure!(self.max_scale >= 1, "--max-scale: must be at least 1");
+    pub fn config_at(&self, jobs: &[rubick_core::Job], batch_now: Option<f64>) -> PlannerConfig {
         let latest = || jobs.iter().map(|j| j.submit_time_s).fold(0.0, f64::max);
         let now = self.now.or(batch_now).unwrap_or_else(latest);
         let mut config = PlannerConfig {
@@ -125,8 +119,8 @@ impl PlannerArgs {
             now_s: now,
             ..PlannerConfig::default()
         };
-        self.churn.apply(&mut config)?;
-        Ok(config)
+        self.churn.apply(&mut config);
+        config
     }
 
     /// The reference data of `--reference`.
@@ -157,7 +151,7 @@ pub struct ScheduleArgs {
     #[arg(long, default_value = "fifo", value_parser = crate::queue_parser())]
     pub queue: Queue,
     /// Time limit of the MILP, seconds
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = flags::positive_seconds, allow_hyphen_values = true)]
     pub time_limit: f64,
     /// Output Schedule, `-` for stdout
     #[arg(short, long, default_value = "-")]
@@ -173,11 +167,6 @@ pub struct ScheduleArgs {
 }
 
 pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
-    anyhow::ensure!(
-        rubick_core::launch::check_seconds(args.time_limit, false).is_ok(),
-        "--time-limit: {}",
-        rubick_core::launch::check_seconds(args.time_limit, false).err().unwrap_or_default()
-    );
     rubick_io::cli::ensure_one_stdin(&[args.jobs.as_path(), args.cluster.as_path()])?;
     let mut inputs = vec![args.jobs.as_path(), args.cluster.as_path()];
     inputs.extend(args.current.as_deref());
@@ -193,7 +182,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         !first
     });
     let previous: Option<Schedule> = current.map(load_artifact).transpose()?;
-    let config = args.planner.config_at(&jobs, batch_now)?;
+    let config = args.planner.config_at(&jobs, batch_now);
     let reference = args.planner.reference()?;
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
     // A job whose model cannot be read is left out of the round with why; the others

@@ -25,14 +25,6 @@ const SPACE_TABLE: TableSchema = TableSchema { name: "plan-space", columns: &[] 
 
 pub fn run(args: &SpaceArgs) -> anyhow::Result<Outcome> {
     ensure_one_stdin(&[&args.jobs, &args.cluster])?;
-    anyhow::ensure!(
-        args.reserve_gib.is_finite() && args.reserve_gib >= 0.0,
-        "--reserve-gib: expected a non-negative number, got {}",
-        args.reserve_gib
-    );
-    if args.gpus == Some(0) {
-        anyhow::bail!("--gpus: expected at least 1 GPU, got 0");
-    }
     rubick_io::cli::ensure_not_an_input(&args.output, &[args.jobs.as_path(), args.cluster.as_path()])?;
     let format = ListFormat::resolve(args.format, &args.output)?;
     let cluster = load_cluster(&args.cluster)?;

@@ -25,10 +25,10 @@ static PAPER_JOBS: &str = include_str!("../../data/jobs-paper.yaml");
 #[derive(Debug, clap::Args)]
 pub struct SynthArgs {
     /// GPUs of the cluster (8 per node; rounded up to whole nodes)
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=rubick_core::limits::MAX_GPUS as i64), allow_hyphen_values = true)]
     pub gpus: u32,
-    /// Jobs in the batch
-    #[arg(long)]
+    /// Jobs in the batch (at most a million)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000), allow_hyphen_values = true)]
     pub jobs: u32,
     /// Seed of the generator: the same seed gives the same cluster and batch
     #[arg(long, default_value_t = 1)]
@@ -168,8 +168,6 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
 }
 
 pub fn run(args: &SynthArgs) -> anyhow::Result<Outcome> {
-    anyhow::ensure!(args.gpus >= 1, "--gpus: must be at least 1");
-    anyhow::ensure!(args.jobs >= 1, "--jobs: must be at least 1");
     let cluster = cluster(args.gpus);
     let batch = jobs(&cluster, args.jobs, args.seed)?;
     std::fs::create_dir_all(&args.out_dir)

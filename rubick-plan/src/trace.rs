@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use rubick_io::cli::{Outcome, ensure_not_an_input};
 use rubick_io::files::{display, read_text};
+use rubick_io::flags;
 use rubick_io::reference::{ReferenceData, locate};
 use rubick_sim::logs::{Window, map_jobs, read_philly, read_sacct, to_csv};
 
@@ -43,16 +44,16 @@ pub struct TraceArgs {
     #[arg(long)]
     pub virtual_cluster: Option<String>,
     /// Only jobs submitted at least this many seconds after the log's first job
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = flags::clock_seconds, allow_hyphen_values = true)]
     pub from_s: f64,
     /// Only jobs submitted before this many seconds after the log's first job
-    #[arg(long)]
+    #[arg(long, value_parser = flags::clock_seconds, allow_hyphen_values = true)]
     pub to_s: Option<f64>,
     /// At most this many jobs (the first ones submitted, after the window)
     #[arg(long)]
     pub limit: Option<usize>,
     /// Share of jobs that ask for a throughput guarantee (0 to 1)
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = flags::share, allow_hyphen_values = true)]
     pub guaranteed_share: f64,
     /// Output trace (CSV), `-` for stdout
     #[arg(short, long, default_value = "-")]
@@ -60,14 +61,8 @@ pub struct TraceArgs {
 }
 
 pub fn run(args: &TraceArgs) -> anyhow::Result<Outcome> {
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&args.guaranteed_share),
-        "--guaranteed-share: must be 0 to 1, got {}",
-        args.guaranteed_share
-    );
-    anyhow::ensure!(args.from_s.is_finite() && args.from_s >= 0.0, "--from-s: must be a non-negative number");
     if let Some(to) = args.to_s {
-        anyhow::ensure!(to.is_finite() && to > args.from_s, "--to-s: must be a number above --from-s");
+        anyhow::ensure!(to > args.from_s, "--to-s: expected a number above --from-s ({}), got {to}", args.from_s);
     }
     ensure_not_an_input(&args.output, &[&args.input, &args.cluster])?;
     let cluster = crate::load_cluster(&args.cluster)?;

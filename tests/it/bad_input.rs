@@ -223,3 +223,78 @@ fn outputs_over_inputs() {
     assert_eq!(std::fs::read(d.join("jobs.yaml")).unwrap(), before, "the input is intact");
     assert!(std::fs::read_to_string(d.join("cluster.yaml")).unwrap().contains("kind: Cluster"));
 }
+
+/// Regression, "`rubick-plan simulate` accepts NaN, negative or infinite `--horizon`,
+/// `--change-min-gain`, `--guarantee-margin` that `rubick-plan schedule` refuses
+/// (`--change-min-gain nan` ran 7x longer, `--horizon nan` changed the restarts)": every
+/// number of `schedule`, `simulate` and `trace` is bounded where clap parses it, one
+/// parser per concept, so a flag two commands share takes the same values in both; a
+/// refused value names the flag and what it expects, exits 2 and writes nothing.
+#[test]
+fn simulate_refuses_the_numbers_schedule_refuses() {
+    let Some(reference) = rubick_tests::reference() else { return };
+    let dir = temp();
+    let d = dir.path();
+    let data = repo().join("data");
+    let (jobs, cluster) = (data.join("jobs-paper.yaml"), data.join("cluster-a800-8x8.yaml"));
+    let (jobs, cluster) = (jobs.display().to_string(), cluster.display().to_string());
+    let naive = reference.join("workloads/naive.csv").display().to_string();
+    let reference = reference.display().to_string();
+    std::fs::write(
+        d.join("philly.csv"),
+        "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66,1,66,a\n",
+    )
+    .unwrap();
+    let schedule: &[&str] = &["schedule", "--jobs", &jobs, "--cluster", &cluster, "-o", "out"];
+    let simulate: &[&str] =
+        &["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", &naive, "--summary", "out"];
+    let trace: &[&str] =
+        &["trace", "philly.csv", "--format", "philly", "--cluster", &cluster, "--reference", &reference, "-o", "out"];
+    let unbounded: &[&str] = &["nan", "NaN", "inf", "-inf", "-1", "1e300"];
+    // (flag, values refused, the commands that take it)
+    type Case<'a> = (&'a str, &'a [&'a str], &'a [&'a [&'a str]]);
+    let cases: &[Case<'_>] = &[
+        ("--horizon", unbounded, &[schedule, simulate]),
+        ("--change-min-gain", unbounded, &[schedule, simulate]),
+        ("--min-gain", unbounded, &[schedule, simulate]),
+        ("--scale-out-efficiency", unbounded, &[schedule, simulate]),
+        ("--time-limit", &["nan", "inf", "0", "-1", "1e300"], &[schedule, simulate]),
+        ("--max-scale", &["0", "-1", "nan"], &[schedule, simulate]),
+        ("--restart-cost", unbounded, &[schedule]),
+        ("--starvation", unbounded, &[schedule]),
+        ("--now", unbounded, &[schedule]),
+        ("--guarantee-margin", unbounded, &[simulate]),
+        ("--restart-penalty", unbounded, &[simulate]),
+        ("--interval", unbounded, &[simulate]),
+        ("--round", &["nan", "inf", "0.5", "1e300"], &[simulate]),
+        ("--noise", &["nan", "inf", "-0.1", "2"], &[simulate]),
+        ("--guarantee-share", &["nan", "inf", "-0.1", "2"], &[simulate]),
+        ("--extrapolated-slowdown", &["nan", "inf", "-0.1", "1"], &[simulate]),
+        ("--seeds", &["0", "1001"], &[simulate]),
+        ("--guaranteed-share", &["nan", "inf", "-0.1", "2"], &[trace]),
+        ("--from-s", unbounded, &[trace]),
+        ("--to-s", unbounded, &[trace]),
+    ];
+    for (flag, values, commands) in cases {
+        for command in *commands {
+            for value in *values {
+                let mut args = command.to_vec();
+                args.extend([*flag, *value]);
+                let run = run_in(d, "rubick-plan", &args);
+                let said = format!("{} {flag} {value}", command[0]);
+                assert_eq!(run.code, Some(2), "{said}: {}", run.stderr);
+                assert!(run.stderr.contains(flag), "{said}: names the flag: {}", run.stderr);
+                assert!(!run.stderr.contains("panicked"), "{said}: {}", run.stderr);
+                assert!(!d.join("out").exists(), "{said}: written anyway");
+            }
+        }
+    }
+    // The same edge values are taken by both.
+    for command in [schedule, simulate] {
+        let mut args = command.to_vec();
+        args.extend(["--horizon", "0", "--change-min-gain", "0", "--min-gain", "0"]);
+        let run = run_in(d, "rubick-plan", &args);
+        assert_eq!(run.code, Some(0), "{} at the bounds: {}", command[0], run.stderr);
+        std::fs::remove_file(d.join("out")).unwrap();
+    }
+}

@@ -15,6 +15,7 @@ use rubick_core::simulation::SimulationSummary;
 use rubick_core::tables::{SIM_JOBS, SimJobRow};
 use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
+use rubick_io::flags;
 use rubick_io::plot::write_figure;
 use rubick_io::reference::ReferenceData;
 use rubick_sim::truth::TruthMode;
@@ -75,13 +76,13 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub reference: PathBuf,
     /// Seconds per scheduling round
-    #[arg(long = "round", default_value_t = 60.0)]
+    #[arg(long = "round", default_value_t = 60.0, value_parser = flags::round_seconds, allow_hyphen_values = true)]
     pub round_s: f64,
     /// Seconds without progress after any placement change, incl. the first start
-    #[arg(long, default_value_t = 260.0)]
+    #[arg(long, default_value_t = 260.0, value_parser = flags::seconds, allow_hyphen_values = true)]
     pub restart_penalty: f64,
     /// Time limit of each MILP round (rubick-milp), seconds
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = flags::positive_seconds, allow_hyphen_values = true)]
     pub time_limit: f64,
     /// Per-job results, CSV or Parquet by extension (`-` for CSV on stdout)
     #[arg(long)]
@@ -95,36 +96,36 @@ pub struct SimulateArgs {
     pub plot_dir: Option<PathBuf>,
     /// A change of a running job must raise the objective by this much (in requests;
     /// formerly 0.5)
-    #[arg(long, default_value_t = PlannerConfig::default().change_min_gain)]
+    #[arg(long, default_value_t = PlannerConfig::default().change_min_gain, value_parser = flags::ratio, allow_hyphen_values = true)]
     pub change_min_gain: f64,
     /// Rounds a job's allocation is left alone after a change (at least the restart
     /// penalty's rounds + 1; formerly 20)
     #[arg(long, default_value_t = PlannerConfig::default().cooldown_rounds)]
     pub cooldown: u32,
     /// Seconds over which a restart must pay for itself
-    #[arg(long, default_value_t = PlannerConfig::default().horizon_s)]
+    #[arg(long, default_value_t = PlannerConfig::default().horizon_s, value_parser = flags::seconds, allow_hyphen_values = true)]
     pub horizon: f64,
     /// Every policy decides every this many seconds (and when a job arrives or
     /// finishes); 0: on those events only, and when cooldowns end (the simulator's
     /// earlier behaviour)
-    #[arg(long, default_value_t = rubick_sim::engine::DEFAULT_INTERVAL_S)]
+    #[arg(long, default_value_t = rubick_sim::engine::DEFAULT_INTERVAL_S, value_parser = flags::seconds, allow_hyphen_values = true)]
     pub interval: f64,
     /// A job gets at most this many times its requested GPUs (at least a node)
-    #[arg(long, default_value_t = PlannerConfig::default().max_scale)]
+    #[arg(long, default_value_t = PlannerConfig::default().max_scale, value_parser = crate::schedule::max_scale(), allow_hyphen_values = true)]
     pub max_scale: u32,
     /// More resources must buy at least this share more throughput (Pareto pruning)
-    #[arg(long, default_value_t = PlannerConfig::default().min_gain)]
+    #[arg(long, default_value_t = PlannerConfig::default().min_gain, value_parser = flags::ratio, allow_hyphen_values = true)]
     pub min_gain: f64,
     /// The restart rules
     #[command(flatten)]
     pub churn: crate::schedule::ChurnArgs,
     /// Mark this share of the trace's jobs guaranteed (evenly spread, deterministic),
     /// on top of its own is_sla
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = flags::share, allow_hyphen_values = true)]
     pub guarantee_share: f64,
     /// A configuration other than a guaranteed job's own request must be predicted this
     /// share faster than the request (the belief's error; the truth decides violations)
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = 0.3, value_parser = flags::ratio, allow_hyphen_values = true)]
     pub guarantee_margin: f64,
     /// Guaranteed jobs keep their requested plan's layout (TP/PP/ZeRO/offload) and are
     /// never spread over fragments, unless they run exactly as requested (`false`
@@ -143,15 +144,15 @@ pub struct SimulateArgs {
     /// A pessimistic truth: extrapolated configurations (plan families or GPU counts
     /// outside the measured ones) run this share slower than the truth says, to see how
     /// much a result rests on extrapolation
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = flags::share_below_one, allow_hyphen_values = true)]
     pub extrapolated_slowdown: f64,
     /// Log-normal noise on true iteration times (sigma of the log; 0.02: about 2 %),
     /// drawn per job and allocation
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = flags::share, allow_hyphen_values = true)]
     pub noise: f64,
     /// Replicas of the simulation, one per seed: the summary reports the mean and
     /// spread of every figure (per-job table and plots: the first replica)
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000), allow_hyphen_values = true)]
     pub seeds: u32,
     /// The first replica's seed
     #[arg(long, default_value_t = 1)]
@@ -187,16 +188,7 @@ fn r2(x: f64) -> f64 {
 }
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
-    // A round below a second would make a day's trace millions of rounds.
-    anyhow::ensure!(
-        args.round_s.is_finite() && (1.0..=rubick_core::launch::MAX_SECONDS).contains(&args.round_s),
-        "--round: must be 1 to {} seconds, got {}",
-        rubick_core::launch::MAX_SECONDS,
-        args.round_s
-    );
-    rubick_core::launch::check_seconds(args.restart_penalty, true)
-        .map_err(|why| anyhow::anyhow!("--restart-penalty: {why}"))?;
-    rubick_core::launch::check_seconds(args.time_limit, false).map_err(|why| anyhow::anyhow!("--time-limit: {why}"))?;
+    // Every number was bounded where clap parsed it (`rubick_io::flags`).
     for out in std::iter::once(&args.summary).chain(args.jobs_out.as_ref()) {
         rubick_io::cli::ensure_not_an_input(out, &[args.cluster.as_path(), args.trace.as_path()])?;
     }
@@ -204,24 +196,8 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
         !(rubick_io::files::is_std(&args.summary) && args.jobs_out.as_deref().is_some_and(rubick_io::files::is_std)),
         "--summary and --jobs-out: only one of them can go to stdout (`-`)"
     );
-    anyhow::ensure!(
-        (0.0..1.0).contains(&args.extrapolated_slowdown),
-        "--extrapolated-slowdown: must be in [0, 1), got {}",
-        args.extrapolated_slowdown
-    );
-    anyhow::ensure!(
-        args.noise.is_finite() && (0.0..=1.0).contains(&args.noise),
-        "--noise: must be between 0 and 1, got {}",
-        args.noise
-    );
-    anyhow::ensure!((1..=1000).contains(&args.seeds), "--seeds: must be between 1 and 1000, got {}", args.seeds);
     let cluster = crate::load_cluster(&args.cluster)?;
     let reference = ReferenceData::open(&args.reference)?;
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&args.guarantee_share),
-        "--guarantee-share: must be between 0 and 1, got {}",
-        args.guarantee_share
-    );
     // Jobs are made as the simulation reaches them: memory holds the jobs present.
     let (mut jobs, mut truth) = open_trace(&args.trace, &cluster, &reference, args.truth.into())?;
     truth.extrapolated_slowdown = args.extrapolated_slowdown;
@@ -238,16 +214,9 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
     config.planner.change_min_gain = args.change_min_gain;
     config.planner.cooldown_rounds = args.cooldown;
     config.planner.horizon_s = args.horizon;
-    anyhow::ensure!(args.max_scale >= 1, "--max-scale: must be at least 1");
-    anyhow::ensure!(args.min_gain.is_finite() && args.min_gain >= 0.0, "--min-gain: must be a non-negative number");
     config.planner.max_scale = args.max_scale;
     config.planner.min_gain = args.min_gain;
-    args.churn.apply(&mut config.planner)?;
-    anyhow::ensure!(
-        args.interval.is_finite() && args.interval >= 0.0,
-        "--interval: must be a non-negative number of seconds, got {}",
-        args.interval
-    );
+    args.churn.apply(&mut config.planner);
     config.interval_s = (args.interval > 0.0).then_some(args.interval);
     let bar = rubick_io::cli::progress_bar(jobs.len() as u64 * u64::from(args.seeds), "jobs finished");
     let start = Instant::now();
