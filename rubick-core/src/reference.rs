@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{ValidationError, ensure};
+use crate::limits;
 use crate::memory::MemoryEstimator;
 use crate::model::{MeasuredLimits, ModelSpec, StateBytes, TpPp};
 use crate::placement::Placement;
@@ -155,6 +157,30 @@ pub struct TraceJob {
     pub exec_plan: PlanCode,
     pub steps: u64,
     pub is_sla: bool,
+}
+
+impl TraceJob {
+    /// Checks the row's values, for the simulator that reads a trace and for `rubick-plan
+    /// trace` that writes one (so that it never writes a row the reader refuses): times
+    /// on the jobs' clock ([`limits::MAX_CLOCK_SECONDS`]), 1 to [`limits::MAX_GPUS`]
+    /// GPUs, at least one step; the error's field is the trace's column.
+    pub fn check(&self) -> Result<(), ValidationError> {
+        let at = |column: &'static str| move |why: String| ValidationError::new(column, why);
+        ensure(!self.name.is_empty(), "name", || "is empty".to_owned())?;
+        ensure(!self.application.is_empty(), "application", || "is empty".to_owned())?;
+        for (column, v) in [("submission_time", self.submission_time_s), ("duration", self.duration_s)] {
+            ensure(v.is_finite() && (0.0..=limits::MAX_CLOCK_SECONDS).contains(&v), column, || {
+                format!("must be 0 to {:e} seconds, got {}", limits::MAX_CLOCK_SECONDS, limits::shown(v))
+            })?;
+        }
+        limits::check_range(u64::from(self.num_gpus), 1, limits::MAX_GPUS).map_err(at("num_gpus"))?;
+        limits::check_range(u64::from(self.num_cpus), 0, limits::MAX_GPUS * u64::from(limits::MAX_CPU_CORES))
+            .map_err(at("num_cpus"))?;
+        limits::check_real(self.bandwidth, 0.0, limits::MAX_BANDWIDTH_GBPS, false).map_err(at("bandwidth"))?;
+        ensure(self.steps >= 1, "steps", || "must be at least 1".to_owned())?;
+        limits::check_range(self.steps, 1, u64::from(u32::MAX)).map_err(at("steps"))?;
+        Ok(())
+    }
 }
 
 /// One profiling run of `profiles/<model>/config.csv` + `data.csv` (paired by row).

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use rubick_core::reference::{MeasuredRow, ModelFacts, ProfileRun, ReferenceModels, TraceJob};
 
 use crate::files::{IoError, read_text};
-use crate::table::{f64_column, read_table, required, str_column};
+use crate::table::{f64_column, number_column, read_table, required, str_column};
 
 /// Environment variable that points at the reference directory.
 pub const REFERENCE_ENV: &str = "RUBICK_REFERENCE";
@@ -105,13 +105,30 @@ pub fn read_measured_rows(path: &Path) -> Result<Vec<MeasuredRow>, IoError> {
     Ok(rows)
 }
 
-/// Reads a trace in the reference workload format.
+/// The columns of a trace in the reference workload format.
+const TRACE_COLUMNS: [&str; 10] = [
+    "name",
+    "submission_time",
+    "duration",
+    "application",
+    "num_gpus",
+    "num_cpus",
+    "bandwidth",
+    "exec_plan",
+    "steps",
+    "is_sla",
+];
+
+/// Reads a trace in the reference workload format. Every cell of a CSV is read as text
+/// and its numbers parsed here, every row checked by [`TraceJob::check`] (what
+/// `rubick-plan trace` checks the rows it writes with): an error names the file, the
+/// line and the column.
 pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, IoError> {
-    let df = read_table(path, None, &["name", "application", "exec_plan"])?;
+    let df = read_table(path, None, &TRACE_COLUMNS)?;
     let names = str_column(path, &df, "name")?;
     let apps = str_column(path, &df, "application")?;
     let plans = str_column(path, &df, "exec_plan")?;
-    let num = |name| f64_column(path, &df, name);
+    let num = |name| number_column(path, &df, name);
     let (submit, duration, gpus, cpus, bandwidth, steps, sla) = (
         num("submission_time")?,
         num("duration")?,
@@ -133,51 +150,34 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceJob>, IoError> {
             if v < 0.0 || v.fract() != 0.0 || v > f64::from(u32::MAX) {
                 return Err(IoError::table(
                     path,
-                    format!("line {line}: {col} must be a non-negative integer, got {v}"),
+                    format!(
+                        "line {line}: {col} must be a whole number from 0 to {}, got {}",
+                        u32::MAX,
+                        rubick_core::limits::shown(v)
+                    ),
                 ));
             }
             Ok(v as u32)
         };
         let exec_plan =
             text(plans[i], "exec_plan")?.parse().map_err(|e| IoError::table(path, format!("line {line}: {e}")))?;
-        let num_gpus = count(gpus[i], "num_gpus")?;
-        if u64::from(num_gpus) > rubick_core::limits::MAX_GPUS {
-            return Err(IoError::table(
-                path,
-                format!("line {line}: num_gpus must be 1 to {}, got {num_gpus}", rubick_core::limits::MAX_GPUS),
-            ));
-        }
-        if num_gpus == 0 {
-            return Err(IoError::table(path, format!("line {line}: num_gpus must be at least 1")));
-        }
-        let steps = count(steps[i], "steps")?;
-        if steps == 0 {
-            return Err(IoError::table(path, format!("line {line}: steps must be at least 1")));
-        }
-        // Trace seconds: up to ~3,000 years; a float stall past that.
-        let submission_time_s = required(path, "submission_time", i, submit[i])?;
-        let duration_s = duration[i].unwrap_or(0.0);
-        for (col, v) in [("submission_time", submission_time_s), ("duration", duration_s)] {
-            if !(v.is_finite() && (0.0..=1e11).contains(&v)) {
-                return Err(IoError::table(path, format!("line {line}: {col} must be 0 to 1e11 seconds, got {v}")));
-            }
-        }
-        let name = text(names[i], "name")?;
-        if !seen.insert(name.clone()) {
-            return Err(IoError::table(path, format!("line {line}: name `{name}` is used by an earlier job")));
-        }
-        jobs.push(TraceJob {
-            name,
-            submission_time_s,
-            duration_s,
+        let job = TraceJob {
+            name: text(names[i], "name")?,
+            submission_time_s: required(path, "submission_time", i, submit[i])?,
+            duration_s: duration[i].unwrap_or(0.0),
             application: text(apps[i], "application")?,
-            num_gpus,
+            num_gpus: count(gpus[i], "num_gpus")?,
             num_cpus: count(cpus[i], "num_cpus")?,
             bandwidth: bandwidth[i].unwrap_or(0.0),
             exec_plan,
-            steps: u64::from(steps),
+            steps: u64::from(count(steps[i], "steps")?),
             is_sla: sla[i].unwrap_or(0.0) != 0.0,
-        });
+        };
+        job.check().map_err(|e| IoError::table(path, format!("line {line}: {} {}", e.field, e.message)))?;
+        if !seen.insert(job.name.clone()) {
+            return Err(IoError::table(path, format!("line {line}: name `{}` is used by an earlier job", job.name)));
+        }
+        jobs.push(job);
     }
     Ok(jobs)
 }

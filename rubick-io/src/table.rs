@@ -293,6 +293,30 @@ pub fn f64_column(path: &Path, df: &DataFrame, name: &str) -> Result<Vec<Option<
     Ok(values.iter().collect())
 }
 
+/// The values of a numeric column as `f64` (nulls as `None`), whether the table holds it
+/// as numbers (Parquet) or as text (a CSV column read with [`read_table`]'s
+/// `text_columns`, so that a cell no number type holds, a 301-digit integer, is read
+/// here and not refused in polars' words): a cell that is not a number is an error
+/// naming its CSV line and the column.
+pub fn number_column(path: &Path, df: &DataFrame, name: &str) -> Result<Vec<Option<f64>>, IoError> {
+    let column = df.column(name).map_err(|_| IoError::table(path, format!("column `{name}` is missing")))?;
+    if !column.dtype().is_string() {
+        return f64_column(path, df, name);
+    }
+    str_column(path, df, name)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, cell)| {
+            let Some(text) = cell.map(str::trim).filter(|t| !t.is_empty()) else { return Ok(None) };
+            text.parse().map(Some).map_err(|_| {
+                let shown: String = text.chars().take(40).collect();
+                let more = if shown.len() < text.len() { "..." } else { "" };
+                IoError::table(path, format!("line {}: column `{name}`: expected a number, got `{shown}{more}`", i + 2))
+            })
+        })
+        .collect()
+}
+
 /// A required numeric cell: the error names the column and the CSV line.
 pub fn required(path: &Path, name: &str, row: usize, value: Option<f64>) -> Result<f64, IoError> {
     value.ok_or_else(|| IoError::table(path, format!("line {}: column `{name}` is empty", row + 2)))

@@ -250,7 +250,7 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
     let path = philly.display().to_string();
     let start = Instant::now();
     let (mut logged, _) = rubick_sim::logs::read_philly(&path, &std::fs::read_to_string(&philly)?)?;
-    let rows = rubick_sim::logs::map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
+    let rows = rubick_sim::logs::map_jobs(&path, &logged, "philly", &cluster, data, 1, 0.0)?;
     println!("bench: trace_philly_82k_jobs_ms {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
     drop(rows);
     rubick_sim::logs::Window::default().select(&mut logged);
@@ -266,7 +266,7 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
         })
         .collect();
     logged.extend(again);
-    let rows = rubick_sim::logs::map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
+    let rows = rubick_sim::logs::map_jobs(&path, &logged, "philly", &cluster, data, 1, 0.0)?;
     let dir = tempfile::tempdir()?;
     let trace = dir.path().join("philly-100k.csv");
     std::fs::write(&trace, rubick_sim::logs::to_csv(&rows))?;
@@ -305,9 +305,10 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
         let mut cluster = base.clone();
         cluster.name = format!("a800-{gpus}");
         cluster.node_groups[0].count = nodes;
-        let (mut logged, _) = read_philly(&philly.display().to_string(), &text)?;
+        let path = philly.display().to_string();
+        let (mut logged, _) = read_philly(&path, &text)?;
         Window { limit: Some(limit), ..Window::default() }.select(&mut logged);
-        let rows = map_jobs(&logged, "philly", &cluster, data, 1, 0.0)?;
+        let rows = map_jobs(&path, &logged, "philly", &cluster, data, 1, 0.0)?;
         let trace = dir.path().join(format!("philly-{gpus}.csv"));
         std::fs::write(&trace, to_csv(&rows))?;
         let (jobs, truth) = rubick_sim::trace::open_trace(&trace, &cluster, data, TruthMode::Oracle)?;

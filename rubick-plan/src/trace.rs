@@ -88,8 +88,8 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<Outcome> {
         Format::Philly => "philly",
         Format::Sacct => "slurm",
     };
-    let rows = map_jobs(&jobs, prefix, &cluster, &reference, args.seed, args.guaranteed_share)?;
-    let capped = rows.iter().zip(&jobs).filter(|(r, j)| r.gpus < j.gpus).count();
+    let rows = map_jobs(&path, &jobs, prefix, &cluster, &reference, args.seed, args.guaranteed_share)?;
+    let capped = rows.iter().zip(&jobs).filter(|(r, j)| r.num_gpus < j.gpus).count();
     for (why, n) in &left {
         tracing::info!("{path}: {n} job(s) left out: {why}");
     }
@@ -98,7 +98,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<Outcome> {
     }
     let mut by_model: BTreeMap<&str, usize> = BTreeMap::new();
     for r in &rows {
-        *by_model.entry(r.model.as_str()).or_default() += 1;
+        *by_model.entry(r.application.as_str()).or_default() += 1;
     }
     tracing::info!(
         "{} jobs from {path} ({read} read): {}",

@@ -33,10 +33,12 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, bail};
 use rubick_core::artifact::parse_yaml;
+use rubick_core::limits::MAX_CLOCK_SECONDS;
 use rubick_core::plan::PlanCode;
 use rubick_core::planner::curves::Evaluator;
 use rubick_core::planner::rng::SplitMix64;
 use rubick_core::planner::{Candidates, PlannerConfig, ReferencePlans, Restriction};
+use rubick_core::reference::TraceJob;
 use rubick_core::{Cluster, Job, JobBatch, Placement};
 use rubick_io::beliefs::{ModelSource, job_params};
 use rubick_io::reference::ReferenceData;
@@ -82,6 +84,10 @@ pub fn parse_time(text: &str) -> Option<f64> {
     let (date, time) = text.split_once(['T', ' '])?;
     let mut d = date.splitn(3, '-').map(str::parse::<i64>);
     let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    // A calendar year: the arithmetic below overflows i64 on a year of 15 digits.
+    if !(0..=9999).contains(&y) {
+        return None;
+    }
     let mut t = time.splitn(3, ':').map(str::parse::<f64>);
     let (hh, mm, ss) = (t.next()?.ok()?, t.next()?.ok()?, t.next().unwrap_or(Ok(0.0)).ok()?);
     if !(1..=12).contains(&m) || !(1..=31).contains(&day) || !(0.0..24.0).contains(&hh) || !(0.0..60.0).contains(&mm) {
@@ -178,7 +184,7 @@ pub fn read_philly(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, Le
     for (line, f) in rows {
         let field = |k: usize, name: &str| f.get(k).copied().ok_or_else(|| bad(path, line, format!("no {name}")));
         let submit_s = parse_time(field(ts, "timestamp")?)
-            .ok_or_else(|| bad(path, line, "timestamp: expected YYYY-MM-DD HH:MM:SS"))?;
+            .ok_or_else(|| bad(path, line, "timestamp: expected YYYY-MM-DD HH:MM:SS, a year 0 to 9999"))?;
         let duration_s: f64 = field(dur, "duration")?
             .parse()
             .ok()
@@ -227,14 +233,27 @@ pub fn read_sacct(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, Lef
             continue;
         }
         let Some(submit_s) = parse_time(get(submit)) else {
-            return Err(bad(path, line, format!("Submit: expected YYYY-MM-DDTHH:MM:SS, got `{}`", get(submit))));
+            return Err(bad(
+                path,
+                line,
+                format!("Submit: expected YYYY-MM-DDTHH:MM:SS, a year 0 to 9999, got `{}`", get(submit)),
+            ));
         };
-        let duration_s = match (elapsed_raw, elapsed) {
-            (Some(k), _) if !get(k).is_empty() => get(k).parse::<f64>().ok().filter(|d| d.is_finite() && *d >= 0.0),
-            (_, Some(k)) => parse_elapsed(get(k)),
-            _ => None,
-        }
-        .ok_or_else(|| bad(path, line, "Elapsed: expected [DD-]HH:MM:SS (or ElapsedRaw seconds)"))?;
+        let (column, duration_s) = match (elapsed_raw, elapsed) {
+            (Some(k), _) if !get(k).is_empty() => ("ElapsedRaw", get(k).parse::<f64>().ok()),
+            (_, Some(k)) => ("Elapsed", parse_elapsed(get(k))),
+            _ => ("Elapsed", None),
+        };
+        let duration_s =
+            duration_s.filter(|d| d.is_finite() && (0.0..=MAX_CLOCK_SECONDS).contains(d)).ok_or_else(|| {
+                bad(
+                    path,
+                    line,
+                    format!(
+                        "{column}: expected [DD-]HH:MM:SS (or ElapsedRaw seconds), 0 to {MAX_CLOCK_SECONDS:e} seconds"
+                    ),
+                )
+            })?;
         let gpus = tres.iter().map(|&k| get(k)).find(|t| !t.is_empty()).map_or(Some(0), parse_gpus);
         let Some(gpus) = gpus else {
             return Err(bad(path, line, "AllocTRES: expected gres/gpu=N among its entries"));
@@ -243,20 +262,6 @@ pub fn read_sacct(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, Lef
         keep(&mut jobs, &mut left, LoggedJob { line, submit_s, duration_s, gpus, group });
     }
     Ok((jobs, left))
-}
-
-/// A job of the trace.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TraceRow {
-    pub name: String,
-    pub submission_time_s: f64,
-    pub duration_s: f64,
-    pub model: String,
-    pub gpus: u32,
-    pub cpus: u32,
-    pub plan: PlanCode,
-    pub steps: u64,
-    pub guaranteed: bool,
 }
 
 /// What one model offers the mapping: its job template and, per GPU count, its best
@@ -268,15 +273,18 @@ struct Candidate {
     plans: HashMap<u32, Option<(PlanCode, f64)>>,
 }
 
-/// Maps the jobs of a log onto the reference's models (see the module's rules).
+/// Maps the jobs of the log at `path` onto the reference's models (see the module's
+/// rules): one row of the trace per job, in order, each checked as the simulator checks
+/// the rows it reads ([`TraceJob::check`]; an error names the log's line).
 pub fn map_jobs(
+    path: &str,
     jobs: &[LoggedJob],
     prefix: &str,
     cluster: &Cluster,
     reference: &ReferenceData,
     seed: u64,
     guaranteed_share: f64,
-) -> anyhow::Result<Vec<TraceRow>> {
+) -> anyhow::Result<Vec<TraceJob>> {
     let group = cluster.node_groups.first().context("the cluster has no node group")?;
     let paper: JobBatch = parse_yaml(PAPER_JOBS)?;
     let mut templates = Vec::new();
@@ -333,38 +341,42 @@ pub fn map_jobs(
         let batch = m.job.model.global_batch as f64;
         let steps = (job.duration_s * throughput / batch).round().clamp(1.0, f64::from(u32::MAX) - 1.0) as u64;
         let guaranteed = rng.unit() < guaranteed_share;
-        rows.push(TraceRow {
+        let row = TraceJob {
             name: format!("{prefix}-{}", job.line),
             submission_time_s: (job.submit_s - first).max(0.0),
             duration_s: job.duration_s,
-            model: m.job.model.name.clone(),
-            gpus,
-            cpus: gpus * fair,
-            plan,
+            application: m.job.model.name.clone(),
+            num_gpus: gpus,
+            num_cpus: gpus * fair,
+            bandwidth: 0.0,
+            exec_plan: plan,
             steps,
-            guaranteed,
-        });
+            is_sla: guaranteed,
+        };
+        row.check().map_err(|e| bad(path, job.line, format!("the trace's {} {}", e.field, e.message)))?;
+        rows.push(row);
     }
     Ok(rows)
 }
 
 /// The trace as CSV, in the reference workload's columns.
-pub fn to_csv(rows: &[TraceRow]) -> String {
+pub fn to_csv(rows: &[TraceJob]) -> String {
     let mut out =
         String::from("name,submission_time,duration,application,num_gpus,num_cpus,bandwidth,exec_plan,steps,is_sla\n");
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},0,{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{}",
             r.name,
             r.submission_time_s,
             r.duration_s,
-            r.model,
-            r.gpus,
-            r.cpus,
-            r.plan,
+            r.application,
+            r.num_gpus,
+            r.num_cpus,
+            r.bandwidth,
+            r.exec_plan,
             r.steps,
-            u8::from(r.guaranteed)
+            u8::from(r.is_sla)
         );
     }
     out
@@ -409,6 +421,9 @@ mod tests {
         assert_eq!(parse_time("2026-12-04T05:00:00"), Some(1_796_360_400.0));
         assert_eq!(parse_time("2017-13-09 07:01:55"), None);
         assert_eq!(parse_time("yesterday"), None);
+        // A year of 18 digits overflowed i64 (silently, in a release build).
+        assert_eq!(parse_time("999999999999999999-10-09 07:01:55"), None);
+        assert_eq!(parse_time("9999-12-31 23:59:59"), Some(253_402_300_799.0));
         assert_eq!(parse_elapsed("1-02:03:04"), Some(93_784.0));
         assert_eq!(parse_elapsed("00:01:05"), Some(65.0));
         assert_eq!(parse_elapsed("01:05"), Some(65.0));
@@ -441,6 +456,9 @@ mod tests {
         assert_eq!(left.values().sum::<usize>(), 3);
         let e = read_sacct("sacct.txt", "JobID|Submit|Elapsed|AllocTRES\n1|soon|01:00|gres/gpu=1\n").unwrap_err();
         assert!(e.to_string().contains("sacct.txt: line 2: Submit"), "{e}");
+        let e = read_sacct("sacct.txt", "JobID|Submit|ElapsedRaw|AllocTRES\n1|2026-12-01T10:00:00|1e300|gres/gpu=1\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("sacct.txt: line 2: ElapsedRaw"), "{e}");
     }
 
     #[test]

@@ -529,3 +529,69 @@ fn the_test_slurms_own_history_becomes_a_trace_the_simulator_replays() {
     let summary = std::fs::read_to_string(dir.path().join("own.yaml")).unwrap();
     assert!(summary.contains("jobs: 3"), "{summary}");
 }
+
+/// Regression, "`rubick-plan trace` writes what `simulate` refuses: a Philly year
+/// overflows i64 silently; sacct `ElapsedRaw=1e300` becomes a 301-digit duration that
+/// simulate reports in polars' words (\"increasing infer_schema_length ...
+/// ignore_errors=True\")": `trace` checks every row it writes as `simulate` checks every
+/// row it reads (one check), each error naming the input file, its line and the field,
+/// nothing written; `simulate` reads a trace's numbers itself and says what is wrong in
+/// our words.
+#[test]
+fn trace_writes_only_what_simulate_reads() {
+    let Some(reference) = reference_dir() else { return };
+    let dir = temp();
+    let d = dir.path();
+    let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
+    let philly = |rows: &str| format!("timestamp,duration,num_gpus,gpu_time,cluster\n{rows}");
+    let sacct =
+        |elapsed: &str| format!("JobID|Submit|ElapsedRaw|AllocTRES\n7|2026-11-30T08:00:00|{elapsed}|gres/gpu=1\n");
+    for (name, format, text, says) in [
+        (
+            "year.csv",
+            "philly",
+            philly("2017-10-09 07:01:55,66,1,66,a\n999999999999999999-10-09 07:01:55,66,1,66,a\n"),
+            "year.csv: line 3: timestamp",
+        ),
+        (
+            "years.csv",
+            "philly",
+            philly("0001-01-01 00:00:00,66,1,66,a\n9999-12-31 00:00:00,66,1,66,a\n"),
+            "years.csv: line 3: the trace's submission_time must be 0 to 1e11 seconds",
+        ),
+        ("sacct.txt", "sacct", sacct("1e300"), "sacct.txt: line 2: ElapsedRaw"),
+        ("nan.txt", "sacct", sacct("NaN"), "nan.txt: line 2: ElapsedRaw"),
+    ] {
+        std::fs::write(d.join(name), text).unwrap();
+        let run = run_in(
+            d,
+            "rubick-plan",
+            &["trace", name, "--format", format, "--cluster", &cluster, "--reference", &reference, "-o", "t.csv"],
+        );
+        assert_eq!(run.code, Some(2), "{name}: {}", run.stderr);
+        assert!(run.stderr.contains(says), "{name}: {}", run.stderr);
+        assert!(!d.join("t.csv").exists(), "{name}: written anyway");
+    }
+    // What a trace with such a row says when simulated: the file, the line, the column.
+    let header = "name,submission_time,duration,application,num_gpus,num_cpus,bandwidth,exec_plan,steps,is_sla\n";
+    let digits = format!("1{}", "0".repeat(300));
+    for (name, duration, says) in [
+        ("digits.csv", digits.as_str(), "digits.csv: line 3: duration must be 0 to 1e11 seconds, got 1e300"),
+        ("word.csv", "soon", "word.csv: line 3: column `duration`: expected a number, got `soon`"),
+    ] {
+        let rows =
+            format!("{header}vit-0,0,3163,vit,2,16,0,zero-dp,37239,0\nvit-1,5,{duration},vit,2,16,0,zero-dp,10,0\n");
+        std::fs::write(d.join(name), rows).unwrap();
+        let run = run_in(
+            d,
+            "rubick-plan",
+            &["simulate", "--cluster", &cluster, "--reference", &reference, "--trace", name, "--summary", "s.yaml"],
+        );
+        assert_eq!(run.code, Some(2), "{name}: {}", run.stderr);
+        assert!(run.stderr.contains(says), "{name}: {}", run.stderr);
+        for polars in ["infer_schema_length", "ignore_errors", "dtype"] {
+            assert!(!run.stderr.contains(polars), "{name}: in polars' words: {}", run.stderr);
+        }
+        assert!(!d.join("s.yaml").exists(), "{name}: written anyway");
+    }
+}
