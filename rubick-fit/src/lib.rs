@@ -223,6 +223,14 @@ fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
         !(args.model_out.as_deref().is_some_and(rubick_io::files::is_std) && rubick_io::files::is_std(&args.summary)),
         "--model-out and --summary cannot both be stdout"
     );
+    // Every output's name, before the first is written.
+    rubick_io::check_output(&args.summary, rubick_io::Format::Yaml)?;
+    if let Some(path) = &args.model_out {
+        rubick_io::check_output(path, rubick_io::Format::Yaml)?;
+    }
+    if let Some(path) = &args.rows {
+        rubick_io::check_output(path, rubick_io::table::TableFormat::for_path(path, None).into())?;
+    }
     let (source, evaluations) = if let Some(reference) = &args.source.reference {
         evaluate_reference(args, reference)?
     } else if let Some(table) = &args.source.table {
@@ -253,9 +261,9 @@ fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
     if let Some(path) = &args.plot {
         plot::predicted_vs_measured(path, &rows)?;
     }
-    rubick_io::write_output(&args.summary, serde_yaml_ng::to_string(&summary)?.as_bytes())?;
+    rubick_io::write_output(&args.summary, rubick_io::Format::Yaml, serde_yaml_ng::to_string(&summary)?.as_bytes())?;
     if let (Some(path), Some(model)) = (&args.model_out, perf_models.first()) {
-        rubick_io::write_output(path, to_yaml(model).as_bytes())?;
+        rubick_io::write_output(path, rubick_io::Format::Yaml, to_yaml(model).as_bytes())?;
     }
     Ok(Outcome::Done)
 }
@@ -382,7 +390,7 @@ fn run_select(args: &SelectArgs) -> anyhow::Result<Outcome> {
     for i in chosen {
         out.push_str(&format!("{},{}\n", candidates[i].plan, candidates[i].placement));
     }
-    rubick_io::write_output(&args.output, out.as_bytes())?;
+    rubick_io::write_output(&args.output, rubick_io::Format::Csv, out.as_bytes())?;
     Ok(Outcome::Done)
 }
 
@@ -495,7 +503,7 @@ fn run_fit(profile: &Path, job: &Path, cluster: &Path, output: &Path) -> anyhow:
         }
         tracing::info!("fit: {} rows, mean in-sample error {:.1} %", rows.len(), d.mean_rel_error * 100.0);
     }
-    rubick_io::write_output(output, to_yaml(&model).as_bytes())?;
+    rubick_io::write_output(output, rubick_io::Format::Yaml, to_yaml(&model).as_bytes())?;
     Ok(Outcome::Done)
 }
 
@@ -567,7 +575,7 @@ fn run_predict(
     for b in &bad {
         tracing::error!("{b}; not predicted");
     }
-    rubick_io::write_output(output, out.as_bytes())?;
+    rubick_io::write_output(output, rubick_io::Format::Csv, out.as_bytes())?;
     // Some rows were predicted, some refused: the output is written, the exit says so.
     if bad.is_empty() {
         Ok(Outcome::Done)

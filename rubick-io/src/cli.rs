@@ -154,10 +154,11 @@ impl ListFormat {
     /// space.json`) is an error naming both: a file is never written in a format its
     /// name contradicts.
     pub fn resolve(flag: Option<ListFormat>, output: &Path) -> anyhow::Result<ListFormat> {
+        use crate::files::Format;
         let named = match crate::files::extension_format(output) {
-            Some("yaml") => Some(ListFormat::Yaml),
-            Some("csv") => Some(ListFormat::Csv),
-            Some("parquet") => Some(ListFormat::Parquet),
+            Some(Format::Yaml) => Some(ListFormat::Yaml),
+            Some(Format::Csv) => Some(ListFormat::Csv),
+            Some(Format::Parquet) => Some(ListFormat::Parquet),
             Some(other) => anyhow::bail!(
                 "-o {}: the extension names {other}, which this listing is not written in (yaml, csv or parquet)",
                 output.display()
@@ -197,7 +198,7 @@ pub fn completions(mut command: clap::Command, shell: clap_complete::Shell) -> a
     let name = command.get_name().to_owned();
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut command, name, &mut out);
-    crate::write_output(Path::new("-"), &out)?;
+    crate::write_output(Path::new("-"), crate::Format::Text, &out)?;
     Ok(Outcome::Done)
 }
 
@@ -208,7 +209,7 @@ pub fn man_pages(command: clap::Command, out_dir: Option<&Path>) -> anyhow::Resu
     let Some(dir) = out_dir else {
         let mut out = Vec::new();
         clap_mangen::Man::new(command).render(&mut out)?;
-        crate::write_output(Path::new("-"), &out)?;
+        crate::write_output(Path::new("-"), crate::Format::Text, &out)?;
         return Ok(Outcome::Done);
     };
     std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;

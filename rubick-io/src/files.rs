@@ -17,6 +17,9 @@ pub enum IoError {
     Artifact { path: String, source: ArtifactError },
     #[error("{path}: {message}")]
     Table { path: String, message: String },
+    /// An output that cannot be written under its name (see [`check_output`]).
+    #[error("{path}: {message}")]
+    Output { path: String, message: String },
 }
 
 impl IoError {
@@ -35,23 +38,105 @@ pub fn is_std(path: &Path) -> bool {
     path.as_os_str() == "-"
 }
 
-/// The data format a file's extension names, case-insensitively: `yaml` (`.yaml`,
-/// `.yml`), `csv`, `parquet` (`.parquet`, `.pq`), `json` (`.json`, `.jsonl`) or `tsv`;
-/// `None` for stdout, no extension or any other. An output whose extension names
-/// another format than the one written is refused, never written silently.
-pub fn extension_format(path: &Path) -> Option<&'static str> {
+/// What an output holds, for the check of its name ([`check_output`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Yaml,
+    Json,
+    Csv,
+    Tsv,
+    Parquet,
+    Markdown,
+    /// The Prometheus text exposition format (node-exporter's textfile collector reads
+    /// `*.prom`).
+    Prometheus,
+    Xml,
+    /// Text for a person (a table, a report, a script): no extension names it; `.txt`
+    /// names no format.
+    Text,
+}
+
+impl Format {
+    const ALL: [Format; 9] = [
+        Format::Yaml,
+        Format::Json,
+        Format::Csv,
+        Format::Tsv,
+        Format::Parquet,
+        Format::Markdown,
+        Format::Prometheus,
+        Format::Xml,
+        Format::Text,
+    ];
+
+    /// The format's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Yaml => "yaml",
+            Format::Json => "json",
+            Format::Csv => "csv",
+            Format::Tsv => "tsv",
+            Format::Parquet => "parquet",
+            Format::Markdown => "markdown",
+            Format::Prometheus => "prometheus",
+            Format::Xml => "xml",
+            Format::Text => "text",
+        }
+    }
+
+    /// The extensions that name the format (lower case), the usual one first.
+    pub fn extensions(self) -> &'static [&'static str] {
+        match self {
+            Format::Yaml => &["yaml", "yml"],
+            Format::Json => &["json", "jsonl"],
+            Format::Csv => &["csv"],
+            Format::Tsv => &["tsv"],
+            Format::Parquet => &["parquet", "pq"],
+            Format::Markdown => &["md", "markdown"],
+            Format::Prometheus => &["prom"],
+            Format::Xml => &["xml"],
+            Format::Text => &[],
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The format a file's extension names, case-insensitively (see
+/// [`Format::extensions`]); `None` for stdout, no extension or any other (`.txt`
+/// included). An output whose extension names another format than the one written is
+/// refused ([`check_output`]), never written silently.
+pub fn extension_format(path: &Path) -> Option<Format> {
     if is_std(path) {
         return None;
     }
     let ext = path.extension()?.to_str()?.to_ascii_lowercase();
-    Some(match ext.as_str() {
-        "yaml" | "yml" => "yaml",
-        "csv" => "csv",
-        "parquet" | "pq" => "parquet",
-        "json" | "jsonl" => "json",
-        "tsv" => "tsv",
-        _ => return None,
-    })
+    Format::ALL.into_iter().find(|f| f.extensions().contains(&ext.as_str()))
+}
+
+/// The one check of an output's name, for every output written: a path whose extension
+/// names another format than `format` (`schedule -o s.parquet`, a table `-o t.yaml`,
+/// `status --format prometheus -o s.yaml`) is refused, naming both; `-` (stdout), no
+/// extension and an extension no format has (`.txt`) are taken. A command with several
+/// outputs checks them all before it writes the first.
+pub fn check_output(path: &Path, format: Format) -> Result<(), IoError> {
+    match extension_format(path) {
+        Some(named) if named != format => {
+            let rename = match format.extensions().first() {
+                Some(ext) => format!("name it .{ext}, or give it no extension"),
+                None => "give it no extension (or .txt)".to_owned(),
+            };
+            Err(IoError::Output {
+                path: display(path),
+                message: format!("the extension names {named}, but this output is {format}: {rename}"),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Reads a whole file (or stdin for `-`) as bytes.
@@ -155,9 +240,11 @@ pub fn temp_file_in(dir: &Path, prefix: &str, suffix: &str) -> std::io::Result<t
     builder.tempfile_in(dir)
 }
 
-/// Writes an output: to stdout for `-` (a closed pipe is not an error: see
-/// [`crate::cli::report`]), else atomically to the file.
-pub fn write_output(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+/// Writes an output of `format`: to stdout for `-` (a closed pipe is not an error: see
+/// [`crate::cli::report`]), else atomically to the file, unless its name says another
+/// format ([`check_output`]: then nothing is written).
+pub fn write_output(path: &Path, format: Format, bytes: &[u8]) -> Result<(), IoError> {
+    check_output(path, format)?;
     if is_std(path) {
         let mut out = std::io::stdout().lock();
         out.write_all(bytes).and_then(|_| out.flush()).map_err(|source| IoError::Io { path: "<stdout>".into(), source })

@@ -22,4 +22,4 @@ pub mod reference;
 pub mod table;
 pub mod testing;
 
-pub use files::{IoError, check_artifacts, load_artifact, read_text, write_atomic, write_output};
+pub use files::{Format, IoError, check_artifacts, check_output, load_artifact, read_text, write_atomic, write_output};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use polars::prelude::*;
 use rubick_core::tables::{ColumnType, SCHEMA_KEY, TABLE_SCHEMA_VERSION, TableSchema};
 
-use crate::files::{IoError, display, read_bytes, write_output};
+use crate::files::{Format, IoError, check_output, display, read_bytes, write_output};
 
 /// The on-disk form of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -29,9 +29,18 @@ impl TableFormat {
     /// unknown extensions are CSV unless `flag` says otherwise.
     pub fn for_path(path: &Path, flag: Option<TableFormat>) -> TableFormat {
         flag.unwrap_or_else(|| match crate::files::extension_format(path) {
-            Some("parquet") => TableFormat::Parquet,
+            Some(Format::Parquet) => TableFormat::Parquet,
             _ => TableFormat::Csv,
         })
+    }
+}
+
+impl From<TableFormat> for Format {
+    fn from(format: TableFormat) -> Self {
+        match format {
+            TableFormat::Csv => Format::Csv,
+            TableFormat::Parquet => Format::Parquet,
+        }
     }
 }
 
@@ -235,29 +244,16 @@ pub fn write_table(
     format: Option<TableFormat>,
     schema: &TableSchema,
 ) -> Result<(), IoError> {
-    // An output named for another format is refused, not written as a table.
-    let named = match crate::files::extension_format(path) {
-        Some("csv") => Some(TableFormat::Csv),
-        Some("parquet") => Some(TableFormat::Parquet),
-        Some(other) => {
-            return Err(IoError::table(
-                path,
-                format!("the extension names {other}, but this output is a table: name it .csv or .parquet"),
-            ));
-        }
-        None => None,
-    };
-    if let (Some(asked), Some(named)) = (format, named)
-        && asked != named
-    {
-        return Err(IoError::table(
-            path,
-            format!("the extension names {}, but the output asked is {}", named.name(), asked.name()),
-        ));
-    }
+    // The format asked, else the one the name says, else CSV; a name that says another
+    // format is refused by the one check of an output's name, before any work.
+    let format = format.or_else(|| match crate::files::extension_format(path) {
+        Some(Format::Parquet) => Some(TableFormat::Parquet),
+        _ => None,
+    });
+    let format = format.unwrap_or(TableFormat::Csv);
+    check_output(path, format.into())?;
     let mut bytes = Vec::new();
     let wrap = |e: PolarsError| IoError::table(path, e);
-    let format = format.or(named).unwrap_or(TableFormat::Csv);
     match format {
         TableFormat::Csv => {
             CsvWriter::new(&mut bytes).include_header(true).finish(df).map_err(wrap)?;
@@ -270,7 +266,7 @@ pub fn write_table(
             ParquetWriter::new(&mut bytes).with_key_value_metadata(Some(metadata)).finish(df).map_err(wrap)?;
         }
     }
-    write_output(path, &bytes)
+    write_output(path, format.into(), &bytes)
 }
 
 /// The values of a string column (nulls as `None`).
@@ -353,8 +349,8 @@ mod tests {
         for (name, format, said) in [
             ("t.yaml", None, "names yaml"),
             ("t.json", None, "names json"),
-            ("t.parquet", Some(TableFormat::Csv), "names parquet, but the output asked is csv"),
-            ("t.CSV", Some(TableFormat::Parquet), "names csv, but the output asked is parquet"),
+            ("t.parquet", Some(TableFormat::Csv), "names parquet, but this output is csv"),
+            ("t.CSV", Some(TableFormat::Parquet), "names csv, but this output is parquet"),
             ("t.Yml", Some(TableFormat::Csv), "names yaml"),
         ] {
             let path = dir.path().join(name);

@@ -145,7 +145,7 @@ pub fn run(args: &CurvesArgs) -> anyhow::Result<Outcome> {
         }
         lines.push(Line { name: input.job.name.clone(), points: best });
     }
-    write_output(&args.output, csv.as_bytes())?;
+    write_output(&args.output, rubick_io::Format::Csv, csv.as_bytes())?;
     if let Some(plot) = &args.plot {
         write_figure(plot, (1000, 720), &CurvesFigure { cluster: cluster.name.clone(), lines })?;
         tracing::info!("wrote {}", plot.display());

@@ -218,7 +218,7 @@ fn schema(name: &str) -> anyhow::Result<Outcome> {
         let names: Vec<&str> = schemas.iter().map(|(n, _)| n.trim_end_matches(".json")).collect();
         format!("unknown schema `{name}` (expected one of: {})", names.join(", "))
     })?;
-    rubick_io::write_output(Path::new("-"), text.as_bytes())?;
+    rubick_io::write_output(Path::new("-"), rubick_io::Format::Json, text.as_bytes())?;
     Ok(Outcome::Done)
 }
 

@@ -286,6 +286,6 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
             eprintln!("{line}");
         }
     }
-    write_output(&args.output, to_yaml(&schedule).as_bytes())?;
+    write_output(&args.output, rubick_io::Format::Yaml, to_yaml(&schedule).as_bytes())?;
     Ok(Outcome::Done)
 }

@@ -54,7 +54,11 @@ pub fn run(args: &SpaceArgs) -> anyhow::Result<Outcome> {
     }
 
     match format {
-        ListFormat::Yaml => rubick_io::write_output(&args.output, serde_yaml_ng::to_string(&listing)?.as_bytes())?,
+        ListFormat::Yaml => rubick_io::write_output(
+            &args.output,
+            rubick_io::Format::Yaml,
+            serde_yaml_ng::to_string(&listing)?.as_bytes(),
+        )?,
         ListFormat::Csv => {
             let mut df = to_frame(&listing)?;
             rubick_io::table::write_table(&mut df, &args.output, Some(TableFormat::Csv), &SPACE_TABLE)?;

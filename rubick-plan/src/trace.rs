@@ -105,6 +105,6 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<Outcome> {
         rows.len(),
         by_model.iter().map(|(m, n)| format!("{m} {n}")).collect::<Vec<_>>().join(", ")
     );
-    rubick_io::write_output(&args.output, to_csv(&rows).as_bytes())?;
+    rubick_io::write_output(&args.output, rubick_io::Format::Csv, to_csv(&rows).as_bytes())?;
     Ok(Outcome::Done)
 }

@@ -423,7 +423,11 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<Outcome> {
     );
     let suite = baseline.first().or(new.first()).map_or("profile", |r| r.job.as_str()).to_owned();
     let report = Report { suite, comparisons };
-    rubick_io::write_output(std::path::Path::new("-"), args.format.render(&report).as_bytes())?;
+    rubick_io::write_output(
+        std::path::Path::new("-"),
+        args.format.file_format(),
+        args.format.render(&report).as_bytes(),
+    )?;
     let regressed: Vec<String> = report
         .comparisons
         .iter()

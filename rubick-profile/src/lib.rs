@@ -111,11 +111,17 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     let cluster = devices::local_cluster(&machine);
                     let yaml = rubick_core::artifact::to_yaml(&cluster);
                     if !rubick_io::files::is_std(&path) {
-                        rubick_io::write_output(std::path::Path::new("-"), listing.as_bytes())?;
+                        rubick_io::write_output(
+                            std::path::Path::new("-"),
+                            rubick_io::Format::Yaml,
+                            listing.as_bytes(),
+                        )?;
                     }
-                    rubick_io::write_output(&path, yaml.as_bytes())?;
+                    rubick_io::write_output(&path, rubick_io::Format::Yaml, yaml.as_bytes())?;
                 }
-                None => rubick_io::write_output(std::path::Path::new("-"), listing.as_bytes())?,
+                None => {
+                    rubick_io::write_output(std::path::Path::new("-"), rubick_io::Format::Yaml, listing.as_bytes())?
+                }
             }
             Ok(Outcome::Done)
         }

@@ -126,7 +126,7 @@ pub fn command(backend: &str, hw: &Hardware, output: &Path) -> anyhow::Result<ru
         eprintln!("{line}");
     }
     tracing::info!("{}: {} node(s) of {} GPU(s) in all", cluster.name, cluster.total_nodes(), cluster.total_gpus());
-    rubick_io::write_output(output, rubick_core::artifact::to_yaml(&cluster).as_bytes())?;
+    rubick_io::write_output(output, rubick_io::Format::Yaml, rubick_core::artifact::to_yaml(&cluster).as_bytes())?;
     Ok(rubick_io::cli::Outcome::Done)
 }
 

@@ -4,6 +4,8 @@
 use crate::*;
 
 pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
+    // A name for another format is refused before any refit is written.
+    rubick_io::check_output(output, rubick_io::Format::Yaml)?;
     let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
     let dir = locked!(args, false);
     ensure_outside(&dir, output)?;
@@ -65,7 +67,7 @@ pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> a
         .collect();
     let batch =
         JobBatch { api_version: Some(ApiVersion::CURRENT), kind: Some(Kind::JobBatch), jobs, now_s: Some(unix_now()) };
-    rubick_io::write_output(output, to_yaml(&batch).as_bytes())?;
+    rubick_io::write_output(output, rubick_io::Format::Yaml, to_yaml(&batch).as_bytes())?;
     Ok(Outcome::Done)
 }
 

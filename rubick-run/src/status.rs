@@ -13,6 +13,7 @@ pub(crate) fn status(
     output: &Path,
     plot: Option<&Path>,
 ) -> anyhow::Result<Outcome> {
+    rubick_io::check_output(output, format.file_format())?;
     let dir = locked!(args, false);
     ensure_outside(&dir, output)?;
     if let Some(p) = plot {
@@ -22,7 +23,7 @@ pub(crate) fn status(
     let applied: Option<Schedule> =
         dir.current_path().exists().then(|| load_artifact(&dir.current_path())).transpose().unwrap_or(None);
     let report = StatusReport::new(&dir, &state, applied.as_ref());
-    rubick_io::write_output(output, format.render(&report)?.as_bytes())?;
+    rubick_io::write_output(output, format.file_format(), format.render(&report)?.as_bytes())?;
     if let Some(path) = plot {
         let rows = run_history(&dir, &state);
         rubick_io::plot::write_figure(
@@ -120,6 +121,15 @@ impl JobLine<'_> {
 }
 
 impl StatusFormat {
+    /// The format of the file this report is (for the check of an output's name).
+    fn file_format(self) -> rubick_io::Format {
+        match self {
+            StatusFormat::Table => rubick_io::Format::Text,
+            StatusFormat::Yaml => rubick_io::Format::Yaml,
+            StatusFormat::Prometheus => rubick_io::Format::Prometheus,
+        }
+    }
+
     /// `report` in this format.
     fn render(self, report: &StatusReport<'_>) -> anyhow::Result<String> {
         Ok(match self {

@@ -194,6 +194,96 @@ fn space_refuses_an_output_named_for_another_format() {
     }
 }
 
+/// Regression, "outputs whose extension names another format are still written (only
+/// `space` refuses): `rubick-plan schedule -o s.parquet` writes YAML, `trace -o t.yaml`
+/// writes CSV, `rubick-run jobs -o j.parquet`, `rubick-run status -o s.csv`, `status
+/// --format prometheus -o s.yaml`": one check of an output's name, knowing the format
+/// written, refuses them (exit 2, nothing written); `-`, no extension and `.txt` stay.
+#[test]
+fn outputs_named_for_another_format_are_refused() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    let data = repo().join("data");
+    let (jobs, cluster) =
+        (data.join("jobs-paper.yaml").display().to_string(), data.join("cluster-a800-8x8.yaml").display().to_string());
+    job(d, "a", 10, "exit 0\n");
+    ok(d, &["submit", "a.yaml"]);
+    let state = d.join("state").display().to_string();
+    let plan = |out: &str| -> Vec<String> {
+        ["schedule", "--jobs", &jobs, "--cluster", &cluster, "-o", out].map(str::to_owned).to_vec()
+    };
+    let run = |out: &str, args: &[&str]| -> Vec<String> {
+        let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        all.extend(["--state".to_owned(), state.clone(), "-o".to_owned(), out.to_owned()]);
+        all
+    };
+    let mut refused: Vec<(&str, Vec<String>, &str, &str)> = vec![
+        ("rubick-plan", plan("s.parquet"), "s.parquet", "names parquet, but this output is yaml"),
+        ("rubick-plan", plan("s.md"), "s.md", "names markdown, but this output is yaml"),
+        ("rubick-run", run("j.parquet", &["jobs"]), "j.parquet", "names parquet, but this output is yaml"),
+        ("rubick-run", run("s.csv", &["status"]), "s.csv", "names csv, but this output is text"),
+        (
+            "rubick-run",
+            run("s.yaml", &["status", "--format", "prometheus"]),
+            "s.yaml",
+            "names yaml, but this output is prometheus",
+        ),
+        (
+            "rubick-run",
+            run("s.prom", &["status", "--format", "yaml"]),
+            "s.prom",
+            "names prometheus, but this output is yaml",
+        ),
+    ];
+    if let Some(reference) = rubick_tests::reference() {
+        std::fs::write(
+            d.join("philly.csv"),
+            "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66,1,66,a\n",
+        )
+        .unwrap();
+        let reference = reference.display().to_string();
+        let trace = [
+            "trace",
+            "philly.csv",
+            "--format",
+            "philly",
+            "--cluster",
+            &cluster,
+            "--reference",
+            &reference,
+            "-o",
+            "t.yaml",
+        ];
+        refused.push((
+            "rubick-plan",
+            trace.map(str::to_owned).to_vec(),
+            "t.yaml",
+            "names yaml, but this output is csv",
+        ));
+    }
+    for (tool, args, out, said) in &refused {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let r = run_in(d, tool, &args);
+        assert_eq!(r.code, Some(2), "{tool} {args:?}: {}", r.stderr);
+        assert!(r.stderr.contains(out) && r.stderr.contains(said), "{tool} {args:?}: {}", r.stderr);
+        assert!(!d.join(out).exists(), "{tool} {args:?}: written anyway");
+    }
+    // What a name does not contradict is written.
+    for (tool, args, out) in [
+        ("rubick-plan", plan("schedule"), "schedule"),
+        ("rubick-plan", plan("s.yml"), "s.yml"),
+        ("rubick-run", run("status.txt", &["status"]), "status.txt"),
+        ("rubick-run", run("rubick.prom", &["status", "--format", "prometheus"]), "rubick.prom"),
+        ("rubick-run", run("j.yaml", &["jobs"]), "j.yaml"),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let r = run_in(d, tool, &args);
+        assert_eq!(r.code, Some(0), "{tool} {args:?}: {}", r.stderr);
+        assert!(d.join(out).exists(), "{tool} {args:?}: not written");
+    }
+}
+
 #[test]
 fn metrics_iterations_beyond_the_job_are_ignored() {
     let dir = temp();

@@ -188,7 +188,12 @@ fn r2(x: f64) -> f64 {
 }
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
-    // Every number was bounded where clap parsed it (`rubick_io::flags`).
+    // Every number was bounded where clap parsed it (`rubick_io::flags`); every output's
+    // name is checked before the first is written.
+    rubick_io::check_output(&args.summary, rubick_io::Format::Yaml)?;
+    if let Some(path) = &args.jobs_out {
+        rubick_io::check_output(path, rubick_io::table::TableFormat::for_path(path, None).into())?;
+    }
     for out in std::iter::once(&args.summary).chain(args.jobs_out.as_ref()) {
         rubick_io::cli::ensure_not_an_input(out, &[args.cluster.as_path(), args.trace.as_path()])?;
     }
@@ -261,7 +266,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<Outcome> {
             &RestartsFigure { series: vec![(render::policy_label(&summary), summary.restart_counts.clone())] },
         )?;
     }
-    rubick_io::write_output(&args.summary, to_yaml(&summary).as_bytes())?;
+    rubick_io::write_output(&args.summary, rubick_io::Format::Yaml, to_yaml(&summary).as_bytes())?;
     Ok(Outcome::Done)
 }
 
@@ -307,7 +312,7 @@ pub fn compare(args: &CompareArgs) -> anyhow::Result<Outcome> {
     for path in &args.summaries {
         rows.push(load_artifact::<SimulationSummary>(path)?);
     }
-    rubick_io::write_output(Path::new("-"), render::markdown(&rows).as_bytes())?;
+    rubick_io::write_output(Path::new("-"), rubick_io::Format::Markdown, render::markdown(&rows).as_bytes())?;
     if let Some(plot) = &args.plot {
         let series = rows.iter().map(|s| (render::run_label(s), s.jct_s.clone())).collect();
         write_figure(plot, (900, 600), &CdfFigure { series })?;

@@ -8,6 +8,15 @@ use rubick_core::markdown;
 use super::{Comparison, Format, Report, Side, Verdict};
 
 impl Format {
+    /// The format of the file this report is (for the check of an output's name).
+    pub fn file_format(self) -> rubick_io::Format {
+        match self {
+            Format::Text => rubick_io::Format::Text,
+            Format::Markdown => rubick_io::Format::Markdown,
+            Format::Junit => rubick_io::Format::Xml,
+        }
+    }
+
     /// `report` in this format.
     pub fn render(self, report: &Report) -> String {
         match self {
