@@ -44,7 +44,6 @@ const CASES: &[(&str, &str, &[&str])] = &[
     ("schedule-gpu-mismatch.yaml", "rubick-run check FILE", &["assignments[0].nodes", "needs 8"]),
     ("model-spec-negative-factor.yaml", "rubick-plan check FILE", &["activationFactor"]),
     ("schedule-unknown-node.yaml", CURRENT, &["assignments[0].nodes[0].node", "`b800-3` is not a node"]),
-    ("schedule-gpu-out-of-range.yaml", CURRENT, &["assignments[0].nodes[0].gpus", "GPU 9 does not exist"]),
     ("jobs-current-unknown-node.yaml", SCHEDULE, &["jobs[0].current.nodes[1]", "`a800-8` is not a node"]),
     ("jobs-missing-perf-model.yaml", SCHEDULE, &["no-such-model.yaml", "No such file"]),
     // Well-formed, absurd values are bounded where they are read.

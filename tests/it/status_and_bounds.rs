@@ -94,7 +94,12 @@ fn status_says_retries_left_only_where_they_matter() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
-    job(d, "done", 2, "echo '{\"rubick\":1,\"iter\":1,\"iter_time_s\":0.05}' >> \"$RUBICK_METRICS\"\n");
+    job(
+        d,
+        "done",
+        2,
+        "for i in 1 2; do echo \"{\\\"rubick\\\":1,\\\"iter\\\":$i,\\\"iter_time_s\\\":0.05}\" >> \"$RUBICK_METRICS\"; done\n",
+    );
     job(d, "crash", 2, "exit 9\n");
     ok(d, &["submit", "done.yaml", "crash.yaml", "--retries", "0"]);
     schedule(d, "r.yaml", &[("done", 0), ("crash", 1)]);
