@@ -45,6 +45,26 @@ impl Drop for Decoy {
     }
 }
 
+/// A temporary directory, and the reaper of whatever runs under it once the test ends.
+fn scratch() -> (tempfile::TempDir, Reaper) {
+    let dir = temp();
+    let reaper = Reaper(dir.path().to_path_buf());
+    (dir, reaper)
+}
+
+/// `a` (the stand-in of `run.rs`, [`setup`]) started and iterating in `d`.
+fn a_running(d: &Path) {
+    setup(d, 100_000);
+    start_a(d);
+    wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+}
+
+/// `a` stopped for good, and none of its processes left.
+fn stop_a(d: &Path) {
+    ok(d, &["stop", "a"]);
+    wait_for("no process left", || workers(d).is_empty());
+}
+
 /// `state.yaml` of `d` with `from` replaced by `to` (the cache and seal left as they are).
 fn edit_state(d: &Path, from: &str, to: &str) {
     let path = d.join("state/state.yaml");
@@ -63,19 +83,14 @@ fn edit_state(d: &Path, from: &str, to: &str) {
 /// would kill the test harness.) Also (6): "`attempts: 4294967295` passes validation".
 #[test]
 fn a_handle_that_names_anything_but_its_own_run_signals_nothing() {
-    let dir = temp();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (dir, _reaper) = scratch();
     let d = dir.path();
     let decoy = Decoy::start(&d.join("elsewhere"));
     // Another state with a run of its own `a`.
     let other = d.join("other");
     std::fs::create_dir_all(&other).unwrap();
-    setup(&other, 100_000);
-    start_a(&other);
-    wait_for("the other state's a iterating", || last_iter(&other, "a", 1) >= 2);
-    setup(d, 100_000);
-    start_a(d);
-    wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+    a_running(&other);
+    a_running(d);
     let handle = state(d)["jobs"]["a"]["run"]["handle"].as_str().unwrap().to_owned();
     let other_handle = state(&other)["jobs"]["a"]["run"]["handle"].as_str().unwrap().to_owned();
     let original = std::fs::read_to_string(d.join("state/state.yaml")).unwrap();
@@ -114,12 +129,9 @@ fn a_handle_that_names_anything_but_its_own_run_signals_nothing() {
 /// reaches nothing, `delete` orphans the wrapper and its child".
 #[test]
 fn an_edited_cache_never_hides_a_live_run() {
-    let dir = temp();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (dir, _reaper) = scratch();
     let d = dir.path();
-    setup(d, 100_000);
-    start_a(d);
-    wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+    a_running(d);
     ok(d, &["status"]);
     let cache = d.join("state/state.cache.json");
     let text = std::fs::read_to_string(&cache).unwrap();
@@ -142,8 +154,7 @@ fn an_edited_cache_never_hides_a_live_run() {
 /// beside the first, both writing `jobs/a/checkpoints`".
 #[test]
 fn the_same_state_through_another_path_never_starts_a_second_copy() {
-    let dir = temp();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (dir, _reaper) = scratch();
     let d = dir.path();
     setup(d, 100_000);
     ok(d, &["submit", "a.yaml"]);
@@ -164,8 +175,7 @@ fn the_same_state_through_another_path_never_starts_a_second_copy() {
         std::thread::sleep(Duration::from_millis(500));
         assert_eq!(workers(d).len(), 1, "{state_path}: one run of a, not a second copy: {:?}\n{err}", workers(d));
     }
-    ok(d, &["stop", "a"]);
-    wait_for("no process left", || workers(d).is_empty());
+    stop_a(d);
 }
 
 /// Found by an adversarial pass (issue 40, 4): "a run that checkpoints and exits 0
@@ -174,8 +184,7 @@ fn the_same_state_through_another_path_never_starts_a_second_copy() {
 /// scheduled again".
 #[test]
 fn a_run_stopped_by_someone_else_is_resumed_not_finished() {
-    let dir = temp();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (dir, _reaper) = scratch();
     let d = dir.path();
     setup(d, 100_000);
     start_a(d);
@@ -194,8 +203,7 @@ fn a_run_stopped_by_someone_else_is_resumed_not_finished() {
     ok(d, &["apply", "r1.yaml"]);
     wait_for("a iterating again", || last_iter(d, "a", 2) >= 1);
     assert!(first_iter(d, "a", 2).unwrap() > 1, "resumed, not restarted from zero");
-    ok(d, &["stop", "a"]);
-    wait_for("no process left", || workers(d).is_empty());
+    stop_a(d);
 }
 
 /// Found by an adversarial pass (issue 40, 5): "Full disk: with a second run's end
@@ -203,8 +211,7 @@ fn a_run_stopped_by_someone_else_is_resumed_not_finished() {
 /// the run keeps running".
 #[test]
 fn a_full_disk_never_holds_a_stop_back() {
-    let dir = temp();
-    let _reaper = Reaper(dir.path().to_path_buf());
+    let (dir, _reaper) = scratch();
     let d = dir.path();
     setup(d, 100_000);
     let disk = match SmallDisk::mount(&d.join("state"), "2m") {
