@@ -299,12 +299,7 @@ fn metrics_iterations_beyond_the_job_are_ignored() {
 done
 sleep 60
 "#;
-    job(d, "a", 100, script);
-    ok(d, &["submit", "a.yaml"]);
-    schedule(d, "r.yaml", &[("a", 0)]);
-    ok(d, &["apply", "r.yaml"]);
-    let metrics = d.join("state/jobs/a/attempt-1/metrics.jsonl");
-    wait_for("the lines", || std::fs::read_to_string(&metrics).unwrap_or_default().lines().count() == 4);
+    run_until_four_lines(d, script);
     let run = ok(d, &["status"]);
     assert!(run.stdout.contains("2/100"), "{}", run.stdout);
     assert!(run.stderr.contains("iteration 101, beyond the job's 100 iterations: ignored"), "{}", run.stderr);
@@ -312,6 +307,16 @@ sleep 60
     assert_eq!(yaml["jobs"]["a"]["iterationsDone"].as_u64(), Some(2), "{yaml:?}");
     let batch = ok(d, &["jobs"]).stdout;
     assert!(batch.contains("iterations: 98"), "the remaining iterations: {batch}");
+}
+
+/// Job `a` of 100 iterations running `script` in `d`, once it wrote 4 metric lines.
+fn run_until_four_lines(d: &Path, script: &str) {
+    job(d, "a", 100, script);
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r.yaml", &[("a", 0)]);
+    ok(d, &["apply", "r.yaml"]);
+    let metrics = d.join("state/jobs/a/attempt-1/metrics.jsonl");
+    wait_for("the lines", || std::fs::read_to_string(&metrics).unwrap_or_default().lines().count() == 4);
 }
 
 /// Regression, "a diverging job looks idle: Python writes metric lines with
@@ -330,12 +335,7 @@ fn a_diverging_job_is_not_idle() {
 done
 sleep 60
 "#;
-    job(d, "a", 100, script);
-    ok(d, &["submit", "a.yaml"]);
-    schedule(d, "r.yaml", &[("a", 0)]);
-    ok(d, &["apply", "r.yaml"]);
-    let metrics = d.join("state/jobs/a/attempt-1/metrics.jsonl");
-    wait_for("the lines", || std::fs::read_to_string(&metrics).unwrap_or_default().lines().count() == 4);
+    run_until_four_lines(d, script);
     let table = ok(d, &["status"]).stdout;
     assert!(table.contains("4/100"), "{table}");
     assert!(table.contains("loss NaN at iteration 4"), "{table}");
