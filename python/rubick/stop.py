@@ -87,9 +87,11 @@ class StopFlag:
         the default action (death) before the process ends, and a late stop (relayed
         by torchrun to a rank that already left after the agreed stop, or after the
         script's own end) would kill a rank that finished cleanly (-10 for SIGUSR1):
-        the signals are ignored instead, where this flag still handles them."""
+        the signals are ignored instead, where this flag or any other Python handler
+        (a framework's, installed over this one) still handles them. A signal set back
+        to its default action on purpose stays so."""
         for s in self.signals:
-            if signal.getsignal(s) == self._handle:
+            if callable(signal.getsignal(s)):
                 signal.signal(s, signal.SIG_IGN)
 
     def uninstall(self) -> None:

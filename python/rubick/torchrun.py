@@ -13,6 +13,8 @@ takes torchrun's own arguments (``torch.distributed.run``) and changes four thin
   workers); torchrun relays it to its workers, which checkpoint and exit 0. It is
   caught from the launcher's first moment, before torch is imported (seconds): a stop
   before torch's launcher took the signal over (no worker started yet) exits 0 at once.
+  A stop is handled once: while torch shuts the workers down on it, another stop
+  (rubick signals every process of a run) is ignored instead of breaking that off.
   A worker gets the stop only once it catches it (its script's handler installed, up
   to ``RELAY_WAIT_S``): a worker just started is not killed by it. Once torch's
   launcher returned (the workers ended), a stop is ignored: nothing is left to stop.
@@ -144,11 +146,19 @@ def _relay_when_caught(sig: signal.Signals) -> None:
     SubprocessHandler.close = close
 
 
-def _start_whole() -> None:
-    """A signal torch handles that comes while it starts the workers is held until
-    they all run, then raised (torch then shuts them all down, relaying it). Raised
-    in the middle, it left the workers already started unknown to torch: never
-    stopped, running on after the launcher exited ("no worker had started")."""
+def _handle_signals(sig: signal.Signals) -> None:
+    """torch's handler of the signals it handles (it raises ``SignalException``; torch
+    then shuts its workers down with the signal), with two changes:
+
+    * a signal that comes while torch starts the workers is held until they all run,
+      then raised. Raised in the middle, it left the workers already started unknown
+      to torch: never stopped, running on after the launcher exited ("no worker had
+      started").
+    * the stop ``sig`` is handled once: from then on it is ignored. torch is shutting
+      the workers down on it (relayed, waited for); a second stop (rubick signals every
+      process of a run, and a stop may be sent again) raised inside that shutdown and
+      broke it off: the workers left unwaited for, their exit codes unknown, exit 1
+      with a traceback after a clean stop."""
     try:
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
         from torch.distributed.elastic.multiprocessing import api
@@ -161,11 +171,16 @@ def _start_whole() -> None:
     held: list[int | None] = [None]
     starting = [False]
 
+    def raised(signum: int, frame: FrameType | None) -> None:
+        if signum == sig:
+            signal.signal(sig, signal.SIG_IGN)  # the shutdown under way is the stop
+        terminate(signum, frame)
+
     def handler(signum: int, frame: FrameType | None) -> None:
         if starting[0]:
             held[0] = signum
         else:
-            terminate(signum, frame)
+            raised(signum, frame)
 
     def start_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
         starting[0] = True
@@ -175,7 +190,7 @@ def _start_whole() -> None:
             starting[0] = False
             signum, held[0] = held[0], None
             if signum is not None:
-                terminate(signum, None)
+                raised(signum, None)
 
     start_workers._rubick = True  # type: ignore[attr-defined]
     api._terminate_process_handler = handler  # what torch installs as it starts them
@@ -253,7 +268,7 @@ def _launch(argv: list[str], sig: signal.Signals) -> int:
         signal.signal(sig, handle)
     watching = _watch_workers()
     _relay_when_caught(sig)
-    _start_whole()
+    _handle_signals(sig)
     try:
         record(_then_ignore(torchrun.run, sig))(args)
     except SignalException as e:

@@ -39,19 +39,23 @@ def test_a_stop_once_the_run_is_over_is_ignored_not_fatal(tmp_path):
     # A worker that ended cleanly, and a stop that keeps coming through the
     # interpreter's exit (rubick signals every process of a run, torchrun relays it
     # too): it died of it (-10, "local rank 0: -10") once Python's exit had restored the
-    # signal's default action.
+    # signal's default action. Also where a framework's handler replaced the flag's
+    # (issue 42: the flag's only was ignored at exit).
     script = tmp_path / "late.py"
     script.write_text(
         "import os, signal, subprocess\n"
         "import rubick\n"
         "flag = rubick.StopFlag(signal.SIGUSR1, signal.SIGTERM)\n"
+        "if os.environ.get('OVER'):  # a framework's handler installed over the flag's\n"
+        "    signal.signal(signal.SIGUSR1, lambda *_: None)\n"
         "loop = f'while kill -USR1 {os.getpid()} 2>/dev/null; do :; done'\n"
         "subprocess.Popen(['sh', '-c', loop], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print('ended', flush=True)\n"
     )
-    for _ in range(5):
-        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-        assert (run.returncode, run.stdout) == (0, "ended\n"), (run.returncode, run.stderr[-2000:])
+    for over in ("", "", "", "1", "1"):
+        env = dict(os.environ, OVER=over)
+        run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+        assert (run.returncode, run.stdout) == (0, "ended\n"), (over, run.returncode, run.stderr[-2000:])
     # A flag uninstalled leaves the signal to whatever handled it before.
     check = subprocess.run(
         [
