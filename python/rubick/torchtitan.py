@@ -188,15 +188,34 @@ def check_own(args: Sequence[str]) -> None:
                 )
 
 
+def dump_folder(plan: Plan) -> str | None:
+    """Where torchtitan's own outputs (its structured logs, traces) go: ``torchtitan/``
+    in the run's directory, the one of ``RUBICK_METRICS`` (torchtitan's default is
+    ``./outputs`` in whatever directory the run starts in: the clone's root). ``None``
+    when the metric lines go to stdout."""
+    if plan.metrics is None:
+        return None
+    return os.path.join(os.path.dirname(os.path.abspath(plan.metrics)), FOLDER)
+
+
 def command(
-    plan: Plan, layers: int, own: Sequence[str], folder: str | None, exclude_data_loader: bool, steps: int | None
+    plan: Plan,
+    layers: int,
+    own: Sequence[str],
+    folder: str | None,
+    exclude_data_loader: bool,
+    steps: int | None,
+    dump: str | None = None,
 ) -> list[str]:
     """torchtitan's arguments for ``plan``: the job's own (``own``: the model, its
     configuration, anything the plan does not set), the plan's, ``--training.steps``,
-    a metric line per step, the checkpoint's (none when ``folder`` is ``None``), and
-    the activation-checkpointing subcommand last."""
+    a metric line per step, the checkpoint's (none when ``folder`` is ``None``),
+    ``--dump_folder=dump`` unless the job's own arguments name one, and the
+    activation-checkpointing subcommand last."""
     check_own(own)
     out = [*own, *flags(plan, layers), "--metrics.log_freq=1"]
+    if dump is not None and not any(a.split("=")[0] in ("--dump_folder", "--job.dump_folder") for a in own):
+        out.append(f"--dump_folder={dump}")
     if steps is not None:
         out.append(f"--training.steps={steps}")
     if folder is not None:
@@ -432,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"rubick: resuming from step {newest[0]} (saved at {was}, now {plan.code()}){extra}",
                     file=sys.stderr,
                 )
-        args = command(plan, layers, own, folder, bool(exclude), _steps())
+        args = command(plan, layers, own, folder, bool(exclude), _steps(), dump_folder(plan))
         from torchtitan import train  # type: ignore[import-not-found]
         from torchtitan.components.metrics import MetricsProcessor  # type: ignore[import-not-found]
         from torchtitan.trainer import Trainer  # type: ignore[import-not-found]

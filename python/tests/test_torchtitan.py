@@ -27,6 +27,7 @@ from rubick.torchtitan import (
     Unsupported,
     checkpoint_flags,
     command,
+    dump_folder,
     flags,
     recompute,
     record_save,
@@ -126,6 +127,17 @@ def test_the_command_puts_the_jobs_arguments_first_and_the_recompute_subcommand_
     for own in (["--parallelism.tensor_parallel_degree=4"], ["activation-checkpoint:none"], ["--training.steps", "9"]):
         with pytest.raises(Unsupported, match="the plan sets it"):
             command(p, 6, own, None, False, None)
+
+
+def test_torchtitans_outputs_go_to_the_runs_directory_not_where_it_starts():
+    p = Plan.from_env({"RUBICK_PLAN": "dp1-tp1-pp1-mb2-ga1", "RUBICK_METRICS": "/runs/a/attempt-1/metrics.jsonl"})
+    assert dump_folder(p) == "/runs/a/attempt-1/torchtitan"
+    assert dump_folder(Plan.from_env({"RUBICK_PLAN": "dp1-tp1-pp1-mb2-ga1"})) is None
+    args = command(p, 6, ["--module", "llama3"], None, False, None, dump_folder(p))
+    assert "--dump_folder=/runs/a/attempt-1/torchtitan" in args and args[-1].startswith("activation-checkpoint:")
+    # The job's own choice stands.
+    own = ["--module", "llama3", "--dump_folder=/elsewhere"]
+    assert not any(a.startswith("--dump_folder=/runs") for a in command(p, 6, own, None, False, None, dump_folder(p)))
 
 
 def test_checkpoints_are_resumable_saved_synchronously_and_may_leave_the_data_loader_out():
