@@ -34,10 +34,11 @@ takes torchrun's own arguments (``torch.distributed.run``) and changes four thin
   (the contract's default ``stopTimeoutS``). rubick kills whatever is left at the job's
   ``stopTimeoutS`` anyway.
 
-rubick itself does not read the exit code of a run it stopped (``rubick-run`` records
+rubick itself does not judge a run it stopped by its exit code (``rubick-run`` records
 the stop as clean when the run ended within ``stopTimeoutS``; ``rubick-profile``
-counts a measurement it stopped as complete); exit 0 is the contract's word for a
-clean stop, and it keeps logs and other supervisors honest.
+counts a measurement it stopped as complete, and its row's ``reason`` says so when the
+exit was not 0); exit 0 is the contract's word for a clean stop, and it keeps logs,
+profile rows and other supervisors honest.
 
 The workers' exit codes are read from torch's process context (its
 ``PContext.close``); with a torch whose internals differ they cannot be read and a

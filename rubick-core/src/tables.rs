@@ -82,7 +82,13 @@ pub const PROFILE: TableSchema = TableSchema {
             "ok, oom (infeasible), unsupported (exit 2: the script refuses the plan), failed or timeout; absent: ok",
         ),
         col("exit_code", Int, false, "the run's exit code, when it exited"),
-        col("reason", Str, false, "why a run did not measure (exit code, timeout, no metric lines)"),
+        col(
+            "reason",
+            Str,
+            false,
+            "why a run did not measure (exit code, timeout, no metric lines), or why an ok run did not exit 0 \
+             (stopped by rubick once measured)",
+        ),
         col("repeat", Int, false, "which repetition of the configuration (0, 1, ...)"),
         col("iterations", Int, false, "iterations measured (after the warm-up)"),
         col("iter_time_s", Float, false, "seconds per iteration (one global batch), mean of the measured ones"),

@@ -57,6 +57,12 @@ pub struct RunOutcome {
     /// Lines of the metrics file (and stdout) that were not the protocol.
     pub ignored_lines: usize,
     pub wall: Duration,
+    /// Why `status` is `Ok` though the run did not exit 0: the launcher stopped it once
+    /// its iterations were measured ([`run_to_end`](crate::executor::run_to_end)'s
+    /// `stop_after_iterations`) and its end (an exit in its teardown, or the kill after
+    /// `stopTimeoutS`) came after the measurement. `None` where status and exit agree:
+    /// they never disagree without saying why.
+    pub counted_complete: Option<String>,
 }
 
 /// Messages by which frameworks report running out of memory.
@@ -80,7 +86,7 @@ pub fn collect(metrics: &Path, log: &Path, exit: &Exit, wall: Duration) -> RunOu
     }
     let oom_event = lines.iter().any(|m| matches!(m, MetricLine::Event { event, .. } if event == "oom"));
     let status = classify(exit, oom_event, log);
-    RunOutcome { status, exit_code: exit.code, metrics: lines, ignored_lines: ignored, wall }
+    RunOutcome { status, exit_code: exit.code, metrics: lines, ignored_lines: ignored, wall, counted_complete: None }
 }
 
 /// How a run ended — the one rule, for `rubick-profile` and `rubick-run` alike, for

@@ -268,7 +268,8 @@ const UNKNOWN_LIMIT: Duration = Duration::from_secs(60);
 /// A blocking run: submits `run` (not detached), follows it to its end and reports what
 /// it did. `stop_after_iterations` (its request's): the contract's stop signal once the
 /// metrics hold that many iterations, a kill `stopTimeoutS` later, and the run counts as
-/// complete; at `timeoutS` (counted from when it was seen running) `TERM`, then `KILL`.
+/// complete (its status `Ok` whatever its exit; where the exit was not 0, its outcome's
+/// `counted_complete` says so); at `timeoutS` (counted from when it was seen running) `TERM`, then `KILL`.
 /// `wall` counts from the moment it was seen running.
 pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcome, LaunchError> {
     let request = &run.request;
@@ -279,7 +280,7 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
     let timeout = rubick_core::launch::duration(launch.timeout_s);
     let (mut started, mut stopping, mut unknown_since): (Option<Instant>, Option<Instant>, Option<Instant>) =
         (None, None, None);
-    let mut timed_out = false;
+    let (mut timed_out, mut killed_after_stop) = (false, false);
     let mut last_check = submitted;
     let metrics = Path::new(&request.context.metrics);
     let end = loop {
@@ -314,6 +315,7 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
             && since.elapsed() >= rubick_core::launch::duration(launch.stop_timeout_s)
         {
             tracing::warn!("the run ignored its stop signal for {} s: killed", launch.stop_timeout_s);
+            killed_after_stop = true;
             exec.signal(&handle, RunSignal::Kill);
             break wait_ended(exec, &handle, &run.dir, KILL_LIMIT).unwrap_or_default();
         }
@@ -355,9 +357,23 @@ pub fn run_to_end(exec: &dyn Executor, run: &Submission<'_>) -> Result<RunOutcom
     }
     let exit = Exit { timed_out: timed_out || end.timed_out, ..end };
     let mut outcome = collect(metrics, &request.log, &exit, wall);
-    // Stopped by us with its iterations measured: a complete run, whatever its exit.
+    // Stopped by us with its iterations measured: a complete run, whatever its exit (a
+    // script's teardown may fail, or die of the stop, after its last measured iteration),
+    // and the outcome says why its status is not its exit's.
     let failed = matches!(outcome.status, RunStatus::Failed | RunStatus::NotRunnable | RunStatus::Preempted);
-    if stopping.is_some() && failed {
+    if let (Some(_), Some(want)) = (stopping, request.stop_after_iterations)
+        && failed
+    {
+        let signal = launch.stop_signal.name();
+        let end = match outcome.exit_code {
+            _ if killed_after_stop => format!("killed {} s (stopTimeoutS) after", launch.stop_timeout_s),
+            Some(code) if code > 128 => format!("exit {code} (signal {}) after", code - 128),
+            Some(code) => format!("exit {code} after"),
+            None => "an end of unknown status after".to_owned(),
+        };
+        outcome.counted_complete = Some(format!(
+            "{end} the stop rubick sent ({signal}) once its {want} iterations were measured: complete (counted ok)"
+        ));
         outcome.status = RunStatus::Ok;
     }
     Ok(outcome)

@@ -277,6 +277,30 @@ echo "not a metric" >> "$RUBICK_METRICS"; echo "job $RUBICK_JOB plan $RUBICK_PLA
         assert_eq!(ds["train_batch_size"], 8);
     }
 
+    /// issue 42: profile rows `ok` with exit code 1 and nothing saying why. A run stopped
+    /// once its iterations were measured, which then exits 1 in its teardown (or is
+    /// killed by the stop), is complete, and its outcome says why its exit is not 0.
+    #[test]
+    fn a_run_stopped_once_measured_is_complete_and_says_why_it_did_not_exit_0() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = r#"for i in 1 2 3 4; do echo "{{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.1}}" >> "$RUBICK_METRICS"; done"#;
+        let outcome = |on_stop: &str| {
+            let l = launch(&format!("{on_stop}\n{lines}\nwhile :; do sleep 0.05; done"), 30.0);
+            let mut request = request(dir.path(), &l);
+            request.stop_after_iterations = Some(4);
+            let out = run(&request).unwrap();
+            (out.status, out.exit_code, out.counted_complete.unwrap_or_default())
+        };
+        let (status, code, why) = outcome("trap 'exit 1' USR1");
+        assert_eq!((status, code), (RunStatus::Ok, Some(1)), "{why}");
+        assert!(
+            why.starts_with("exit 1 after the stop rubick sent (SIGUSR1) once its 4 iterations were measured"),
+            "{why}"
+        );
+        // Exit 0 on the stop: status and exit agree, nothing to say.
+        assert_eq!(outcome("trap 'exit 0' USR1"), (RunStatus::Ok, Some(0), String::new()));
+    }
+
     #[test]
     fn a_hanging_run_is_killed_with_its_whole_process_group() {
         let dir = tempfile::tempdir().unwrap();

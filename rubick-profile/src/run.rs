@@ -566,7 +566,11 @@ fn row_of(job: &Job, group: &NodeGroup, launch: &Launch, finished: &Finished) ->
             status = RunStatus::Failed;
             Some(format!("{exit} without a metric line after the {} warm-up iterations", launch.warmup_iterations))
         }
-        RunStatus::Ok => None,
+        // Stopped by rubick once measured, then exited otherwise than 0: still ok, and
+        // the row says why its exit code is not 0 (they never disagree silently).
+        RunStatus::Ok => outcome.counted_complete.clone().inspect(|why| {
+            tracing::info!("{} on {}: {why}", p.plan, p.placement);
+        }),
         RunStatus::Oom => Some(format!("{exit}: out of memory")),
         RunStatus::Unsupported => Some(format!("{exit}: the script refused the plan")),
         RunStatus::Timeout => Some(format!("over timeoutS ({} s): its process group was killed", launch.timeout_s)),

@@ -116,7 +116,9 @@ fn a_profile_records_every_run_with_its_status_and_times() {
 }
 
 /// A script that ignores `RUBICK_ITERATIONS` is stopped once it has its warm-up and
-/// measured iterations (the stop signal), and its row is kept as measured.
+/// measured iterations (the stop signal), and its row is kept as measured; killed by
+/// the stop (it has no handler), its row says why an `ok` row's exit code is not 0
+/// (issue 42: "profile rows `ok` with exit code 1 and a traceback", nothing said).
 #[test]
 fn a_run_that_ignores_its_iteration_count_is_stopped_once_measured() {
     let dir = temp();
@@ -132,6 +134,11 @@ fn a_run_that_ignores_its_iteration_count_is_stopped_once_measured() {
     let csv = read(dir.path(), "p.csv");
     assert_eq!(column(&csv, "status"), ["ok"], "{csv}");
     assert_eq!(column(&csv, "iterations"), ["5"], "{csv}");
+    assert_eq!(column(&csv, "exit_code"), ["138"], "killed by SIGUSR1: {csv}");
+    assert!(
+        csv.contains("exit 138 (signal 10) after the stop rubick sent (SIGUSR1) once its 7 iterations were measured"),
+        "the reason of an ok row that did not exit 0: {csv}"
+    );
 }
 
 #[test]
