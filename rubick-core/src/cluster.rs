@@ -63,6 +63,11 @@ pub struct NodeGroup {
     pub hosts: Vec<String>,
 }
 
+/// The GPU type of a node group whose "GPUs" are worker slots of CPU cores (what
+/// `rubick-profile devices` describes a machine without a GPU driver as): a job that
+/// requires a GPU (`requires.gpu`) cannot run there.
+pub const CPU_GPU_TYPE: &str = "cpu";
+
 fn one() -> f64 {
     1.0
 }
@@ -92,6 +97,12 @@ impl NodeGroup {
         }
         let index: u32 = name.strip_prefix(self.name.as_str())?.strip_prefix('-')?.parse().ok()?;
         (index < self.count).then_some(index)
+    }
+
+    /// Whether the group's GPUs are GPUs, not worker slots of CPU cores
+    /// ([`CPU_GPU_TYPE`]).
+    pub fn has_gpus(&self) -> bool {
+        !self.gpu_type.eq_ignore_ascii_case(CPU_GPU_TYPE)
     }
 
     /// A GPU's fair share of its node's CPU cores (at least 1).

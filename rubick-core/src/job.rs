@@ -52,6 +52,89 @@ pub struct Job {
     /// `rubick-run jobs` fills it from the job's runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unsupported_plans: Vec<Plan>,
+    /// What the job needs of where it runs (a GPU and its driver, files its runs read),
+    /// checked before anything runs: `rubick-profile run`, `rubick-run submit` and
+    /// `rubick-run apply` refuse a job whose cluster or machine lacks it, in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires: Option<Requirements>,
+}
+
+/// What a job needs of where it runs (`requires:`). Every field left out needs nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Requirements {
+    /// GPUs that compute: a cluster whose only GPUs are worker slots of CPU cores
+    /// (`gpuType: cpu`, what `rubick-profile devices` writes on a machine without a GPU
+    /// driver) cannot run the job. `nvidia`: also the NVIDIA driver on the machine of a
+    /// local run (`/proc/driver/nvidia/version`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuNeed>,
+    /// Files or directories the runs read, relative to the directory they start in
+    /// (`launch.workdir`, else the one `rubick-profile` or `rubick-run apply` runs in; on
+    /// Slurm the same path on every node: a shared filesystem). Each must exist before a
+    /// run starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
+    /// The command that makes the `files` (named when one is missing), e.g.
+    /// `python examples/torchtitan/assets.py examples/torchtitan/assets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<String>,
+}
+
+/// Which GPU a job requires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuNeed {
+    /// Any GPU: not CPU worker slots.
+    Any,
+    /// An NVIDIA GPU with its driver (CUDA).
+    Nvidia,
+}
+
+impl GpuNeed {
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuNeed::Any => "any",
+            GpuNeed::Nvidia => "nvidia",
+        }
+    }
+}
+
+impl Requirements {
+    /// What `cluster` lacks of these requirements: `None` when it has a group with GPUs
+    /// or none are required; `group`, when given, is the one the runs use.
+    pub fn unmet_by(&self, cluster: &crate::Cluster, group: Option<&crate::NodeGroup>) -> Option<String> {
+        let need = self.gpu?;
+        let has = match group {
+            Some(g) => g.has_gpus(),
+            None => cluster.node_groups.iter().any(crate::NodeGroup::has_gpus),
+        };
+        if has {
+            return None;
+        }
+        let which = group.map_or_else(|| format!("cluster `{}`", cluster.name), |g| format!("node group `{}`", g.name));
+        Some(format!(
+            "it requires a GPU (requires.gpu: {}), and {which} has none (its worker slots are CPU cores, gpuType {})",
+            need.name(),
+            crate::cluster::CPU_GPU_TYPE
+        ))
+    }
+
+    fn check(&self) -> Result<(), ValidationError> {
+        for (i, file) in self.files.iter().enumerate() {
+            let at = format!("files[{i}]");
+            ensure(!file.trim().is_empty(), &at, || "must not be empty".into())?;
+            if let Some(c) = file.chars().find(|c| c.is_control()) {
+                return Err(ValidationError::new(at, format!("{c:?}: a control character")));
+            }
+        }
+        if let Some(setup) = &self.setup
+            && let Some(c) = setup.chars().find(|c| c.is_control())
+        {
+            return Err(ValidationError::new("setup", format!("{c:?}: a control character")));
+        }
+        Ok(())
+    }
 }
 
 /// The user's request.
@@ -139,6 +222,7 @@ impl Job {
             current: None,
             launch: None,
             unsupported_plans: Vec::new(),
+            requires: None,
         }
     }
 
@@ -167,6 +251,9 @@ impl Job {
         self.model.check().map_err(|e| e.within("model"))?;
         if let Some(launch) = &self.launch {
             launch.check().map_err(|e| e.within("launch"))?;
+        }
+        if let Some(requires) = &self.requires {
+            requires.check().map_err(|e| e.within("requires"))?;
         }
         use crate::limits::{self, check_range, check_real};
         let at = |field: &'static str| move |why: String| ValidationError::new(field, why);

@@ -403,3 +403,93 @@ pub fn sp_selective_ratio(job: &rubick_core::external::ExternalJob) -> anyhow::R
         predicted: predict(seqsel) / predict(full),
     }))
 }
+
+/// Jobs listed by name in [`brief`] (the worst first); the rest are counted.
+pub const BRIEF_JOBS: usize = 8;
+
+/// The one-screen summary `evaluate` prints unless `--all` (at most 25 lines, whatever
+/// the number of jobs): the held-out error, the plan choice, per plan family, the worst
+/// jobs, the rows set aside, and where the rest is.
+pub fn brief(summary: &Summary) -> String {
+    use std::fmt::Write as _;
+    let pct = |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |x| format!("{:.1} %", 100.0 * x));
+    let held = |m: &Metrics| m.rows - m.fitted_rows;
+    let o = &summary.overall;
+    let mut s = String::new();
+    let jobs = summary.models.len();
+    let _ = writeln!(
+        s,
+        "{jobs} job(s), {} measured row(s) ({}): {} per job profiled (chosen by the selection rule), the other {} \
+         predicted",
+        o.rows,
+        summary.source,
+        summary.samples,
+        held(o)
+    );
+    let _ = writeln!(
+        s,
+        "held-out error: mean {}, median {}, max {}",
+        pct(o.mean_rel_error),
+        pct(o.median_rel_error),
+        pct(o.max_rel_error)
+    );
+    if o.placements_compared > 0 {
+        let right = o.plan_choice_accuracy.map_or(0, |a| (a * o.placements_compared as f64).round() as usize);
+        let _ = writeln!(
+            s,
+            "plan choice: the fastest measured plan chosen at {right} of {} GPU count(s); regret mean {}, max {}",
+            o.placements_compared,
+            pct(o.plan_regret_mean),
+            pct(o.plan_regret_max)
+        );
+    } else {
+        s.push_str("plan choice: no GPU count with two held-out rows to compare\n");
+    }
+    s.push_str("by plan family: held out, mean and max error\n");
+    for (family, m) in summary.overall_families.iter().take(8) {
+        let _ = writeln!(s, "  {family:<14} {:>5}  {:>8}  {:>8}", held(m), pct(m.mean_rel_error), pct(m.max_rel_error));
+    }
+    if jobs > 1 {
+        let mut worst: Vec<(&String, &ModelReport)> = summary.models.iter().collect();
+        worst.sort_by(|a, b| {
+            b.1.metrics.mean_rel_error.unwrap_or(-1.0).total_cmp(&a.1.metrics.mean_rel_error.unwrap_or(-1.0))
+        });
+        let shown = worst.len().min(BRIEF_JOBS);
+        let _ = writeln!(s, "jobs, worst first ({shown} of {jobs}): held out, mean and max error, plan regret");
+        for (name, r) in worst.iter().take(shown) {
+            let m = &r.metrics;
+            let name: String = name.chars().take(30).collect();
+            let _ = writeln!(
+                s,
+                "  {name:<30} {:>5}  {:>8}  {:>8}  {:>8}",
+                held(m),
+                pct(m.mean_rel_error),
+                pct(m.max_rel_error),
+                pct(m.plan_regret_mean)
+            );
+        }
+    } else if let Some((_, r)) = summary.models.iter().next() {
+        let fitted: Vec<&str> = r.fitted.iter().map(String::as_str).take(6).collect();
+        let more = if r.fitted.len() > fitted.len() { ", ..." } else { "" };
+        let _ = writeln!(s, "profiled rows: {}{more}", fitted.join(", "));
+    }
+    let flagged: Vec<&str> = summary.models.values().flat_map(|r| r.flagged_rows.iter().map(String::as_str)).collect();
+    if flagged.is_empty() {
+        s.push_str("rows more than 2x off the prediction: none\n");
+    } else {
+        let shown: Vec<&str> = flagged.iter().copied().take(2).collect();
+        let more = if flagged.len() > shown.len() {
+            format!(" and {} more", flagged.len() - shown.len())
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "rows more than 2x off the prediction: {}{more}; without them: mean {}",
+            shown.join(", "),
+            pct(summary.overall_unflagged.mean_rel_error)
+        );
+    }
+    s.push_str("every job, family and fitted parameter: --all (YAML), or --summary FILE; every row: --rows FILE\n");
+    s
+}

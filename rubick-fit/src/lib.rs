@@ -161,9 +161,14 @@ pub struct EvaluateArgs {
     /// Fit from the authors' own profiling runs (profiles/<model>/) instead
     #[arg(long, requires = "reference")]
     pub from_profiles: bool,
-    /// SUMMARY.yaml to write, `-` for stdout
-    #[arg(long, default_value = "-")]
-    pub summary: PathBuf,
+    /// SUMMARY.yaml to write: every job's and family's figures and fitted parameters
+    /// (`-`: on stdout, as --all). Without it or --all, stdout gets a one-screen summary
+    #[arg(long)]
+    pub summary: Option<PathBuf>,
+    /// Print the full summary (YAML, every job, family and fitted parameter) on stdout
+    /// instead of the one-screen summary
+    #[arg(long)]
+    pub all: bool,
     /// Every row with its prediction (CSV or Parquet)
     #[arg(long)]
     pub rows: Option<PathBuf>,
@@ -219,12 +224,28 @@ fn links_of(cluster: &Cluster) -> Links {
 
 fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
     anyhow::ensure!(args.samples >= 2, "--samples: expected at least 2 rows (a fit needs two), got {}", args.samples);
+    // The full YAML summary goes to --summary FILE, or to stdout with --all (or
+    // `--summary -`); otherwise stdout gets the one-screen summary, unless the model is
+    // written there.
+    let model_on_stdout = args.model_out.as_deref().is_some_and(rubick_io::files::is_std);
+    let yaml_out: Option<&Path> = match (&args.summary, args.all) {
+        (Some(path), _) => Some(path),
+        (None, true) => Some(Path::new("-")),
+        (None, false) => None,
+    };
+    let yaml_on_stdout = yaml_out.is_some_and(rubick_io::files::is_std);
     anyhow::ensure!(
-        !(args.model_out.as_deref().is_some_and(rubick_io::files::is_std) && rubick_io::files::is_std(&args.summary)),
-        "--model-out and --summary cannot both be stdout"
+        !(model_on_stdout && yaml_on_stdout),
+        "--model-out and the summary (--summary - or --all) cannot both be stdout"
+    );
+    anyhow::ensure!(
+        !(args.all && yaml_out.is_some_and(|p| !rubick_io::files::is_std(p))),
+        "--all prints the full summary on stdout; with --summary FILE it goes to the file: give one of them"
     );
     // Every output's name, before the first is written.
-    rubick_io::check_output(&args.summary, rubick_io::Format::Yaml)?;
+    if let Some(path) = yaml_out {
+        rubick_io::check_output(path, rubick_io::Format::Yaml)?;
+    }
     if let Some(path) = &args.model_out {
         rubick_io::check_output(path, rubick_io::Format::Yaml)?;
     }
@@ -261,9 +282,14 @@ fn run_evaluate(args: &EvaluateArgs) -> anyhow::Result<Outcome> {
     if let Some(path) = &args.plot {
         plot::predicted_vs_measured(path, &rows)?;
     }
-    rubick_io::write_output(&args.summary, rubick_io::Format::Yaml, serde_yaml_ng::to_string(&summary)?.as_bytes())?;
+    if let Some(path) = yaml_out {
+        rubick_io::write_output(path, rubick_io::Format::Yaml, serde_yaml_ng::to_string(&summary)?.as_bytes())?;
+    }
     if let (Some(path), Some(model)) = (&args.model_out, perf_models.first()) {
         rubick_io::write_output(path, rubick_io::Format::Yaml, to_yaml(model).as_bytes())?;
+    }
+    if !yaml_on_stdout && !model_on_stdout {
+        print!("{}", evaluate::brief(&summary));
     }
     Ok(Outcome::Done)
 }

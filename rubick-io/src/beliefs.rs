@@ -78,43 +78,47 @@ pub fn job_beliefs(
     Ok(out)
 }
 
-/// How many jobs on the default model are named one per line; the rest in one line.
+/// How many jobs on the default model are named in the warning (the rest counted).
 const NAMED_DEFAULTS: usize = 8;
 
-/// A job without a `perfModel` (and none fitted on the reference data) is planned on
-/// the FLOPs-based default, which can be off by an order of magnitude for a real
-/// script: said on stderr, naming the job and the commands that fit its model.
+/// Jobs without a `perfModel` (and none fitted on the reference data) are planned on the
+/// FLOPs-based default, which can be off by an order of magnitude for a real script:
+/// said on stderr in one line, naming the jobs and the commands that fit a model. The
+/// file to profile is named only when it is one: the jobs file when it is a single Job,
+/// else `JOB.yaml` (a JobBatch or stdin is not a job file).
 fn warn_default_models(jobs: &[&Job], source: &ModelSource<'_>) {
-    // The file to profile: the jobs file when it is one Job, else the job's own file.
-    let file = |job: &Job| match source.jobs_path.filter(|p| !crate::files::is_std(p)) {
-        Some(path) if job.kind == Some(rubick_core::artifact::Kind::Job) => crate::files::display(path),
-        _ => format!("{}.yaml", job.name),
+    let file = match (jobs, source.jobs_path.filter(|p| !crate::files::is_std(p))) {
+        ([job], Some(path)) if job.kind == Some(rubick_core::artifact::Kind::Job) => crate::files::display(path),
+        _ => "JOB.yaml".to_owned(),
     };
-    let fit = |file: &str| {
-        format!(
-            "fit one: `rubick-profile run {file} --cluster CLUSTER.yaml -o profile.csv`, then `rubick-fit fit \
-             profile.csv --job {file} --cluster CLUSTER.yaml -o model.yaml`, and name it in the job: `perfModel: \
-             model.yaml` (README: Quick start)"
-        )
-    };
-    for job in jobs.iter().take(NAMED_DEFAULTS) {
-        tracing::warn!(
+    let fit = format!(
+        "fit one: `rubick-profile run {file} --cluster CLUSTER.yaml -o profile.csv`, then `rubick-fit fit profile.csv \
+         --job {file} --cluster CLUSTER.yaml -o model.yaml`, and name it in the job: `perfModel: model.yaml` (README: \
+         Quick start)"
+    );
+    match jobs {
+        [] => {}
+        [job] => tracing::warn!(
             "job `{}` has no perfModel: it is planned on a default model guessed from its FLOPs, which can be far \
-             from its real speed; {}",
-            job.name,
-            fit(&file(job))
-        );
-    }
-    if jobs.len() > NAMED_DEFAULTS {
-        let more = &jobs[NAMED_DEFAULTS..];
-        let shown: Vec<String> = more.iter().take(NAMED_DEFAULTS).map(|j| format!("`{}`", j.name)).collect();
-        let rest = if more.len() > shown.len() { ", ..." } else { "" };
-        tracing::warn!(
-            "{} more job(s) have no perfModel and are planned on the default model ({}{rest}); {}",
-            more.len(),
-            shown.join(", "),
-            fit("JOB.yaml")
-        );
+             from its real speed; {fit}",
+            job.name
+        ),
+        _ => {
+            let named: Vec<String> = jobs.iter().take(NAMED_DEFAULTS).map(|j| format!("`{}`", j.name)).collect();
+            let more = jobs.len().saturating_sub(NAMED_DEFAULTS);
+            let rest = if more > 0 { format!(" and {more} more") } else { String::new() };
+            let reference = if source.reference.is_none() {
+                " (the paper's models: --reference fits them on the authors' data)"
+            } else {
+                ""
+            };
+            tracing::warn!(
+                "{} jobs have no perfModel ({}{rest}): they are planned on default models guessed from their FLOPs, \
+                 which can be far from their real speed{reference}; for each, {fit}",
+                jobs.len(),
+                named.join(", ")
+            );
+        }
     }
 }
 

@@ -20,6 +20,9 @@ pub fn locate(start: &Path) -> Option<PathBuf> {
 /// Reads one external table; the set is named by the file stem. Errors name the file
 /// and line.
 pub fn read(path: &Path) -> anyhow::Result<(String, ExternalSet)> {
+    if !path.exists() {
+        anyhow::bail!("{}: no such file; {}", path.display(), crate::reference::WHERE_IT_IS);
+    }
     let text = crate::files::read_text(path)?;
     let set = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "external".into());
     let data = parse(&set, &text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;

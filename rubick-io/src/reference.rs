@@ -12,6 +12,13 @@ use crate::table::{f64_column, number_column, read_table, required, str_column};
 /// Environment variable that points at the reference directory.
 pub const REFERENCE_ENV: &str = "RUBICK_REFERENCE";
 
+/// What a command says when the reference data is not where it looks: what the data is,
+/// where it comes from, and how to point the tools at it.
+pub const WHERE_IT_IS: &str = "the reference data (the Rubick authors' measurements, AlibabaPAI/\
+reconfigurable-dl-scheduler at 80e8524, Apache-2.0; public traces; others' tables; README: \"Reference data\") is \
+read from ../shared/reference/ beside the clone: link it there (ln -s /path/to/shared ../shared), or set \
+RUBICK_REFERENCE to its rubick-artifact directory (RUBICK_EXTERNAL to its external one), or pass --reference DIR";
+
 /// The reference directory: `$RUBICK_REFERENCE`, else the first
 /// `shared/reference/rubick-artifact` found in `start` or one of its ancestors (the
 /// project keeps `shared/` beside its checkout).
@@ -31,8 +38,14 @@ pub struct ReferenceData {
 }
 
 impl ReferenceData {
+    /// The data set in `dir`; a directory without `models.yaml` is an error saying what
+    /// the data is and how to point the tools at it ([`WHERE_IT_IS`]).
     pub fn open(dir: &Path) -> Result<Self, IoError> {
         let path = dir.join("models.yaml");
+        if !path.exists() {
+            let what = if dir.is_dir() { "no models.yaml here" } else { "no such directory" };
+            return Err(IoError::table(dir, format!("{what}: not the authors' reference data; {WHERE_IT_IS}")));
+        }
         let text = read_text(&path)?;
         let models = ReferenceModels::parse(&text).map_err(|message| IoError::table(&path, message))?;
         Ok(ReferenceData { dir: dir.to_path_buf(), models })

@@ -17,6 +17,8 @@
 //! * [`wrap`] — the run wrapper every launcher runs under: a child subreaper that leaves
 //!   no process of the run behind;
 //! * [`guard`] — watchdogs that end a run with the process that started it;
+//! * [`requires`] — what a job requires of where it runs (a GPU, its driver, files),
+//!   checked before a run starts;
 //! * [`executor`] — the one [`Executor`] trait (submit, poll, signal, recover over
 //!   typed handles) and the blocking [`run_to_end`] every backend shares;
 //! * the backends: [`local`] (this machine), [`slurm`] (one `sbatch` job per run, on
@@ -32,6 +34,7 @@ pub mod guard;
 pub mod kubernetes;
 pub mod local;
 pub mod proc;
+pub mod requires;
 pub mod slurm;
 pub mod wrap;
 

@@ -156,7 +156,9 @@ pub struct ScheduleArgs {
     /// Output Schedule, `-` for stdout
     #[arg(short, long, default_value = "-")]
     pub output: PathBuf,
-    /// Print, per job, the old and new plan and resources and why, on stderr
+    /// Print, per job, the old and new plan and resources and why, on stderr, after a
+    /// line saying how to read them (`on 88`: the placement, GPUs per node: 8 on each of
+    /// 2 nodes)
     #[arg(long)]
     pub explain: bool,
     /// Record the decision's wall time in the schedule (makes outputs differ run to run)
@@ -165,6 +167,12 @@ pub struct ScheduleArgs {
     #[command(flatten)]
     pub planner: PlannerArgs,
 }
+
+/// The first line of `--explain`: how to read the lines after it, the placement code
+/// above all (`on 88`).
+pub const EXPLAIN_LEGEND: &str = "# per job: its change, its old plan and the new one on PLACEMENT (GPUs, cores), \
+throughput, why; PLACEMENT is the GPUs it gets on each node, one digit per node (`8`: 8 GPUs on one node, `88`: 8 \
+on each of 2 nodes, `422`: 4, 2 and 2 on 3 nodes; `16,8` where a node has 10 or more)";
 
 pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     rubick_io::cli::ensure_one_stdin(&[args.jobs.as_path(), args.cluster.as_path()])?;
@@ -282,6 +290,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         schedule.solver.wall_s = Some(wall.as_secs_f64());
     }
     if args.explain {
+        eprintln!("{EXPLAIN_LEGEND}");
         for line in &explain {
             eprintln!("{line}");
         }

@@ -68,11 +68,19 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<Outcome> {
     let cluster = crate::load_cluster(&args.cluster)?;
     let dir = match &args.reference {
         Some(dir) => dir.clone(),
-        None => locate(&std::env::current_dir()?).context(
-            "--reference: not given, and no shared/reference/rubick-artifact in a parent directory ($RUBICK_REFERENCE)",
-        )?,
+        None => locate(&std::env::current_dir()?).with_context(|| {
+            format!(
+                "--reference: not given, and no shared/reference/rubick-artifact in a parent directory; {}",
+                rubick_io::reference::WHERE_IT_IS
+            )
+        })?,
     };
     let reference = ReferenceData::open(&dir)?;
+    // A log under a reference directory that is not there: say where such data comes
+    // from (Philly's trace is one of the reference sets).
+    if !args.input.exists() && args.input.to_string_lossy().contains("reference/") {
+        anyhow::bail!("{}: no such file; {}", display(&args.input), rubick_io::reference::WHERE_IT_IS);
+    }
     let text = read_text(&args.input)?;
     let path = display(&args.input);
     let (mut jobs, left) = match args.format {

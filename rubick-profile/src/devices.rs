@@ -11,7 +11,7 @@ use rubick_core::{Cluster, NodeGroup};
 use serde::Serialize;
 
 /// The GPU type of a node group whose "GPUs" are worker slots of a CPU-only machine.
-pub const CPU_GPU_TYPE: &str = "cpu";
+pub use rubick_core::cluster::CPU_GPU_TYPE;
 
 /// One GPU as NVML reports it.
 #[derive(Debug, Clone, Serialize)]

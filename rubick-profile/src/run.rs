@@ -260,17 +260,34 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
             args.job.display()
         )
     })?;
+    // Without --cluster, this machine; the warning that it has no GPU waits for the
+    // job's requirements (a job that requires one is refused in one line instead).
+    let mut on_this_cpu = None;
     let cluster: Cluster = match &args.cluster {
         Some(path) => load_artifact(path)?,
         None => {
             let machine = devices::machine()?;
             if let Some(reason) = &machine.no_gpu_reason {
-                tracing::warn!("{reason}; profiling on the CPU ({} cores)", machine.cpu_cores);
+                on_this_cpu = Some(format!("{reason}; profiling on the CPU ({} cores)", machine.cpu_cores));
             }
             devices::local_cluster(&machine)
         }
     };
     let group = cluster.node_groups.first().context("the cluster has no node group")?.clone();
+    // What the job requires of where it runs, before anything is run or written.
+    let cwd = std::env::current_dir().context("the current directory")?;
+    let site = rubick_launch::requires::Site {
+        cluster: Some(&cluster),
+        group: Some(&group),
+        local: args.backend == Backend::Local,
+        dir: Some(&cwd),
+    };
+    if let Some(why) = rubick_launch::requires::unmet(&job, site) {
+        bail!("{}: job `{}` cannot be profiled here: {why}; nothing was run", args.job.display(), job.name);
+    }
+    if let Some(warning) = on_this_cpu {
+        tracing::warn!("{warning}");
+    }
     let on_cpu = group.gpu_type == CPU_GPU_TYPE;
     let configs = configurations(args, &job, &group)?;
     let work_dir = match (&args.work_dir, is_std(&args.output)) {

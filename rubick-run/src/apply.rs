@@ -36,6 +36,7 @@ pub(crate) fn desired_of(
             schedule.cluster
         );
     }
+    let cwd = std::env::current_dir().context("the current directory")?;
     let mut desired = BTreeMap::new();
     for (i, a) in schedule.assignments.iter().enumerate() {
         let Some(rec) = state.jobs.get(&a.job) else {
@@ -49,6 +50,27 @@ pub(crate) fn desired_of(
         if rec.job.unsupported_plans.contains(&plan) {
             tracing::warn!("`{}`: `{plan}` is a plan its runs refused (exit 2): the assignment is ignored", a.job);
             continue;
+        }
+        // What the job requires of where it runs (a GPU, its driver, its files), checked
+        // on the assignment's node group, this machine (local runs) and the directory the
+        // runs start in (Kubernetes runs start in their image: not checked).
+        let group = cluster.and_then(|c| {
+            let (g, _) = rubick_core::planner::node_by_name(c, &a.nodes.first()?.node)?;
+            c.node_groups.get(g)
+        });
+        let site = rubick_launch::requires::Site {
+            cluster,
+            group,
+            local: backend.name() == "local",
+            dir: (backend.name() != "kubernetes").then_some(cwd.as_path()),
+        };
+        if let Some(why) = rubick_launch::requires::unmet(&rec.job, site) {
+            bail!(
+                "{}: `{}` cannot run here: {why}; nothing was done (`rubick-run delete {}` removes the job)",
+                at(i, "job"),
+                a.job,
+                a.job
+            );
         }
         for (k, share) in a.nodes.iter().enumerate() {
             if let Some(c) = cluster {

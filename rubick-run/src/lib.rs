@@ -329,6 +329,23 @@ fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace: bool) -> a
         }
         jobs.push(job);
     }
+    // A state that remembers its cluster (its first `apply --cluster`) refuses now a job
+    // that requires what the cluster lacks (a GPU), before anything is written.
+    let remembered = args.state.join("cluster.yaml");
+    if remembered.is_file() {
+        let cluster: Cluster = load_artifact(&remembered)?;
+        for (path, job) in paths.iter().zip(&jobs) {
+            let site = rubick_launch::requires::Site { cluster: Some(&cluster), group: None, local: false, dir: None };
+            if let Some(why) = rubick_launch::requires::unmet(job, site) {
+                bail!(
+                    "{}: job `{}` cannot run on this state's cluster ({}): {why}; nothing was submitted",
+                    path.display(),
+                    job.name,
+                    remembered.display()
+                );
+            }
+        }
+    }
     let dir = locked!(args, true);
     let mut state = dir.load()?;
     for (i, job) in jobs.iter().enumerate() {

@@ -155,6 +155,11 @@ fn job() -> impl Strategy<Value = Job> {
                     }),
                 }),
                 unsupported_plans: if plan_kind == 1 { vec![exact] } else { Vec::new() },
+                requires: (plan_kind == 1).then(|| rubick_core::job::Requirements {
+                    gpu: Some(rubick_core::job::GpuNeed::Nvidia),
+                    files: vec!["assets/tokenizer".into()],
+                    setup: Some("python assets.py assets".into()),
+                }),
             }
         })
 }

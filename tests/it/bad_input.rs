@@ -297,3 +297,56 @@ fn simulate_refuses_the_numbers_schedule_refuses() {
         std::fs::remove_file(d.join("out")).unwrap();
     }
 }
+
+/// Regression, "without ../shared a reference command fails with a bare 'No such file
+/// or directory' and no URL, no variable": every reader of the reference data, pointed
+/// where it is not, exits 2 naming the path, what the data is and where it comes from,
+/// and the variable and flag that point the tools at it.
+#[test]
+fn a_reference_command_without_the_data_names_the_path_and_the_variable() {
+    let dir = temp();
+    let d = dir.path();
+    let data = |f: &str| repo().join("data").join(f).display().to_string();
+    let (cluster, jobs) = (data("cluster-a800-8x8.yaml"), data("jobs-paper.yaml"));
+    let gone = d.join("shared/reference/rubick-artifact").display().to_string();
+    let trace = format!("{gone}/workloads/workload-base.csv");
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+        ("rubick-plan", vec!["schedule", "--cluster", &cluster, "--jobs", &jobs, "--reference", &gone], gone.as_str()),
+        (
+            "rubick-plan",
+            vec!["curves", &jobs, "--cluster", &cluster, "--reference", &gone, "-o", "c.csv"],
+            gone.as_str(),
+        ),
+        (
+            "rubick-plan",
+            vec!["simulate", "--cluster", &cluster, "--reference", &gone, "--trace", &trace, "--summary", "s.yaml"],
+            gone.as_str(),
+        ),
+        (
+            "rubick-fit",
+            vec!["evaluate", "--reference", &gone, "--model", "llama7", "--cluster", &cluster],
+            gone.as_str(),
+        ),
+        (
+            "rubick-fit",
+            vec!["evaluate", "--external", "shared/reference/external/vtrain_single.csv"],
+            "vtrain_single.csv",
+        ),
+        (
+            "rubick-plan",
+            vec!["trace", "shared/reference/traces/philly.csv", "--format", "philly", "--cluster", &cluster],
+            "rubick-artifact",
+        ),
+    ];
+    for (tool, args, path) in cases {
+        let run = run_in(d, tool, &args);
+        assert_eq!(run.code, Some(2), "{tool} {args:?}: {}", run.stderr);
+        for says in
+            [path, "RUBICK_REFERENCE", "--reference", "../shared/reference", "AlibabaPAI/reconfigurable-dl-scheduler"]
+        {
+            assert!(run.stderr.contains(says), "{tool} {args:?}: `{says}` in {}", run.stderr);
+        }
+        assert!(!run.stderr.contains("os error"), "{tool} {args:?}: not a bare I/O error: {}", run.stderr);
+        assert_eq!(std::fs::read_dir(d).unwrap().count(), 0, "{tool} {args:?}: nothing written");
+    }
+}

@@ -226,7 +226,7 @@ fn evaluate_external_sets_with_eight_rows_each() {
     assert!(num(overall, "rows") - num(overall, "fitted_rows") >= 500.0, "{overall:?}");
 
     let single = dir.join("vtrain_single.csv").display().to_string();
-    let (code, out, err) = fit_tool(tmp.path(), &["evaluate", "--external", &single, "--samples", "8"]);
+    let (code, out, err) = fit_tool(tmp.path(), &["evaluate", "--external", &single, "--samples", "8", "--all"]);
     assert_eq!(code, Some(0), "{err}");
     let summary: serde_yaml_ng::Value = serde_yaml_ng::from_str(&out).unwrap();
     assert!(num(&summary["overall"], "mean_rel_error") <= 0.15, "{:?}", summary["overall"]);
@@ -321,4 +321,55 @@ fn a_real_h200_profile_is_predicted_from_four_of_its_rows() {
     assert!(num(overall, "mean_rel_error") <= 0.20, "{overall:?}");
     assert!(num(overall, "max_rel_error") <= 0.40, "{overall:?}");
     assert!(num(overall, "plan_choice_accuracy") >= 1.0, "{overall:?}");
+}
+
+/// The Quick start's evaluation (a 2-core machine's profile of the PyTorch workload, 2
+/// rows profiled): one screen on stdout, at most 25 lines, not 150 lines of YAML; the
+/// full YAML with `--all` or `--summary FILE`. With every model of the authors' data
+/// (when it is here), the screen stays one.
+#[test]
+fn evaluate_prints_one_screen_unless_all() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(
+        d.join("local.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: vm\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, \
+         gpusPerNode: 2, gpuMemoryGib: 11, cpuCores: 2, hostMemoryGib: 21, nvlinkGBps: 10.4, interNodeGBps: 1.25, \
+         pcieGBps: 10.4 }\n",
+    )
+    .unwrap();
+    let (table, job) = (
+        repo().join("data/profiles/pytorch-cpu-2core.csv").display().to_string(),
+        repo().join("examples/pytorch/job.yaml").display().to_string(),
+    );
+    let args = ["evaluate", "--table", &table, "--job", &job, "--cluster", "local.yaml", "--samples", "2"];
+    let (code, out, err) = fit_tool(d, &args);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.lines().count() <= 25, "{} lines:\n{out}", out.lines().count());
+    assert!(out.contains("held-out error: mean") && out.contains("--all"), "{out}");
+    assert!(
+        serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&out).map_or(true, |v| v.get("overall").is_none()),
+        "{out}"
+    );
+    let mut all = args.to_vec();
+    all.push("--all");
+    let (code, yaml, err) = fit_tool(d, &all);
+    assert_eq!(code, Some(0), "{err}");
+    let summary: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    assert!(summary["overall"]["rows"].as_u64().is_some() && yaml.lines().count() > 25, "{yaml}");
+    let mut file = args.to_vec();
+    file.extend(["--summary", "s.yaml"]);
+    let (code, out2, _) = fit_tool(d, &file);
+    assert_eq!((code, out2.as_str()), (Some(0), out.as_str()), "the same screen, and the YAML in the file");
+    assert_eq!(std::fs::read_to_string(d.join("s.yaml")).unwrap(), yaml);
+    let mut both = all.clone();
+    both.extend(["--model-out", "-"]);
+    assert_eq!(fit_tool(d, &both).0, Some(2), "two outputs on stdout are refused");
+    if let Some(reference) = rubick_tests::reference() {
+        let reference = reference.display().to_string();
+        let args = ["evaluate", "--reference", &reference, "--model", "all", "--cluster", &cluster(), "--samples", "8"];
+        let (code, out, err) = fit_tool(d, &args);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(out.lines().count() <= 25, "{} lines:\n{out}", out.lines().count());
+    }
 }

@@ -105,6 +105,15 @@ fn a_schedule_and_its_explanation() {
         (data.join("cluster-a800-8x8.yaml").display().to_string(), data.join("jobs-paper.yaml").display().to_string());
     let run = run_in(d, "rubick-plan", &["schedule", "--cluster", &cluster, "--jobs", &jobs, "--explain"]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // The seven jobs without a perfModel: one warning, suggesting no file that does not
+    // exist (`vit-0.yaml`: the jobs are a JobBatch's).
+    let warnings: Vec<&str> = run.stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "{}", run.stderr);
+    assert!(warnings[0].contains("7 jobs have no perfModel") && !warnings[0].contains("vit-0.yaml"), "{}", warnings[0]);
+    // The placement code (`on 88`) is explained where it is printed, before the jobs.
+    let legend = run.stderr.lines().position(|l| l.contains("`88`: 8 on each of 2 nodes"));
+    let first_job = run.stderr.lines().position(|l| l.starts_with("vit-0: "));
+    assert!(legend.is_some() && legend < first_job, "{}", run.stderr);
     settings(d).bind(|| {
         insta::assert_snapshot!("schedule", run.stdout);
         insta::assert_snapshot!("schedule_explain", run.stderr);

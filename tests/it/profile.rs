@@ -445,3 +445,192 @@ fn a_setsid_child_outlives_its_profile_run() {
     }
     assert!(!alive(&pid), "the setsid child {pid} outlived its run");
 }
+
+/// Every file under `dir`, relative to it, sorted.
+fn tree(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            out.push(path.strip_prefix(root).unwrap().display().to_string());
+            if path.is_dir() {
+                walk(root, &path, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Regression, "torchtitan without a GPU ran four 15-20 s runs that each failed, left
+/// its outputs/ in the clone, rc 1, the cause only in the logs": the example's job says
+/// what it requires (`requires:` a GPU with NVIDIA's driver, its assets), and where that
+/// is missing, `rubick-profile run` refuses it in one line naming every missing thing,
+/// exit 2, in under a second, with nothing written in the directory laid out as the
+/// clone; so do `rubick-run apply` (a schedule placing it on CPU worker slots) and
+/// `submit` to a state whose cluster has no GPU.
+#[test]
+fn a_job_requiring_a_gpu_is_refused_up_front_where_there_is_none() {
+    let dir = temp();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("examples/torchtitan")).unwrap();
+    let job = rubick_tests::repo().join("examples/torchtitan/job.yaml");
+    std::fs::copy(&job, d.join("examples/torchtitan/job.yaml")).unwrap();
+    std::fs::write(d.join("cluster.yaml"), CLUSTER).unwrap();
+    let before = tree(d);
+    let refused = |args: &[&str], what: &str| -> String {
+        let start = Instant::now();
+        let run = run_in(d, "rubick-profile", args);
+        let took = start.elapsed();
+        assert_eq!(run.code, Some(2), "{what}: {}", run.stderr);
+        assert_eq!(run.stderr.trim_end().lines().count(), 1, "{what}: one line: {}", run.stderr);
+        assert!(took < Duration::from_secs(1), "{what}: refused in {took:?}");
+        assert_eq!(tree(d), before, "{what}: nothing written: {}", run.stderr);
+        run.stderr
+    };
+    // The issue's command, on a cluster whose GPUs are worker slots of CPU cores.
+    let args = ["run", "examples/torchtitan/job.yaml", "--cluster", "cluster.yaml", "--budget", "4", "-o", "p.csv"];
+    let err = refused(&args, "a CPU cluster");
+    assert!(err.contains("examples/torchtitan/job.yaml") && err.contains("torchtitan-llama3-debug"), "{err}");
+    assert!(err.contains("requires a GPU") && err.contains("gpuType cpu"), "{err}");
+    assert!(
+        err.contains("examples/torchtitan/assets/tokenizer")
+            && err.contains("`python examples/torchtitan/assets.py examples/torchtitan/assets`"),
+        "the assets and the command that makes them: {err}"
+    );
+    // Without a driver here, this machine (no --cluster) and a GPU cluster run locally
+    // are refused too, the second naming the driver.
+    if !Path::new(rubick_launch::requires::NVIDIA_DRIVER).exists() {
+        let err = refused(&["run", "examples/torchtitan/job.yaml", "--budget", "4", "-o", "p.csv"], "this machine");
+        assert!(err.contains("requires a GPU"), "{err}");
+        std::fs::copy(rubick_tests::repo().join("data/cluster-a800-8x8.yaml"), d.join("a800.yaml")).unwrap();
+        let before_a800 = tree(d);
+        let run = run_in(
+            d,
+            "rubick-profile",
+            &["run", "examples/torchtitan/job.yaml", "--cluster", "a800.yaml", "--budget", "1", "-o", "p.csv"],
+        );
+        assert_eq!(run.code, Some(2), "{}", run.stderr);
+        assert!(run.stderr.contains("NVIDIA driver") && !run.stderr.contains("requires a GPU"), "{}", run.stderr);
+        assert_eq!(tree(d), before_a800, "{}", run.stderr);
+        std::fs::remove_file(d.join("a800.yaml")).unwrap();
+    }
+    // rubick-run: apply refuses a schedule that places it on the CPU slots, before any
+    // action; submit refuses it to a state that remembers such a cluster.
+    let rr = |args: &[&str]| run_in(d, "rubick-run", args);
+    let submit = rr(&["submit", "examples/torchtitan/job.yaml", "--state", "state"]);
+    assert_eq!(submit.code, Some(0), "no cluster known yet: {}", submit.stderr);
+    crate::run::schedule(d, "r1.yaml", 1, &[("torchtitan-llama3-debug", "dp1-tp1-pp1-mb8-ga1", &[0])]);
+    let apply = rr(&["apply", "r1.yaml", "--state", "state", "--cluster", "cluster.yaml"]);
+    assert_eq!(apply.code, Some(2), "{}", apply.stderr);
+    assert_eq!(apply.stderr.trim_end().lines().count(), 1, "{}", apply.stderr);
+    assert!(apply.stderr.contains("requires a GPU") && apply.stderr.contains("rubick-run delete"), "{}", apply.stderr);
+    assert!(!d.join("state/jobs/torchtitan-llama3-debug/attempt-1").exists(), "nothing started");
+    assert!(!d.join("state/cluster.yaml").exists(), "the refused apply remembers nothing");
+    std::fs::copy(d.join("cluster.yaml"), d.join("state/cluster.yaml")).unwrap();
+    let again = rr(&["submit", "examples/torchtitan/job.yaml", "--state", "state", "--replace"]);
+    assert_eq!(again.code, Some(2), "{}", again.stderr);
+    assert!(again.stderr.contains("requires a GPU") && again.stderr.contains("state/cluster.yaml"), "{}", again.stderr);
+}
+
+/// A stand-in of the torchtitan job: every path it reads is relative to the directory it
+/// starts in (its command, `ASSETS`), each node's launcher says where it started and
+/// whether it found the assets, and its own outputs go to the run's directory.
+const TITAN_STAND_IN: &str = r#"#!/bin/sh
+run=$(dirname "$RUBICK_METRICS")
+here="$run/node-$RUBICK_NODE_RANK"
+tokenizer=missing
+[ -f "$ASSETS/tokenizer/tokenizer.json" ] && tokenizer=found
+echo "$(hostname) $RUBICK_NODE_RANK $(pwd -P) $tokenizer" > "$here.$$" && mv "$here.$$" "$here"
+mkdir -p "$run/torchtitan" && echo "rank $RUBICK_NODE_RANK" > "$run/torchtitan/rank-$RUBICK_NODE_RANK.log"
+i=0
+while [ "$i" -lt "$RUBICK_ITERATIONS" ]; do
+  i=$((i + 1))
+  [ "$RUBICK_NODE_RANK" = 0 ] && echo "{\"rubick\":1,\"iter\":$i,\"iter_time_s\":0.05,\"samples\":16}" >> "$RUBICK_METRICS"
+  sleep 0.05
+done
+"#;
+
+/// The Slurm path of the torchtitan example, with a stand-in of its job: run from the
+/// clone's root with paths relative to it (command, environment, `requires.files`), a
+/// profile's configuration on placement `11` starts a launcher on each of two nodes, both
+/// in the clone (the directory rubick-profile ran in, shared by every node) finding the
+/// assets there, and the job's own outputs land in the run's directory, none in the
+/// clone; before the assets exist, the profile is refused naming them and the command
+/// that makes them.
+#[test]
+fn a_job_with_relative_paths_runs_from_the_clone_on_every_slurm_node() {
+    let Some(usable) = slurm_nodes(SlurmShape { nodes: 2, gpus_per_node: 1 }, Held::Shared) else { return };
+    let dir = temp();
+    let _reaper = rubick_tests::Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("stand-in")).unwrap();
+    std::fs::write(d.join("stand-in/train.sh"), TITAN_STAND_IN).unwrap();
+    std::fs::write(
+        d.join("stand-in/assets.sh"),
+        "mkdir -p assets/tokenizer && echo '{}' > assets/tokenizer/tokenizer.json\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("gpus.yaml"),
+        "apiVersion: rubick/v1\nkind: Cluster\nname: slurm\nnodeGroups:\n  - { name: gpu, count: 3, gpuType: gpu, gpusPerNode: 2, \
+         gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 4, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("job.yaml"),
+        "apiVersion: rubick/v1
+kind: Job
+name: titan-stand-in
+model: { name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }
+iterations: 100
+request: { gpus: 1, plan: ga }
+requires: { gpu: any, files: [assets/tokenizer], setup: sh stand-in/assets.sh }
+launch:
+  version: 1
+  command: [sh, stand-in/train.sh]
+  env: { ASSETS: assets }
+  warmupIterations: 2
+  measuredIterations: 5
+  timeoutS: 120
+",
+    )
+    .unwrap();
+    std::fs::write(d.join("configs.csv"), "plan,placement\ndp2-tp1-pp1-mb4-ga2,11\n").unwrap();
+    let args =
+        ["run", "job.yaml", "--cluster", "gpus.yaml", "--configs", "configs.csv", "--backend", "slurm", "-o", "p.csv"];
+    let refused = run_in(d, "rubick-profile", &args);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("assets/tokenizer") && refused.stderr.contains("`sh stand-in/assets.sh`"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!d.join("p.csv.runs").exists(), "nothing written before the refusal");
+    let setup = Command::new("sh").arg("stand-in/assets.sh").current_dir(d).status().unwrap();
+    assert!(setup.success());
+    let run = run_in(d, "rubick-profile", &args);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let csv = read(d, "p.csv");
+    assert_eq!(column(&csv, "status"), vec!["ok"], "{csv}\n{}", run.stderr);
+    let run_dir = std::fs::read_dir(d.join("p.csv.runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("node-1").exists())
+        .unwrap_or_else(|| panic!("no run with a launcher of rank 1:\n{}", run.stderr));
+    let clone = d.canonicalize().unwrap().display().to_string();
+    let mut hosts = Vec::new();
+    for rank in 0..2 {
+        let said = std::fs::read_to_string(run_dir.join(format!("node-{rank}"))).unwrap();
+        let f: Vec<&str> = said.split_whitespace().collect();
+        assert_eq!(f[1..], [rank.to_string().as_str(), clone.as_str(), "found"], "rank {rank}: {said}");
+        assert!(
+            run_dir.join(format!("torchtitan/rank-{rank}.log")).exists(),
+            "rank {rank}'s outputs in the run's directory"
+        );
+        hosts.push(f[0].to_owned());
+    }
+    assert!(hosts[0] != hosts[1] && hosts.iter().all(|h| usable.contains(h)), "two nodes: {hosts:?} of {usable:?}");
+    assert!(!d.join("outputs").exists() && !d.join("torchtitan").exists(), "nothing of the job's in the clone's root");
+}

@@ -579,7 +579,8 @@ request: { gpus: 4, cpus: 32, plan: dp4-tp1-pp1-mb8-ga1-z2 }
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&piped.stderr);
-    assert!(err.contains("job `bert-0` has no perfModel") && err.contains("--job bert-0.yaml"), "{err}");
+    // The job is named; its file is not known (stdin), so none is guessed.
+    assert!(err.contains("job `bert-0` has no perfModel") && err.contains("--job JOB.yaml"), "{err}");
     let fit = run_in(
         dir.path(),
         "rubick-fit",
