@@ -52,6 +52,11 @@ pub struct Job {
     /// `rubick-run jobs` fills it from the job's runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unsupported_plans: Vec<Plan>,
+    /// Plans the job ran measurably slower under than under the plan before them
+    /// (`rubick-run`'s safety net after every move): the round after it was seen, the job
+    /// moves back to the plan before; never offered again. `rubick-run jobs` fills it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slow_plans: Vec<SlowPlan>,
     /// What the job needs of where it runs (a GPU and its driver, files its runs read),
     /// checked before anything runs: `rubick-profile run`, `rubick-run submit` and
     /// `rubick-run apply` refuse a job whose cluster or machine lacks it, in one line.
@@ -134,6 +139,43 @@ impl Requirements {
             return Err(ValidationError::new("setup", format!("{c:?}: a control character")));
         }
         Ok(())
+    }
+}
+
+/// A plan a job ran measurably slower under than under the plan before it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SlowPlan {
+    pub plan: Plan,
+    /// Its run's mean iteration time (seconds, after the warm-up).
+    pub iter_time_s: f64,
+    /// The plan the job ran before it.
+    pub before: Plan,
+    /// That run's mean iteration time (seconds, after the warm-up).
+    pub before_iter_time_s: f64,
+}
+
+impl SlowPlan {
+    /// The rules of its fields: times finite and positive.
+    pub fn check(&self) -> Result<(), ValidationError> {
+        for (field, v) in [("iterTimeS", self.iter_time_s), ("beforeIterTimeS", self.before_iter_time_s)] {
+            ensure(v.is_finite() && v > 0.0 && v <= crate::limits::MAX_CLOCK_SECONDS, field, || {
+                format!("a time in seconds, finite and above 0, got {v}")
+            })?;
+        }
+        Ok(())
+    }
+
+    /// In words, for `status`, `--explain` and the logs.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ran {:.4} s per iteration, {:.2}x the {:.4} s of {} before it",
+            self.plan,
+            self.iter_time_s,
+            self.iter_time_s / self.before_iter_time_s,
+            self.before_iter_time_s,
+            self.before
+        )
     }
 }
 
@@ -222,6 +264,7 @@ impl Job {
             current: None,
             launch: None,
             unsupported_plans: Vec::new(),
+            slow_plans: Vec::new(),
             requires: None,
         }
     }
@@ -237,7 +280,16 @@ impl Job {
         if self.unsupported_plans.contains(plan) {
             return Some("a plan a run of the job refused (exit 2; unsupportedPlans)".into());
         }
+        if let Some(slow) = self.slow_plans.iter().find(|s| s.plan == *plan) {
+            return Some(format!("a plan the job ran slower under ({}; slowPlans)", slow.describe()));
+        }
         self.supports().and_then(|s| s.refusal(plan))
+    }
+
+    /// The plans never offered again: those its runs refused (`unsupportedPlans`) and
+    /// those it ran slower under (`slowPlans`).
+    pub fn refused_plans(&self) -> Vec<Plan> {
+        self.unsupported_plans.iter().copied().chain(self.slow_plans.iter().map(|s| s.plan)).collect()
     }
 
     /// Whether the job's script can run `plan`.
@@ -254,6 +306,9 @@ impl Job {
         }
         if let Some(requires) = &self.requires {
             requires.check().map_err(|e| e.within("requires"))?;
+        }
+        for (i, slow) in self.slow_plans.iter().enumerate() {
+            slow.check().map_err(|e| e.within(&format!("slowPlans[{i}]")))?;
         }
         use crate::limits::{self, check_range, check_real};
         let at = |field: &'static str| move |why: String| ValidationError::new(field, why);

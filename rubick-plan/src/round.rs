@@ -87,6 +87,27 @@ pub fn job_inputs(
                 .map_err(|e| anyhow::anyhow!("{}: {}", jobs_path.display(), e.within(&format!("jobs[{i}]"))))?,
         };
         let (restarts, restoring) = job.current.as_ref().map_or((0, false), |c| (c.restarts, c.restoring));
+        // The safety net after every move: a run measured slower than the plan before it
+        // (`slowPlans`, seen by rubick-run) moves back to that plan this round, whatever
+        // its cooldown or restart factor, planned as a waiting job (where the checkpoint
+        // cannot resume at the plan before: wherever it can).
+        let slow = current.as_ref().and_then(|c| job.slow_plans.iter().find(|s| s.plan == c.plan)).cloned();
+        if let (Some(slow), Some(c)) = (slow, current.as_ref()) {
+            let checkpoint = Restriction::of_checkpoint(&c.plan, job.resharding);
+            let allowed = if checkpoint.allows(&slow.before) { Restriction::Exact(slow.before) } else { checkpoint };
+            tracing::warn!("`{}`: {}: it moves back", job.name, slow.describe());
+            inputs.push(JobInput {
+                job,
+                params,
+                evidence: None,
+                current: None,
+                allowed,
+                priority: 1.0,
+                restarts,
+                restoring: false,
+            });
+            continue;
+        }
         inputs.push(JobInput {
             job,
             params,

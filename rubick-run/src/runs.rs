@@ -70,6 +70,7 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
                             last.first_iteration_s =
                                 first_iteration_s(&attempt_dir, run.started_unix_s, rec.job.iterations);
                         }
+                        judge_move(dir, name, rec, &run);
                     }
                 }
             }
@@ -279,7 +280,59 @@ pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunReco
         checkpointed_iter: progress.checkpointed,
         checkpoint_save_s: progress.checkpoint_save_s,
         first_iteration_s: None,
+        before_iter_time_s: None,
+        after_iter_time_s: None,
     });
+}
+
+/// The safety net after every move. Once the run a reconfiguration started under
+/// another plan has measured as many iterations after its warm-up as a profile would
+/// (`measuredIterations`), its mean iteration time is compared with the run's before
+/// it: slower by more than [`RUN_NOISE`] (run-to-run noise) and by more than twice the
+/// standard error of the difference, its plan joins the job's `slowPlans`, and the next
+/// round moves the job back to the plan before (never offering the slow one again).
+/// Judged once: the reconfiguration records both means. Plans of one job share its
+/// global batch, so iteration times compare as throughputs do.
+fn judge_move(dir: &StateDir, name: &str, rec: &mut JobRecord, run: &RunRecord) {
+    use rubick_core::launch::{iteration_times, mean_sd, measured_iterations};
+    use rubick_core::planner::RUN_NOISE;
+    let plan = run.plan.to_string();
+    let Some(last) = rec.reconfigurations.last() else { return };
+    if last.after_iter_time_s.is_some() || last.to.as_deref() != Some(plan.as_str()) || last.from == plan {
+        return;
+    }
+    let (warmup, wanted) = rec.job.launch.as_ref().map_or((3, 10), |l| (l.warmup_iterations, l.measured_iterations));
+    let measure = |attempt: u32| {
+        let lines = backends::metric_lines(&dir.attempt_dir(name, attempt), rec.job.iterations);
+        let times = iteration_times(measured_iterations(&lines, warmup, None));
+        mean_sd(&times).map(|(mean, sd)| (mean, sd, times.len()))
+    };
+    let Some((after, after_sd, n)) = measure(run.attempt).filter(|m| m.2 >= wanted.max(2) as usize) else { return };
+    // The run before: the attempt the reconfiguration stopped, under the plan it names.
+    let before_run: Option<RunRecord> = run
+        .attempt
+        .checked_sub(1)
+        .filter(|&a| a >= 1)
+        .and_then(|a| std::fs::read_to_string(dir.attempt_dir(name, a).join("run.yaml")).ok())
+        .and_then(|text| serde_yaml_ng::from_str(&text).ok())
+        .filter(|r: &RunRecord| r.plan.to_string() == last.from);
+    let before = before_run.as_ref().and_then(|r| measure(r.attempt).map(|m| (r.plan, m)));
+    let last = rec.reconfigurations.last_mut().expect("looked at above");
+    last.after_iter_time_s = Some(after);
+    let Some((before_plan, (before_s, before_sd, m))) = before else { return };
+    last.before_iter_time_s = Some(before_s);
+    let noise = 2.0 * (after_sd.powi(2) / n as f64 + before_sd.powi(2) / m as f64).sqrt();
+    if after > before_s * (1.0 + RUN_NOISE) && after - before_s > noise && !rec.job.refused_plans().contains(&run.plan)
+    {
+        let slow = rubick_core::job::SlowPlan {
+            plan: run.plan,
+            iter_time_s: after,
+            before: before_plan,
+            before_iter_time_s: before_s,
+        };
+        tracing::warn!("`{name}`: {}: the next round moves it back (slowPlans)", slow.describe());
+        rec.job.slow_plans.push(slow);
+    }
 }
 
 /// The state brought up to date with its backend (runs that ended, starts and stops

@@ -137,6 +137,13 @@ pub struct Reconfiguration {
     /// from the metrics file's last change when more lines were written by then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_iteration_s: Option<f64>,
+    /// The mean iteration time of the run before it and of the run it started, once that
+    /// run measured as many iterations as a profile would (the safety net after every
+    /// move, `runs::judge_move`: judged once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_iter_time_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_iter_time_s: Option<f64>,
 }
 
 /// A job the state knows.
@@ -257,8 +264,14 @@ impl State {
                 if let Some(t) = c.checkpoint_save_s {
                     time(&format!("reconfigurations[{k}].checkpointSaveS"), t)?;
                 }
-                if let Some(t) = c.first_iteration_s {
-                    time(&format!("reconfigurations[{k}].firstIterationS"), t)?;
+                for (field, t) in [
+                    ("firstIterationS", c.first_iteration_s),
+                    ("beforeIterTimeS", c.before_iter_time_s),
+                    ("afterIterTimeS", c.after_iter_time_s),
+                ] {
+                    if let Some(t) = t {
+                        time(&format!("reconfigurations[{k}].{field}"), t)?;
+                    }
                 }
             }
             if let Some(run) = &r.run {
@@ -752,6 +765,8 @@ mod tests {
                     checkpointed_iter: None,
                     checkpoint_save_s: None,
                     first_iteration_s: None,
+                    before_iter_time_s: None,
+                    after_iter_time_s: None,
                 })
             }),
         ];

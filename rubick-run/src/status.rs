@@ -208,6 +208,22 @@ fn table(report: &StatusReport<'_>) -> String {
             fit(format!("{}/{}", r.iterations_done, r.job.iterations), 11),
             fit(times, 13),
         ));
+        // Plans it ran slower under than before (the safety net after every move).
+        for slow in &r.job.slow_plans {
+            let moved = if r.run.as_ref().is_some_and(|run| run.plan == slow.plan) {
+                "moves back"
+            } else {
+                "moved back for good"
+            };
+            out.push_str(&fit(
+                format!(
+                    "  slower: {} {:.3} s/iter vs {:.3} s on {}: {moved}",
+                    slow.plan, slow.iter_time_s, slow.before_iter_time_s, slow.before
+                ),
+                100,
+            ));
+            out.push('\n');
+        }
         // A diverging job runs on, its iterations counted: its loss says so.
         if let Some((iter, loss)) = line.diverged() {
             out.push_str(&format!("  loss {} at iteration {iter}: the job diverges\n", loss_text(loss)));

@@ -134,6 +134,7 @@ fn job_of(r: &TraceJob, spec: &ModelSpec) -> Job {
         current: None,
         launch: None,
         unsupported_plans: Vec::new(),
+        slow_plans: Vec::new(),
         requires: None,
     }
 }

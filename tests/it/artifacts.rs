@@ -155,6 +155,7 @@ fn job() -> impl Strategy<Value = Job> {
                     }),
                 }),
                 unsupported_plans: if plan_kind == 1 { vec![exact] } else { Vec::new() },
+                slow_plans: Vec::new(),
                 requires: (plan_kind == 1).then(|| rubick_core::job::Requirements {
                     gpu: Some(rubick_core::job::GpuNeed::Nvidia),
                     files: vec!["assets/tokenizer".into()],

@@ -23,6 +23,7 @@ mod pytorch;
 mod readme;
 mod reference;
 mod run;
+mod safety_net;
 mod schedule;
 mod simulate;
 mod status_and_bounds;

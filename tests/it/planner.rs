@@ -322,7 +322,7 @@ fn a_change_of_cores_alone_is_a_change() {
 /// resized or moved; with intervals of nothing, the rounds are those without evidence.
 #[test]
 fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
-    use rubick_core::planner::Evidence;
+    use rubick_core::planner::{Evidence, Measured};
     use std::sync::Arc;
     let n = rubick_core::perfmodel::PARAMS.len();
     let mut moved_without = 0;
@@ -335,7 +335,13 @@ fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
                 .map(|mut i| {
                     if let Some(cur) = &i.current {
                         i.evidence = Some(Arc::new(Evidence {
-                            measured: vec![(cur.plan, cur.placement.clone())],
+                            // Measured as predicted: only the interval changes.
+                            measured: vec![Measured {
+                                plan: cur.plan,
+                                placement: cur.placement.clone(),
+                                measured_s: 1.0,
+                                predicted_s: 1.0,
+                            }],
                             log_covariance: Some(nalgebra::DMatrix::from_diagonal_element(n, n, variance)),
                         }));
                     }

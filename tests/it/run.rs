@@ -58,7 +58,7 @@ launch:
 }
 
 /// `DIR/cluster.yaml`: this machine as a cluster of 2 worker slots on 2 cores.
-fn two_slot_cluster(d: &Path) {
+pub(crate) fn two_slot_cluster(d: &Path) {
     std::fs::write(
         d.join("cluster.yaml"),
         "apiVersion: rubick/v1\nkind: Cluster\nname: box\nnodeGroups:\n  - { name: local, count: 1, gpuType: cpu, gpusPerNode: 2, gpuMemoryGib: 8, cpuCores: 2, hostMemoryGib: 16, nvlinkGBps: 5, interNodeGBps: 1.25, pcieGBps: 5 }\n",
@@ -74,7 +74,7 @@ fn third_job(d: &Path) {
 
 /// One round of the README's cron line in `d` (state `d/state`, `d/cluster.yaml`), with
 /// `flags` for `schedule`: whether it succeeded, and its stderr.
-fn cron_round(d: &Path, flags: &str) -> (bool, String) {
+pub(crate) fn cron_round(d: &Path, flags: &str) -> (bool, String) {
     let script = format!(
         "\"$RR\" jobs --state state | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml {flags} \
          | \"$RR\" apply - --state state"

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::cluster::{Cluster, NodeGroup};
 use crate::job::Job;
@@ -14,7 +15,7 @@ use crate::placement::Placement;
 use crate::plan::{Offload, Plan, PlanRequest};
 use crate::space::{Dimensions, resolve_code, valid_plans};
 
-use super::{Capacity, JobInput, PlannerConfig, Restriction, Support, eligible_groups};
+use super::{Capacity, Evidence, JobInput, PlannerConfig, Restriction, Support, eligible_groups};
 
 /// Whether a configuration's collectives stay inside one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -217,14 +218,35 @@ pub struct Evaluator<'a> {
     /// Also evaluate jobs of up to a node split over two nodes (for display: such
     /// points never survive pruning, as one node is faster for the same resources).
     pub cross_splits: bool,
-    /// Models with their parameters, the features their script supports and the plans
-    /// their runs refused: a job's plan space depends on all four.
-    models: Vec<(ModelSpec, Params, Option<crate::launch::PlanSupport>, Vec<Plan>)>,
+    /// Models with their parameters, the features their script supports, the plans
+    /// their runs refused and their measurements: a job's plan space depends on the
+    /// first four, its curves on all five.
+    models: Vec<ModelEntry>,
     spaces: HashMap<(usize, usize, u32), Rc<Vec<Plan>>>,
     /// Per (model, group, restriction): the largest GPU count computed, the points
     /// and which survive Pareto pruning. Pruning only looks at points with fewer
     /// resources, so a job with a smaller cap takes a prefix of the same curve.
     curves: HashMap<(usize, usize, Restriction), (u32, Rc<RawCurve>)>,
+}
+
+/// What a job's candidates depend on, besides the cluster and the round's knobs.
+#[derive(Debug)]
+struct ModelEntry {
+    model: ModelSpec,
+    params: Params,
+    supports: Option<crate::launch::PlanSupport>,
+    refused: Vec<Plan>,
+    evidence: Option<Arc<Evidence>>,
+}
+
+/// The throughput the planner believes of `plan` on `placement`: the model's
+/// `predicted`, or, where this configuration was measured, the measurement
+/// ([`Evidence::time_factor`]): measured beats modelled.
+pub fn believed(evidence: Option<&Evidence>, plan: &Plan, placement: &Placement, predicted: f64) -> f64 {
+    match evidence.and_then(|e| e.time_factor(plan, placement)) {
+        Some(f) => predicted / f,
+        None => predicted,
+    }
 }
 
 /// Host memory a plan needs in all: a share per GPU plus offloaded model states.
@@ -276,16 +298,32 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    /// The cache key of a job's model, parameters and the plan features its script
-    /// supports (`launch.supports`: plans outside it are never in its space).
-    fn model_key(&mut self, job: &Job, params: &Params) -> usize {
+    /// The cache key of a job's model, parameters, the plan features its script
+    /// supports (`launch.supports`: plans outside it are never in its space), the plans
+    /// its runs refused and its measurements.
+    fn model_key(&mut self, job: &Job, params: &Params, evidence: Option<&Arc<Evidence>>) -> usize {
         let supports = job.supports();
-        if let Some(i) = self.models.iter().position(|(m, p, s, u)| {
-            *m == job.model && p == params && s.as_ref() == supports && *u == job.unsupported_plans
+        let refused = job.refused_plans();
+        if let Some(i) = self.models.iter().position(|e| {
+            e.model == job.model
+                && e.params == *params
+                && e.supports.as_ref() == supports
+                && e.refused == refused
+                && match (&e.evidence, evidence) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                    _ => false,
+                }
         }) {
             return i;
         }
-        self.models.push((job.model.clone(), params.clone(), supports.cloned(), job.unsupported_plans.clone()));
+        self.models.push(ModelEntry {
+            model: job.model.clone(),
+            params: params.clone(),
+            supports: supports.cloned(),
+            refused,
+            evidence: evidence.cloned(),
+        });
         self.models.len() - 1
     }
 
@@ -295,7 +333,7 @@ impl<'a> Evaluator<'a> {
             return Rc::clone(s);
         }
         let g = &self.cluster.node_groups[group];
-        let (model, _, supports, refused) = &self.models[key];
+        let ModelEntry { model, supports, refused, .. } = &self.models[key];
         let candidates = &self.config.candidates;
         let plans: Vec<Plan> = valid_plans(model, gpus, g.gpus_per_node, Dimensions::of(supports.as_ref()))
             .into_iter()
@@ -376,16 +414,21 @@ impl<'a> Evaluator<'a> {
     ) -> Option<(Support, f64)> {
         let evidence = input.evidence.as_ref()?;
         let support = evidence.support(plan, placement);
-        let spread = match (&evidence.log_covariance, support) {
-            (_, Support::Measured) | (None, _) => 0.0,
-            (Some(cov), _) => {
+        if support == Support::Measured {
+            return Some((support, 0.0));
+        }
+        let spread = match &evidence.log_covariance {
+            None => 0.0,
+            Some(cov) => {
                 let links = Links::from(&self.cluster.node_groups[group]);
                 let (_, mid, high) =
                     crate::fit::interval(&input.job.model, plan, placement, &links, &input.params, cov);
                 (high / mid).ln().max(0.0)
             }
         };
-        Some((support, if spread.is_finite() { spread } else { 0.0 }))
+        let spread = if spread.is_finite() { spread } else { 0.0 };
+        // A family the model got wrong: the interval is at least as wide as it was off.
+        Some((support, spread.max(evidence.family_spread(plan, placement))))
     }
 
     /// The best allowed plan of a model on a concrete placement with `cpus` cores.
@@ -398,7 +441,37 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        self.best_plan_by(job, params, group, placement, cpus, restriction, |_, _, thr| thr)
+        self.best_plan_by(job, params, None, group, placement, cpus, restriction, |_, _, thr| thr)
+    }
+
+    /// [`Evaluator::best_plan`] of a job with its evidence: measured configurations at
+    /// their measured throughput.
+    pub fn best_plan_of(
+        &mut self,
+        input: &JobInput,
+        group: usize,
+        placement: &Placement,
+        cpus: u32,
+        restriction: Restriction,
+    ) -> Option<(Plan, f64)> {
+        let evidence = input.evidence.as_ref();
+        self.best_plan_by(&input.job, &input.params, evidence, group, placement, cpus, restriction, |_, _, thr| thr)
+    }
+
+    /// The throughput the planner believes of a job's `plan` on `placement` of `group`
+    /// with `cpus` cores: predicted, or measured where it was ([`believed`]).
+    pub fn believed_throughput(
+        &self,
+        input: &JobInput,
+        group: usize,
+        plan: &Plan,
+        placement: &Placement,
+        cpus: u32,
+    ) -> f64 {
+        let g = &self.cluster.node_groups[group];
+        let cpu_ref = self.config.cpu_reference(g);
+        let thr = Self::throughput(&input.job.model, &input.params, g, plan, placement, cpus, cpu_ref);
+        believed(input.evidence.as_deref(), plan, placement, thr)
     }
 
     /// The allowed plan of a job on a concrete placement with `cpus` cores whose
@@ -412,7 +485,8 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        self.best_plan_by(&input.job, &input.params, group, placement, cpus, restriction, |me, plan, thr| {
+        let evidence = input.evidence.as_ref();
+        self.best_plan_by(&input.job, &input.params, evidence, group, placement, cpus, restriction, |me, plan, thr| {
             thr * (-me.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h)).exp()
         })
     }
@@ -424,6 +498,7 @@ impl<'a> Evaluator<'a> {
         &mut self,
         job: &Job,
         params: &Params,
+        evidence: Option<&Arc<Evidence>>,
         group: usize,
         placement: &Placement,
         cpus: u32,
@@ -431,14 +506,19 @@ impl<'a> Evaluator<'a> {
         score: impl Fn(&Self, &Plan, f64) -> f64,
     ) -> Option<(Plan, f64)> {
         let model = &job.model;
-        let key = self.model_key(job, params);
+        let key = self.model_key(job, params, evidence);
         let space = self.space(key, group, placement.gpus());
         let g = &self.cluster.node_groups[group];
         let cpu_ref = self.config.cpu_reference(g);
         let mut best: Option<(Plan, f64, f64)> = None;
         let candidates = &self.config.candidates;
         for plan in space.iter().filter(|p| restriction.allows(p) && candidates.config(model, p, placement)) {
-            let thr = Self::throughput(model, params, g, plan, placement, cpus, cpu_ref);
+            let thr = believed(
+                evidence.map(|e| &**e),
+                plan,
+                placement,
+                Self::throughput(model, params, g, plan, placement, cpus, cpu_ref),
+            );
             let s = score(self, plan, thr);
             if best.as_ref().is_none_or(|(_, _, b)| s > *b) {
                 best = Some((*plan, thr, s));
@@ -483,7 +563,8 @@ impl<'a> Evaluator<'a> {
                 continue;
             }
             let space = self.space(key, group, n);
-            let (model, params, _, _) = &self.models[key];
+            let ModelEntry { model, params, evidence, .. } = &self.models[key];
+            let evidence = evidence.as_deref();
             let gpn = g.gpus_per_node;
             let mut shapes = Vec::new();
             if n <= gpn {
@@ -504,6 +585,7 @@ impl<'a> Evaluator<'a> {
                 for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
                     if plan.offload == Offload::None {
                         let thr = Self::throughput(model, params, &g, plan, &placement, base_cpus, cpu_ref);
+                        let thr = believed(evidence, plan, &placement, thr);
                         if best[0].is_none_or(|(_, b, _)| thr > b) {
                             best[0] = Some((*plan, thr, base_cpus));
                         }
@@ -512,7 +594,7 @@ impl<'a> Evaluator<'a> {
                         for (i, level) in levels.iter().enumerate() {
                             let cpus = level * n;
                             let t = iter_time_with_cpus(plan, &pred, cpus, cpu_ref);
-                            let thr = model.global_batch as f64 / t.max(1e-12);
+                            let thr = believed(evidence, plan, &placement, model.global_batch as f64 / t.max(1e-12));
                             if best[i + 1].is_none_or(|(_, b, _)| thr > b) {
                                 best[i + 1] = Some((*plan, thr, cpus));
                             }
@@ -565,12 +647,11 @@ impl<'a> Evaluator<'a> {
         };
         match plan {
             Some(plan) => {
-                let cpu_ref = self.config.cpu_reference(&g);
-                let throughput = Self::throughput(&job.model, &input.params, &g, &plan, &placement, cpus, cpu_ref);
+                let throughput = self.believed_throughput(input, group, &plan, &placement, cpus);
                 Some(RequestConfig { group, plan: Some(plan), placement, cpus, throughput })
             }
             None => self
-                .best_plan(job, &input.params, group, &placement, cpus, Restriction::Any)
+                .best_plan_of(input, group, &placement, cpus, Restriction::Any)
                 .map(|(_, throughput)| RequestConfig { group, plan: None, placement, cpus, throughput }),
         }
     }
@@ -579,7 +660,7 @@ impl<'a> Evaluator<'a> {
     pub fn job_curves(&mut self, input: &JobInput, mut points: Option<&mut Vec<CurvePoint>>) -> JobCurves {
         let job = &input.job;
         let config = self.config.clone();
-        let key = self.model_key(job, &input.params);
+        let key = self.model_key(job, &input.params, input.evidence.as_ref());
         let restriction = input.restriction();
         let locked = input.in_cooldown(&config) && input.current.is_some();
         let weight = input.weight(&config);
@@ -641,9 +722,7 @@ impl<'a> Evaluator<'a> {
         }
         let mut current_thr = None;
         if let Some(cur) = &input.current {
-            let g = &self.cluster.node_groups[cur.group];
-            let cpu_ref = self.config.cpu_reference(g);
-            let thr = Self::throughput(&job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref);
+            let thr = self.believed_throughput(input, cur.group, &cur.plan, &cur.placement, cur.cpus);
             current_thr = Some(thr);
             // The same configuration found by the curve is the current one.
             candidates.retain(|c| {
@@ -803,8 +882,11 @@ impl<'a> Evaluator<'a> {
             c.meets_guarantee = c.is_request
                 || (layout_ok && low >= request_throughput * (1.0 + config.guarantee_margin) * (1.0 - 1e-9));
             // A measured configuration is left for another only for a gain that holds
-            // at the other's low end.
-            let valued = if current_measured && !c.is_current { low / request_throughput } else { c.normalized };
+            // at the other's low end; a job with evidence that does not run yet starts
+            // on the configuration whose low end is best (a family measured slower than
+            // modelled widens its interval: `Evidence::family_spread`).
+            let at_low_end = current_measured || (input.current.is_none() && input.evidence.is_some());
+            let valued = if at_low_end && !c.is_current { low / request_throughput } else { c.normalized };
             c.value = match keep_share {
                 Some(share) if !c.is_current => weight * valued * share - config.change_min_gain,
                 _ if c.is_current && locked => weight * c.normalized + LOCK_BONUS,

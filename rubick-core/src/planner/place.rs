@@ -395,8 +395,7 @@ pub fn place(
             if let Some(parts) = spread(&nodes, order, cand.gpus, cand.cpus, cand.host_memory_gib) {
                 let Some(placement) = Placement::new(parts.iter().map(|p| p.1).collect()) else { continue };
                 let restriction: Restriction = input.restriction();
-                let Some((plan, thr)) =
-                    evaluator.best_plan(&input.job, &input.params, cand.group, &placement, cand.cpus, restriction)
+                let Some((plan, thr)) = evaluator.best_plan_of(input, cand.group, &placement, cand.cpus, restriction)
                 else {
                     continue;
                 };
@@ -435,10 +434,7 @@ pub fn place(
         if out[j].is_some() || cur.nodes.is_empty() {
             continue;
         }
-        let g = &cluster.node_groups[cur.group];
-        let cpu_ref = evaluator.config.cpu_reference(g);
-        let throughput =
-            || Evaluator::throughput(&input.job.model, &input.params, g, &cur.plan, &cur.placement, cur.cpus, cpu_ref);
+        let throughput = || evaluator.believed_throughput(input, cur.group, &cur.plan, &cur.placement, cur.cpus);
         let note = "kept where it runs: the resources the round freed went unused";
         out[j] = keep_in_place(&mut nodes, &mut index, cur, throughput, Some(note.into()));
     }

@@ -12,7 +12,7 @@ use crate::schedule::{
 use super::curves::{CurveBook, Evaluator};
 use super::exact::{ExactError, ExactSolver};
 use super::place::{NodeState, Repack, place, stranded};
-use super::{Infeasible, JobInput, PlannerConfig, heuristic};
+use super::{Infeasible, JobInput, PlannerConfig, Support, heuristic};
 
 /// The schedule of a decision, and one explanation line per job.
 #[derive(Debug)]
@@ -112,9 +112,26 @@ pub fn assemble(
             };
             if let Some((support, _)) = evidence {
                 reason = format!("{reason}; {}", support.as_str());
+                // Which row says so: the family's slowest against the model.
+                let slower = p.zip(input.evidence.as_ref()).and_then(|(p, e)| e.family_slower(&p.plan, &p.placement));
+                if let (Support::FamilySlower, Some(m)) = (support, slower) {
+                    reason = format!(
+                        "{reason} ({} on {} ran {:.4} s per iteration, {:.1}x the model's {:.4} s; the interval widened by as much)",
+                        m.plan,
+                        m.placement,
+                        m.measured_s,
+                        m.ratio(),
+                        m.predicted_s
+                    );
+                }
             }
             if let Some(note) = p.and_then(|p| p.note.as_ref()) {
                 reason = format!("{reason}; {note}");
+            }
+            // Taken off a plan it ran slower under (the safety net after every move).
+            let slow = input.job.current.as_ref().and_then(|c| input.job.slow_plans.iter().find(|s| s.plan == c.plan));
+            if let (None, Some(slow)) = (cur, slow) {
+                reason = format!("moves back: {}; {reason}", slow.describe());
             }
             reason
         } else {
