@@ -27,23 +27,32 @@ pub mod plot;
 
 const EXAMPLES: &str = "\
 Examples:
-  # How good is the model? Profile 8 rows per model of the authors' data, predict the rest
-  rubick-fit evaluate --reference ../shared/reference/rubick-artifact --model all \\
-      --cluster data/cluster-a800-8x8.yaml --samples 8 --summary summary.yaml --plot fit.svg
+  C=data/cluster-a800-8x8.yaml R=../shared/reference/rubick-artifact
+
+  # How good is the model? Profile 8 rows per model of the authors' data,
+  # predict the rest (one screen; every figure: --all or --summary FILE)
+  rubick-fit evaluate --reference $R --model all --cluster $C --samples 8 \\
+      --summary summary.yaml --plot fit.svg
 
   # Fit a job's model from its profile table
-  rubick-fit fit profile.csv --job job.yaml --cluster data/cluster-a800-8x8.yaml -o model.yaml
+  rubick-fit fit profile.csv --job job.yaml --cluster $C -o model.yaml
 
   # Predict a configuration
-  rubick-fit predict model.yaml --cluster data/cluster-a800-8x8.yaml --plan dp8-mb1-ga1-z2 --placement 44
+  rubick-fit predict model.yaml --cluster $C --plan dp8-mb1-ga1-z2 \\
+      --placement 44
 
-  # Which 8 configurations should the profile run? (the rule `rubick-profile run --budget` uses)
+  # Which 8 configurations should the profile run? (the rule that
+  # `rubick-profile run --budget` uses)
   rubick-fit select --job job.yaml --cluster local.yaml --budget 8 -o chosen.csv
-  rubick-fit select --job job.yaml --cluster local.yaml --budget 4 --from candidates.csv
+  rubick-fit select --job job.yaml --cluster local.yaml --budget 4 \\
+      --from candidates.csv
 
-  # Judge the model on a job's own measured table, or on others' published measurements
-  rubick-fit evaluate --table measured.csv --job job.yaml --cluster local.yaml --samples 4
-  rubick-fit evaluate --external ../shared/reference/external/vtrain_single.csv --samples 8
+  # Judge the model on a job's own measured table, or on others' published
+  # measurements
+  rubick-fit evaluate --table measured.csv --job job.yaml --cluster local.yaml \\
+      --samples 4
+  rubick-fit evaluate --samples 8 \\
+      --external ../shared/reference/external/vtrain_single.csv
 
   # Validate a fitted model
   rubick-fit check model.yaml";

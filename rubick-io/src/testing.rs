@@ -95,6 +95,42 @@ pub fn help_texts(command: clap::Command) -> Vec<(String, String)> {
     out
 }
 
+/// The narrowest terminal the help's examples are written for: at this width or wider
+/// clap prints them as written, never wrapped mid-command.
+pub const EXAMPLES_WIDTH: usize = 80;
+
+/// Lines of the examples (the text after `Examples:` of every command's and
+/// subcommand's after-help) that `--help` would not print as written on a terminal of
+/// [`EXAMPLES_WIDTH`] columns, each as `path: line`: a command wrapped mid-line cannot be
+/// copied and pasted.
+pub fn wrapped_examples(command: clap::Command) -> Vec<String> {
+    fn walk(cmd: &mut clap::Command, path: &str, out: &mut Vec<String>) {
+        if let Some(after) = cmd.get_after_long_help().or_else(|| cmd.get_after_help()).map(ToString::to_string)
+            && let Some(at) = after.find("Examples:")
+        {
+            let rendered = cmd.clone().term_width(EXAMPLES_WIDTH).render_long_help().to_string();
+            let lines: std::collections::HashSet<&str> = rendered.lines().map(str::trim_end).collect();
+            for line in after[at..].lines().map(str::trim_end).filter(|l| !l.is_empty()) {
+                if !lines.contains(line) {
+                    out.push(format!("{path}: wrapped at {EXAMPLES_WIDTH} columns: {line}"));
+                }
+            }
+        }
+        let names: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+        for name in names.into_iter().filter(|n| n != "help") {
+            if let Some(sub) = cmd.find_subcommand_mut(&name) {
+                walk(sub, &format!("{path} {name}"), out);
+            }
+        }
+    }
+    let mut command = command;
+    command.build();
+    let name = command.get_name().to_owned();
+    let mut out = Vec::new();
+    walk(&mut command, &name, &mut out);
+    out
+}
+
 /// Compares every `--help` of `command` with the files in `dir` (`NAME.txt`);
 /// `RUBICK_UPDATE_HELP=1` rewrites them. The mismatches, named.
 pub fn check_help_snapshots(command: clap::Command, dir: &Path) -> Vec<String> {
@@ -145,7 +181,8 @@ pub fn undocumented_arguments(command: &clap::Command) -> Vec<String> {
 }
 
 /// The conventions every tool's CLI keeps, checked on its definition and its binary:
-/// every argument has help text; every `--help` equals its snapshot in
+/// every argument has help text; its examples print as written at 80 columns
+/// ([`wrapped_examples`]); every `--help` equals its snapshot in
 /// `MANIFEST_DIR/tests/help/` (`RUBICK_UPDATE_HELP=1` rewrites them); `completions`
 /// prints a script for bash, zsh and fish; `man` prints a page and writes one per
 /// command with `--out-dir`. The problems found, named.
@@ -153,6 +190,7 @@ pub fn cli_conventions(command: clap::Command, bin: &Path, manifest_dir: &Path) 
     let name = command.get_name().to_owned();
     let mut problems: Vec<String> =
         undocumented_arguments(&command).into_iter().map(|a| format!("{a}: no help text")).collect();
+    problems.extend(wrapped_examples(command.clone()));
     problems.extend(check_help_snapshots(command, &manifest_dir.join("tests/help")));
     let run = |args: &[&str]| std::process::Command::new(bin).args(args).output();
     for shell in ["bash", "zsh", "fish"] {
@@ -178,4 +216,23 @@ pub fn cli_conventions(command: clap::Command, bin: &Path, manifest_dir: &Path) 
         Err(e) => problems.push(format!("a temporary directory: {e}")),
     }
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_example_wider_than_80_columns_is_found_wrapped() {
+        let long = format!("  tool run {}", "--flag value ".repeat(8));
+        let command = |after: String| clap::Command::new("tool").after_help(after);
+        let found = wrapped_examples(command(format!("Examples:\n  # a comment\n{long}\n")));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("--flag value"), "{found:?}");
+        let short = "Examples:\n  # a comment\n  tool run --flag value \\\n      --other value\n".to_owned();
+        assert!(wrapped_examples(command(short)).is_empty());
+        // Prose before the examples may wrap.
+        let prose = format!("{}\n\nExamples:\n  tool run\n", "words ".repeat(30));
+        assert!(wrapped_examples(command(prose)).is_empty());
+    }
 }

@@ -30,43 +30,50 @@ pub mod trace;
 
 const EXAMPLES: &str = "\
 Examples:
+  C=data/cluster-a800-8x8.yaml J=data/jobs-paper.yaml
+  R=../shared/reference/rubick-artifact
+
   # One round for the example jobs, with an explanation per job on stderr
-  rubick-plan schedule --cluster data/cluster-a800-8x8.yaml --jobs data/jobs-paper.yaml --explain -o round.yaml
+  rubick-plan schedule --cluster $C --jobs $J --explain -o round.yaml
 
   # The next round, exact MILP, from where the jobs run now
-  rubick-plan schedule --cluster data/cluster-a800-8x8.yaml --jobs data/jobs-paper.yaml \\
-      --current round.yaml --policy rubick-milp --time-limit 5 -o round2.yaml
+  rubick-plan schedule --cluster $C --jobs $J --current round.yaml \\
+      --policy rubick-milp --time-limit 5 -o round2.yaml
 
   # Resource sensitivity curves, models fitted on the authors' data, plotted
-  rubick-plan curves data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml \\
-      --reference ../shared/reference/rubick-artifact --plot curves.png -o curves.csv
+  rubick-plan curves $J --cluster $C --reference $R --plot curves.png \\
+      -o curves.csv
 
-  # Replay the authors' base trace with Rubick, then compare with a static FIFO queue
-  rubick-plan simulate --cluster data/cluster-a800-8x8.yaml --reference ../shared/reference/rubick-artifact \\
-      --trace ../shared/reference/rubick-artifact/workloads/workload-base.csv --summary rubick.yaml --plot-dir plots/
+  # Replay the authors' base trace with Rubick, then compare with a static
+  # FIFO queue
+  rubick-plan simulate --cluster $C --reference $R \\
+      --trace $R/workloads/workload-base.csv --summary rubick.yaml \\
+      --plot-dir plots/
   rubick-plan compare rubick.yaml static.yaml --plot jct-cdf.png
 
-  # The first 2,000 jobs of the Philly trace as a trace for a 64-GPU cluster, replayed
-  rubick-plan trace ../shared/reference/traces/philly.csv --format philly --cluster data/cluster-a800-8x8.yaml \\
-      --limit 2000 -o philly.csv
-  rubick-plan simulate --cluster data/cluster-a800-8x8.yaml --reference ../shared/reference/rubick-artifact \\
-      --trace philly.csv --summary philly-rubick.yaml
+  # The first 2,000 jobs of the Philly trace as a trace for a 64-GPU cluster,
+  # replayed
+  rubick-plan trace ../shared/reference/traces/philly.csv --format philly \\
+      --cluster $C --limit 2000 -o philly.csv
+  rubick-plan simulate --cluster $C --reference $R --trace philly.csv \\
+      --summary philly-rubick.yaml
 
   # A Slurm cluster's own last month, as a trace
-  sacct -a -P -S now-30days -o JobID,Partition,Submit,Elapsed,State,AllocTRES > sacct.txt
+  sacct -a -P -S now-30days \\
+      -o JobID,Partition,Submit,Elapsed,State,AllocTRES > sacct.txt
   rubick-plan trace sacct.txt --format sacct --cluster cluster.yaml -o slurm.csv
 
   # A synthetic 64-GPU cluster with 60 jobs, for benchmarks
   rubick-plan synth --gpus 64 --jobs 60 --seed 1 --out-dir synth/
 
   # Feasible plans of the example jobs on 8 GPUs of the paper's testbed
-  rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8
+  rubick-plan space $J --cluster $C --gpus 8
 
   # The same as CSV, for a spreadsheet
-  rubick-plan space data/jobs-paper.yaml --cluster data/cluster-a800-8x8.yaml --gpus 8 -o space.csv
+  rubick-plan space $J --cluster $C --gpus 8 -o space.csv
 
   # Validate artifacts before a round
-  rubick-plan check data/cluster-a800-8x8.yaml data/jobs-paper.yaml
+  rubick-plan check $C $J
 
   # JSON Schema of the Cluster artifact, for editors and CI
   rubick-plan schema cluster";

@@ -22,19 +22,23 @@ Examples:
   # What would a profile run on? Write a Cluster of this machine
   rubick-profile devices --cluster-out local.yaml
 
-  # Measure the PyTorch reference workload under 8 configurations chosen from its plan space
+  # Measure the PyTorch reference workload under 8 configurations chosen
+  # from its plan space
   PATH=$(scripts/python-env.sh)/bin:$PATH \\
-    rubick-profile run examples/pytorch/job.yaml --cluster local.yaml --budget 8 -o profile.csv
+    rubick-profile run examples/pytorch/job.yaml --cluster local.yaml \\
+      --budget 8 -o profile.csv
 
   # Given configurations, three runs each, through Slurm
-  rubick-profile run job.yaml --cluster cluster.yaml --configs configs.csv --repeat 3 \\
-      --backend slurm -o profile.parquet
+  rubick-profile run job.yaml --cluster cluster.yaml --configs configs.csv \\
+      --repeat 3 --backend slurm -o profile.parquet
 
   # Then fit the job's performance model
-  rubick-fit fit profile.csv --job examples/pytorch/job.yaml --cluster local.yaml -o model.yaml
+  rubick-fit fit profile.csv --job examples/pytorch/job.yaml \\
+      --cluster local.yaml -o model.yaml
 
   # CI gate: fail when a configuration got more than 5% slower beyond the noise
-  rubick-profile compare baseline.csv profile.csv --max-regression 5% --format junit > report.xml";
+  rubick-profile compare baseline.csv profile.csv --max-regression 5% \\
+      --format junit > report.xml";
 
 /// Measure a training job under a few execution plans (on GPUs through NVML, or on the
 /// CPU), to fit its performance model with rubick-fit, or to gate a CI run on its speed.

@@ -42,12 +42,14 @@ use state::{JobRecord, JobStatus, Reconfiguration, RunPhase, RunRecord, State, S
 
 const EXAMPLES: &str = "\
 Examples:
-  # Queue a job (its Job YAML has a launch section: see the README, \"The job contract\")
+  # Queue a job (its Job YAML has a launch section: see the README,
+  # \"The job contract\")
   rubick-run submit examples/pytorch/job.yaml --state /var/lib/rubick
 
   # One round, every minute from cron: the state's jobs, scheduled, applied
   rubick-run jobs --state /var/lib/rubick \\
-    | rubick-plan schedule --cluster cluster.yaml --jobs - --current /var/lib/rubick/current.yaml \\
+    | rubick-plan schedule --cluster cluster.yaml --jobs - \\
+        --current /var/lib/rubick/current.yaml \\
     | rubick-run apply - --state /var/lib/rubick
 
   # What runs where, and how fast (also --format yaml | prometheus)

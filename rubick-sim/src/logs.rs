@@ -61,8 +61,10 @@ Left out and counted: jobs without GPUs, of duration 0, Slurm job steps, unfinis
 
 Examples:
   rubick-plan trace ../shared/reference/traces/philly.csv --format philly \\
-      --cluster data/cluster-a800-8x8.yaml --virtual-cluster 6214e9 --to-s 604800 -o week.csv
-  sacct -a -P -S now-30days -o JobID,Partition,Submit,Elapsed,State,AllocTRES > sacct.txt
+      --cluster data/cluster-a800-8x8.yaml --virtual-cluster 6214e9 \\
+      --to-s 604800 -o week.csv
+  sacct -a -P -S now-30days \\
+      -o JobID,Partition,Submit,Elapsed,State,AllocTRES > sacct.txt
   rubick-plan trace sacct.txt --format sacct --cluster cluster.yaml -o slurm.csv";
 
 /// One job of a log: its line, submission (seconds since the epoch), duration and GPUs.

@@ -29,30 +29,34 @@ use rubick_sim::{SimConfig, SimJob, SimResult, simulate_seeds};
 
 const SIMULATE_EXAMPLES: &str = "\
 Examples:
-  R=../shared/reference/rubick-artifact; C=data/cluster-a800-8x8.yaml
+  R=../shared/reference/rubick-artifact C=data/cluster-a800-8x8.yaml
+  T=$R/workloads/workload-base.csv
   # Rubick on the authors' base trace: per-job table, summary, plots
-  rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-base.csv \\
+  rubick-plan simulate --cluster $C --reference $R --trace $T \\
       --summary rubick.yaml --jobs-out rubick.parquet --plot-dir plots/
 
   # Every policy under shortest-remaining-work admission, then one table
   for p in rubick rubick-milp static static-backfill synergy sia pollux \\
-           static-guaranteed-first rubick-gpus-only rubick-no-plan rubick-no-resize; do
-    rubick-plan simulate -q --cluster $C --reference $R \\
-        --trace $R/workloads/workload-base.csv --policy $p --queue srpt --summary $p.yaml
+           static-guaranteed-first rubick-gpus-only rubick-no-plan \\
+           rubick-no-resize; do
+    rubick-plan simulate -q --cluster $C --reference $R --trace $T \\
+        --policy $p --queue srpt --summary $p.yaml
   done
   rubick-plan compare *.yaml --plot jct-cdf.png --restarts-plot restarts.png
 
   # Half the jobs guaranteed; only configurations the authors measured
-  rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-bp.csv \\
-      --guarantee-share 0.5 --measured-only --summary -
+  rubick-plan simulate --cluster $C --reference $R \\
+      --trace $R/workloads/workload-bp.csv --guarantee-share 0.5 \\
+      --measured-only --summary -
 
-  # Five replicas with 2 % noise on true iteration times (mean and spread of every
-  # figure); extrapolated configurations 30 % slower than the oracle says
-  rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-base.csv \\
+  # Five replicas with 2 % noise on true iteration times (mean and spread of
+  # every figure); extrapolated configurations 30 % slower than the oracle
+  rubick-plan simulate --cluster $C --reference $R --trace $T \\
       --seeds 5 --noise 0.02 --extrapolated-slowdown 0.3 --summary -
 
-  # The old rule for comparison: unmeasured configurations run as the policy believes
-  rubick-plan simulate --cluster $C --reference $R --trace $R/workloads/workload-base.csv \\
+  # The old rule for comparison: unmeasured configurations run as the policy
+  # believes
+  rubick-plan simulate --cluster $C --reference $R --trace $T \\
       --truth belief --summary -";
 
 #[derive(Debug, clap::Args)]
