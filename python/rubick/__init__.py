@@ -15,6 +15,8 @@ event with exit 3. This package is that, once:
 * :mod:`rubick.checkpoint` — atomic save and load;
 * :func:`exit_on_oom` — the ``oom`` event and exit 3;
 * :class:`Run` — all of it around a plain loop;
+* :mod:`rubick.threads` — each worker's intra-op threads from the plan (the run's
+  cores per process), unless the user set ``OMP_NUM_THREADS``;
 * :mod:`rubick.hf`, :mod:`rubick.lightning` — the Trainers' adapters;
 * ``python -m rubick.torchrun`` — torchrun that exits 0 after a stop.
 
@@ -24,7 +26,7 @@ Importing the package installs a ``sys.excepthook`` under which an uncaught
 Standard library only; torch is used when the script imported it.
 """
 
-from . import checkpoint
+from . import checkpoint, threads
 from .loop import Run
 from .metrics import Iteration, Reporter, peak_memory_gib
 from .oom import EXIT_OOM, exit_on_oom, is_oom
@@ -67,5 +69,6 @@ __all__ = [
     "parse_plan",
     "peak_memory_gib",
     "rank",
+    "threads",
     "world_size",
 ]

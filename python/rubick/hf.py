@@ -68,6 +68,7 @@ from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
 from .plan import Plan, PlanError, _to_int, total_iterations
 from .stop import StopFlag
+from .threads import apply as _apply_threads
 
 if TYPE_CHECKING:  # imported for real only when needed (it takes seconds)
     from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -282,6 +283,9 @@ class RubickCallback:
         self.plan = plan if plan is not None else Plan.from_env()
         #: Installed now: make the callback before anything slow.
         self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal)
+        #: This process's intra-op threads, from the plan unless the user set them
+        #: (:mod:`rubick.threads`); before the slow imports, so torch starts with them.
+        self.threads = _apply_threads(self.plan)
         if keep_checkpoints is not None and keep_checkpoints < 0:
             raise ValueError(f"keep_checkpoints={keep_checkpoints}: must be at least 0")
         #: Complete checkpoints kept after each save (0: all).

@@ -45,6 +45,7 @@ from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
 from .plan import Plan, PlanError, total_iterations
 from .stop import StopFlag
+from .threads import apply as _apply_threads
 
 #: The checkpoint's file name in the checkpoint directory.
 FILE = "last.ckpt"
@@ -105,6 +106,9 @@ class RubickCallback(pl.Callback):  # type: ignore[misc]  # Lightning is checked
         self.plan = plan if plan is not None else Plan.from_env()
         #: Installed now: make the callback before anything slow.
         self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal)
+        #: This process's intra-op threads, from the plan unless the user set them
+        #: (:mod:`rubick.threads`).
+        self.threads = _apply_threads(self.plan)
         self.reporter = Reporter(self.plan)
         self._step_start: float | None = None
         self._mark = 0.0

@@ -38,6 +38,7 @@ from .metrics import Iteration, Reporter
 from .oom import EXIT_OOM, is_oom, report_oom
 from .plan import Plan
 from .stop import StopFlag
+from .threads import apply as _apply_threads
 
 
 def _leave_process_group() -> None:
@@ -69,6 +70,9 @@ class Run:
         #: signal and on ``stop_also`` (e.g. SIGTERM under torchrun, which shuts its
         #: workers down with it after relaying the stop signal).
         self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal, *stop_also)
+        #: This process's intra-op threads, set from the plan (``None``: the user's
+        #: ``OMP_NUM_THREADS``, or no cores said; :mod:`rubick.threads`).
+        self.threads = _apply_threads(self.plan)
         self.reporter = Reporter(self.plan)
         #: The global iteration the checkpoint was saved at (0: a fresh start).
         self.resumed_at = 0

@@ -223,6 +223,15 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 0, maximum: int = MAX
     return _to_int(name, raw, minimum, maximum)
 
 
+def cpus_per_process(cpus: int, nodes: int, processes_per_node: int) -> int:
+    """The cores of each worker process, as rubick computes ``RUBICK_CPUS_PER_PROCESS``:
+    the run's ``cpus`` per node (over ``nodes``) over the worker processes of a node, at
+    least 1; 0 when ``cpus`` is 0 (not said)."""
+    if cpus <= 0:
+        return 0
+    return max(1, cpus // (max(1, nodes) * max(1, processes_per_node)))
+
+
 def _flag(env: Mapping[str, str], name: str) -> bool | None:
     """The 0/1 variable ``name`` (``None`` when unset or empty)."""
     raw = env.get(name, "").strip().lower()
@@ -325,8 +334,12 @@ class Plan:
     nodes: int = 1
     #: This node's rank among ``nodes`` (0 on one node).
     node_rank: int = 0
-    #: CPU cores the run was given (0: not said).
+    #: CPU cores the run was given, every node's together (0: not said).
     cpus: int = 0
+    #: CPU cores of each worker process, what its intra-op threads should be
+    #: (``RUBICK_CPUS_PER_PROCESS``; else :func:`cpus_per_process` of ``RUBICK_CPUS``
+    #: over this node's processes; 0: not said). See :mod:`rubick.threads`.
+    cpus_per_process: int = 0
     job: str = ""
     #: Where metric lines go (``None``: stdout).
     metrics: str | None = None
@@ -448,6 +461,13 @@ class Plan:
             node_rank = _int(env, "NODE_RANK") or 0
         if node_rank >= nodes:
             raise PlanError(f"RUBICK_NODE_RANK={node_rank}: must be below RUBICK_NODES={nodes}")
+        cpus = _int(env, "RUBICK_CPUS") or 0
+        per_process = _int(env, "RUBICK_CPUS_PER_PROCESS")
+        if per_process is None:
+            # This node's processes: torchrun's word in its workers, else the plan's share.
+            local = env.get("LOCAL_WORLD_SIZE", "").strip()
+            here = int(local) if local.isdigit() and int(local) > 0 else -(-world // nodes)
+            per_process = cpus_per_process(cpus, nodes, here)
         return cls(
             dp=dp,
             tp=tp,
@@ -462,7 +482,8 @@ class Plan:
             gpus=world if gpus is None else gpus,
             nodes=nodes,
             node_rank=node_rank,
-            cpus=_int(env, "RUBICK_CPUS") or 0,
+            cpus=cpus,
+            cpus_per_process=per_process,
             job=env.get("RUBICK_JOB", ""),
             metrics=env.get("RUBICK_METRICS") or None,
             checkpoint_dir=env.get("RUBICK_CHECKPOINT_DIR") or None,

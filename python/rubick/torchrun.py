@@ -5,7 +5,7 @@ pass through.
 
     python -m rubick.torchrun --standalone --nproc-per-node=2 train.py --its-arguments
 
-takes torchrun's own arguments (``torch.distributed.run``) and changes four things:
+takes torchrun's own arguments (``torch.distributed.run``) and changes five things:
 
 * **The stop signal is handled.** The job's stop signal (``RUBICK_STOP_SIGNAL``,
   SIGUSR1 by default) is added to ``--signals-to-handle`` (torchrun's default list
@@ -28,6 +28,11 @@ takes torchrun's own arguments (``torch.distributed.run``) and changes four thin
 * **The contract's exit codes pass through.** torchrun exits 1 whatever its workers'
   codes; here, when the first worker to fail exited 2 (a plan it cannot run:
   :class:`~rubick.PlanError`) or 3 (out of memory), the launcher exits with that code.
+* **Threads per worker, from the plan.** Each worker's ``OMP_NUM_THREADS`` (its intra-op
+  threads) is ``RUBICK_CPUS_PER_PROCESS``, else ``RUBICK_CPUS`` per node over the
+  ``--nproc-per-node`` workers (at least 1), unless ``OMP_NUM_THREADS`` is set (the
+  user's: it wins, with a warning when it oversubscribes the node's cores). torchrun's
+  own default is 1 thread whatever the cores (:mod:`rubick.threads`).
 * **Workers get time to checkpoint.** ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (how long
   torchrun waits for its workers after relaying a signal before it kills them; torch's
   default is 30 s) defaults to ``RUBICK_STOP_TIMEOUT_S`` when that is set, else 120 s
@@ -57,6 +62,7 @@ from typing import Any
 
 from .oom import EXIT_OOM
 from .plan import EXIT_PLAN, stop_signal
+from .threads import VAR, for_workers
 
 #: Exit codes of workers that pass through the launcher.
 PASSED_THROUGH = (EXIT_PLAN, EXIT_OOM)
@@ -259,6 +265,11 @@ def _launch(argv: list[str], sig: signal.Signals) -> int:
     timeout = os.environ.get("RUBICK_STOP_TIMEOUT_S", "").strip()
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", timeout if timeout.isdigit() else "120")
     args = torchrun.parse_args(argv)
+    threads, warning = for_workers(getattr(args, "nproc_per_node", None), getattr(args, "nnodes", 1))
+    if warning is not None:
+        _say(f"warning: {warning}")
+    if threads is not None:  # torchrun passes its environment to the workers
+        os.environ[VAR] = str(threads)
     if hasattr(args, "signals_to_handle"):
         args.signals_to_handle = _signal_list(args.signals_to_handle, sig)
     else:  # a torchrun without --signals-to-handle: the stop signal raises as its own do

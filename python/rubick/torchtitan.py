@@ -72,6 +72,7 @@ from . import ranks as _rank
 from .metrics import Reporter, peak_memory_gib
 from .plan import Plan, PlanError, total_iterations
 from .stop import StopFlag
+from .threads import apply as _apply_threads
 
 #: ``launch.supports`` of a torchtitan job: what :func:`flags` can map.
 SUPPORTS = {
@@ -432,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m rubick.torchtitan <the job's torchtitan arguments>``: one worker."""
     plan = Plan.from_env()
     stop = StopFlag(plan.stop_signal, signal.SIGTERM)
+    _apply_threads(plan)  # this worker's intra-op threads, unless the user set them
     own = list(sys.argv[1:] if argv is None else argv)
     from .oom import exit_on_oom
 

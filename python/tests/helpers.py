@@ -72,10 +72,16 @@ def run_processes(metrics):
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_python(code, **env):
-    """``python -c code`` with ``env`` added to this environment: its exit status and output."""
+def without(*names, **env):
+    """This environment without the variables ``names``, then ``env`` added."""
+    return dict({k: v for k, v in os.environ.items() if k not in names}, **env)
+
+
+def run_python(code, unset=(), **env):
+    """``python -c code`` with ``env`` added to this environment and the variables in
+    ``unset`` left out: its exit status and output."""
     return subprocess.run(
-        [sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], env=without(*unset, **env), capture_output=True, text=True, timeout=120
     )
 
 

@@ -49,6 +49,37 @@ def test_every_variable_of_the_launcher_is_read():
     assert p.code() == "dp2-tp2-pp1-mb8-ga4-z3-offall-gc" == p.name
 
 
+def test_each_worker_process_has_its_share_of_the_nodes_cores():
+    """issue 42: `RUBICK_CPUS` is the run's cores in all; a worker's are its node's over
+    the node's workers (`RUBICK_CPUS_PER_PROCESS`, which rubick sets; else computed the
+    same way)."""
+    dp2 = {"RUBICK_PLAN": "dp2-tp1-pp1-mb8-ga1", "RUBICK_CPUS": "2"}
+    assert Plan.from_env(dp2).cpus_per_process == 1
+    assert Plan.from_env(dict(dp2, RUBICK_CPUS_PER_PROCESS="3")).cpus_per_process == 3
+    assert Plan.from_env(dict(dp2, LOCAL_WORLD_SIZE="1")).cpus_per_process == 2  # one of them on this node
+    two_nodes = {"RUBICK_PLAN": "dp8-tp1-pp1-mb1-ga1", "RUBICK_NODES": "2", "RUBICK_CPUS": "64"}
+    assert Plan.from_env(two_nodes).cpus_per_process == 8
+    assert Plan.from_env(dict(dp2, RUBICK_CPUS="1")).cpus_per_process == 1  # fewer cores than workers
+    assert Plan.from_env({"RUBICK_PLAN": "dp2-tp1-pp1-mb8-ga1"}).cpus_per_process == 0  # not said
+    with pytest.raises(PlanError, match="RUBICK_CPUS_PER_PROCESS"):
+        Plan.from_env(dict(dp2, RUBICK_CPUS_PER_PROCESS="two"))
+
+
+def test_a_worker_sets_its_threads_from_the_plan_unless_the_user_did():
+    need("torch")
+    # Made before torch is imported (the callbacks' and Run's place) or after it.
+    for made in ("rubick.Run()\nimport torch", "import torch\nrubick.hf.RubickCallback()"):
+        code = f"import rubick, rubick.hf\n{made}\nprint(torch.get_num_threads())"
+        # (torch's own default is the machine's cores, and it takes no more from the
+        # environment: the counts stay at 1 and 2.)
+        for env, threads in (
+            ({"RUBICK_CPUS": "2", "RUBICK_PLAN": "dp2-tp1-pp1-mb1-ga1"}, "1"),
+            ({"RUBICK_CPUS": "2", "RUBICK_CPUS_PER_PROCESS": "1", "OMP_NUM_THREADS": "2"}, "2"),  # the user's
+        ):
+            run = run_python(code, unset=("OMP_NUM_THREADS", "RUBICK_CPUS_PER_PROCESS", "LOCAL_WORLD_SIZE"), **env)
+            assert (run.returncode, run.stdout.strip()) == (0, threads), (made, env, run.stderr[-2000:])
+
+
 def test_a_field_missing_from_its_variable_comes_from_the_plan_string():
     p = Plan.from_env({"RUBICK_PLAN": "dp2-tp1-pp1-mb4-ga2-z1-offopt-gc", "RUBICK_GA": "2"})
     assert (p.dp, p.micro_batch, p.ga, p.zero, p.offload, p.gc) == (2, 4, 2, 1, "optimizer", True)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from helpers import REPO, need
+from helpers import REPO, need, without
 
 
 def test_a_stop_exits_0_once_every_worker_did(tmp_path):
@@ -109,3 +109,33 @@ def test_a_stop_before_any_worker_started_is_a_clean_stop(tmp_path):
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, (sig.name, proc.returncode, err[-3000:])
         assert f"stopped by {sig.name} before any worker started; exit 0" in err and "Traceback" not in err, err
+
+
+def test_a_dp2_plan_on_2_cores_runs_1_thread_per_worker(tmp_path):
+    """issue 42: "Following the README's contract snippet (`OMP_NUM_THREADS: "{cpus}"`),
+    rubick made the job 2.9x slower": each of dp2's two workers ran 2 threads on 2 cores.
+    The launcher gives each worker its share of the node's cores unless the user set
+    OMP_NUM_THREADS (then theirs, with a warning where it oversubscribes the cores)."""
+    need("torch")
+    script = tmp_path / "threads.py"
+    script.write_text("import os, torch\nprint('worker', os.environ['RANK'], torch.get_num_threads(), flush=True)\n")
+
+    def threads(**env):
+        run = subprocess.run(
+            [sys.executable, "-m", "rubick.torchrun", "--standalone", "--nproc-per-node=2", str(script)],
+            env=without("OMP_NUM_THREADS", "RUBICK_CPUS", "RUBICK_CPUS_PER_PROCESS", **env),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        said = sorted(line.split()[1:] for line in run.stdout.splitlines() if line.startswith("worker "))
+        assert [rank for rank, _ in said] == ["0", "1"], run.stdout
+        return [int(n) for _, n in said], run.stderr
+
+    assert threads(RUBICK_CPUS="2")[0] == [1, 1]  # 2 cores, 2 workers
+    # As rubick launches a run of 4 cores (torchrun's own default: 1 each).
+    assert threads(RUBICK_CPUS="4", RUBICK_CPUS_PER_PROCESS="2")[0] == [2, 2]
+    # The user's OMP_NUM_THREADS wins, said to oversubscribe the node's 2 cores.
+    counts, err = threads(RUBICK_CPUS="2", RUBICK_CPUS_PER_PROCESS="1", OMP_NUM_THREADS="2")
+    assert counts == [2, 2] and "OMP_NUM_THREADS=2 for each of 2 workers: 4 threads on this node's 2 cores" in err, err

@@ -22,7 +22,7 @@ use crate::plan::{Offload, Plan, Recompute};
 pub const LAUNCH_VERSION: u32 = 1;
 
 /// Every placeholder an argv element may hold.
-pub const PLACEHOLDERS: [&str; 21] = [
+pub const PLACEHOLDERS: [&str; 22] = [
     "dp",
     "tp",
     "pp",
@@ -39,6 +39,7 @@ pub const PLACEHOLDERS: [&str; 21] = [
     "node_rank",
     "gpus_per_node",
     "cpus",
+    "cpus_per_process",
     "master_addr",
     "master_port",
     "deepspeed_config",
@@ -354,7 +355,10 @@ pub struct LaunchContext {
     /// This node's rank among `nodes` (0 on one node; one launcher per node, each
     /// with its own, on several).
     pub node_rank: u32,
+    /// The most GPUs the run has on one node: its worker processes per node (one per
+    /// GPU; on a CPU node the plan's "GPUs" are its worker processes).
     pub gpus_per_node: u32,
+    /// The run's CPU cores, every node's together (`{cpus}`, `RUBICK_CPUS`); 0: not said.
     pub cpus: u32,
     pub master_addr: String,
     pub master_port: u16,
@@ -367,6 +371,20 @@ pub struct LaunchContext {
 }
 
 impl LaunchContext {
+    /// The cores of one worker process, what its intra-op threads should be
+    /// (`OMP_NUM_THREADS`, `torch.set_num_threads`): the run's cores per node (`cpus`
+    /// over `nodes`) over the processes of a node (`gpus_per_node`), at least 1; 0 when
+    /// the run's cores are not said. `{cpus}` is the run's cores in all: given to every
+    /// worker as its threads, each of dp2's two workers on 2 cores ran 2 threads (issue
+    /// 42: 2.9x slower than predicted). `{cpus_per_process}`, `RUBICK_CPUS_PER_PROCESS`.
+    pub fn cpus_per_process(&self) -> u32 {
+        if self.cpus == 0 {
+            return 0;
+        }
+        let processes = u64::from(self.nodes.max(1)) * u64::from(self.gpus_per_node.max(1));
+        u32::try_from(u64::from(self.cpus) / processes).unwrap_or(u32::MAX).max(1)
+    }
+
     /// The value of a placeholder, if it is one.
     pub fn value(&self, name: &str) -> Option<String> {
         let p = &self.plan;
@@ -387,6 +405,7 @@ impl LaunchContext {
             "node_rank" => self.node_rank.to_string(),
             "gpus_per_node" => self.gpus_per_node.to_string(),
             "cpus" => self.cpus.to_string(),
+            "cpus_per_process" => self.cpus_per_process().to_string(),
             "master_addr" => self.master_addr.clone(),
             "master_port" => self.master_port.to_string(),
             "deepspeed_config" => self.deepspeed_config.clone(),
@@ -410,7 +429,7 @@ impl LaunchContext {
 
 /// The environment every job gets: `RUBICK_JOB`, `RUBICK_PLAN` (readable form), one
 /// variable per plan field, `RUBICK_GPUS`, `RUBICK_NODES`, `RUBICK_NODE_RANK`, `RUBICK_CPUS`,
-/// `RUBICK_METRICS`, `RUBICK_CHECKPOINT_DIR`, `RUBICK_DEEPSPEED_CONFIG`,
+/// `RUBICK_CPUS_PER_PROCESS` ([`LaunchContext::cpus_per_process`]), `RUBICK_METRICS`, `RUBICK_CHECKPOINT_DIR`, `RUBICK_DEEPSPEED_CONFIG`,
 /// `CUDA_VISIBLE_DEVICES` (when the context names devices), `RUBICK_STOP_SIGNAL` and
 /// `RUBICK_STOP_TIMEOUT_S` (with a launch section); then the launch section's own `env` (substituted).
 pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTreeMap<String, String>, String> {
@@ -422,6 +441,7 @@ pub fn environment(ctx: &LaunchContext, launch: Option<&Launch>) -> Result<BTree
         ("RUBICK_NODES", ctx.nodes.to_string()),
         ("RUBICK_NODE_RANK", ctx.node_rank.to_string()),
         ("RUBICK_CPUS", ctx.cpus.to_string()),
+        ("RUBICK_CPUS_PER_PROCESS", ctx.cpus_per_process().to_string()),
         ("RUBICK_METRICS", ctx.metrics.clone()),
         ("RUBICK_CHECKPOINT_DIR", ctx.checkpoint_dir.clone()),
         ("RUBICK_DEEPSPEED_CONFIG", ctx.deepspeed_config.clone()),
@@ -706,6 +726,30 @@ mod tests {
         assert_eq!(env["RUBICK_PLAN"], "dp2-tp2-pp1-mb2-ga4-z1");
         assert_eq!(env["RUBICK_ZERO"], "1");
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "2,3,4,5");
+    }
+
+    #[test]
+    fn threads_per_process_divide_a_nodes_cores_among_its_workers() {
+        // issue 42: `OMP_NUM_THREADS: "{cpus}"` gave each of dp2's two workers on 2 cores
+        // 2 threads. A dp2 plan on 2 cores: 1 thread per worker.
+        let mut l = launch(&["torchrun", "--nproc-per-node={gpus_per_node}", "train.py", "-j{cpus_per_process}"]);
+        l.env.insert("OMP_NUM_THREADS".into(), "{cpus_per_process}".into());
+        l.check().unwrap();
+        let dp2 = LaunchContext { plan: "dp2-mb8-ga1".parse().unwrap(), gpus_per_node: 2, cpus: 2, ..ctx() };
+        let env = environment(&dp2, Some(&l)).unwrap();
+        let threads = |env: &BTreeMap<String, String>| {
+            [&env["RUBICK_CPUS"], &env["RUBICK_CPUS_PER_PROCESS"], &env["OMP_NUM_THREADS"]].map(|v| v.to_owned())
+        };
+        assert_eq!(threads(&env), ["2", "1", "1"]);
+        assert_eq!(dp2.argv(&l).unwrap(), ["torchrun", "--nproc-per-node=2", "train.py", "-j1"]);
+        // Per node: 2 nodes of 4 GPUs, 64 cores in all, 8 per worker; 16 cores on 4: 4.
+        let wide = LaunchContext { plan: "dp8-mb1-ga1".parse().unwrap(), nodes: 2, cpus: 64, ..ctx() };
+        assert_eq!(threads(&environment(&wide, Some(&l)).unwrap()), ["64", "8", "8"]);
+        assert_eq!(ctx().value("cpus_per_process").as_deref(), Some("4"));
+        // Fewer cores than workers: 1 each, never 0; no cores said: 0 (not said).
+        assert_eq!(LaunchContext { cpus: 3, ..ctx() }.cpus_per_process(), 1);
+        assert_eq!(LaunchContext { cpus: 0, ..ctx() }.cpus_per_process(), 0);
+        assert_eq!(LaunchContext { cpus: 9, gpus_per_node: 0, ..ctx() }.cpus_per_process(), 9);
     }
 
     #[test]

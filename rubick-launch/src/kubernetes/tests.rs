@@ -34,7 +34,7 @@ request: {{ gpus: 1, plan: ga }}
 launch:
   version: 1
   command: [python, train.py, --deepspeed, '{{deepspeed_config}}', --master, '{{master_addr}}:{{master_port}}']
-  env: {{ OMP_NUM_THREADS: '{{cpus}}' }}
+  env: {{ OMP_NUM_THREADS: '{{cpus_per_process}}' }}
   stopSignal: {stop_signal}
   stopTimeoutS: 90
 "
@@ -316,7 +316,13 @@ fn manifests_are_valid_against_the_crds() {
             .map(|e| (e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
             .collect();
         assert_eq!(env["RUBICK_PLAN"], cm["data"]["RUBICK_PLAN"].as_str().unwrap());
-        assert_eq!(env["OMP_NUM_THREADS"], (8 * nodes * gpus).to_string());
+        // Threads per worker: its node's cores over its workers (8 per GPU), in the
+        // ConfigMap (PyTorchJob) and the TrainJob alike; `{cpus}` gave each all of the run's.
+        assert_eq!(env["OMP_NUM_THREADS"], "8");
+        assert_eq!(env["RUBICK_CPUS_PER_PROCESS"], "8");
+        assert_eq!(env["RUBICK_CPUS"], (8 * nodes * gpus).to_string());
+        assert_eq!(cm["data"]["OMP_NUM_THREADS"].as_str(), Some("8"));
+        assert_eq!(cm["data"]["RUBICK_CPUS_PER_PROCESS"].as_str(), Some("8"));
         assert_eq!(t["resourcesPerNode"], c["resources"]);
 
         // Exactly one of the two is active.
