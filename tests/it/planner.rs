@@ -83,11 +83,16 @@ fn check_schedule(cluster: &Cluster, inputs: &[JobInput], r: &RoundResult) -> Re
         prop_assert!(*mem <= g.host_memory_gib + 1e-3, "{node}: {mem} GiB > {}", g.host_memory_gib);
     }
     // A job in its cooldown keeps its allocation unless a guarantee needed it (paused
-    // for it, or moved to make a node layout for it).
+    // for it, or moved to make a node layout for it: where its layout no longer fits the
+    // nodes left, spread over others with a plan re-chosen for the new shape).
     let guarantees = s.assignments.iter().any(|a| a.guarantee.is_some());
     for ((a, jc), input) in s.assignments.iter().zip(&r.book.jobs).zip(inputs) {
         if jc.locked && input.current.is_some() && a.change != Change::Kept {
-            let for_a_guarantee = a.change == Change::Preempted || (guarantees && a.change == Change::Moved);
+            let mut shape: Vec<u32> = a.nodes.iter().map(|n| n.gpus.len() as u32).collect();
+            shape.sort_unstable_by(|x, y| y.cmp(x));
+            let respread = input.current.as_ref().is_some_and(|c| c.placement.per_node() != shape.as_slice());
+            let moved = a.change == Change::Moved || (a.change == Change::Replanned && respread);
+            let for_a_guarantee = a.change == Change::Preempted || (guarantees && moved);
             prop_assert!(for_a_guarantee, "{}: {:?} in its cooldown", a.job, a.change);
         }
     }
