@@ -1,7 +1,21 @@
 //! The figures of `simulate` and `compare`: JCT CDFs, GPUs in use, a Gantt chart.
 
 use plotters::prelude::*;
-use rubick_io::plot::{Figure, PALETTE, drawing_error, legend};
+use rubick_io::plot::{Figure, PALETTE, drawing_error, index_label, legend, log_ticks, tick_label};
+
+/// The corners of an empirical CDF drawn as steps: flat from each job's completion time
+/// to the next, rising at each (`values` in any order).
+pub(super) fn cdf_steps(values: &[f64], floor: f64) -> Vec<(f64, f64)> {
+    let mut sorted: Vec<f64> = values.iter().map(|v| v.max(floor)).collect();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len().max(1) as f64;
+    let mut points = Vec::with_capacity(2 * sorted.len());
+    for (k, v) in sorted.iter().enumerate() {
+        points.push((*v, k as f64 / n));
+        points.push((*v, (k + 1) as f64 / n));
+    }
+    points
+}
 
 pub(super) struct CdfFigure {
     pub series: Vec<(String, Vec<f64>)>,
@@ -22,21 +36,23 @@ impl Figure for CdfFigure {
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(55)
-            .build_cartesian_2d((lo.min(hi / 10.0)..hi).log_scale(), 0.0..1.0)
+            .build_cartesian_2d(
+                (lo.min(hi / 10.0)..hi).log_scale().with_key_points(log_ticks(lo.min(hi / 10.0), hi)),
+                0.0..1.0,
+            )
             .map_err(err)?;
         chart
             .configure_mesh()
             .light_line_style(WHITE)
             .x_desc("JCT (s)")
             .y_desc("share of jobs")
-            .x_label_formatter(&|x| format!("{x:.0}"))
+            .x_label_formatter(&|x| tick_label(*x))
             .label_style(("sans-serif", 14))
             .draw()
             .map_err(err)?;
         for (i, (label, values)) in self.series.iter().enumerate() {
             let colour = PALETTE[i % PALETTE.len()];
-            let n = values.len().max(1) as f64;
-            let points = values.iter().enumerate().map(|(k, &v)| (v.max(lo), (k + 1) as f64 / n));
+            let points = cdf_steps(values, lo);
             chart
                 .draw_series(LineSeries::new(points, colour.stroke_width(2)))
                 .map_err(err)?
@@ -79,7 +95,9 @@ impl Figure for GanttFigure<'_> {
             .configure_mesh()
             .light_line_style(WHITE)
             .x_desc("time (h)")
+            .x_label_formatter(&|x| tick_label(*x))
             .y_desc("job (submission order)")
+            .y_label_formatter(&|y| index_label(*y))
             .label_style(("sans-serif", 14))
             .draw()
             .map_err(err)?;
@@ -224,5 +242,58 @@ impl Figure for RestartsFigure {
         legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         root.present().map_err(err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svg(figure: &impl Figure) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("figure.svg");
+        rubick_io::plot::write_figure(&path, (900, 600), figure).unwrap();
+        std::fs::read_to_string(path).unwrap()
+    }
+
+    /// The labels of an SVG's text elements.
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0.trim().to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_cdf_is_steps_with_ticks_below_a_thousand_seconds() {
+        assert_eq!(cdf_steps(&[300.0, 100.0], 1.0), [(100.0, 0.0), (100.0, 0.5), (300.0, 0.5), (300.0, 1.0)]);
+        let jct = vec![320.0, 450.0, 610.0, 900.0, 1500.0, 2100.0, 2900.0, 4000.0, 5200.0, 6600.0];
+        let labels = texts(&svg(&CdfFigure { series: vec![("rubick".into(), jct)] }));
+        assert!(labels.iter().any(|l| l == "500"), "a tick below 1,000 s: {labels:?}");
+        assert!(labels.iter().any(|l| l == "2,000"), "{labels:?}");
+    }
+
+    #[test]
+    fn the_gantt_labels_jobs_by_whole_numbers() {
+        let jobs: Vec<rubick_sim::JobResult> = (0..120)
+            .map(|i| rubick_sim::JobResult {
+                name: format!("j{i}"),
+                model: "bert".into(),
+                submit_s: f64::from(i) * 60.0,
+                first_start_s: Some(f64::from(i) * 60.0 + 30.0),
+                finish_s: Some(f64::from(i) * 60.0 + 600.0),
+                restarts: 0,
+                pauses: 0,
+                plan_changes: 0,
+                gpu_hours: 1.0,
+                restart_gpu_hours: 0.0,
+                guaranteed: false,
+                violation_s: 0.0,
+                basis_s: [0.0; 3],
+            })
+            .collect();
+        let labels = texts(&svg(&GanttFigure { jobs: &jobs }));
+        assert!(labels.iter().any(|l| l == "100"), "{labels:?}");
+        assert!(!labels.iter().any(|l| l.ends_with(".0")), "{labels:?}");
     }
 }
