@@ -55,6 +55,7 @@ A torn save (no completion mark) older than the one just written is removed too.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 import re
@@ -368,6 +369,25 @@ class RubickCallback:
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._flush()
+        # The Trainer leaves its process group to the interpreter's teardown, where
+        # gloo's threads can abort a rank after a clean end ("terminate called without
+        # an active exception", -6: the run exits 1 after its last iteration): every
+        # rank leaves it at exit instead, before that teardown.
+        if not getattr(self, "_leaves", False):
+            atexit.register(leave_process_group)
+            self._leaves = True
+
+
+def leave_process_group() -> None:
+    """Destroys torch's default process group, if there is one (at exit: registered by
+    the callback's ``on_train_end``; the script's own ``destroy_process_group`` before
+    it is fine too)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as e:  # exiting anyway: say so, never raise at exit
+        print(f"rubick.hf: leaving the process group at exit: {e}", file=sys.stderr)
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:

@@ -127,3 +127,20 @@ def test_the_runs_iterations_replace_max_steps_only_with_a_warning(monkeypatch, 
     monkeypatch.delenv("RUBICK_TOTAL_ITERATIONS")
     monkeypatch.delenv("RUBICK_ITERATIONS")
     assert rubick.hf.training_arguments(Plan.from_env({}), max_steps=1000).max_steps == 1000
+
+
+def test_the_callback_leaves_the_process_group_at_exit(tmp_path):
+    """A user's Trainer script written from the README (no ``destroy_process_group`` of
+    its own) finished its 400 iterations and its checkpoint, then a rank aborted in the
+    interpreter's teardown of gloo ("terminate called without an active exception"): exit
+    1. The callback leaves the process group at exit, before that teardown."""
+    need("torch", "transformers")
+    run = run_python(
+        "import atexit, torch.distributed as dist, rubick.hf\n"
+        "callback = rubick.hf.RubickCallback()\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+        "atexit.register(lambda: print('left' if not dist.is_initialized() else 'still in'))\n"
+        "callback.on_train_end(None, None, None)\n",
+        unset=("RUBICK_PLAN", "RUBICK_METRICS"),
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "left", (run.stdout, run.stderr[-3000:])

@@ -98,6 +98,25 @@ pub fn after(rec: &mut JobRecord, code: Option<i32>, status: RunStatus, reached:
             JobStatus::Failed,
             format!("{exit}: the command could not be run (not found or not executable; see the log)"),
         ),
+        // The work is done and saved: a crash in the script's teardown after its last
+        // iteration and its checkpoint there (gloo's threads aborting a rank at the
+        // interpreter's exit) does not undo it, and a retry would resume at the end.
+        RunStatus::Failed
+            if reached.progressed
+                && reached.iterations_done >= rec.job.iterations
+                && reached.checkpointed.is_some_and(|c| c >= rec.job.iterations) =>
+        {
+            let total = rec.job.iterations;
+            tracing::warn!(
+                "`{name}` reached its {total} iterations and its checkpoint there, then failed ({exit}): finished (see its log for the crash at exit)"
+            );
+            (
+                JobStatus::Finished,
+                format!(
+                    "finished: {exit} after its last iteration ({total}) and its checkpoint there (a crash at exit)"
+                ),
+            )
+        }
         RunStatus::Failed | RunStatus::Timeout if rec.retries_left > 0 => {
             rec.retries_left -= 1;
             tracing::warn!("`{name}` failed ({exit}): retryable, queued again ({} retries left)", rec.retries_left);
@@ -241,6 +260,28 @@ mod tests {
         for (r, retries, status, retries_after, why) in cases {
             let mut rec = running(retries, &[]);
             after(&mut rec, Some(0), RunStatus::Ok, r);
+            assert_eq!((rec.status, rec.retries_left), (status, retries_after), "{r:?}");
+            assert!(rec.reason.as_deref().is_some_and(|x| x.contains(why)), "{r:?}: {:?}", rec.reason);
+        }
+    }
+
+    /// A script that reached its iterations, saved there, then crashed at exit (a
+    /// Hugging Face Trainer job whose gloo threads abort a rank in the interpreter's
+    /// teardown: exit 1 after iteration 400 of 400) is finished, not retried; short of
+    /// its iterations, or without that last checkpoint, the failure is retried.
+    #[test]
+    fn a_crash_at_exit_after_the_last_iteration_and_its_checkpoint_is_finished() {
+        let reached =
+            |done: u64, checkpointed: Option<u64>| Reached { iterations_done: done, progressed: true, checkpointed };
+        let cases = [
+            (reached(100, Some(100)), JobStatus::Finished, 1, "exit 1 after its last iteration (100)"),
+            (reached(100, Some(90)), JobStatus::Queued, 0, "retried"),
+            (reached(100, None), JobStatus::Queued, 0, "retried"),
+            (reached(99, Some(99)), JobStatus::Queued, 0, "retried"),
+        ];
+        for (r, status, retries_after, why) in cases {
+            let mut rec = running(1, &[]);
+            after(&mut rec, Some(1), RunStatus::Failed, r);
             assert_eq!((rec.status, rec.retries_left), (status, retries_after), "{r:?}");
             assert!(rec.reason.as_deref().is_some_and(|x| x.contains(why)), "{r:?}: {:?}", rec.reason);
         }
