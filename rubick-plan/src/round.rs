@@ -59,8 +59,12 @@ pub fn job_inputs(
             gone_node.map(|gone| format!("its node `{gone}` is not in cluster `{}` now", cluster.name)).or(gone_gpu);
         if let Some(gone) = gone {
             tracing::warn!("`{}`: {gone}: its run moves", job.name);
-            let allowed =
-                job.current.as_ref().map_or(Restriction::Any, |c| Restriction::of_checkpoint(&c.plan, job.resharding));
+            // The plan it ran: the previous schedule's, else the job's `current`.
+            let ran = match (previous, assigned.get(job.name.as_str())) {
+                (Some((_, schedule)), Some(&k)) => schedule.assignments[k].plan,
+                _ => job.current.as_ref().map(|c| c.plan),
+            };
+            let allowed = ran.map_or(Restriction::Any, |plan| Restriction::of_checkpoint(&plan, job.resharding));
             let restarts = job.current.as_ref().map_or(0, |c| c.restarts);
             inputs.push(JobInput {
                 job,

@@ -245,6 +245,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
             evidence: i.evidence.clone(),
             trace_code: None,
             current: i.current.as_ref(),
+            allowed: i.allowed,
             remaining: i.job.iterations as f64,
             remaining_work: i.job.iterations as f64 * w,
             attained_gpu_s: 0.0,

@@ -99,6 +99,10 @@ pub struct PolicyJob<'a> {
     pub trace_code: Option<PlanCode>,
     /// Where it runs now.
     pub current: Option<&'a Current>,
+    /// The plans it may run this round whatever the policy prefers: those its checkpoint
+    /// resumes at when its run must move (a node or GPU that left), the plan before a
+    /// slower one (`slowPlans`); `Any` otherwise. A policy narrows it, never widens it.
+    pub allowed: Restriction,
     /// Iterations left.
     pub remaining: f64,
     /// Predicted GPU-seconds of work left on its request (what `srpt` orders by).
@@ -126,6 +130,7 @@ impl<'a> PolicyJob<'a> {
             evidence: None,
             trace_code: None,
             current,
+            allowed: Restriction::Any,
             remaining: 1000.0,
             remaining_work: 1.0,
             attained_gpu_s: 0.0,

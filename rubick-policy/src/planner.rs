@@ -89,12 +89,14 @@ impl super::Policy for PlannerFamily<'_> {
             .map(|(j, pj)| {
                 let mut job = pj.job.clone();
                 job.iterations = pj.remaining.ceil().max(1.0) as u64;
-                let allowed = if self.keep_layout {
+                // What the job's checkpoint allows (a moved job), narrowed by the
+                // policy's own rule.
+                let allowed = pj.allowed.narrowed_by(if self.keep_layout {
                     request_plan(&job, cluster, home_group(&job, cluster))
                         .map_or(Restriction::Any, |p| Restriction::layout_of(&p))
                 } else {
                     Restriction::Any
-                };
+                });
                 // A request the model's shape rejects is still what the user ran: the
                 // planner's guarantee is its throughput.
                 if job.request.plan.is_none() {

@@ -476,6 +476,9 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
                     params: &sj.params,
                     trace_code: sj.trace_code,
                     current: s.alloc.as_ref(),
+                    // A paused job resumes at any plan here (its checkpoint restriction
+                    // applies only while it runs: `JobInput::restriction`).
+                    allowed: rubick_core::planner::Restriction::Any,
                     remaining: s.remaining,
                     remaining_work: s.remaining_work(),
                     attained_gpu_s: s.gpu_s,

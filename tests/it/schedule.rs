@@ -522,3 +522,66 @@ fn a_gpu_that_left_the_cluster_moves_its_job_like_a_drained_node() {
         }
     }
 }
+
+/// Found by reading (issue 41, 6): a job whose run must move (its node or GPUs left) is
+/// planned as a waiting one restricted to the plans its checkpoint resumes at
+/// (`Restriction::of_checkpoint`), but the policy rebuilt that restriction as `Any`: the
+/// planner could move a job whose checkpoints never reshard (`resharding: none`) to a
+/// plan it cannot resume at. Alone on the cluster, roberta would scale out.
+#[test]
+fn a_moved_job_resumes_only_at_a_plan_its_checkpoint_allows() {
+    let dir = temp();
+    let d = dir.path();
+    std::fs::write(
+        d.join("jobs.yaml"),
+        "apiVersion: rubick/v1
+kind: JobBatch
+jobs:
+  - name: roberta-0
+    model: { name: roberta, parameters: 355412057, layers: 24, hidden: 1024, heads: 16, seqLen: 1024, globalBatch: 64 }
+    iterations: 12000
+    request: { gpus: 4, cpus: 32, plan: dp4-tp1-pp1-mb4-ga4 }
+    resharding: none
+",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("round0.yaml"),
+        "apiVersion: rubick/v1
+kind: Schedule
+cluster: a800-8x8
+round: 0
+policy: rubick
+assignments:
+  - { job: roberta-0, plan: dp4-tp1-pp1-mb4-ga4, nodes: [{ node: a800-0, gpus: [4, 5, 6, 7], cpus: 32, hostMemoryGib: 64 }], predictedThroughput: 1, change: started }
+totals: { gpusUsed: 4, gpusTotal: 64, cpusUsed: 32, hostMemoryGibUsed: 64, normalizedThroughput: 1 }
+objective: 1
+solver: { method: heuristic, status: heuristic }
+",
+    )
+    .unwrap();
+    // Every node loses its GPUs 4-7: the run must move.
+    let text = std::fs::read_to_string(data("cluster-a800-8x8.yaml")).unwrap();
+    std::fs::write(d.join("smaller.yaml"), text.replace("gpusPerNode: 8", "gpusPerNode: 4")).unwrap();
+    for policy in ["rubick", "rubick-milp"] {
+        let args = [
+            "schedule",
+            "--cluster",
+            "smaller.yaml",
+            "--jobs",
+            "jobs.yaml",
+            "--current",
+            "round0.yaml",
+            "--policy",
+            policy,
+            "--explain",
+            "-o",
+            "round1.yaml",
+        ];
+        let run = run_in(d, "rubick-plan", &args);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let a = &schedule_of(&d.join("round1.yaml")).assignments[0];
+        assert_eq!(a.plan.map(|p| p.to_string()).as_deref(), Some("dp4-tp1-pp1-mb4-ga4"), "{policy}: {}", run.stderr);
+        assert!(a.nodes.iter().all(|n| n.gpus.iter().all(|&g| g < 4)), "{policy}: {:?}", a.nodes);
+    }
+}

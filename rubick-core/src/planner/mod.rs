@@ -584,6 +584,18 @@ impl Restriction {
         }
     }
 
+    /// This restriction (a hard one: what a checkpoint resumes at) narrowed by `other`
+    /// (a policy's preference, e.g. the request's layout) where the two agree; where
+    /// they conflict, this one alone.
+    pub fn narrowed_by(self, other: Restriction) -> Restriction {
+        match (self, other) {
+            (Restriction::Any, o) => o,
+            (Restriction::Exact(_), _) | (_, Restriction::Any) => self,
+            (Restriction::Layout { .. }, Restriction::Exact(p)) if self.allows(&p) => other,
+            (Restriction::Layout { .. }, _) => self,
+        }
+    }
+
     pub fn allows(&self, plan: &Plan) -> bool {
         match *self {
             Restriction::Any => true,
@@ -742,4 +754,24 @@ pub fn current_of_assignment(
         host_memory_gib: a.nodes.iter().map(|s| s.host_memory_gib).sum(),
         rounds_since_change: a.rounds_since_change,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint's restriction is never widened by a policy's: narrowed where they
+    /// agree, kept where they conflict.
+    #[test]
+    fn a_restriction_is_narrowed_never_widened() {
+        let p = |s: &str| s.parse::<Plan>().unwrap();
+        let (dp4, dp8, tp2) = (p("dp4-tp1-pp1-mb4-ga4"), p("dp8-tp1-pp1-mb4-ga2"), p("dp2-tp2-pp1-mb4-ga8"));
+        let layout = Restriction::layout_of(&dp4);
+        assert_eq!(Restriction::Any.narrowed_by(layout), layout);
+        assert_eq!(layout.narrowed_by(Restriction::Any), layout);
+        assert_eq!(layout.narrowed_by(Restriction::Exact(dp8)), Restriction::Exact(dp8));
+        assert_eq!(layout.narrowed_by(Restriction::Exact(tp2)), layout, "a conflict keeps the checkpoint's");
+        assert_eq!(layout.narrowed_by(Restriction::layout_of(&tp2)), layout);
+        assert_eq!(Restriction::Exact(dp4).narrowed_by(Restriction::layout_of(&tp2)), Restriction::Exact(dp4));
+    }
 }
