@@ -527,7 +527,9 @@ fn run_fit(profile: &Path, job: &Path, cluster: &Path, output: &Path) -> anyhow:
         for r in &d.inconsistent_rows {
             tracing::warn!(
                 "{}: {} on {} measured {:.4} s, the fit predicts {:.4} s: more than {}x off, listed in \
-                 diagnostics.inconsistentRows (a noisy or broken run, or a term the model lacks)",
+                 diagnostics.inconsistentRows (a noisy or broken run, or a term the model lacks): the planner \
+                 believes the measurement for this configuration and widens the interval of its family \
+                 (`rubick-profile run --repeat 3` tells noise from a real difference)",
                 profile.display(),
                 r.plan,
                 r.placement,
