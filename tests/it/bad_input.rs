@@ -166,7 +166,7 @@ fn bad_schedule_flags_exit_2() {
 /// are refused where they are read, and a state an older version wrote with one never
 /// panics a command.
 #[test]
-fn panics_from_values_check_accepts() {
+fn values_check_accepts_never_panic() {
     let dir = temp();
     let reference = repo().join("../shared/reference/rubick-artifact");
     let cluster = repo().join("data/cluster-a800-8x8.yaml").display().to_string();
@@ -199,7 +199,7 @@ fn panics_from_values_check_accepts() {
 /// before; `schedule`, `space`, `curves` here): by the same path, a symlink or a hard
 /// link, exit 2 and the input intact.
 #[test]
-fn outputs_over_inputs() {
+fn an_output_named_as_an_input_is_refused() {
     let dir = temp();
     let d = dir.path();
     let data = repo().join("data");

@@ -371,7 +371,7 @@ fn devices_describes_this_machine_and_writes_a_cluster_of_it() {
 /// that lacks a configuration the baseline measured; a profile run again re-measures its
 /// failed rows, each recorded with its exit code and reason.
 #[test]
-fn wrong_verdicts_from_garbage() {
+fn compare_refuses_garbage_rather_than_give_a_verdict() {
     let dir = temp();
     let d = dir.path();
     setup(d, 60.0);
@@ -425,7 +425,7 @@ fn wrong_verdicts_from_garbage() {
 /// Regression, "a `setsid` child of a profile run outlived the run's timeout and its end":
 /// every process marked with the run's metrics path goes with the run.
 #[test]
-fn a_setsid_child_outlives_its_profile_run() {
+fn a_setsid_child_ends_with_its_profile_run() {
     let dir = temp();
     let d = dir.path();
     setup(d, 60.0);

@@ -984,7 +984,7 @@ fn the_kubernetes_backend_writes_manifests_a_gitops_tool_applies() {
 /// old one's files; `delete` removes a stopped job; a state that lost a run's record
 /// never starts a second copy beside the live one.
 #[test]
-fn re_submitting_a_job_name_runs_it_twice() {
+fn a_job_name_is_submitted_once_and_never_runs_twice() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1035,7 +1035,7 @@ fn re_submitting_a_job_name_runs_it_twice() {
 /// Regression, "a job name escapes the state directory": a name that is not a plain
 /// file name is refused at submit, naming the field, and nothing is written outside.
 #[test]
-fn a_job_name_escapes_the_state_directory() {
+fn a_job_name_stays_inside_the_state_directory() {
     let dir = temp();
     let d = dir.path();
     setup(d, 10);
@@ -1053,7 +1053,7 @@ fn a_job_name_escapes_the_state_directory() {
 /// refused at submit; one whose start fails (an environment value with a NUL) is failed
 /// with its reason while the other job of the round starts; `status` says why.
 #[test]
-fn one_bad_job_blocks_every_job() {
+fn one_bad_job_never_blocks_the_others() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1097,7 +1097,7 @@ fn one_bad_job_blocks_every_job() {
 /// and starvation (here after 2 s) gets the waiting job its turn: every job progresses,
 /// none ever runs twice.
 #[test]
-fn the_job_clock_never_moves_in_the_readmes_pipeline() {
+fn the_job_clock_moves_in_the_readmes_pipeline() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1175,7 +1175,7 @@ fn the_job_clock_never_moves_in_the_readmes_pipeline() {
 /// the first `apply --cluster` is remembered, so a later schedule for more GPUs than it
 /// has is refused without the flag.
 #[test]
-fn status_of_a_typo_creates_the_directory() {
+fn a_directory_without_a_state_is_an_error_and_nothing_is_created() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1203,7 +1203,7 @@ fn status_of_a_typo_creates_the_directory() {
 /// Regression, "a symlink planted at jobs/NAME is followed": the job is not started
 /// through it, and the file it points at is untouched.
 #[test]
-fn a_symlink_planted_at_jobs_name_is_followed() {
+fn a_symlink_planted_at_jobs_name_is_never_followed() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1256,7 +1256,7 @@ fn apply_dry_run_takes_no_action_and_logs_print_the_run() {
 /// it": relative paths resolve against where the job was submitted; a command that
 /// cannot be run (exit 127) is failed, not retried.
 #[test]
-fn a_relative_argv0_resolves_against_the_cwd_of_whichever_apply_starts_it() {
+fn a_relative_argv0_resolves_against_where_the_job_was_submitted() {
     use std::os::unix::fs::PermissionsExt;
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
@@ -1296,7 +1296,7 @@ fn a_relative_argv0_resolves_against_the_cwd_of_whichever_apply_starts_it() {
 /// `--cluster` started 8 workers on a 2-core machine": without a cluster to check
 /// against, the local backend refuses a schedule of more cores than this machine has.
 #[test]
-fn a_schedule_for_the_a800_testbed_applied_to_a_fresh_state() {
+fn a_schedule_of_more_cores_than_this_machine_has_is_refused() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1318,7 +1318,7 @@ fn a_schedule_for_the_a800_testbed_applied_to_a_fresh_state() {
 /// the settings (kept in the state for every later command); in kubectl mode without a
 /// context, the start fails saying what to do, and the job is not reported running.
 #[test]
-fn kubernetes_settings_exist_only_as_undocumented_environment_variables() {
+fn kubernetes_settings_are_a_file_kept_in_the_state() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1372,7 +1372,7 @@ fn kubernetes_settings_exist_only_as_undocumented_environment_variables() {
 /// Regression, "Prometheus: every series, counters included, carries a `plan` label ... a
 /// counter prints `-0`; no job status, failures or retries-left metric".
 #[test]
-fn prometheus_every_series_carries_a_plan_label() {
+fn prometheus_series_are_labelled_as_their_kind_needs() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1395,7 +1395,7 @@ fn prometheus_every_series_carries_a_plan_label() {
 /// cannot write its exit code)": the state directory is made absolute once, so a run
 /// in another working directory still records how it ended.
 #[test]
-fn a_relative_state_breaks_a_run_whose_workdir_differs() {
+fn a_relative_state_works_for_a_run_whose_workdir_differs() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1423,7 +1423,7 @@ fn a_relative_state_breaks_a_run_whose_workdir_differs() {
 /// from then on every rubick-run command on that state panics": such a value is refused
 /// at submit, and one already in a state (an older version's) is clamped to a week.
 #[test]
-fn stop_timeout_1e300_panics_stop() {
+fn a_huge_stop_timeout_is_refused_or_clamped_never_a_panic() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();
@@ -1456,7 +1456,7 @@ fn stop_timeout_1e300_panics_stop() {
 /// own (as torchrun, DeepSpeed and Accelerate start their workers) is found by the
 /// run's mark and stopped with the run.
 #[test]
-fn workers_in_their_own_session_escape_a_stop() {
+fn workers_in_their_own_session_are_stopped_with_their_run() {
     let dir = temp();
     let _reaper = Reaper(dir.path().to_path_buf());
     let d = dir.path();

@@ -355,7 +355,7 @@ fn a_plan_whose_family_ran_slower_than_modelled_is_not_chosen() {
 /// Regression, "the README's cron line fails on its first round": `--current` names the
 /// state's `current.yaml`, which the first apply writes; before it, nothing runs.
 #[test]
-fn the_readme_cron_line_fails_on_its_first_round() {
+fn the_readme_cron_line_works_on_its_first_round() {
     let dir = temp();
     let (cluster, jobs) = (data("cluster-a800-8x8.yaml"), data("jobs-paper.yaml"));
     let run = run_in(
@@ -372,7 +372,7 @@ fn the_readme_cron_line_fails_on_its_first_round() {
 /// Regression, "one bad job blocks every job": a job whose `perfModel` cannot be read is
 /// left out of the round with the reason; the others are planned.
 #[test]
-fn one_bad_job_blocks_every_job_in_a_round() {
+fn one_bad_job_never_blocks_the_others_in_a_round() {
     let dir = temp();
     let jobs = std::fs::read_to_string(data("jobs-paper.yaml")).unwrap().replacen(
         "    request: { gpus: 2, cpus: 16, plan: zero-dp }\n",
