@@ -1,8 +1,21 @@
 //! `rubick-run apply`: a schedule checked against the state (`desired_of`), then
 //! reconciled with what runs: the round's stops together, then its starts together.
 
-#[allow(clippy::wildcard_imports)]
-use crate::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use rubick_core::Cluster;
+use rubick_core::artifact::to_yaml;
+use rubick_core::schedule::Schedule;
+use rubick_io::cli::Outcome;
+use rubick_io::files::load_artifact;
+
+use crate::backends::{self, Executor};
+use crate::reconcile::{self, Action, Allocation, StopReason};
+use crate::state::{self, JobStatus, RunPhase, RunRecord, State, StateDir};
+use crate::{StateArgs, failpoint, refresh, stop_runs, unix_now, where_};
 
 /// A run an apply has recorded and is about to launch.
 pub(crate) struct Starting {

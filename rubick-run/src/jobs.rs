@@ -1,7 +1,17 @@
 //! `rubick-run jobs`: the state as a `JobBatch` for the planner, with online refits.
 
-#[allow(clippy::wildcard_imports)]
-use crate::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use rubick_core::artifact::{ApiVersion, Kind, to_yaml};
+use rubick_core::job::CurrentAllocation;
+use rubick_core::{Cluster, Job, JobBatch, Placement, Plan};
+use rubick_io::cli::Outcome;
+use rubick_io::files::load_artifact;
+
+use crate::state::{self, JobRecord, JobStatus, RunRecord, StateDir};
+use crate::{StateArgs, ensure_outside, refreshed, unix_now};
 
 pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> anyhow::Result<Outcome> {
     // A name for another format is refused before any refit is written.

@@ -16,16 +16,13 @@
 //! ([`backends`]). The commands: `apply.rs`, `jobs.rs`, `status.rs`; the runs' records
 //! brought up to date and stopped: `runs.rs`; the smaller commands and the CLI here.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use rubick_core::artifact::{ApiVersion, Kind, to_yaml};
-use rubick_core::job::CurrentAllocation;
 use rubick_core::schedule::Schedule;
-use rubick_core::{Cluster, Job, JobBatch, Placement, Plan};
+use rubick_core::{Cluster, Job};
 use rubick_io::cli::{LogArgs, Outcome};
 use rubick_io::files::load_artifact;
 
@@ -36,9 +33,7 @@ pub mod plot;
 pub mod reconcile;
 pub mod state;
 
-use backends::Executor;
-use reconcile::{Action, Allocation, StopReason};
-use state::{JobRecord, JobStatus, Reconfiguration, RunPhase, RunRecord, State, StateDir};
+use state::{JobRecord, JobStatus, State, StateDir};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -271,9 +266,9 @@ fn open(args: &StateArgs, create: bool) -> anyhow::Result<Result<StateDir, Strin
 /// commands refuse a directory that holds no state), or the command's negative answer.
 macro_rules! locked {
     ($args:expr, $create:expr) => {
-        match open($args, $create)? {
+        match $crate::open($args, $create)? {
             Ok(dir) => dir,
-            Err(busy) => return Ok(Outcome::Negative(busy)),
+            Err(busy) => return Ok(rubick_io::cli::Outcome::Negative(busy)),
         }
     };
 }

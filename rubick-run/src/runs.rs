@@ -1,8 +1,18 @@
 //! What the records say of the runs: brought up to date with the backend (`refresh`),
 //! stopped (`stop_runs`, every run of a round at once), and how a run ended (`classify`).
 
-#[allow(clippy::wildcard_imports)]
-use crate::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rubick_core::Job;
+
+use crate::backends::{self, Executor};
+use crate::failpoint;
+use crate::lifecycle;
+use crate::state::{JobRecord, JobStatus, Reconfiguration, RunPhase, RunRecord, State, StateDir};
+
 use backends::{Exit, Handle, RunState};
 
 /// Brings the records up to date with the backend: runs that ended, runs a killed
@@ -359,6 +369,7 @@ pub(crate) fn state_backend(dir: &StateDir, state: &State) -> anyhow::Result<Box
 #[allow(clippy::unwrap_used)] // tests fail loudly on purpose
 mod tests {
     use std::collections::BTreeMap;
+    use std::path::PathBuf;
     use std::sync::Mutex;
 
     use rubick_launch::LaunchError;

@@ -3,8 +3,17 @@
 //! writes it (a table for a person, YAML for a program, Prometheus text for
 //! node-exporter's textfile collector); `--plot` draws every job's runs.
 
-#[allow(clippy::wildcard_imports)]
-use crate::*;
+use std::path::{Path, PathBuf};
+
+use rubick_core::schedule::Schedule;
+use rubick_io::cli::Outcome;
+use rubick_io::files::load_artifact;
+
+use crate::backends;
+use crate::plot;
+use crate::state::{JobRecord, JobStatus, RunRecord, State, StateDir};
+use crate::{StateArgs, StatusFormat, ensure_outside, refreshed, unix_now, where_};
+
 use rubick_core::schedule::Assignment;
 
 pub(crate) fn status(
