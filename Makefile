@@ -101,7 +101,7 @@ demo: build
 	$(BIN)/rubick-fit fit out/demo-profile.csv --job examples/pytorch/job.yaml --cluster out/local.yaml \
 	  -o out/demo-pytorch-model.yaml
 	@if [ -f "$(REFERENCE)/models.yaml" ]; then ref="--reference $(REFERENCE)"; else \
-	  ref=""; echo "demo: $(REFERENCE) is absent; performance models from the models' FLOPs" >&2; fi; \
+	  ref=""; echo "demo: $(REFERENCE) is absent (the authors' data: README, \"Reference data\"; point RUBICK_REFERENCE at it): the example jobs are planned on performance models guessed from their FLOPs (one warning per command)" >&2; fi; \
 	set -x; \
 	$(BIN)/rubick-plan schedule --cluster data/cluster-a800-8x8.yaml --jobs data/jobs-paper.yaml $$ref --explain -o out/demo-round0.yaml && \
 	$(BIN)/rubick-plan schedule --cluster data/cluster-a800-8x8.yaml --jobs data/jobs-paper.yaml $$ref --current out/demo-round0.yaml --policy rubick-milp --explain -o out/demo-round1.yaml && \
@@ -149,7 +149,7 @@ fuzz: setup
 PREFIX ?= /usr/local
 TOOLS := rubick-plan rubick-fit rubick-profile rubick-run
 install: setup
-	$(CARGO) build --release --workspace --locked
+	$(CARGO) build --release --workspace --bins --locked
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
 	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 	  $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
