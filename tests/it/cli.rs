@@ -40,3 +40,20 @@ fn cli_conventions_hold() {
         assert!(problems.is_empty(), "{tool}: {problems:#?}");
     }
 }
+
+/// Regression, "`make install` installs four 538 MB binaries (31 MB stripped: release
+/// keeps line tables of every dependency)": the release profile strips them, and where
+/// release binaries are built beside the debug ones, the four together stay under the
+/// 200 MB the README promises (142 MB measured).
+#[test]
+fn release_binaries_are_stripped_and_small() {
+    let toml = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let release = toml.split("[profile.release]").nth(1).and_then(|s| s.split("\n[").next()).unwrap_or_default();
+    assert!(release.contains("strip = true") && release.contains("debug = false"), "[profile.release]:{release}");
+    let target = binary("rubick-plan").parent().and_then(std::path::Path::parent).unwrap().join("release");
+    let sizes: Option<Vec<u64>> =
+        tools().iter().map(|(tool, _)| std::fs::metadata(target.join(tool)).ok().map(|m| m.len())).collect();
+    if let Some(sizes) = sizes {
+        assert!(sizes.iter().sum::<u64>() <= 200_000_000, "the release tools in {}: {sizes:?} bytes", target.display());
+    }
+}
