@@ -280,7 +280,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<Outcome> {
         cluster: Some(&cluster),
         group: Some(&group),
         local: args.backend == Backend::Local,
-        dir: Some(&cwd),
+        // Kubernetes runs start in their image: its files are not this machine's.
+        dir: (args.backend != Backend::Kubernetes).then_some(cwd.as_path()),
     };
     if let Some(why) = rubick_launch::requires::unmet(&job, site) {
         bail!("{}: job `{}` cannot be profiled here: {why}; nothing was run", args.job.display(), job.name);
