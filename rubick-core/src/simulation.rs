@@ -142,6 +142,8 @@ pub struct SimulationSummary {
     pub avg_jct_all_s: Spread,
     pub median_jct_s: Spread,
     pub p99_jct_s: Spread,
+    /// The end of the round the last job finished in; with jobs unfinished, at least
+    /// when the simulation stopped (censored: a lower bound).
     pub makespan_s: Spread,
     pub restarts: Spread,
     /// The most restarts of any one job.

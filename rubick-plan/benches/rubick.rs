@@ -325,6 +325,8 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
             println!("bench: {name}_restarts_per_job {per_job:.2} restarts");
             println!("bench: {name}_restarts_max {:.0} restarts", s.restarts_max.mean);
             println!("bench: {name}_avg_jct_s {:.0} s", s.avg_jct_s.mean);
+            // Unfinished jobs counted until the simulation stopped (a lower bound).
+            println!("bench: {name}_avg_jct_all_s {:.0} s", s.avg_jct_all_s.mean);
             println!("bench: {name}_p99_jct_s {:.0} s", s.p99_jct_s.mean);
             println!("bench: {name}_makespan_s {:.0} s", s.makespan_s.mean);
             println!("bench: {name}_gpu_hours {:.0} h", s.gpu_hours.mean);
@@ -337,7 +339,7 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
         let p = format!("sim_philly_{gpus}gpu_rubick");
         println!("bench: {p}_makespan_over_static {:.3} x", r.makespan_s.mean / st.makespan_s.mean);
         println!("bench: {p}_gpu_hours_over_static {:.3} x", r.gpu_hours.mean / st.gpu_hours.mean);
-        println!("bench: {p}_avg_jct_over_backfill {:.3} x", r.avg_jct_s.mean / bf.avg_jct_s.mean);
+        println!("bench: {p}_avg_jct_over_backfill {:.3} x", r.avg_jct_all_s.mean / bf.avg_jct_all_s.mean);
     }
     Ok(())
 }

@@ -5,7 +5,8 @@
 //! their current allocations and returns new ones; any change of placement or plan,
 //! including the first start, costs `restart_penalty_s` (260 s) with no progress; a
 //! job ends after its iterations (the trace's steps + 1); JCT = completion -
-//! submission; makespan = the end of the round in which the last job finishes.
+//! submission; makespan = the end of the round in which the last job finishes (with a
+//! job left unfinished, at least when the simulation stopped: a lower bound).
 //!
 //! **Ground truth vs belief**: a job progresses at the truth's iteration time of its
 //! allocation ([`crate::truth`]: measured rows, scaled by an oracle fitted on all
@@ -547,7 +548,10 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
         results.extend(self.pending.map(|(index, job)| (index, State::default().result(job.borrow()))));
         results.sort_by_key(|(j, _)| *j);
         let results: Vec<JobResult> = results.into_iter().map(|(_, r)| r).collect();
+        // Censored where a job is left unfinished: at least when the simulation stopped
+        // (a lower bound), never the last finish alone.
         let last = results.iter().filter_map(|r| r.finish_s).fold(0.0, f64::max);
+        let last = if results.iter().any(|r| r.finish_s.is_none()) { last.max(self.t) } else { last };
         let makespan_s = (last / round).ceil() * round;
         SimResult {
             jobs: results,

@@ -312,6 +312,13 @@ fn unfinished_jobs_are_counted_and_reported() {
     assert_eq!(s["unfinished"]["mean"].as_f64(), Some(1.0));
     let (finished, all) = (s["avgJctS"]["mean"].as_f64().unwrap(), s["avgJctAllS"]["mean"].as_f64().unwrap());
     assert!(all > finished, "the unfinished job counts until the end: {all} vs {finished}");
+    // So does the makespan (issue 41, 7: Sia's makespan read 2,195 h with a job still
+    // running, at least 2,652 h): at least when the simulation stopped.
+    let makespan = s["makespanS"]["mean"].as_f64().unwrap();
+    assert!(
+        makespan + 1.0 >= 2.0 * all - finished,
+        "the makespan counts the unfinished job: {makespan} s, JCTs {all} s"
+    );
 }
 
 /// Static baselines ran LLaMA-30B's `641` packed on 888, a placement never measured,
