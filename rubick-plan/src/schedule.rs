@@ -204,6 +204,12 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     }
     let (mut kept, mut params, mut evidence, mut left_out) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, (job, belief)) in jobs.into_iter().zip(beliefs).enumerate() {
+        // A job that needs what this cluster lacks (`requires:`, e.g. a GPU on a cluster
+        // of CPU worker slots) is left out with why: planned, `apply` would refuse it.
+        let belief = match job.requires.as_ref().and_then(|r| r.unmet_by(&cluster, None)) {
+            Some(unmet) => Err(format!("requires: {unmet}")),
+            None => belief,
+        };
         match belief {
             Ok((p, e)) => {
                 kept.push(job);

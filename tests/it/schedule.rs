@@ -585,3 +585,30 @@ solver: { method: heuristic, status: heuristic }
         assert!(a.nodes.iter().all(|n| n.gpus.iter().all(|&g| g < 4)), "{policy}: {:?}", a.nodes);
     }
 }
+
+/// A job that needs what the cluster lacks (`requires: { gpu: any }` on a cluster of
+/// CPU worker slots) is left out of the round with why, and the others are planned:
+/// planned, `rubick-run apply` would refuse it every round.
+#[test]
+fn a_job_the_cluster_cannot_run_is_left_out_with_why() {
+    let dir = temp();
+    let job = |name: &str, requires: &str| {
+        format!(
+            "  - name: {name}\n    model: {{ name: tiny, parameters: 1000000, layers: 4, hidden: 128, heads: 4, seqLen: 64, globalBatch: 16 }}\n    iterations: 100\n    request: {{ gpus: 1, plan: ga }}\n{requires}"
+        )
+    };
+    let batch = format!(
+        "apiVersion: rubick/v1\nkind: JobBatch\njobs:\n{}{}",
+        job("needs-gpu", "    requires: { gpu: any }\n"),
+        job("runs-anywhere", "")
+    );
+    std::fs::write(dir.path().join("jobs.yaml"), batch).unwrap();
+    let cluster = data("profiles/cluster-cpu-2core.yaml");
+    let run =
+        run_in(dir.path(), "rubick-plan", &["schedule", "--cluster", &cluster, "--jobs", "jobs.yaml", "-o", "s.yaml"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let s = schedule_of(&dir.path().join("s.yaml"));
+    let by = |name: &str| s.assignments.iter().find(|a| a.job == name).unwrap_or_else(|| panic!("{name}: {s:?}"));
+    assert!(by("needs-gpu").plan.is_none() && by("needs-gpu").reason.contains("requires: it requires a GPU"), "{s:?}");
+    assert!(by("runs-anywhere").plan.is_some(), "{s:?}");
+}
