@@ -35,7 +35,7 @@ sleep 10
 set +x
 # What the last round did with demo-a, and why (its assignment in the applied schedule).
 what=$(awk '/^- job: demo-a$/ {a = 1; next} /^- job:/ {a = 0} a && /^  (plan|change|reason):/' "$state/dir/current.yaml" \
-  | sed 's/^  //' | paste -sd ';' -)
+  | sed -e 's/^  //' -e "s/^\([a-z]*\): '\(.*\)'\$/\1: \2/" -e "s/''/'/g" | paste -sd ';' -)
 echo "demo: demo-a after the rounds: ${what:-not in the last schedule}" >&2
 set -x
 "$bin/rubick-run" stop demo-a --state "$state/dir"
