@@ -7,7 +7,7 @@ checkpointed when the plan says so, metric lines from rank 0, the stop signal
     deepspeed --num_gpus 2 examples/deepspeed/train.py --iterations 50
 
 (DeepSpeed's own launcher; on a machine without GPUs it starts that many CPU workers.)
-The lines marked `# rubick` are all the contract needed (26 of them, the phase timers
+The lines marked `# rubick` are all the contract needed (27 of them, the phase timers
 included).
 
 What is saved is the full state (the module's weights, the same on every rank under
@@ -82,8 +82,7 @@ def main():
         except rubick.PlanError as e:  # rubick
             print(e, file=sys.stderr)  # rubick
             sys.exit(2)  # rubick
-        if plan.cpus:
-            torch.set_num_threads(max(1, plan.cpus // world))
+        rubick.threads.apply(plan)  # rubick: its share of the cores, unless OMP_NUM_THREADS is set
         config = {"train_micro_batch_size_per_gpu": plan.micro_batch, "gradient_accumulation_steps": plan.ga}
         if plan.deepspeed_config:  # rubick: the plan's batch split, ZeRO stage, offload, bf16
             with open(plan.deepspeed_config) as f:  # rubick

@@ -58,8 +58,7 @@ def main():
         except rubick.PlanError as e:  # rubick
             print(e, file=sys.stderr)  # rubick
             sys.exit(2)  # rubick
-        if plan.cpus:
-            torch.set_num_threads(max(1, plan.cpus // world))
+        rubick.threads.apply(plan)  # rubick: its share of the cores, unless OMP_NUM_THREADS is set
         torch.manual_seed(args.seed)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
