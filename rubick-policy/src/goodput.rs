@@ -100,6 +100,10 @@ const ZERO_ALLOC_GAIN: f64 = 1e-4;
 /// The artifacts' largest allocation ("simulator can't handle more").
 const MAX_GPUS: u32 = 64;
 
+/// A job's row: (node group, GPUs, its best plan there, predicted throughput) per
+/// configuration.
+type Row = Vec<(usize, u32, Plan, f64)>;
+
 /// A goodput-row peer.
 pub(super) struct GoodputPolicy<'a> {
     rule: Rule,
@@ -107,8 +111,9 @@ pub(super) struct GoodputPolicy<'a> {
     /// The exact objective's solver (the MILP with the options' time limit).
     exact: Milp,
     /// Each present job's row: (group, GPUs, best plan of its layout, throughput) for
-    /// every configuration up to the artifacts' largest, the same every round.
-    rows: HashMap<String, Vec<(usize, u32, Plan, f64)>>,
+    /// every configuration up to the artifacts' largest, the same every round while the
+    /// plans it may run (`PolicyJob::allowed`) are.
+    rows: HashMap<(String, Restriction), Row>,
     last: Option<RoundReport>,
 }
 
@@ -151,11 +156,13 @@ impl<'a> GoodputPolicy<'a> {
     /// (up to the artifacts' largest, or its request when that is larger), with its
     /// predicted throughput; computed once per job.
     fn row(&mut self, pj: &PolicyJob<'_>) -> Vec<(usize, u32, Plan, f64)> {
-        if let Some(row) = self.rows.get(pj.job.name.as_str()) {
+        let key = (pj.job.name.clone(), pj.allowed);
+        if let Some(row) = self.rows.get(&key) {
             return row.clone();
         }
+        // The request's layout, within what the job's checkpoint allows (a moved job).
+        let layout = pj.allowed.narrowed_by(self.layout(pj));
         let cluster = self.evaluator.cluster;
-        let layout = self.layout(pj);
         let largest = MAX_GPUS.max(pj.job.request.gpus);
         let mut row = Vec::new();
         for (group, g) in eligible_groups(pj.job, cluster) {
@@ -168,7 +175,7 @@ impl<'a> GoodputPolicy<'a> {
                 }
             }
         }
-        self.rows.insert(pj.job.name.clone(), row.clone());
+        self.rows.insert(key, row.clone());
         row
     }
 
@@ -332,7 +339,7 @@ impl Policy for GoodputPolicy<'_> {
         }
         // Rows of jobs that left are dropped.
         let present: std::collections::HashSet<&str> = jobs.iter().map(|pj| pj.job.name.as_str()).collect();
-        self.rows.retain(|name, _| present.contains(name.as_str()));
+        self.rows.retain(|(name, _), _| present.contains(name.as_str()));
         let book = CurveBook::new(curves, cluster);
         let kept: Vec<Option<usize>> = book.jobs.iter().map(|j| j.current).collect();
         let (choice, stats) = match self.exact.solve(&book, cluster, None) {

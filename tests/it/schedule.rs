@@ -563,7 +563,7 @@ solver: { method: heuristic, status: heuristic }
     // Every node loses its GPUs 4-7: the run must move.
     let text = std::fs::read_to_string(data("cluster-a800-8x8.yaml")).unwrap();
     std::fs::write(d.join("smaller.yaml"), text.replace("gpusPerNode: 8", "gpusPerNode: 4")).unwrap();
-    for policy in ["rubick", "rubick-milp"] {
+    for policy in ["rubick", "rubick-milp", "sia", "pollux"] {
         let args = [
             "schedule",
             "--cluster",
