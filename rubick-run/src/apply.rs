@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use rubick_core::Cluster;
 use rubick_core::artifact::to_yaml;
-use rubick_core::schedule::Schedule;
+use rubick_core::schedule::{Change, Schedule};
 use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
 
@@ -245,6 +245,16 @@ pub(crate) fn apply(
             && let Some(rec) = state.jobs.get_mut(job)
         {
             rec.reason = Some(format!("paused by round {}: its resources went to other jobs", schedule.round));
+        }
+        // A move the planner did not choose: it planned the job as a waiting one (its
+        // node or GPU left, or it ran slower after a move) and started it again. Counted
+        // apart from its restarts (`Reconfiguration::forced`).
+        let started = schedule.assignments.iter().any(|a| a.job == job && a.change == Change::Started);
+        if reason == StopReason::Reconfigure
+            && started
+            && let Some(last) = state.jobs.get_mut(job).and_then(|r| r.reconfigurations.last_mut())
+        {
+            last.forced = true;
         }
         eprintln!(
             "{job}: stopped ({}) in {secs:.1} s{}",

@@ -63,9 +63,10 @@ pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> a
                     nodes: run.nodes.iter().map(|n| n.node.clone()).collect(),
                     cpus: Some(run.nodes.iter().map(|n| n.cpus).sum()),
                     rounds_since_change: run.rounds_since_change,
-                    // Every reconfiguration that started a run again is a restart; the
-                    // last one restores until its first iteration is seen.
-                    restarts: r.reconfigurations.iter().filter(|c| c.to.is_some()).count() as u32,
+                    // Every reconfiguration that started a run again is a restart, but
+                    // those the planner did not choose (`forced`: a node that left, the
+                    // safety net); the last one restores until its first iteration is seen.
+                    restarts: r.reconfigurations.iter().filter(|c| c.to.is_some() && !c.forced).count() as u32,
                     restoring: r
                         .reconfigurations
                         .last()

@@ -292,6 +292,7 @@ pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunReco
         first_iteration_s: None,
         before_iter_time_s: None,
         after_iter_time_s: None,
+        forced: false,
     });
 }
 

@@ -144,6 +144,11 @@ pub struct Reconfiguration {
     pub before_iter_time_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_iter_time_s: Option<f64>,
+    /// A restart the planner did not choose: the round started the job again because
+    /// its run's node or GPU left, or because it ran slower after a move (`slowPlans`).
+    /// Counted apart: it does not raise the job's restart factor.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forced: bool,
 }
 
 /// A job the state knows.
@@ -767,6 +772,7 @@ mod tests {
                     first_iteration_s: None,
                     before_iter_time_s: None,
                     after_iter_time_s: None,
+                    forced: false,
                 })
             }),
         ];

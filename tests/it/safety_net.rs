@@ -60,6 +60,9 @@ fn a_move_to_a_slower_plan_is_undone_the_round_after_it_is_seen() {
     ok(d, &["apply", "r1.yaml"]);
     wait_for("dp1's warm-up and measured iterations", || iterations(d, "a", 1) >= 14);
     schedule(d, "r2.yaml", 2, &[("a", "dp2-tp1-pp1-mb4-ga2", &[0, 1])]);
+    // A move the planner chose: a resize of a running job (not a start).
+    let r2 = std::fs::read_to_string(d.join("r2.yaml")).unwrap().replace("change: started", "change: resized");
+    std::fs::write(d.join("r2.yaml"), r2).unwrap();
     ok(d, &["apply", "r2.yaml"]);
     assert_eq!(plan_of(d, "a"), "dp2-tp1-pp1-mb4-ga2");
     wait_for("dp2's warm-up and measured iterations", || iterations(d, "a", 2) >= 14);
@@ -79,6 +82,14 @@ fn a_move_to_a_slower_plan_is_undone_the_round_after_it_is_seen() {
     assert!(line.contains("moves back: dp2-tp1-pp1-mb4-ga2 ran 0.1500 s per iteration"), "{explain}");
     let status = ok(d, &["status"]);
     assert!(status.contains("moved back for good"), "{status}");
+    // A move the planner did not choose (issue 41, 6): counted apart, so the restart
+    // factor sees the one move it chose, not the move back.
+    let st = state(d);
+    let moves = st["jobs"]["a"]["reconfigurations"].as_sequence().cloned().unwrap_or_default();
+    assert_eq!(moves.len(), 2, "{st:?}");
+    assert_eq!((moves[0]["forced"].as_bool(), moves[1]["forced"].as_bool()), (None, Some(true)), "{moves:?}");
+    let batch = ok(d, &["jobs"]);
+    assert!(batch.contains("restarts: 1\n"), "{batch}");
     // And stays: the refit knows both runs, dp2 is never offered again.
     wait_for("dp1 again measured", || iterations(d, "a", 3) >= 14);
     for _ in 0..2 {
