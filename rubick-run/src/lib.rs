@@ -17,14 +17,11 @@
 //! brought up to date and stopped: `runs.rs`; the smaller commands and the CLI here.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use rubick_core::schedule::Schedule;
-use rubick_core::{Cluster, Job};
 use rubick_io::cli::{LogArgs, Outcome};
-use rubick_io::files::load_artifact;
 
 pub mod backends;
 pub mod cluster;
@@ -33,7 +30,7 @@ pub mod plot;
 pub mod reconcile;
 pub mod state;
 
-use state::{JobRecord, JobStatus, State, StateDir};
+use state::{JobRecord, State, StateDir};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -275,14 +272,20 @@ macro_rules! locked {
 
 mod apply;
 mod jobs;
+mod logs;
 mod runs;
 mod status;
+mod stop;
+mod submit;
 
 use apply::apply;
 use jobs::jobs;
+use logs::logs;
 pub use runs::{MAX_REFUSED_PLANS, classify};
-use runs::{refresh, refreshed, stop_run, stop_runs};
+use runs::{refresh, refreshed, stop_runs};
 use status::status;
+use stop::{delete_job, stop_job};
+use submit::submit;
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
@@ -302,112 +305,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Check { files } => rubick_io::cli::check_command::<Schedule>(&files),
         Command::Cluster { backend, hardware, output } => cluster::command(&backend, &hardware, &output),
     }
-}
-
-fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace: bool) -> anyhow::Result<Outcome> {
-    rubick_io::cli::ensure_one_stdin(&paths.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
-    let mut jobs = Vec::new();
-    for path in paths {
-        let mut job: Job = load_artifact(path)?;
-        anyhow::ensure!(
-            job.launch.is_some(),
-            "{}: launch: missing (rubick-run starts a job through its launch section)",
-            path.display()
-        );
-        // Kept absolute: the state outlives the submitting directory.
-        if let Some(model) = &job.perf_model {
-            let base = path.parent().unwrap_or(Path::new("."));
-            let abs =
-                std::path::absolute(base.join(model)).with_context(|| format!("{}: perfModel", path.display()))?;
-            job.perf_model = Some(abs.display().to_string());
-            let model: rubick_core::perf::PerfModel =
-                load_artifact(&abs).with_context(|| format!("{}: perfModel", path.display()))?;
-            model.params().map_err(|e| anyhow::anyhow!("{}: perfModel: {}: {e}", path.display(), abs.display()))?;
-        }
-        jobs.push(job);
-    }
-    // A state that remembers its cluster (its first `apply --cluster`) refuses now a job
-    // that requires what the cluster lacks (a GPU), before anything is written.
-    let remembered = args.state.join("cluster.yaml");
-    if remembered.is_file() {
-        let cluster: Cluster = load_artifact(&remembered)?;
-        for (path, job) in paths.iter().zip(&jobs) {
-            let site = rubick_launch::requires::Site { cluster: Some(&cluster), group: None, local: false, dir: None };
-            if let Some(why) = rubick_launch::requires::unmet(job, site) {
-                bail!(
-                    "{}: job `{}` cannot run on this state's cluster ({}): {why}; nothing was submitted",
-                    path.display(),
-                    job.name,
-                    remembered.display()
-                );
-            }
-        }
-    }
-    let dir = locked!(args, true);
-    let mut state = dir.load()?;
-    for (i, job) in jobs.iter().enumerate() {
-        if jobs[..i].iter().any(|j| j.name == job.name) {
-            bail!("{}: job `{}` is submitted twice", paths[i].display(), job.name);
-        }
-        if let Some(old) = state.jobs.get(&job.name) {
-            let status = old.status.to_string();
-            if matches!(old.status, JobStatus::Queued | JobStatus::Running) {
-                bail!(
-                    "{}: job `{}` already exists in {} and is {status}; stop it first (`rubick-run stop {}`)",
-                    paths[i].display(),
-                    job.name,
-                    dir.root.display(),
-                    job.name
-                );
-            }
-            if !replace {
-                bail!(
-                    "{}: job `{}` already exists in {} ({status}); `submit --replace` starts a new incarnation, `rubick-run delete {}` removes it",
-                    paths[i].display(),
-                    job.name,
-                    dir.root.display(),
-                    job.name
-                );
-            }
-        }
-    }
-    for job in jobs {
-        if state.jobs.contains_key(&job.name) {
-            // The old incarnation's files move aside first: nothing of it is ever read
-            // as the new one's (a crash after the move leaves a record without files,
-            // which is not running).
-            let old = dir.job_dir(&job.name);
-            if old.exists() {
-                let aside = (1..)
-                    .map(|n| dir.root.join("jobs").join(format!("{}.replaced-{n}", job.name)))
-                    .find(|p| !p.exists())
-                    .context("a free name")?;
-                std::fs::rename(&old, &aside)
-                    .with_context(|| format!("{}: cannot move it to {}", old.display(), aside.display()))?;
-                eprintln!("{}: the replaced incarnation's files are in {}", job.name, aside.display());
-            }
-        }
-        eprintln!("{}: queued ({} iterations, request {} GPUs)", job.name, job.iterations, job.request.gpus);
-        state.jobs.insert(
-            job.name.clone(),
-            JobRecord {
-                job,
-                status: JobStatus::Queued,
-                run: None,
-                attempts: 0,
-                iterations_done: 0,
-                exit_code: None,
-                reason: None,
-                reconfigurations: Vec::new(),
-                retries_left: retries,
-                submitted_unix_s: unix_now(),
-                submitted_from: std::env::current_dir().ok(),
-                first_started_unix_s: None,
-            },
-        );
-    }
-    dir.save(&state)?;
-    Ok(Outcome::Done)
 }
 
 /// Refuses an output inside the state directory: it would replace the state's own files.
@@ -442,95 +339,4 @@ fn where_(nodes: &[rubick_core::schedule::NodeShare]) -> String {
         .map(|n| format!("{}:{}", n.node, n.gpus.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn logs(job: &str, attempt: Option<u32>, follow: bool, args: &StateArgs) -> anyhow::Result<Outcome> {
-    use std::io::{Read, Write};
-    // The lock only while the records are read: following a log must not hold rounds up.
-    let (path, exit_file, state_file, attempt) = {
-        let dir = locked!(args, false);
-        let state = dir.load()?;
-        let rec = record(&dir, &state, job)?;
-        anyhow::ensure!(rec.attempts > 0, "`{job}` has not run yet");
-        let attempt = attempt.unwrap_or(rec.attempts);
-        anyhow::ensure!(
-            (1..=rec.attempts).contains(&attempt),
-            "--attempt {attempt}: `{job}` has runs 1 to {}",
-            rec.attempts
-        );
-        let adir = dir.attempt_dir(job, attempt);
-        (adir.join("log.txt"), adir.join("exit-code"), dir.state_path(), attempt)
-    };
-    // Whether the run still runs, as the state (rewritten atomically) or its exit code says.
-    let running = || {
-        !exit_file.exists()
-            && std::fs::read_to_string(&state_file)
-                .ok()
-                .and_then(|t| serde_yaml_ng::from_str::<State>(&t).ok())
-                .and_then(|s| s.jobs.get(job).and_then(|r| r.run.as_ref()).map(|r| r.attempt))
-                == Some(attempt)
-    };
-    let mut file = std::fs::File::open(&path).with_context(|| format!("{}: no log", path.display()))?;
-    let mut out = std::io::stdout().lock();
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        file.read_to_end(&mut buf).with_context(|| path.display().to_string())?;
-        out.write_all(&buf)?;
-        out.flush()?;
-        if !follow || !running() {
-            // One last read: what the run wrote before its exit code.
-            buf.clear();
-            file.read_to_end(&mut buf)?;
-            out.write_all(&buf)?;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    Ok(Outcome::Done)
-}
-
-fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
-    let dir = locked!(args, false);
-    let (mut state, _) = refreshed(&dir)?;
-    let rec = record(&dir, &state, job)?;
-    if matches!(rec.status, JobStatus::Queued | JobStatus::Running) {
-        bail!("`{job}` is {:?}; stop it first (`rubick-run stop {job}`)", rec.status);
-    }
-    // The record goes first: a crash then leaves files of no job, never a job without
-    // its files.
-    state.jobs.remove(job);
-    dir.save(&state)?;
-    let files = dir.job_dir(job);
-    if files.exists() {
-        std::fs::remove_dir_all(&files).with_context(|| format!("{}: cannot remove it", files.display()))?;
-    }
-    eprintln!("{job}: deleted");
-    Ok(Outcome::Done)
-}
-
-fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
-    let dir = locked!(args, false);
-    // A stop signals first and records after: what the refresh learnt (another run's
-    // end) is written when it can be, never before the signal (a full disk).
-    let mut state = dir.load()?;
-    let backend = runs::state_backend(&dir, &state)?;
-    refresh(&dir, &mut state, backend.as_ref())?;
-    if let Err(e) = dir.save(&state) {
-        tracing::warn!("{e:#}: stopping `{job}` all the same; the state is written when it can be");
-    }
-    let was = record(&dir, &state, job)?.status;
-    // The intent first, saved with the run's phase (stopping) before any signal: a stop
-    // killed midway is finished as a stop by the next command, never repaired into a
-    // pause that a round would start again.
-    if matches!(was, JobStatus::Queued | JobStatus::Running) {
-        let rec = state.jobs.get_mut(job).context("record")?;
-        rec.status = JobStatus::Stopped;
-        rec.reason = Some("stopped by `rubick-run stop`".into());
-    }
-    if let Some((secs, clean)) = stop_run(&dir, &mut state, job, backend.as_ref())? {
-        eprintln!("{job}: stopped in {secs:.1} s{}", if clean { "" } else { " (killed after stopTimeoutS)" });
-    }
-    dir.save(&state)?;
-    Ok(Outcome::Done)
 }
