@@ -288,8 +288,8 @@ impl Job {
 
     /// The plans never offered again: those its runs refused (`unsupportedPlans`) and
     /// those it ran slower under (`slowPlans`).
-    pub fn refused_plans(&self) -> Vec<Plan> {
-        self.unsupported_plans.iter().copied().chain(self.slow_plans.iter().map(|s| s.plan)).collect()
+    pub fn refused_plans(&self) -> impl Iterator<Item = Plan> + '_ {
+        self.unsupported_plans.iter().copied().chain(self.slow_plans.iter().map(|s| s.plan))
     }
 
     /// Whether the job's script can run `plan`.

@@ -26,24 +26,21 @@ pub fn job_inputs(
     }
     let hosted = cluster.node_groups.iter().any(|g| !g.hosts.is_empty());
     for (i, (job, params)) in jobs.into_iter().zip(params).enumerate() {
+        // The job's assignment in the previous schedule, with where that schedule is.
+        let before = previous.zip(assigned.get(job.name.as_str())).map(|((path, s), &k)| (path, &s.assignments[k], k));
         // A cluster naming its hosts (`rubick-run cluster --backend slurm`) is what is up
         // now: a run on a node it no longer has (drained, down, removed) must move, and
         // the job is planned as a waiting one, on plans its checkpoint can resume at. In
         // a cluster of `<group>-<index>` names an unknown node is a mistake (exit 2).
-        let previous_nodes: Vec<&str> = match (previous, assigned.get(job.name.as_str())) {
-            (Some((_, schedule)), Some(&k)) => schedule.assignments[k].nodes.iter().map(|n| n.node.as_str()).collect(),
-            _ => job.current.iter().flat_map(|c| c.nodes.iter().map(String::as_str)).collect(),
+        let previous_nodes: Vec<&str> = match before {
+            Some((_, a, _)) => a.nodes.iter().map(|n| n.node.as_str()).collect(),
+            None => job.current.iter().flat_map(|c| c.nodes.iter().map(String::as_str)).collect(),
         };
         // A GPU the node no longer has (its group's `gpusPerNode` went down: a GPU failed
         // and was taken out) is a resource that left, like a drained node: the run moves.
-        let previous_gpus: Vec<(&str, u32)> = match (previous, assigned.get(job.name.as_str())) {
-            (Some((_, schedule)), Some(&k)) => schedule.assignments[k]
-                .nodes
-                .iter()
-                .filter_map(|n| Some((n.node.as_str(), n.gpus.iter().copied().max()?)))
-                .collect(),
-            _ => Vec::new(),
-        };
+        let previous_gpus: Vec<(&str, u32)> = before.map_or_else(Vec::new, |(_, a, _)| {
+            a.nodes.iter().filter_map(|n| Some((n.node.as_str(), n.gpus.iter().copied().max()?))).collect()
+        });
         let gone_node = previous_nodes.iter().find(|n| hosted && node_by_name(cluster, n).is_none());
         let gone_gpu = previous_gpus.iter().find_map(|&(node, top)| {
             let (g, _) = node_by_name(cluster, node)?;
@@ -57,61 +54,34 @@ pub fn job_inputs(
         });
         let gone =
             gone_node.map(|gone| format!("its node `{gone}` is not in cluster `{}` now", cluster.name)).or(gone_gpu);
+        let restarts = job.current.as_ref().map_or(0, |c| c.restarts);
         if let Some(gone) = gone {
             tracing::warn!("`{}`: {gone}: its run moves", job.name);
             // The plan it ran: the previous schedule's, else the job's `current`.
-            let ran = match (previous, assigned.get(job.name.as_str())) {
-                (Some((_, schedule)), Some(&k)) => schedule.assignments[k].plan,
-                _ => job.current.as_ref().map(|c| c.plan),
-            };
+            let ran = before.map_or_else(|| job.current.as_ref().map(|c| c.plan), |(_, a, _)| a.plan);
             let allowed = ran.map_or(Restriction::Any, |plan| Restriction::of_checkpoint(&plan, job.resharding));
-            let restarts = job.current.as_ref().map_or(0, |c| c.restarts);
-            inputs.push(JobInput {
-                job,
-                params,
-                evidence: None,
-                current: None,
-                allowed,
-                priority: 1.0,
-                restarts,
-                restoring: false,
-            });
+            inputs.push(waiting(job, params, allowed, restarts));
             continue;
         }
-        let from_schedule = match (previous, assigned.get(job.name.as_str())) {
-            (Some((path, schedule)), Some(&k)) => Some(
-                current_of_assignment(&schedule.assignments[k], cluster)
-                    .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.within(&format!("assignments[{k}]"))))?,
-            ),
-            _ => None,
-        };
-        let current = match from_schedule {
-            Some(c) => c,
+        let current = match before {
+            Some((path, a, k)) => current_of_assignment(a, cluster)
+                .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.within(&format!("assignments[{k}]"))))?,
             None => current_of_job(&job, cluster, config)
                 .map_err(|e| anyhow::anyhow!("{}: {}", jobs_path.display(), e.within(&format!("jobs[{i}]"))))?,
         };
-        let (restarts, restoring) = job.current.as_ref().map_or((0, false), |c| (c.restarts, c.restoring));
         // The safety net after every move: a run measured slower than the plan before it
         // (`slowPlans`, seen by rubick-run) moves back to that plan this round, whatever
         // its cooldown or restart factor, planned as a waiting job (where the checkpoint
         // cannot resume at the plan before: wherever it can).
-        let slow = current.as_ref().and_then(|c| job.slow_plans.iter().find(|s| s.plan == c.plan)).cloned();
-        if let (Some(slow), Some(c)) = (slow, current.as_ref()) {
+        let slow = current.as_ref().and_then(|c| Some((c, job.slow_plans.iter().find(|s| s.plan == c.plan)?)));
+        if let Some((c, slow)) = slow {
             let checkpoint = Restriction::of_checkpoint(&c.plan, job.resharding);
             let allowed = if checkpoint.allows(&slow.before) { Restriction::Exact(slow.before) } else { checkpoint };
             tracing::warn!("`{}`: {}: it moves back", job.name, slow.describe());
-            inputs.push(JobInput {
-                job,
-                params,
-                evidence: None,
-                current: None,
-                allowed,
-                priority: 1.0,
-                restarts,
-                restoring: false,
-            });
+            inputs.push(waiting(job, params, allowed, restarts));
             continue;
         }
+        let restoring = job.current.as_ref().is_some_and(|c| c.restoring);
         inputs.push(JobInput {
             job,
             params,
@@ -124,4 +94,10 @@ pub fn job_inputs(
         });
     }
     Ok(inputs)
+}
+
+/// A running job planned as a waiting one (its run must move: its node or GPU left, or
+/// it runs slower than the plan before), on the plans `allowed`, its restarts kept.
+fn waiting(job: Job, params: Params, allowed: Restriction, restarts: u32) -> JobInput {
+    JobInput { job, params, evidence: None, current: None, allowed, priority: 1.0, restarts, restoring: false }
 }

@@ -333,7 +333,9 @@ fn judge_move(dir: &StateDir, name: &str, rec: &mut JobRecord, run: &RunRecord) 
     let Some((before_plan, (before_s, before_sd, m))) = before else { return };
     last.before_iter_time_s = Some(before_s);
     let noise = 2.0 * (after_sd.powi(2) / n as f64 + before_sd.powi(2) / m as f64).sqrt();
-    if after > before_s * (1.0 + RUN_NOISE) && after - before_s > noise && !rec.job.refused_plans().contains(&run.plan)
+    if after > before_s * (1.0 + RUN_NOISE)
+        && after - before_s > noise
+        && !rec.job.refused_plans().any(|p| p == run.plan)
     {
         let slow = rubick_core::job::SlowPlan {
             plan: run.plan,

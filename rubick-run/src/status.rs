@@ -168,24 +168,24 @@ fn yaml(report: &StatusReport<'_>) -> anyhow::Result<String> {
     Ok(serde_yaml_ng::to_string(&doc)?)
 }
 
+/// `v` as a number, or in `words` (`[NaN, +infinity, -infinity]`) when it is not finite.
+fn float_text(v: f64, words: [&str; 3]) -> String {
+    match v {
+        _ if v.is_nan() => words[0].to_owned(),
+        f64::INFINITY => words[1].to_owned(),
+        f64::NEG_INFINITY => words[2].to_owned(),
+        _ => format!("{v}"),
+    }
+}
+
 /// A loss as the script's Python wrote it: `NaN`, `Infinity`, `-Infinity`, or the number.
 fn loss_text(loss: f64) -> String {
-    match loss {
-        _ if loss.is_nan() => "NaN".to_owned(),
-        f64::INFINITY => "Infinity".to_owned(),
-        f64::NEG_INFINITY => "-Infinity".to_owned(),
-        _ => format!("{loss}"),
-    }
+    float_text(loss, ["NaN", "Infinity", "-Infinity"])
 }
 
 /// A sample value in the Prometheus text format (`NaN`, `+Inf`, `-Inf` as it spells them).
 fn prometheus_value(v: f64) -> String {
-    match v {
-        _ if v.is_nan() => "NaN".to_owned(),
-        f64::INFINITY => "+Inf".to_owned(),
-        f64::NEG_INFINITY => "-Inf".to_owned(),
-        _ => format!("{v}"),
-    }
+    float_text(v, ["NaN", "+Inf", "-Inf"])
 }
 
 /// `text` cut to `width` characters, a `~` marking the cut.

@@ -75,12 +75,20 @@ fn third_job(d: &Path) {
 /// One round of the README's cron line in `d` (state `d/state`, `d/cluster.yaml`), with
 /// `flags` for `schedule`: whether it succeeded, and its stderr.
 pub(crate) fn cron_round(d: &Path, flags: &str) -> (bool, String) {
-    let script = format!(
-        "\"$RR\" jobs --state state | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml {flags} \
-         | \"$RR\" apply - --state state"
-    );
+    tools_shell(
+        d,
+        &format!(
+            "\"$RR\" jobs --state state | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml {flags} \
+             | \"$RR\" apply - --state state"
+        ),
+    )
+}
+
+/// `script` run by `sh` in `d` with `$RR` and `$RP` the tools: whether it succeeded, and
+/// its stderr.
+pub(crate) fn tools_shell(d: &Path, script: &str) -> (bool, String) {
     let out = Command::new("sh")
-        .args(["-c", &script])
+        .args(["-c", script])
         .current_dir(d)
         .env("RR", binary("rubick-run"))
         .env("RP", binary("rubick-plan"))
@@ -349,15 +357,8 @@ fn a_guarantee_the_drained_nodes_cannot_keep_pauses_or_degrades_its_job_and_the_
             && \"$RR\" jobs --state state \
             | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml --cooldown 0 --explain \
             | tee round.yaml | \"$RR\" apply - --state state --backend slurm";
-        let out = Command::new("sh")
-            .args(["-c", script])
-            .current_dir(d)
-            .env("RR", binary("rubick-run"))
-            .env("RP", binary("rubick-plan"))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{what}: the round failed: {err}");
+        let (ok, err) = tools_shell(d, script);
+        assert!(ok, "{what}: the round failed: {err}");
         let schedule: serde_yaml_ng::Value =
             serde_yaml_ng::from_str(&std::fs::read_to_string(d.join("round.yaml")).unwrap()).unwrap();
         (schedule, err)
@@ -457,15 +458,8 @@ fn a_run_spans_slurm_nodes_and_follows_the_nodes_that_are_up() {
             | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml --cooldown 0 \
               --restart-factor false --explain \
             | \"$RR\" apply - --state state --backend slurm";
-        let out = Command::new("sh")
-            .args(["-c", script])
-            .current_dir(d)
-            .env("RR", binary("rubick-run"))
-            .env("RP", binary("rubick-plan"))
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{what}: {err}");
+        let (ok, err) = tools_shell(d, script);
+        assert!(ok, "{what}: {err}");
         let s = state(d);
         let run = &s["jobs"]["a"]["run"];
         let nodes = run["nodes"].as_sequence().map(|nodes| {

@@ -3,11 +3,10 @@
 //! offered again; `status`, the round's `--explain` and the state say so.
 
 use std::path::Path;
-use std::process::Command;
 
-use rubick_tests::{binary, temp};
+use rubick_tests::temp;
 
-use crate::run::{ok, schedule, setup, state, two_slot_cluster, wait_for};
+use crate::run::{ok, schedule, setup, state, tools_shell, two_slot_cluster, wait_for};
 
 /// Lines of `job`'s run `attempt` that carry an iteration.
 fn iterations(dir: &Path, job: &str, attempt: u32) -> usize {
@@ -21,15 +20,8 @@ fn round(d: &Path) -> String {
     let script = "\"$RR\" jobs --state state --cluster cluster.yaml \
         | \"$RP\" schedule --cluster cluster.yaml --jobs - --current state/current.yaml --explain \
         | \"$RR\" apply - --state state";
-    let out = Command::new("sh")
-        .args(["-c", script])
-        .current_dir(d)
-        .env("RR", binary("rubick-run"))
-        .env("RP", binary("rubick-plan"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
+    let (ok, stderr) = tools_shell(d, script);
+    assert!(ok, "{stderr}");
     stderr
 }
 

@@ -303,12 +303,11 @@ impl<'a> Evaluator<'a> {
     /// its runs refused and its measurements.
     fn model_key(&mut self, job: &Job, params: &Params, evidence: Option<&Arc<Evidence>>) -> usize {
         let supports = job.supports();
-        let refused = job.refused_plans();
         if let Some(i) = self.models.iter().position(|e| {
             e.model == job.model
                 && e.params == *params
                 && e.supports.as_ref() == supports
-                && e.refused == refused
+                && e.refused.iter().copied().eq(job.refused_plans())
                 && match (&e.evidence, evidence) {
                     (None, None) => true,
                     (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
@@ -321,7 +320,7 @@ impl<'a> Evaluator<'a> {
             model: job.model.clone(),
             params: params.clone(),
             supports: supports.cloned(),
-            refused,
+            refused: job.refused_plans().collect(),
             evidence: evidence.cloned(),
         });
         self.models.len() - 1

@@ -418,10 +418,8 @@ impl Evidence {
     /// The rows of `plan` on `placement`'s shape whose times can be believed.
     fn exact<'e>(&'e self, plan: &'e Plan, placement: &'e Placement) -> impl Iterator<Item = &'e Measured> + 'e {
         self.measured.iter().filter(move |m| {
-            m.plan == *plan
-                && m.placement.per_node() == placement.per_node()
-                && m.ratio().is_finite()
-                && m.ratio() > 0.0
+            let r = m.ratio();
+            m.plan == *plan && m.placement.per_node() == placement.per_node() && r.is_finite() && r > 0.0
         })
     }
 
