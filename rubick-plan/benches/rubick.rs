@@ -223,11 +223,44 @@ fn main() -> anyhow::Result<()> {
             println!("bench: fit_one_model_max_ms {:.2} ms", per_model.iter().copied().fold(0.0, f64::max));
             philly_figures(&data, &dir)?;
             philly_scales(&root, &data, &dir)?;
+            sia_workloads(&root, &data, &dir)?;
             simulation_figures(&cluster, &data, &dir)?;
         }
     }
     Ok(())
 }
+
+/// The Sia artifact's Philly workloads on its heterogeneous 64-GPU cluster, with its
+/// measured step times as the truth (`rubick_sim::sia`; no batch-size tuning for anyone):
+/// Sia's average JCT over Rubick's, unfinished jobs counted, the mean over the workloads
+/// of `SIA_WORKLOADS`, one seed without noise (the truth is the artifact's tables).
+fn sia_workloads(root: &std::path::Path, data: &ReferenceData, reference: &std::path::Path) -> anyhow::Result<()> {
+    let Some(dir) = reference.parent().map(|r| r.join("sia/workloads/philly")).filter(|p| p.is_dir()) else {
+        eprintln!("bench: skipping the Sia workloads: ../shared/reference/sia is absent");
+        return Ok(());
+    };
+    let cluster = rubick_plan::load_cluster(&root.join("data/cluster-sia-64.yaml"))?;
+    let start = Instant::now();
+    let mut ratios = Vec::new();
+    for n in SIA_WORKLOADS {
+        let (jobs, truth) =
+            rubick_sim::trace::open_trace(&dir.join(format!("workload-{n}.csv")), &cluster, data, TruthMode::Oracle)?;
+        let mut avg = Vec::new();
+        for policy in ["rubick", "sia"] {
+            let config = rubick_sim::SimConfig::defaults(lookup(policy)?, rubick_policy::Queue::Fifo);
+            let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
+            let s = rubick_sim::summary::summarize("sia-philly", &config, &truth, std::slice::from_ref(&r));
+            avg.push(s.avg_jct_all_s.mean);
+        }
+        ratios.push(avg[1] / avg[0]);
+    }
+    println!("bench: sim_sia_philly_sia_over_rubick_avg_jct {:.3} x", ratios.iter().sum::<f64>() / ratios.len() as f64);
+    println!("bench: sim_sia_philly_s {:.1} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The Sia workloads `make bench` replays (of its 8).
+const SIA_WORKLOADS: [u32; 3] = [1, 2, 3];
 
 /// Replicas of every JCT figure: seeds with this much log-normal noise.
 const SEEDS: u32 = 5;

@@ -10,12 +10,14 @@
 //!   advances under the truth, results), driven by [`simulate`];
 //! * [`trace`]: a trace's jobs with their beliefs; [`logs`]: real clusters' job logs
 //!   (Philly, Slurm's `sacct`) turned into traces;
+//! * [`sia`]: the Sia artifact's workloads, with its measured step times as the truth;
 //! * [`summary`]: replicas summarised as a `SimulationSummary`.
 //!
 //! `rubick-plan simulate`, `compare` and `trace` are its commands.
 
 pub mod engine;
 pub mod logs;
+pub mod sia;
 pub mod summary;
 pub mod trace;
 pub mod truth;

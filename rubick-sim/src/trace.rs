@@ -139,6 +139,19 @@ fn job_of(r: &TraceJob, spec: &ModelSpec) -> Job {
     }
 }
 
+/// A Sia workload ([`crate::sia`]): its jobs with their beliefs, and a truth whose step
+/// times are the artifact's tables (no oracle: every configuration the tables lack is
+/// interpolated from them).
+fn open_sia_workload(path: &Path, cluster: &Cluster, mode: TruthMode) -> anyhow::Result<(Trace, Truth)> {
+    let (jobs, steps) = crate::sia::open_workload(path, cluster)?;
+    let links = cluster.node_groups.first().map(Links::from).context("the cluster has no node group")?;
+    let mut truth = Truth::new(mode, &[], links, TESTBED_PROFILED_CPUS_PER_GPU)
+        .map_err(|(model, e)| anyhow::anyhow!("the truth of `{model}`: {e}"))?;
+    truth.steps = Some(std::sync::Arc::new(steps));
+    let made = jobs.into_iter().map(|(job, params)| SimJob { job, params, trace_code: None }).collect();
+    Ok((Trace { made, rows: Vec::new(), models: Vec::new(), guaranteed_share: 0.0 }, truth))
+}
+
 /// [`load_trace`] with the jobs made as a simulation reaches them: every row is checked
 /// now, and the beliefs fitted, but only one model and belief per application is held.
 pub fn open_trace(
@@ -149,7 +162,11 @@ pub fn open_trace(
 ) -> anyhow::Result<(Trace, Truth)> {
     let mut trace = Trace { made: Vec::new(), rows: Vec::new(), models: Vec::new(), guaranteed_share: 0.0 };
     let source = ModelSource { jobs_path: Some(path), reference: Some(reference) };
-    if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+    let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+    if !yaml && crate::sia::is_workload(&read_text(path)?) {
+        return open_sia_workload(path, cluster, mode);
+    }
+    if yaml {
         let text = read_text(path)?;
         let jobs = parse_artifact::<JobBatch>(path, &text)?.jobs;
         let params = job_params(&jobs, cluster, &source)?;

@@ -204,6 +204,9 @@ pub struct Truth {
     /// The links the rows were measured with (on GPUs of compute speed 1): a node group
     /// with other links or another speed is other hardware (see [`Truth::iter_time_s`]).
     pub links: Links,
+    /// Step times measured per GPU type (the Sia artifact's tables): where they know a
+    /// job's model and a node group's GPU type, they are the truth there.
+    pub steps: Option<Arc<crate::sia::StepTimes>>,
 }
 
 impl Truth {
@@ -234,6 +237,7 @@ impl Truth {
             profiled_cpus_per_gpu: profiled_cpus_per_gpu.max(1),
             extrapolated_slowdown: 0.0,
             links,
+            steps: None,
         })
     }
 
@@ -263,6 +267,10 @@ impl Truth {
         placement: &Placement,
         cpus: u32,
     ) -> (f64, Basis) {
+        if let Some(measured) = self.steps.as_ref().and_then(|s| s.iter_time_s(model, group, plan, placement)) {
+            let slowdown = if measured.1 == Basis::Extrapolated { self.extrapolated_slowdown } else { 0.0 };
+            return (measured.0 / (1.0 - slowdown).max(1e-6), measured.1);
+        }
         let reference = f64::from(self.profiled_cpus_per_gpu);
         let predict_on = |g: &NodeGroup, params: &Params, plan: &Plan, cpus: u32| {
             let pred = Evaluator::prediction(model, params, g, plan, placement);

@@ -25,6 +25,7 @@ mod reference;
 mod run;
 mod safety_net;
 mod schedule;
+mod sia_workloads;
 mod simulate;
 mod status_and_bounds;
 mod trust;

@@ -1,0 +1,764 @@
+//! The Sia artifact's own workloads, replayed with its measured step times as the truth.
+//!
+//! Source: siasosp23/artifacts at aaf7a0d, `sia-simulator/` (`applications.py`,
+//! `job.py`), whose `workloads/` and `traces/` are under `../shared/reference/sia/`.
+//! Only the figures are read here; the rules below follow the artifact's code.
+//!
+//! * **A workload** (`workloads/<set>/workload-N.csv`: `name, time, application,
+//!   num_replicas, batch_size`): one job per row, submitted at `time`, asking for
+//!   `num_replicas` GPUs, training at the global batch `batch_size` throughout (no
+//!   batch-size tuning, for every policy: the artifact's `disable_bsz_tuning`).
+//! * **A job's work** (`job.py`, `Job::step`): the artifact's job ends when its
+//!   progress reaches `get_progress(max_epochs)` (the smallest progress over the
+//!   application's validation runs), progress growing per iteration by the gradient
+//!   noise gain `(var + sqr) / (var / scale + sqr)` at `scale = batch / init_batch`,
+//!   with `sqr`, `var` of the epoch interpolated between the validated batch sizes. At
+//!   a fixed batch that is `sum over epochs of (progress(e + 1) - progress(e)) /
+//!   gain(batch, e)` iterations: the job's `iterations`. `max_epochs` and the restart
+//!   times are `applications.py`'s.
+//! * **The truth** of an iteration on `dp` GPUs of a type (`update_local_bsz`,
+//!   `get_throughput`): local batch `batch / dp`, accumulation steps
+//!   `ceil(local / max_local) - 1` (at least 1 on one GPU above the initial batch),
+//!   atomic batch `ceil(local / (accum + 1))` capped by the largest measured on that
+//!   many GPUs; time `step(atomic) + accum * (step(atomic) - sync(atomic))`. `step`
+//!   and `sync` come from `placements-<type>.csv` at the placement (as the artifact
+//!   names it: the smallest rotation of its per-node counts), linearly interpolated in
+//!   the local batch ([`Basis::Measured`]). A placement the table lacks is
+//!   interpolated from the rows of the same node and GPU counts (the table's means
+//!   and `scalability-<type>.csv`), then between GPU counts, then between node counts
+//!   ([`Basis::Interpolated`]); the artifact uses one `LinearNDInterpolator` over
+//!   (nodes, GPUs, local batch) there, a Delaunay interpolation this separable one
+//!   approximates. A batch outside the measured range is clamped to it
+//!   ([`Basis::Extrapolated`]; the artifact returns no throughput there).
+//! * **The belief** every policy sees ([`belief_rows`]): the performance model fitted
+//!   on 5 rows of the truth as `rubick-profile` would measure them, all on the A100
+//!   (`dgx-ext`) nodes: 1, 2, 4 and 8 GPUs of one node and 2 x 8 GPUs, at the job's
+//!   own batch. Other GPU types are predicted through the cluster's `computeSpeed` (one
+//!   number per type, not per application: the belief is wrong there, the truth is not).
+//! * **The plan**: the artifact's applications run data parallelism with accumulation
+//!   only, so each job's `launch.supports` refuses TP, PP, ZeRO, offload and
+//!   checkpointing; the plans that remain differ in GPUs and placement only.
+//! * **Deviation**: this project's plans keep the global batch exactly (`dp` divides
+//!   it), where the artifact rounds the local batch up. A job asking for a GPU count
+//!   that does not divide its batch (6 GPUs at batch 2,048) asks for the largest
+//!   count below that does, and no policy is offered such counts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use rubick_core::cluster::{Cluster, NodeGroup};
+use rubick_core::fit::{FitOptions, Observation, fit};
+use rubick_core::job::{JobRequest, Resharding};
+use rubick_core::launch::{Launch, PlanSupport, StopSignal};
+use rubick_core::model::ModelSpec;
+use rubick_core::perfmodel::{Links, Params};
+use rubick_core::placement::Placement;
+use rubick_core::plan::{Plan, PlanCode, PlanRequest};
+use rubick_core::{Job, limits};
+use rubick_io::files::read_text;
+
+use crate::truth::Basis;
+
+/// The GPU types of the artifact's heterogeneous cluster: a node group's `gpuType` and
+/// the suffix of its tables (`placements-<suffix>.csv`).
+pub const GPU_TYPES: [(&str, &str); 3] = [("T4", "aws"), ("RTX-2080Ti", "rtx"), ("A100", "dgx-ext")];
+
+/// The table suffix of a node group's GPU type (its `gpuType`, or the suffix itself).
+pub fn suffix_of(gpu_type: &str) -> Option<&'static str> {
+    GPU_TYPES
+        .iter()
+        .find(|(t, s)| t.eq_ignore_ascii_case(gpu_type) || s.eq_ignore_ascii_case(gpu_type))
+        .map(|(_, s)| *s)
+}
+
+/// The suffix whose rows the belief is fitted on.
+pub const BELIEF_SUFFIX: &str = "dgx-ext";
+
+/// An application of the artifact: its `applications.py` constants and, for this
+/// project's performance model, an approximate shape (the fit absorbs the constants).
+#[derive(Debug, Clone, Copy)]
+pub struct Application {
+    pub name: &'static str,
+    /// `max_epochs` of `applications.py`.
+    pub max_epochs: usize,
+    /// `rescale_time`: seconds a restart costs the job.
+    pub restart_s: f64,
+    pub parameters: u64,
+    pub layers: u32,
+    pub hidden: u32,
+    pub heads: u32,
+    pub seq_len: u32,
+}
+
+/// The applications of the artifact's Philly workloads (`gpt_pmp` and `ncf` are not in
+/// them). Parameter counts are the published models' (ResNet-18 for CIFAR-10,
+/// DeepSpeech2, BERT-base on SQuAD, YOLOv3, ResNet-50); layers, width and "tokens"
+/// per sample only shape the model's memory and FLOPs estimates.
+pub const APPLICATIONS: [Application; 5] = [
+    Application {
+        name: "cifar10",
+        max_epochs: 100,
+        restart_s: 50.0,
+        parameters: 11_173_962,
+        layers: 18,
+        hidden: 512,
+        heads: 8,
+        seq_len: 64,
+    },
+    Application {
+        name: "deepspeech2",
+        max_epochs: 80,
+        restart_s: 25.0,
+        parameters: 38_000_000,
+        layers: 7,
+        hidden: 1024,
+        heads: 8,
+        seq_len: 256,
+    },
+    Application {
+        name: "bert",
+        max_epochs: 2,
+        restart_s: 120.0,
+        parameters: 110_000_000,
+        layers: 12,
+        hidden: 768,
+        heads: 12,
+        seq_len: 384,
+    },
+    Application {
+        name: "yolov3",
+        max_epochs: 50,
+        restart_s: 80.0,
+        parameters: 61_949_149,
+        layers: 75,
+        hidden: 512,
+        heads: 8,
+        seq_len: 416,
+    },
+    Application {
+        name: "imagenet",
+        max_epochs: 90,
+        restart_s: 250.0,
+        parameters: 25_557_032,
+        layers: 50,
+        hidden: 2048,
+        heads: 8,
+        seq_len: 224,
+    },
+];
+
+/// `(local batch, step time, sync time)` rows of one configuration, sorted by batch.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Curve(Vec<(f64, f64, f64)>);
+
+impl Curve {
+    /// Averages rows of the same batch, sorted by batch.
+    fn of(mut rows: Vec<(f64, f64, f64)>) -> Curve {
+        rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut out: Vec<(f64, f64, f64, f64)> = Vec::new();
+        for (b, s, y) in rows {
+            match out.last_mut() {
+                Some(l) if l.0 == b => (l.1, l.2, l.3) = (l.1 + s, l.2 + y, l.3 + 1.0),
+                _ => out.push((b, s, y, 1.0)),
+            }
+        }
+        Curve(out.into_iter().map(|(b, s, y, n)| (b, s / n, y / n)).collect())
+    }
+
+    fn max_batch(&self) -> f64 {
+        self.0.last().map_or(0.0, |r| r.0)
+    }
+
+    /// (step, sync) at `batch`, linear between measured batches; `false` when clamped.
+    fn at(&self, batch: f64) -> Option<(f64, f64, bool)> {
+        let (first, last) = (self.0.first()?, self.0.last()?);
+        if batch <= first.0 {
+            return Some((first.1, first.2, batch == first.0));
+        }
+        if batch >= last.0 {
+            return Some((last.1, last.2, batch == last.0));
+        }
+        let i = self.0.partition_point(|r| r.0 <= batch);
+        let (a, b) = (self.0[i - 1], self.0[i]);
+        let w = (batch - a.0) / (b.0 - a.0);
+        Some((a.1 + w * (b.1 - a.1), a.2 + w * (b.2 - a.2), true))
+    }
+}
+
+/// One application's step times on one GPU type.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTable {
+    /// By placement id (the artifact's: per-node counts as digits).
+    placements: BTreeMap<String, Curve>,
+    /// By (nodes, GPUs): the placements' means and the scalability rows.
+    grid: BTreeMap<(u32, u32), Curve>,
+}
+
+/// The artifact's name of a placement: the smallest rotation of its per-node counts.
+pub fn placement_id(per_node: &[u32]) -> String {
+    let counts: Vec<u32> = per_node.iter().copied().filter(|&c| c > 0).collect();
+    (0..counts.len().max(1))
+        .map(|i| counts[i..].iter().chain(&counts[..i]).map(ToString::to_string).collect::<String>())
+        .min()
+        .unwrap_or_default()
+}
+
+/// A CSV's rows as maps from its header's names, with the line of each (for errors).
+fn csv_rows(path: &Path) -> anyhow::Result<Vec<(usize, BTreeMap<String, String>)>> {
+    let text = read_text(path)?;
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let header: Vec<String> = lines
+        .next()
+        .with_context(|| format!("{}: empty, expected a header", path.display()))?
+        .1
+        .split(',')
+        .map(|h| h.trim().to_owned())
+        .collect();
+    lines
+        .map(|(i, l)| {
+            let cells: Vec<&str> = l.split(',').collect();
+            if cells.len() != header.len() {
+                bail!("{}: line {}: {} fields, the header has {}", path.display(), i + 1, cells.len(), header.len());
+            }
+            Ok((i + 1, header.iter().cloned().zip(cells.into_iter().map(|c| c.trim().to_owned())).collect()))
+        })
+        .collect()
+}
+
+/// Field `name` of a row as a finite number, errors naming the file, line and field.
+fn number(path: &Path, (line, row): &(usize, BTreeMap<String, String>), name: &str) -> anyhow::Result<f64> {
+    let text = row.get(name).with_context(|| format!("{}: no column `{name}`", path.display()))?;
+    match text.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => bail!("{}: line {line}: field `{name}`: expected a number >= 0, got `{text}`", path.display()),
+    }
+}
+
+impl StepTable {
+    /// Reads `placements-<suffix>.csv` and `scalability-<suffix>.csv` of `app_dir`.
+    pub fn open(app_dir: &Path, suffix: &str) -> anyhow::Result<StepTable> {
+        let path = app_dir.join(format!("placements-{suffix}.csv"));
+        let mut by_id: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
+        let mut grid: BTreeMap<(u32, u32), Vec<(f64, f64, f64)>> = BTreeMap::new();
+        for row in csv_rows(&path)? {
+            let id = row.1.get("placement").with_context(|| format!("{}: no column `placement`", path.display()))?;
+            if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit() && b != b'0') {
+                bail!("{}: line {}: field `placement`: expected digits 1-9, got `{id}`", path.display(), row.0);
+            }
+            let counts: Vec<u32> = id.bytes().map(|b| u32::from(b - b'0')).collect();
+            let r = (
+                number(&path, &row, "local_bsz")?,
+                number(&path, &row, "step_time")?,
+                number(&path, &row, "sync_time")?,
+            );
+            by_id.entry(placement_id(&counts)).or_default().push(r);
+            grid.entry((counts.len() as u32, counts.iter().sum())).or_default().push(r);
+        }
+        // The artifact appends the scalability rows to the placements' means.
+        let mut grid: BTreeMap<(u32, u32), Vec<(f64, f64, f64)>> =
+            grid.into_iter().map(|(k, rows)| (k, Curve::of(rows).0)).collect();
+        let path = app_dir.join(format!("scalability-{suffix}.csv"));
+        if path.exists() {
+            for row in csv_rows(&path)? {
+                let (nodes, gpus) = (number(&path, &row, "num_nodes")?, number(&path, &row, "num_replicas")?);
+                if nodes < 1.0 || gpus < nodes || gpus > f64::from(limits::MAX_GPUS_PER_NODE) * nodes {
+                    bail!("{}: line {}: {nodes} nodes with {gpus} GPUs", path.display(), row.0);
+                }
+                let r = (
+                    number(&path, &row, "local_bsz")?,
+                    number(&path, &row, "step_time")?,
+                    number(&path, &row, "sync_time")?,
+                );
+                grid.entry((nodes as u32, gpus as u32)).or_default().push(r);
+            }
+        }
+        anyhow::ensure!(!by_id.is_empty(), "{}: no rows", app_dir.join(format!("placements-{suffix}.csv")).display());
+        Ok(StepTable {
+            placements: by_id.into_iter().map(|(k, v)| (k, Curve::of(v))).collect(),
+            grid: grid.into_iter().map(|(k, v)| (k, Curve::of(v))).collect(),
+        })
+    }
+
+    /// The largest local batch measured on `placement` (`get_max_local_bsz`).
+    fn max_local(&self, placement: &Placement) -> f64 {
+        if let Some(c) = self.placements.get(&placement_id(placement.per_node())) {
+            return c.max_batch();
+        }
+        let (n, g) = (placement.nodes(), placement.gpus());
+        self.grid.iter().filter(|((nn, gg), _)| *nn >= n && *gg >= g).map(|(_, c)| c.max_batch()).fold(0.0, f64::max)
+    }
+
+    /// The largest local batch measured on any placement of `gpus` GPUs, if any.
+    fn max_local_of_count(&self, gpus: u32) -> Option<f64> {
+        self.placements
+            .iter()
+            .filter(|(id, _)| id.bytes().map(|b| u32::from(b - b'0')).sum::<u32>() == gpus)
+            .map(|(_, c)| c.max_batch())
+            .reduce(f64::max)
+    }
+
+    /// (step, sync) at (nodes, gpus, batch) from the grid: the same key, else between
+    /// GPU counts of the same node count, else between node counts.
+    fn grid_at(&self, nodes: u32, gpus: u32, batch: f64) -> Option<(f64, f64, bool)> {
+        let on_nodes = |n: u32| -> Option<(f64, f64, bool)> {
+            if let Some(c) = self.grid.get(&(n, gpus)) {
+                return c.at(batch);
+            }
+            let below = self.grid.range((n, 0)..(n, gpus)).next_back();
+            let above = self.grid.range((n, gpus + 1)..=(n, u32::MAX)).next();
+            match (below, above) {
+                (Some((&(_, g0), c0)), Some((&(_, g1), c1))) => {
+                    let (a, b) = (c0.at(batch)?, c1.at(batch)?);
+                    let w = f64::from(gpus - g0) / f64::from(g1 - g0);
+                    Some((a.0 + w * (b.0 - a.0), a.1 + w * (b.1 - a.1), a.2 && b.2))
+                }
+                _ => None,
+            }
+        };
+        if let Some(r) = on_nodes(nodes) {
+            return Some(r);
+        }
+        let mut counts: Vec<u32> = self.grid.keys().map(|k| k.0).collect();
+        counts.dedup();
+        let below = counts.iter().rev().find(|&&n| n < nodes).and_then(|&n| on_nodes(n).map(|r| (n, r)));
+        let above = counts.iter().find(|&&n| n > nodes).and_then(|&n| on_nodes(n).map(|r| (n, r)));
+        match (below, above) {
+            (Some((n0, a)), Some((n1, b))) => {
+                let w = f64::from(nodes - n0) / f64::from(n1 - n0);
+                Some((a.0 + w * (b.0 - a.0), a.1 + w * (b.1 - a.1), a.2 && b.2))
+            }
+            (Some((_, r)), None) | (None, Some((_, r))) => Some((r.0, r.1, false)),
+            (None, None) => None,
+        }
+    }
+
+    /// (step, sync, basis) of `placement` at local batch `batch`.
+    fn step(&self, placement: &Placement, batch: f64) -> Option<(f64, f64, Basis)> {
+        if let Some(c) = self.placements.get(&placement_id(placement.per_node())) {
+            let (s, y, inside) = c.at(batch)?;
+            return Some((s, y, if inside { Basis::Measured } else { Basis::Extrapolated }));
+        }
+        let (s, y, inside) = self.grid_at(placement.nodes(), placement.gpus(), batch)?;
+        Some((s, y, if inside { Basis::Interpolated } else { Basis::Extrapolated }))
+    }
+
+    /// The artifact's iteration time of a global `batch` on `placement`, and its basis
+    /// (`update_local_bsz`, then `Job::step`'s `step_time + accum_time * accum_steps`).
+    pub fn iteration_s(
+        &self,
+        placement: &Placement,
+        batch: u64,
+        init_batch: u64,
+        max_batch: u64,
+    ) -> Option<(f64, Basis)> {
+        let gpus = placement.gpus().max(1);
+        let local = (batch as f64 / f64::from(gpus) - 1e-8).ceil();
+        let max_local = self.max_local(placement).max(1.0);
+        let mut accum = ((local / max_local - 1e-8).ceil() - 1.0).max(0.0);
+        if gpus == 1 && batch > init_batch {
+            accum = accum.max(1.0);
+        }
+        let mut atomic = (local / (accum + 1.0) - 1e-8).ceil();
+        if let Some(m) = self.max_local_of_count(gpus) {
+            atomic = atomic.min(m.floor());
+        }
+        atomic = atomic.min((max_batch as f64 / (f64::from(gpus) * (accum + 1.0))).floor()).max(1.0);
+        let (step, sync, basis) = self.step(placement, atomic)?;
+        Some((step + accum * (step - sync).max(0.0), basis))
+    }
+}
+
+/// One epoch of a validation run: (progress at its end, grad_sqr, grad_var).
+type Epoch = (f64, f64, f64);
+
+/// An application's tables: step times per GPU type and its validation runs.
+#[derive(Debug, Clone)]
+pub struct AppData {
+    pub app: Application,
+    /// By table suffix.
+    pub tables: BTreeMap<&'static str, StepTable>,
+    /// By validated batch size.
+    validation: BTreeMap<u64, Vec<Epoch>>,
+}
+
+impl AppData {
+    /// Reads `traces/<app>/` for the GPU types of [`GPU_TYPES`].
+    pub fn open(traces: &Path, app: Application) -> anyhow::Result<AppData> {
+        let dir = traces.join(app.name);
+        let mut tables = BTreeMap::new();
+        for (_, suffix) in GPU_TYPES {
+            tables.insert(suffix, StepTable::open(&dir, suffix)?);
+        }
+        let mut validation = BTreeMap::new();
+        let entries = std::fs::read_dir(&dir).with_context(|| format!("{}: cannot list", dir.display()))?;
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for path in paths {
+            let Some(batch) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("validation-")?.strip_suffix(".csv")?.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let epochs = csv_rows(&path)?
+                .iter()
+                .map(|r| {
+                    Ok((number(&path, r, "progress")?, number(&path, r, "grad_sqr")?, number(&path, r, "grad_var")?))
+                })
+                .collect::<anyhow::Result<Vec<Epoch>>>()?;
+            validation.insert(batch, epochs);
+        }
+        anyhow::ensure!(!validation.is_empty(), "{}: no validation-<batch>.csv", dir.display());
+        let shortest = validation.values().map(Vec::len).min().unwrap_or(0);
+        anyhow::ensure!(
+            shortest >= app.max_epochs,
+            "{}: validation runs of {shortest} epochs, {} needs {}",
+            dir.display(),
+            app.name,
+            app.max_epochs
+        );
+        Ok(AppData { app, tables, validation })
+    }
+
+    /// `init_batch_size`: the smallest validated batch.
+    pub fn init_batch(&self) -> u64 {
+        self.validation.keys().next().copied().unwrap_or(1)
+    }
+
+    /// `max_batch_size`: the largest validated batch.
+    pub fn max_batch(&self) -> u64 {
+        self.validation.keys().next_back().copied().unwrap_or(1)
+    }
+
+    /// `get_progress(epoch)`: the smallest progress over the validation runs.
+    fn progress(&self, epoch: usize) -> f64 {
+        if epoch == 0 {
+            return 0.0;
+        }
+        self.validation.values().map(|v| v[epoch - 1].0).fold(f64::INFINITY, f64::min)
+    }
+
+    /// `get_grad_stats(batch, epoch)`: linear between the validated batches around it.
+    fn grad_stats(&self, batch: u64, epoch: usize) -> (f64, f64) {
+        let lower = self.validation.range(..=batch).next_back();
+        let upper = self.validation.range(batch..).next();
+        match (lower, upper) {
+            (Some((&b0, v0)), Some((&b1, v1))) if b1 > b0 => {
+                let w = (batch - b0) as f64 / (b1 - b0) as f64;
+                (v0[epoch].1 + w * (v1[epoch].1 - v0[epoch].1), v0[epoch].2 + w * (v1[epoch].2 - v0[epoch].2))
+            }
+            (Some((_, v)), _) | (None, Some((_, v))) => (v[epoch].1, v[epoch].2),
+            (None, None) => (0.0, 0.0),
+        }
+    }
+
+    /// Iterations a job of global batch `batch` trains for (see the module doc).
+    pub fn iterations(&self, batch: u64) -> u64 {
+        let scale = batch as f64 / self.init_batch() as f64;
+        let total: f64 = (0..self.app.max_epochs)
+            .map(|e| {
+                let (sqr, var) = self.grad_stats(batch, e);
+                let gain = if var + sqr > 0.0 { (var + sqr) / (var / scale + sqr) } else { 1.0 };
+                (self.progress(e + 1) - self.progress(e)) / gain
+            })
+            .sum();
+        total.ceil().max(1.0) as u64
+    }
+
+    /// The model spec of a job of global batch `batch`, its activation memory set so
+    /// that the largest local batch measured on one T4 (`aws`) fills 12 GiB of its
+    /// 16 GiB (a memory limit `rubick-profile` finds by running out).
+    pub fn spec(&self, batch: u64) -> ModelSpec {
+        let a = &self.app;
+        let max_local =
+            self.tables.get("aws").map_or(1.0, |t| t.max_local(&Placement::new(vec![1]).expect("one GPU"))).max(1.0);
+        let per_sample = f64::from(a.seq_len) * f64::from(a.layers) * f64::from(a.hidden);
+        ModelSpec {
+            api_version: None,
+            kind: None,
+            name: a.name.into(),
+            parameters: Some(a.parameters),
+            layers: a.layers,
+            hidden: a.hidden,
+            heads: a.heads,
+            seq_len: a.seq_len,
+            vocab: None,
+            global_batch: batch,
+            state_bytes: Default::default(),
+            activation_factor: 12.0 * (1u64 << 30) as f64 / (max_local * per_sample),
+            flash_attention: true,
+            forward_1gpu_ms: None,
+            measured_limits: None,
+        }
+    }
+
+    /// The truth of `batch` on `placement` of GPU type `suffix`.
+    pub fn iteration_s(&self, suffix: &str, placement: &Placement, batch: u64) -> Option<(f64, Basis)> {
+        self.tables.get(suffix)?.iteration_s(placement, batch, self.init_batch(), self.max_batch())
+    }
+}
+
+/// The step times of every application of a workload: the truth of a simulation of it.
+#[derive(Debug, Clone, Default)]
+pub struct StepTimes {
+    apps: BTreeMap<String, AppData>,
+}
+
+impl StepTimes {
+    /// The true iteration time of `plan` on `placement` of `group` for a job of `model`,
+    /// when the tables know the model and the group's GPU type. The plan's micro-batch
+    /// and accumulation are the artifact's (from the batch and the GPUs), not the plan's.
+    pub fn iter_time_s(
+        &self,
+        model: &ModelSpec,
+        group: &NodeGroup,
+        plan: &Plan,
+        placement: &Placement,
+    ) -> Option<(f64, Basis)> {
+        let app = self.apps.get(&model.name)?;
+        let suffix = suffix_of(&group.gpu_type)?;
+        let (t, basis) = app.iteration_s(suffix, placement, model.global_batch)?;
+        // Only data parallelism was measured: another layout is no measurement.
+        let dp_only = plan.tp == 1 && plan.pp == 1 && plan.dp == placement.gpus();
+        Some((t, if dp_only { basis } else { Basis::Extrapolated }))
+    }
+
+    pub fn app(&self, name: &str) -> Option<&AppData> {
+        self.apps.get(name)
+    }
+}
+
+/// Whether `text` is a Sia workload (its header).
+pub fn is_workload(text: &str) -> bool {
+    text.lines()
+        .next()
+        .is_some_and(|h| h.split(',').map(str::trim).eq(["name", "time", "application", "num_replicas", "batch_size"]))
+}
+
+/// The artifact's `traces/` folder for a workload at `path`
+/// (`<sia>/workloads/<set>/workload-N.csv` -> `<sia>/traces`).
+pub fn traces_dir(path: &Path) -> anyhow::Result<PathBuf> {
+    let abs = std::path::absolute(path).with_context(|| format!("{}: cannot resolve", path.display()))?;
+    abs.ancestors().skip(1).map(|d| d.join("traces")).find(|d| d.join("cifar10").is_dir()).with_context(|| {
+        format!(
+            "{}: a Sia workload, but no `traces/` folder of the Sia artifact above it (expected \
+                 <sia>/workloads/<set>/workload-N.csv beside <sia>/traces/<application>/)",
+            path.display()
+        )
+    })
+}
+
+/// The plans the artifact's applications run: data parallelism with accumulation.
+fn data_parallel_only() -> Launch {
+    Launch {
+        version: 1,
+        command: vec!["sia-application".into()],
+        env: BTreeMap::new(),
+        workdir: None,
+        checkpoint_dir: None,
+        stop_signal: StopSignal::default(),
+        stop_timeout_s: 120.0,
+        warmup_iterations: 3,
+        measured_iterations: 10,
+        timeout_s: 1800.0,
+        supports: Some(PlanSupport {
+            max_tp: Some(1),
+            max_pp: Some(1),
+            zero: Some(vec![0]),
+            offload: Some(vec!["none".into()]),
+            checkpointing: Some(false),
+            accumulation: Some(true),
+            sequence_parallel: None,
+            selective_recompute: None,
+            max_vp: None,
+        }),
+    }
+}
+
+/// The rows of the truth the belief of a job of `batch` is fitted on (see the module
+/// doc): (plan, placement, iteration time) on the A100 nodes.
+pub fn belief_rows(app: &AppData, batch: u64) -> Vec<(Plan, Placement, f64)> {
+    [vec![1], vec![2], vec![4], vec![8], vec![8, 8]]
+        .into_iter()
+        .filter_map(|per_node| {
+            let placement = Placement::new(per_node)?;
+            let dp = placement.gpus();
+            if !batch.is_multiple_of(u64::from(dp)) {
+                return None;
+            }
+            let (t, _) = app.iteration_s(BELIEF_SUFFIX, &placement, batch)?;
+            let local = u32::try_from(batch / u64::from(dp)).ok()?;
+            let max_local = app.tables.get(BELIEF_SUFFIX)?.max_local(&placement).max(1.0);
+            // The smallest accumulation that fits the measured batch and divides it.
+            let ga = (1..=local).find(|g| local.is_multiple_of(*g) && f64::from(local / g) <= max_local)?;
+            Some((Plan { micro_batch: local / ga, ga, ..Plan::data_parallel(dp, local / ga) }, placement, t))
+        })
+        .collect()
+}
+
+/// A Sia workload's jobs (each with its belief) and the step times of their
+/// applications, for `cluster` (whose groups' `gpuType`s name [`GPU_TYPES`]).
+pub fn open_workload(path: &Path, cluster: &Cluster) -> anyhow::Result<(Vec<(Job, Params)>, StepTimes)> {
+    for g in &cluster.node_groups {
+        anyhow::ensure!(
+            suffix_of(&g.gpu_type).is_some(),
+            "node group `{}`: gpuType `{}` has no Sia table (expected one of {})",
+            g.name,
+            g.gpu_type,
+            GPU_TYPES.iter().map(|(t, _)| *t).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let traces = traces_dir(path)?;
+    let rows = csv_rows(path)?;
+    let reference = cluster
+        .node_groups
+        .iter()
+        .find(|g| suffix_of(&g.gpu_type) == Some(BELIEF_SUFFIX))
+        .with_context(|| format!("the cluster has no `{BELIEF_SUFFIX}` node group, where beliefs are profiled"))?;
+    let links = Links::from(reference);
+    let mut times = StepTimes::default();
+    let mut beliefs: BTreeMap<(String, u64), Params> = BTreeMap::new();
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let line = row.0;
+        let field = |name: &str| row.1.get(name).cloned().unwrap_or_default();
+        let name = field("name");
+        let application = field("application");
+        let app = APPLICATIONS.iter().find(|a| a.name == application).with_context(|| {
+            format!(
+                "{}: line {line}: field `application`: `{application}` is not one of {}",
+                path.display(),
+                APPLICATIONS.iter().map(|a| a.name).collect::<Vec<_>>().join(", ")
+            )
+        })?;
+        if !times.apps.contains_key(app.name) {
+            times.apps.insert(app.name.into(), AppData::open(&traces, *app)?);
+        }
+        let data = &times.apps[app.name];
+        let submit = number(path, row, "time")?;
+        let asked = number(path, row, "num_replicas")?;
+        let batch = number(path, row, "batch_size")?;
+        if asked < 1.0 || asked.fract() != 0.0 || asked > f64::from(limits::MAX_GPUS_PER_NODE * limits::MAX_NODES) {
+            bail!(
+                "{}: line {line}: field `num_replicas`: expected a whole number of GPUs, got {asked}",
+                path.display()
+            );
+        }
+        let batch = batch as u64;
+        if batch < data.init_batch() || batch > data.max_batch() {
+            bail!(
+                "{}: line {line}: field `batch_size`: {batch} is outside {}'s validated batches ({} to {})",
+                path.display(),
+                app.name,
+                data.init_batch(),
+                data.max_batch()
+            );
+        }
+        // The largest GPU count up to the request that divides the batch.
+        let gpus = (1..=asked as u32).rev().find(|g| batch.is_multiple_of(u64::from(*g))).unwrap_or(1);
+        let spec = data.spec(batch);
+        let key = (app.name.to_owned(), batch);
+        if !beliefs.contains_key(&key) {
+            let observations: Vec<Observation> = belief_rows(data, batch)
+                .into_iter()
+                .map(|(plan, placement, t)| Observation { plan, placement, links, iter_time_s: t })
+                .collect();
+            let fitted = fit(&spec, &observations, &FitOptions::default())
+                .map_err(|e| anyhow::anyhow!("fitting the belief of {} at batch {batch}: {e}", app.name))?;
+            beliefs.insert(key.clone(), fitted.params);
+        }
+        let job = Job {
+            api_version: None,
+            kind: None,
+            name,
+            model: spec,
+            perf_model: None,
+            submit_time_s: submit,
+            iterations: data.iterations(batch),
+            request: JobRequest {
+                gpus,
+                cpus: None,
+                host_memory_gib: None,
+                plan: Some(PlanRequest::Code(PlanCode::Ga)),
+                gpu_type: None,
+            },
+            guaranteed: false,
+            resharding: Resharding::DataParallel,
+            restart_cost_s: Some(app.restart_s),
+            current: None,
+            launch: Some(data_parallel_only()),
+            unsupported_plans: Vec::new(),
+            slow_plans: Vec::new(),
+            requires: None,
+        };
+        job.check().map_err(|e| anyhow::anyhow!("{}: line {line}: {e}", path.display()))?;
+        jobs.push((job, beliefs[&key].clone()));
+    }
+    anyhow::ensure!(!jobs.is_empty(), "{}: no jobs", path.display());
+    Ok((jobs, times))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placement_is_named_by_its_smallest_rotation() {
+        assert_eq!(placement_id(&[3, 2, 1]), "132");
+        assert_eq!(placement_id(&[4, 4]), "44");
+        assert_eq!(placement_id(&[2, 1]), "12");
+        assert_eq!(placement_id(&[1]), "1");
+    }
+
+    #[test]
+    fn a_curve_interpolates_and_says_when_it_clamps() {
+        let c = Curve::of(vec![(4.0, 1.0, 0.1), (8.0, 2.0, 0.3), (4.0, 3.0, 0.1)]);
+        assert_eq!(c.at(4.0), Some((2.0, 0.1, true)));
+        let (s, y, inside) = c.at(6.0).unwrap();
+        assert!((s - 2.0).abs() < 1e-12 && (y - 0.2).abs() < 1e-12 && inside);
+        assert_eq!(c.at(16.0), Some((2.0, 0.3, false)));
+        assert_eq!(c.at(1.0), Some((2.0, 0.1, false)));
+    }
+
+    fn table() -> StepTable {
+        let curve = |k: f64| Curve::of(vec![(4.0, k, 0.1 * k), (16.0, 2.0 * k, 0.1 * k)]);
+        StepTable {
+            placements: [("1".to_owned(), curve(1.0)), ("2".to_owned(), curve(1.2))].into(),
+            grid: [((1, 1), curve(1.0)), ((1, 2), curve(1.2)), ((1, 4), curve(1.6)), ((2, 8), curve(3.0))].into(),
+        }
+    }
+
+    /// A batch of 64 on one GPU (16 at most): 4 micro-steps of 16, each after the first
+    /// without the sync; on two GPUs 2 of 16.
+    #[test]
+    fn accumulation_follows_the_artifact() {
+        let t = table();
+        let one = Placement::new(vec![1]).unwrap();
+        let (s, basis) = t.iteration_s(&one, 64, 8, 1024).unwrap();
+        assert_eq!(basis, Basis::Measured);
+        assert!((s - (2.0 + 3.0 * 1.9)).abs() < 1e-9, "{s}");
+        let two = Placement::new(vec![2]).unwrap();
+        let (s, _) = t.iteration_s(&two, 64, 8, 1024).unwrap();
+        assert!((s - (2.4 + (2.4 - 0.12))).abs() < 1e-9, "{s}");
+        // One GPU above the initial batch accumulates at least once.
+        let (s, _) = t.iteration_s(&one, 16, 8, 1024).unwrap();
+        assert!((s - (1.5 + 1.4)).abs() < 1e-9, "{s}");
+    }
+
+    #[test]
+    fn an_unmeasured_placement_is_interpolated_between_gpu_and_node_counts() {
+        let t = table();
+        // 3 GPUs on one node: between (1, 2) and (1, 4).
+        let (s, _, basis) = t.step(&Placement::new(vec![3]).unwrap(), 4.0).unwrap();
+        assert_eq!(basis, Basis::Interpolated);
+        assert!((s - 1.4).abs() < 1e-9, "{s}");
+        // 8 GPUs over 3 nodes: no 3-node row; the nearest node count answers, clamped.
+        let (s, _, basis) = t.step(&Placement::new(vec![4, 2, 2]).unwrap(), 4.0).unwrap();
+        assert_eq!(basis, Basis::Extrapolated);
+        assert!((s - 3.0).abs() < 1e-9, "{s}");
+        // 64 GPUs: nothing near.
+        assert_eq!(t.step(&Placement::new(vec![8; 8]).unwrap(), 4.0), None);
+    }
+}
