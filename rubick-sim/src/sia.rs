@@ -148,13 +148,16 @@ pub const APPLICATIONS: [Application; 5] = [
     },
 ];
 
-/// `(local batch, step time, sync time)` rows of one configuration, sorted by batch.
+/// One measured row: (local batch, step time, sync time).
+type Row = (f64, f64, f64);
+
+/// The rows of one configuration, sorted by batch.
 #[derive(Debug, Clone, Default, PartialEq)]
-struct Curve(Vec<(f64, f64, f64)>);
+struct Curve(Vec<Row>);
 
 impl Curve {
     /// Averages rows of the same batch, sorted by batch.
-    fn of(mut rows: Vec<(f64, f64, f64)>) -> Curve {
+    fn of(mut rows: Vec<Row>) -> Curve {
         rows.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut out: Vec<(f64, f64, f64, f64)> = Vec::new();
         for (b, s, y) in rows {
@@ -239,8 +242,8 @@ impl StepTable {
     /// Reads `placements-<suffix>.csv` and `scalability-<suffix>.csv` of `app_dir`.
     pub fn open(app_dir: &Path, suffix: &str) -> anyhow::Result<StepTable> {
         let path = app_dir.join(format!("placements-{suffix}.csv"));
-        let mut by_id: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
-        let mut grid: BTreeMap<(u32, u32), Vec<(f64, f64, f64)>> = BTreeMap::new();
+        let mut by_id: BTreeMap<String, Vec<Row>> = BTreeMap::new();
+        let mut grid: BTreeMap<(u32, u32), Vec<Row>> = BTreeMap::new();
         for row in csv_rows(&path)? {
             let id = row.1.get("placement").with_context(|| format!("{}: no column `placement`", path.display()))?;
             if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit() && b != b'0') {
@@ -256,7 +259,7 @@ impl StepTable {
             grid.entry((counts.len() as u32, counts.iter().sum())).or_default().push(r);
         }
         // The artifact appends the scalability rows to the placements' means.
-        let mut grid: BTreeMap<(u32, u32), Vec<(f64, f64, f64)>> =
+        let mut grid: BTreeMap<(u32, u32), Vec<Row>> =
             grid.into_iter().map(|(k, rows)| (k, Curve::of(rows).0)).collect();
         let path = app_dir.join(format!("scalability-{suffix}.csv"));
         if path.exists() {
