@@ -312,13 +312,24 @@ def _packed(gpus, gpn):
     return [gpn] * (gpus // gpn) + ([gpus % gpn] if gpus % gpn else [])
 
 
+def fail(message):
+    print(f"conformance.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main():
     if len(sys.argv) != 4:
-        sys.exit(__doc__.strip().splitlines()[2].strip())
+        fail("usage: " + __doc__.strip().splitlines()[2].strip())
     artifacts, inputs, out = sys.argv[1:]
+    if not os.path.isfile(os.path.join(artifacts, "sia.py")):
+        fail(f"{artifacts}: no sia.py here (the sia-simulator/ folder of siasosp23/artifacts)")
     load_artifacts(artifacts)
-    with open(inputs) as f:
-        doc = json.load(f)
+    try:
+        with open(inputs) as f:
+            doc = json.load(f)
+        doc["policy"], doc["cluster"]["nodeGroups"], doc["jobs"], doc["rounds"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail(f"{inputs}: not a record_peer_rounds file: {e!r}")
     results = []
     if doc["policy"] == "sia":
         import sia
@@ -331,7 +342,7 @@ def main():
         for k, rnd in enumerate(doc["rounds"]):
             results.append(pollux_round(doc, rnd, pollux_unaware, seed=k))
     else:
-        sys.exit(f"{inputs}: policy `{doc['policy']}`: expected sia or pollux")
+        fail(f"{inputs}: policy `{doc['policy']}`: expected sia or pollux")
     text = json.dumps({"policy": doc["policy"], "inputs": os.path.basename(inputs), "rounds": results}, indent=1)
     tmp = out + ".tmp"
     with open(tmp, "w") as f:

@@ -34,7 +34,18 @@ const MAX_GPUS: u32 = 64;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-fn main() -> Result<(), Error> {
+/// Exit 0 when written, 2 on an error (named on stderr).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("record_peer_rounds: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (policy, cluster, trace, reference, rounds, out, min_jobs) = match args.as_slice() {
         [p, c, t, r, n, o] => (p, c, t, r, n, o, "2"),
