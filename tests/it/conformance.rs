@@ -267,11 +267,12 @@ fn sia_allocates_as_its_artifact_within_the_solvers_gap() {
 /// with a fair-share base; ours solves its objective exactly over the artifacts'
 /// configurations with a one-GPU base (see data/conformance/README.md). What must
 /// hold: wherever their allocation is one of ours (the same GPU counts, packed, every
-/// job that moved counted as moved), ours is at least as good for our objective: the
-/// exact solve beats the heuristic on its own terms; and that is most rounds, so the
-/// check is not empty.
+/// job that moved counted as moved), ours is at least as good for our objective (the
+/// exact solve beats the heuristic on its own terms); on their objective (recomputed
+/// here, equal to what their code reported for their allocation), ours is at least as
+/// good in 9 rounds of 10 and never 10 % behind (the bases differ by design).
 #[test]
-fn pollux_is_at_least_as_good_as_its_artifacts_search_on_our_objective() {
+fn pollux_is_at_least_as_good_as_its_artifacts_search() {
     let mut report = Vec::new();
     for name in POLLUX {
         let inputs = fixture(&format!("{name}.inputs.json"));
@@ -282,8 +283,23 @@ fn pollux_is_at_least_as_good_as_its_artifacts_search_on_our_objective() {
         assert!(rounds.len() >= 50, "{name}: at least 50 rounds");
         let ours = ours(&inputs);
         let theirs: Vec<_> = their_rounds.iter().map(theirs).collect();
-        let (mut compared, mut better) = (0, 0);
+        let (mut compared, mut better, mut ahead) = (0, 0, 0);
         for (k, (round, their)) in rounds.iter().zip(their_rounds).enumerate() {
+            // Their objective, recomputed here, is what their code reported for their
+            // allocation; ours is at least as good on it but in a few rounds (our base
+            // differs), and never far behind.
+            let search = their_pollux_objective(&inputs, round, their, None);
+            let exact_solve = their_pollux_objective(&inputs, round, their, Some(&ours[k]));
+            let reported = f(&their["objective"]);
+            assert!(
+                (search - reported).abs() <= 1e-9 + 1e-6 * reported,
+                "{name} round {k}: {search} against pollux_unaware.py's {reported}"
+            );
+            assert!(
+                exact_solve >= 0.9 * search,
+                "{name} round {k}: ours {exact_solve} against the search's {search} on its objective"
+            );
+            ahead += usize::from(exact_solve >= search * (1.0 - 1e-9));
             let moved: BTreeMap<String, bool> = their["theirs"]
                 .as_object()
                 .unwrap()
@@ -305,17 +321,21 @@ fn pollux_is_at_least_as_good_as_its_artifacts_search_on_our_objective() {
         }
         let same = exact(&ours, &theirs);
         report.push(format!(
-            "{name}: {same} of {} rounds exactly; {compared} comparable (ours strictly better on {better}), {} outside our configurations",
+            "{name}: {same} of {} rounds exactly; on our objective {compared} comparable (ours strictly better on {better}), {} outside our configurations; on theirs ours at least as good on {ahead}",
             rounds.len(),
             rounds.len() - compared
         ));
-        assert!(compared * 2 >= rounds.len(), "{name}: only {compared} of {} rounds comparable", rounds.len());
+        assert!(
+            ahead * 10 >= rounds.len() * 9,
+            "{name}: ours at least as good on their objective in only {ahead} of {} rounds",
+            rounds.len()
+        );
     }
     eprintln!("{}", report.join("\n"));
 }
 
 /// The Pollux fixtures.
-const POLLUX: [&str; 1] = ["pollux-base"];
+const POLLUX: [&str; 2] = ["pollux-base", "pollux-busy"];
 
 /// Our Pollux objective (`goodput.rs`, `POLLUX`), minimised: the sum over jobs of
 /// `(speedup x factor + 1e-3)^-1` with the speedup over one GPU's goodput (the
@@ -365,4 +385,67 @@ fn pollux_objective(
         total += 1.0 / (s.max(1e-4) + 1e-3);
     }
     Some(total)
+}
+
+/// `pollux_unaware.py`'s objective (`Problem._evaluate`, maximised) of their allocation
+/// (`ours` `None`) or of ours on one recorded round: the power mean (`p = -1`) of the
+/// jobs' `speedup x dominant share x nodes (+ 1e-3)`, a job whose replicas per node
+/// changed scaled by `max(age - 30 restarts, 0) / (age + 30)`; speedups over the
+/// goodput of the fair share (`ceil(GPUs / jobs)` on one node) as the harness gives it
+/// (scripts/conformance.py, `TableGoodput`: a split the nodes cannot hold is the same
+/// GPUs packed, a fair share the job cannot run at is its nearest split scaled).
+fn their_pollux_objective(inputs: &Value, round: &Value, their: &Value, ours: Option<&BTreeMap<String, Alloc>>) -> f64 {
+    let group = &inputs["cluster"]["nodeGroups"][0];
+    let (gpn, nodes) = (group["gpusPerNode"].as_u64().unwrap() as u32, group["count"].as_u64().unwrap() as u32);
+    let jobs = round["jobs"].as_array().unwrap();
+    let fair = (gpn * nodes).div_ceil(jobs.len() as u32);
+    let now = f(&round["nowS"]);
+    let mut sum = 0.0;
+    for e in jobs {
+        let name = e["name"].as_str().unwrap();
+        let info = &inputs["jobs"][name];
+        let table: BTreeMap<(u32, u32), f64> = info["table"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| ((r[1].as_u64().unwrap() as u32, r[2].as_u64().unwrap() as u32), f(&r[3])))
+            .collect();
+        let value = |n: u32, r: u32| {
+            let n = if r > n * gpn { r.div_ceil(gpn) } else { n };
+            if r == 0 { 0.0 } else { table.get(&(n, r)).copied().unwrap_or(0.0) }
+        };
+        let base = match value(1, fair) {
+            v if v > 0.0 => v,
+            _ => table
+                .iter()
+                .filter(|(_, t)| **t > 0.0)
+                .map(|((_, g), t)| (g.abs_diff(fair), *g, *t))
+                .min_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then(a.2.total_cmp(&b.2)))
+                .map_or(1.0, |(_, g, t)| t * f64::from(fair) / f64::from(g)),
+        };
+        let cur = alloc(&e["current"]);
+        let cur_nodes = e["current"]["nodes"].as_array().map_or(0, Vec::len) as u32;
+        let (gpus, used_nodes, moved) = match ours {
+            None => {
+                let t = &their["theirs"][name];
+                match alloc(t) {
+                    None => (0, 0, cur.is_some()),
+                    Some((_, g)) => (g, t["nodes"].as_u64().unwrap() as u32, t["moved"].as_bool().unwrap()),
+                }
+            }
+            Some(ours) => match ours[name] {
+                None => (0, 0, cur.is_some()),
+                Some(a) if Some(a) == cur => (a.1, cur_nodes, false),
+                Some((_, g)) => (g, g.div_ceil(gpn), true),
+            },
+        };
+        let speedup = value(used_nodes, gpus) / base;
+        let scaled = speedup / f64::from(gpn);
+        let age = now - f(&info["job"]["submitTimeS"]);
+        let restarts = f64::from(e["restarts"].as_u64().unwrap() as u32);
+        let factor = (age - restarts * 30.0).max(0.0) / (age + 30.0);
+        let scaled = if moved { scaled * factor } else { scaled };
+        sum += 1.0 / (scaled + 1e-3);
+    }
+    jobs.len() as f64 / sum
 }
