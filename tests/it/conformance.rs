@@ -54,7 +54,7 @@ fn current(v: &Value) -> Option<Current> {
 
 /// What our peer (the fixture's `policy`) allocates on every recorded round, rebuilt
 /// from the inputs as the simulator handed them to it (options as `rubick-plan
-/// simulate`'s defaults).
+/// simulate`'s defaults, but for the MILP's time limit).
 fn ours(inputs: &Value) -> Vec<BTreeMap<String, Alloc>> {
     let cluster: Cluster = serde_json::from_value(inputs["cluster"].clone()).unwrap();
     let registration = rubick_policy::lookup(inputs["policy"].as_str().unwrap()).unwrap();
@@ -62,7 +62,9 @@ fn ours(inputs: &Value) -> Vec<BTreeMap<String, Alloc>> {
     let mut planner = config.planner.clone();
     planner.default_restart_s = config.restart_penalty_s;
     planner.explain = false;
-    let options = PolicyOptions { queue: Queue::Fifo, planner, milp_time_limit: config.milp_time_limit };
+    // The MILP's time limit is a safety net here (each round solves in milliseconds): a
+    // loaded machine must not stop it at an incumbent.
+    let options = PolicyOptions { queue: Queue::Fifo, planner, milp_time_limit: std::time::Duration::from_secs(60) };
     let jobs: BTreeMap<&str, Recorded> = inputs["jobs"]
         .as_object()
         .unwrap()
