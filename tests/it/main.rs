@@ -11,6 +11,7 @@ mod artifacts;
 mod bad_input;
 mod churn;
 mod cli;
+mod conformance;
 mod evaluate;
 mod fuzz;
 mod heterogeneous;
