@@ -236,13 +236,16 @@ pub fn policy_parser() -> impl clap::builder::TypedValueParser<Value = &'static 
         .map(|name| rubick_policy::lookup(&name).unwrap_or(&rubick_policy::REGISTRY[0]))
 }
 
-/// `--queue`: fifo, las or srpt.
+/// `--queue`: fifo, las, srpt or service.
 pub fn queue_parser() -> impl clap::builder::TypedValueParser<Value = rubick_policy::Queue> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
     let help = |q: rubick_policy::Queue| match q {
         rubick_policy::Queue::Fifo => "first come, first served (the paper's)",
         rubick_policy::Queue::Las => "least attained service (GPU-seconds so far; Tiresias)",
         rubick_policy::Queue::Srpt => "shortest remaining work (iterations left x predicted GPU-seconds each)",
+        rubick_policy::Queue::Service => {
+            "least attained service in two classes: running jobs past a service quantum (the median finished job's) may be shrunk or paused for the others"
+        }
     };
     PossibleValuesParser::new(rubick_policy::Queue::ALL.map(|q| PossibleValue::new(q.as_str()).help(help(q))))
         .map(|name| name.parse().unwrap_or(rubick_policy::Queue::Fifo))

@@ -91,6 +91,9 @@ pub fn job_inputs(
             allowed: Restriction::Any,
             priority: 1.0,
             restarts,
+            // A real round knows no service received (no quantum: every running job
+            // keeps its request).
+            attained_gpu_s: 0.0,
         });
     }
     Ok(inputs)
@@ -99,5 +102,15 @@ pub fn job_inputs(
 /// A running job planned as a waiting one (its run must move: its node or GPU left, or
 /// it runs slower than the plan before), on the plans `allowed`, its restarts kept.
 fn waiting(job: Job, params: Params, allowed: Restriction, restarts: u32) -> JobInput {
-    JobInput { job, params, evidence: None, current: None, allowed, priority: 1.0, restarts, restoring: false }
+    JobInput {
+        job,
+        params,
+        evidence: None,
+        current: None,
+        allowed,
+        priority: 1.0,
+        restarts,
+        restoring: false,
+        attained_gpu_s: 0.0,
+    }
 }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use rubick_core::artifact::to_yaml;
-use rubick_core::planner::PlannerConfig;
+use rubick_core::planner::{PlannerConfig, ServiceQuantum};
 use rubick_core::schedule::Schedule;
 use rubick_io::cli::Outcome;
 use rubick_io::files::{load_artifact, write_output};
@@ -43,6 +43,26 @@ pub struct ChurnArgs {
     /// 0: no cap
     #[arg(long, default_value_t = PlannerConfig::default().restart_cap.unwrap_or(0))]
     pub restart_cap: u32,
+    /// The `service` queue's quantum, from the service of the jobs finished in the last
+    /// day: `load` (the median while the waiting jobs ask for as many GPUs as the
+    /// cluster has, else the weighted median), `weighted-median` (half the service went
+    /// to jobs that needed less), `median` (half the jobs needed less), `mean`, or
+    /// fixed, in GPU-hours (0: no job is protected)
+    #[arg(long, default_value = "load", value_parser = service_quantum)]
+    pub service_quantum: ServiceQuantum,
+}
+
+/// `--service-quantum`: a rule over the finished jobs, or GPU-hours.
+fn service_quantum(text: &str) -> Result<ServiceQuantum, String> {
+    match text.trim() {
+        "median" => Ok(ServiceQuantum::Median),
+        "mean" => Ok(ServiceQuantum::Mean),
+        "load" => Ok(ServiceQuantum::Load),
+        "weighted-median" => Ok(ServiceQuantum::WeightedMedian),
+        _ => flags::ratio(text)
+            .map(|h| ServiceQuantum::Fixed(h * 3600.0))
+            .map_err(|why| format!("expected `load`, `weighted-median`, `median`, `mean` or GPU-hours: {why}")),
+    }
 }
 
 impl ChurnArgs {
@@ -53,6 +73,7 @@ impl ChurnArgs {
         config.keep_request = self.keep_request;
         config.scale_out_efficiency = self.scale_out_efficiency;
         config.restart_cap = (self.restart_cap > 0).then_some(self.restart_cap);
+        config.service_quantum = self.service_quantum;
     }
 }
 

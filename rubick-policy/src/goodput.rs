@@ -335,6 +335,7 @@ impl Policy for GoodputPolicy<'_> {
                 priority: 1.0,
                 restarts: pj.restarts,
                 restoring: pj.restoring,
+                attained_gpu_s: pj.attained_gpu_s,
             });
         }
         // Rows of jobs that left are dropped.

@@ -49,16 +49,24 @@ pub enum Queue {
     /// predicted GPU-seconds of one on its request (the 2-D counterpart of LAS's
     /// attained GPU-seconds). Rubick's policies weigh every job by it, running ones too.
     Srpt,
+    /// Least attained service in two classes, with preemption: a job below the service
+    /// quantum (the median service of the jobs finished in the last day) counts twice
+    /// as much as one past it, first come first served within a class; a running job
+    /// keeps its request only until it has had the quantum, then may be shrunk onto
+    /// another plan or paused for jobs below it. Needs no job sizes (the queue family
+    /// orders by attained service, as `las`).
+    Service,
 }
 
 impl Queue {
-    pub const ALL: [Queue; 3] = [Queue::Fifo, Queue::Las, Queue::Srpt];
+    pub const ALL: [Queue; 4] = [Queue::Fifo, Queue::Las, Queue::Srpt, Queue::Service];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Queue::Fifo => "fifo",
             Queue::Las => "las",
             Queue::Srpt => "srpt",
+            Queue::Service => "service",
         }
     }
 }
@@ -70,7 +78,7 @@ impl std::str::FromStr for Queue {
         Queue::ALL
             .into_iter()
             .find(|q| q.as_str() == s)
-            .ok_or_else(|| format!("unknown queue order `{s}` (expected one of: fifo, las, srpt)"))
+            .ok_or_else(|| format!("unknown queue order `{s}` (expected one of: fifo, las, srpt, service)"))
     }
 }
 

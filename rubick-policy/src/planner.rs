@@ -2,7 +2,7 @@
 //! the heuristic or the MILP, placement), each round from where jobs run now. Queue
 //! order becomes a weight in the objective.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rubick_core::planner::curves::Evaluator;
 use rubick_core::planner::{Current, JobInput, Restriction, current_of_assignment};
@@ -35,6 +35,61 @@ pub(super) struct PlannerFamily<'a> {
     /// Kept across decisions: curves are cached per model.
     pub evaluator: Evaluator<'a>,
     pub last: Option<RoundReport>,
+    /// The `service` queue's record of finished jobs.
+    pub history: ServiceHistory,
+}
+
+/// What the `service` queue's quantum is defined from: the service (GPU-seconds) each
+/// finished job received, over the last day.
+#[derive(Debug, Default)]
+pub struct ServiceHistory {
+    /// Jobs seen running or waiting at the last decision, with their service then.
+    seen: BTreeMap<String, f64>,
+    /// (when it finished, its service) over the window, oldest first; the newest is
+    /// kept however old.
+    finished: VecDeque<(f64, f64)>,
+    /// The window's services, sorted.
+    services: Vec<f64>,
+    /// The quantum of the window as it stands, when the queue is not and is
+    /// oversubscribed (recomputed when the window changes).
+    quantum: [Option<f64>; 2],
+}
+
+impl ServiceHistory {
+    /// The window the quantum looks back over: a day, the cycle of a cluster's load.
+    pub const WINDOW_S: f64 = 86_400.0;
+
+    /// Notes which jobs left since the last decision (finished, with the service they
+    /// had then) and returns the quantum `rule` gives over the jobs finished in the
+    /// last [`Self::WINDOW_S`] (the last one finished when none did); `None` before
+    /// any finished (unless fixed).
+    pub fn update(
+        &mut self,
+        jobs: &[super::PolicyJob<'_>],
+        now_s: f64,
+        rule: rubick_core::planner::ServiceQuantum,
+        oversubscribed: bool,
+    ) -> Option<f64> {
+        let now: BTreeMap<&str, f64> = jobs.iter().map(|j| (j.job.name.as_str(), j.attained_gpu_s)).collect();
+        let mut changed = false;
+        for (name, &service) in &self.seen {
+            if !now.contains_key(name.as_str()) {
+                self.finished.push_back((now_s, service));
+                changed = true;
+            }
+        }
+        while self.finished.len() > 1 && self.finished.front().is_some_and(|&(t, _)| t < now_s - Self::WINDOW_S) {
+            self.finished.pop_front();
+            changed = true;
+        }
+        self.seen = now.into_iter().map(|(n, s)| (n.to_owned(), s)).collect();
+        if changed || self.quantum == [None, None] {
+            self.services = self.finished.iter().map(|&(_, s)| s).collect();
+            self.services.sort_by(f64::total_cmp);
+            self.quantum = [false, true].map(|o| rule.of(&self.services, o));
+        }
+        self.quantum[usize::from(oversubscribed)]
+    }
 }
 
 impl<'a> PlannerFamily<'a> {
@@ -57,6 +112,7 @@ impl<'a> PlannerFamily<'a> {
             exact: Milp::new(options.milp_time_limit),
             evaluator: Evaluator::new(cluster, &planner),
             last: None,
+            history: ServiceHistory::default(),
         }
     }
 }
@@ -69,6 +125,13 @@ impl super::Policy for PlannerFamily<'_> {
     fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<Current>> {
         self.evaluator.config.now_s = view.now_s;
         let View { cluster, jobs, .. } = *view;
+        if self.queue == Queue::Service {
+            let asked: u32 = jobs.iter().filter(|j| j.current.is_none()).map(|j| j.job.request.gpus).sum();
+            let oversubscribed = asked >= cluster.total_gpus();
+            self.evaluator.config.service_quantum_gpu_s =
+                self.history.update(jobs, view.now_s, self.evaluator.config.service_quantum, oversubscribed);
+        }
+        let quantum = self.evaluator.config.service_quantum_gpu_s;
         // Queue order becomes weight: the head of the queue counts up to twice as much.
         // Running jobs hold their place in it: weighing only the waiting ones made an
         // older running job worth less than a younger waiting one, so rounds paused it
@@ -109,6 +172,16 @@ impl super::Policy for PlannerFamily<'_> {
                     // objective then counts the share of remaining work done per second),
                     // within 1/16..16.
                     Queue::Srpt => (median_work / pj.remaining_work.max(1.0)).clamp(1.0 / 16.0, 16.0),
+                    // Two classes, as flat as Tiresias's queues (a finer order would
+                    // pause one long job for another slightly less served): below the
+                    // quantum, twice the weight of past it.
+                    Queue::Service => {
+                        if quantum.is_some_and(|q| pj.attained_gpu_s >= q) {
+                            1.0
+                        } else {
+                            2.0
+                        }
+                    }
                     _ => rank.get(&j).map_or(1.0, |&r| 1.0 + (waiting.len() - r) as f64 / waiting.len().max(1) as f64),
                 };
                 JobInput {
@@ -120,6 +193,7 @@ impl super::Policy for PlannerFamily<'_> {
                     priority,
                     restarts: pj.restarts,
                     restoring: pj.restoring,
+                    attained_gpu_s: pj.attained_gpu_s,
                 }
             })
             .collect();

@@ -101,7 +101,7 @@ pub(super) fn queue_order(ids: &mut [usize], jobs: &[PolicyJob<'_>], queue: Queu
     ids.sort_by(|&a, &b| {
         let key = |j: usize| match queue {
             Queue::Fifo => jobs[j].job.submit_time_s,
-            Queue::Las => jobs[j].attained_gpu_s,
+            Queue::Las | Queue::Service => jobs[j].attained_gpu_s,
             Queue::Srpt => jobs[j].remaining_work,
         };
         key(a).total_cmp(&key(b)).then(jobs[a].job.submit_time_s.total_cmp(&jobs[b].job.submit_time_s)).then(a.cmp(&b))

@@ -145,3 +145,56 @@ fn spent_restarts_and_restores_keep_the_allocation() {
     }
     assert!(held > 0);
 }
+
+/// The `service` queue's quantum: a running job keeps its request until it has had the
+/// quantum; past it, it may be paused or shrunk for a waiting job below it (weighed
+/// twice, as the policy weighs them), and without a quantum nobody is.
+#[test]
+fn jobs_past_the_service_quantum_make_way_for_waiting_jobs_below_it() {
+    const QUANTUM: f64 = 3600.0;
+    let (mut made_way, mut instances_with_waiting) = (0, 0);
+    for (cluster, inputs) in instances(1, 24, 0..12) {
+        let mut inputs = inputs.clone();
+        let mut k = 0;
+        for i in &mut inputs {
+            i.job.guaranteed = false;
+            if i.current.is_some() {
+                // Every other running job is past the quantum.
+                let past = k % 2 == 0;
+                k += 1;
+                i.attained_gpu_s = if past { 100.0 * QUANTUM } else { 0.5 * QUANTUM };
+                i.priority = if past { 1.0 } else { 2.0 };
+            } else {
+                i.attained_gpu_s = 0.0;
+                i.priority = 2.0;
+            }
+        }
+        if inputs.iter().all(|i| i.current.is_some()) {
+            continue;
+        }
+        instances_with_waiting += 1;
+        // Paused, or moved onto fewer GPUs than it held.
+        let shrunk_or_paused = |i: &JobInput, a: &rubick_core::schedule::Assignment| {
+            let gpus: usize = a.nodes.iter().map(|n| n.gpus.len()).sum();
+            a.change == Change::Preempted
+                || (a.change != Change::Kept && (gpus as u32) < i.current.as_ref().map_or(0, |c| c.placement.gpus()))
+        };
+        for quantum in [None, Some(QUANTUM)] {
+            let config = PlannerConfig { service_quantum_gpu_s: quantum, ..base() };
+            let s = round(&cluster, &inputs, &config).expect("a round");
+            for (a, i) in s.assignments.iter().zip(&inputs) {
+                if i.current.is_none() {
+                    continue;
+                }
+                let gave_way = shrunk_or_paused(i, a);
+                if quantum.is_none() || i.attained_gpu_s < QUANTUM {
+                    assert!(!gave_way, "{} kept its request below the quantum: {:?} {}", a.job, a.change, a.reason);
+                } else if gave_way {
+                    made_way += 1;
+                }
+            }
+        }
+    }
+    assert!(instances_with_waiting > 0, "no instance had a waiting job");
+    assert!(made_way > 0, "no job past the quantum made way for a waiting one");
+}

@@ -841,8 +841,8 @@ impl<'a> Evaluator<'a> {
         // A running job is never shrunk below its request's throughput (or what it
         // has, when that is less) nor paused, unless a guarantee needs its resources
         // (`CurveBook::soften_locks`): what it holds beyond is lent, and taken back
-        // first.
-        let keeps = config.keep_request && current_thr.is_some();
+        // first. Past its service quantum it is held no longer.
+        let keeps = config.keep_request && current_thr.is_some() && !input.past_quantum(&config);
         if let Some(thr) = current_thr.filter(|_| keeps) {
             let floor = thr.min(request_throughput) * (1.0 - 1e-9);
             candidates.retain(|c| c.is_current || c.throughput >= floor);

@@ -102,12 +102,69 @@ pub struct PlannerConfig {
     /// `starvation_s` (admitted first, and first to what is lent or freed), but no
     /// longer time-share by pausing running ones: `false` brings that back.
     pub keep_request: bool,
+    /// The service quantum (GPU-seconds): `keep_request` protects a running job only
+    /// until it has received this much service ([`JobInput::attained_gpu_s`]); past
+    /// it, the job may be shrunk onto another plan or paused for jobs that have not
+    /// (least attained service, in two classes: Tiresias's discretised queues), and it
+    /// no longer gains weight by waiting. A policy sets it each round from recent
+    /// history ([`ServiceQuantum`], `rubick_policy`'s `service` queue); `None`: every
+    /// running job keeps its request.
+    pub service_quantum_gpu_s: Option<f64>,
+    /// How the `service` queue sets [`Self::service_quantum_gpu_s`] each round.
+    pub service_quantum: ServiceQuantum,
     /// Each GPU a job gets beyond its request must add at least this share of its
     /// request's throughput per GPU (0: any gain beyond `min_gain`). 0.5: the middle
     /// of the utilities Pollux's autoscaler keeps jobs at (`_min_util` 0.35 to
     /// `_max_util` 0.65, AdaptDL `policy/pollux.py`): a GPU that buys less than half of
     /// what the request's GPUs do is spent on the GPU-hours, not on the job.
     pub scale_out_efficiency: f64,
+}
+
+/// The service quantum of the `service` queue, from the service (GPU-seconds) of the
+/// jobs finished in the last day.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ServiceQuantum {
+    /// The median job's: half the jobs finish within it.
+    Median,
+    /// The mean job's.
+    Mean,
+    /// The service-weighted median: half the service went to jobs that needed less.
+    /// Past it are only the few jobs that hold most of the GPUs over time, whose
+    /// restarts are repaid over their long runs.
+    WeightedMedian,
+    /// The median while the queue is oversubscribed (the waiting jobs ask for at least
+    /// as many GPUs as the cluster has: they would not all start if every running job
+    /// finished now), else the weighted median: mid-sized jobs make way only when the
+    /// queue is too long for turnover to absorb.
+    Load,
+    /// Fixed, in GPU-seconds.
+    Fixed(f64),
+}
+
+impl ServiceQuantum {
+    /// The quantum of `services` (sorted ascending); `None` when empty (unless fixed).
+    /// `oversubscribed`: whether the waiting jobs ask for as many GPUs as the cluster
+    /// has ([`ServiceQuantum::Load`]).
+    pub fn of(self, services: &[f64], oversubscribed: bool) -> Option<f64> {
+        let n = services.len();
+        match self {
+            ServiceQuantum::Load if oversubscribed => ServiceQuantum::Median.of(services, true),
+            ServiceQuantum::Load => ServiceQuantum::WeightedMedian.of(services, false),
+            ServiceQuantum::Fixed(q) => Some(q),
+            _ if n == 0 => None,
+            ServiceQuantum::Median if n % 2 == 1 => Some(services[n / 2]),
+            ServiceQuantum::Median => Some(0.5 * (services[n / 2 - 1] + services[n / 2])),
+            ServiceQuantum::Mean => Some(services.iter().sum::<f64>() / n as f64),
+            ServiceQuantum::WeightedMedian => {
+                let total: f64 = services.iter().sum();
+                let mut below = 0.0;
+                services.iter().copied().find(|&s| {
+                    below += s;
+                    below >= 0.5 * total
+                })
+            }
+        }
+    }
 }
 
 /// A rule on which configurations the planner may offer.
@@ -227,6 +284,8 @@ impl Default for PlannerConfig {
             max_growth: Some(2),
             restart_cap: Some(5),
             keep_request: true,
+            service_quantum_gpu_s: None,
+            service_quantum: ServiceQuantum::Load,
             scale_out_efficiency: 0.5,
         }
     }
@@ -497,6 +556,9 @@ pub struct JobInput {
     pub restarts: u32,
     /// The job is in the middle of a checkpoint-restore: it keeps its allocation.
     pub restoring: bool,
+    /// GPU-seconds of service it has received so far (against
+    /// [`PlannerConfig::service_quantum_gpu_s`]).
+    pub attained_gpu_s: f64,
 }
 
 impl JobInput {
@@ -533,13 +595,20 @@ impl JobInput {
         restart_factor((config.now_s - self.job.submit_time_s).max(0.0), self.restarts, self.restart_s(config))
     }
 
+    /// Whether the job has received its service quantum
+    /// ([`PlannerConfig::service_quantum_gpu_s`]): it no longer keeps its request
+    /// against jobs below it, nor gains weight by waiting.
+    pub fn past_quantum(&self, config: &PlannerConfig) -> bool {
+        config.service_quantum_gpu_s.is_some_and(|q| self.attained_gpu_s >= q)
+    }
+
     /// The job's weight in the objective: 1, more for jobs starving in the queue.
     pub fn weight(&self, config: &PlannerConfig) -> f64 {
         self.priority * self.starvation_weight(config)
     }
 
     fn starvation_weight(&self, config: &PlannerConfig) -> f64 {
-        if self.current.is_some() || config.starvation_s <= 0.0 {
+        if self.current.is_some() || config.starvation_s <= 0.0 || self.past_quantum(config) {
             return 1.0;
         }
         let waited = (config.now_s - self.job.submit_time_s).max(0.0);
@@ -771,5 +840,26 @@ mod tests {
         assert_eq!(layout.narrowed_by(Restriction::Exact(tp2)), layout, "a conflict keeps the checkpoint's");
         assert_eq!(layout.narrowed_by(Restriction::layout_of(&tp2)), layout);
         assert_eq!(Restriction::Exact(dp4).narrowed_by(Restriction::layout_of(&tp2)), Restriction::Exact(dp4));
+    }
+
+    /// The quantum's rules over the same finished jobs: the median job's service, the
+    /// service-weighted median (half the GPU-time went to jobs below it), either by
+    /// load, or fixed.
+    #[test]
+    fn the_service_quantum_is_the_median_or_the_weighted_median() {
+        // Nine one-GPU-hour jobs and one of 91: the median job needs 1 h, but 91 of the
+        // 100 GPU-hours went to the long one.
+        let mut services = vec![3600.0; 9];
+        services.push(91.0 * 3600.0);
+        assert_eq!(ServiceQuantum::Median.of(&services, false), Some(3600.0));
+        assert_eq!(ServiceQuantum::WeightedMedian.of(&services, false), Some(91.0 * 3600.0));
+        assert_eq!(ServiceQuantum::Median.of(&[1.0, 2.0, 4.0, 8.0], false), Some(3.0));
+        assert_eq!(ServiceQuantum::WeightedMedian.of(&[1.0, 2.0, 4.0, 8.0], false), Some(8.0));
+        assert_eq!(ServiceQuantum::WeightedMedian.of(&[1.0, 1.0, 1.0, 1.0], false), Some(1.0));
+        assert_eq!(ServiceQuantum::Median.of(&[], false), None);
+        assert_eq!(ServiceQuantum::Fixed(5.0).of(&[], false), Some(5.0));
+        // By load: the median while the queue is oversubscribed, else the weighted one.
+        assert_eq!(ServiceQuantum::Load.of(&services, true), Some(3600.0));
+        assert_eq!(ServiceQuantum::Load.of(&services, false), Some(91.0 * 3600.0));
     }
 }
