@@ -14,8 +14,14 @@
 //! * per node group: GPUs, CPU cores and host memory of the chosen candidates within
 //!   the group's totals; a candidate inside one node fits one node by construction.
 //!
-//! Warm-started from the heuristic's choice, single-threaded (deterministic), with a
-//! time limit; the relative gap HiGHS proves is reported.
+//! Warm-started from the heuristic's choice, single-threaded with a fixed seed, with a
+//! time limit; the relative gap HiGHS proves is reported. A time limit makes the result
+//! depend on the machine's load; [`Milp::deterministic`] bounds the search by
+//! branch-and-bound nodes instead (the time limit stays as a safety net whose reaching
+//! is reported, `time-limit` with its gap, and logged).
+//!
+//! [`knapsack`] solves the rounds whose only binding resource is one group's GPUs
+//! exactly by dynamic programming (the goodput peers' rounds on one GPU type).
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -26,16 +32,30 @@ use rubick_core::planner::CurveBook;
 use rubick_core::planner::exact::{ExactError, ExactSolution, ExactSolver};
 use rubick_core::schedule::ExactStatus;
 
+pub mod knapsack;
+
 /// The MILP with a time limit per round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Milp {
     pub time_limit: Duration,
+    /// Branch-and-bound nodes per round at most (HiGHS' `mip_max_nodes`): a bound that
+    /// does not depend on the machine's speed. `None`: unbounded.
+    pub node_limit: Option<u64>,
+    /// The relative gap at which a solution counts as optimal (`mip_rel_gap`).
+    pub rel_gap: f64,
 }
 
 impl Milp {
     /// The MILP stopping each round after `time_limit` (with the best solution then).
     pub fn new(time_limit: Duration) -> Self {
-        Milp { time_limit }
+        Milp { time_limit, node_limit: None, rel_gap: 1e-6 }
+    }
+
+    /// The MILP stopping at `rel_gap` or after `node_limit` branch-and-bound nodes,
+    /// whichever first: the same book gives the same choice on any machine unless
+    /// `time_limit` (a safety net) is reached first, which the solution's status says.
+    pub fn deterministic(node_limit: u64, rel_gap: f64, time_limit: Duration) -> Self {
+        Milp { time_limit, node_limit: Some(node_limit), rel_gap }
     }
 }
 
@@ -46,7 +66,7 @@ impl ExactSolver for Milp {
         cluster: &Cluster,
         warm: Option<&[Option<usize>]>,
     ) -> Result<ExactSolution, ExactError> {
-        solve(book, cluster, warm, self.time_limit)
+        solve(book, cluster, warm, self)
     }
 }
 
@@ -60,7 +80,7 @@ fn solve(
     book: &CurveBook,
     cluster: &Cluster,
     warm: Option<&[Option<usize>]>,
-    time_limit: Duration,
+    milp: &Milp,
 ) -> Result<ExactSolution, ExactError> {
     let mut pb = RowProblem::default();
     let mut cols = Vec::new(); // (job, candidate, column)
@@ -110,8 +130,11 @@ fn solve(
     }
     let mut model = pb.try_optimise(Sense::Maximise).map_err(|e| failed(format_args!("{e:?}")))?;
     model.set_threads(NonZeroU32::MIN);
-    model.set_option("time_limit", time_limit.as_secs_f64().max(0.01));
-    model.set_option("mip_rel_gap", 1e-6);
+    model.set_option("time_limit", milp.time_limit.as_secs_f64().max(0.01));
+    if let Some(nodes) = milp.node_limit {
+        model.set_option("mip_max_nodes", i32::try_from(nodes).unwrap_or(i32::MAX));
+    }
+    model.set_option("mip_rel_gap", milp.rel_gap);
     model.set_option("mip_abs_gap", 1e-7);
     model.set_option("random_seed", 0);
     if let Some(warm) = warm {
@@ -128,7 +151,13 @@ fn solve(
     let solved = model.try_solve().map_err(|e| failed(format_args!("{e:?}")))?;
     let status = match solved.status() {
         HighsModelStatus::Optimal => ExactStatus::Optimal,
-        HighsModelStatus::ReachedTimeLimit => ExactStatus::TimeLimit,
+        HighsModelStatus::ReachedTimeLimit => {
+            tracing::warn!(
+                "the MILP reached its {:.1} s time limit: this round depends on the machine's load",
+                milp.time_limit.as_secs_f64()
+            );
+            ExactStatus::TimeLimit
+        }
         HighsModelStatus::Infeasible => return Err(ExactError::Infeasible),
         other => {
             if solved.primal_solution_status() != highs::HighsSolutionStatus::Feasible {

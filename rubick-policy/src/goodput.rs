@@ -7,21 +7,50 @@
 //! only resource they manage), and choose one configuration or none per job. They
 //! differ in the objective and the restart delay:
 //!
-//! * **Sia** (Jayaram Subramanya et al., SOSP 2023; `sia-simulator/sia.py`,
-//!   `SiaPolicy`, and `simulator_config.py`): each row normalised to its minimum over
-//!   the job's valid configurations, the configurations other than the current one
-//!   scaled by the restart factor ([`rubick_core::planner::restart_factor`], with the
-//!   job's own restart cost: Sia measured 25-250 s per model, the simulation charges
-//!   what its truth does), raised to `p = -0.5`, rounded to 0.01 and clipped at 3,000;
-//!   `lambda_n = 1.1` for each job left unallocated; minimised exactly (HiGHS here,
-//!   CBC there). A job mid checkpoint-restore keeps its configuration
+//! * **Sia** (Jayaram Subramanya et al., SOSP 2023), following `siasosp23/artifacts`
+//!   at aaf7a0d, `sia-simulator/sia.py`: `SiaPolicy.optimize_mip` (the goodput rows and
+//!   their normalisation), `SiaPolicy.__solve_mip_rescaled` (the objective), and
+//!   `sia-simulator/simulator_config.py` (`sia_default_p_val`, `sia_default_lambda_n`,
+//!   `sia_goodput_clip_val`, `sia_solver_thresh`, `preserve_ckpt_allocs`). Each row is
+//!   normalised so that its least goodput is worth the job's scale unit
+//!   (`min_goodput_scale_unit`: the GPUs of one replica of its layout, TP x PP, so a
+//!   job whose layout needs k GPUs is worth k there and its term is k^-0.5); the
+//!   configurations other than the current one are scaled by the restart factor
+//!   ([`rubick_core::planner::restart_factor`], the artifact's
+//!   `sia_use_pollux_realloc_factor` form, 1 while the job is younger than one restart)
+//!   with the job's own restart cost (the artifact's `get_restart_penalty`, 25-250 s
+//!   per model, is what its simulator charges: here the job's measured
+//!   `restart_cost_s`, else what the simulation charges every restart); the terms are
+//!   raised to `p = -0.5`, rounded to 0.01 and clipped at 3,000; `lambda_n = 1.1` for
+//!   each job left unallocated; minimised exactly (the artifact: CBC at a 1e-4
+//!   relative gap). A job mid checkpoint-restore keeps its configuration
 //!   (`preserve_ckpt_allocs`).
-//! * **Pollux** (Qiao et al., OSDI 2021; AdaptDL `sched/adaptdl_sched/policy/pollux.py`,
-//!   `_evaluate`): speedups over one GPU's goodput, the same restart factor with a
-//!   fixed 30 s delay on every configuration but the current one, and the power mean
-//!   with `p = -1` of `speedup + 1e-3` over the jobs maximised (an unallocated job's
-//!   term is `1e-3^-1 = 1000`: Pollux gives every job it can a GPU first). Pollux
-//!   searches with a genetic algorithm; here the same objective is solved exactly.
+//! * **Pollux** (Qiao et al., OSDI 2021), following the Sia artifact's fork of AdaptDL's
+//!   policy, `siasosp23/artifacts` at aaf7a0d, `adaptdl/sched/adaptdl_sched/policy/
+//!   pollux.py`, `Problem._evaluate` (the same objective as the Sia simulator's
+//!   `sia-simulator/pollux_unaware.py`, `PolluxPolicyUnaware`, `p_fairness = -1`):
+//!   speedups, the restart factor with a fixed `delay = 30` s on every configuration
+//!   but the current one, and the power mean with `p = -1` of `speedup + 1e-3` over
+//!   the jobs maximised (an unallocated job's term is `1e-3^-1 = 1000`: Pollux gives
+//!   every job it can a GPU first). Upstream `petuum/adaptdl` (542e123,
+//!   `sched/adaptdl_sched/policy/pollux.py`) differs: it maximises the *sum* of the
+//!   speedups, a restart costs a flat 10 % of a job's speedup (`_restart_penalty =
+//!   0.1`), the cluster's size is a second objective (autoscaling, `_desired_nodes`),
+//!   and the base goodput is the job's `min_replicas`; the fork replaced these with
+//!   the power mean, the age-based restart factor and a fair-share base goodput. Both
+//!   search with NSGA-II (pymoo); here the same objective is solved exactly. Left
+//!   out of the fork: its base goodput at the fair share (`ceil(GPUs / jobs)`
+//!   replicas) and its scaling of every speedup by the job's dominant share times the
+//!   nodes; speedups here are over one GPU's goodput (the fork's base whenever there
+//!   are at least as many jobs as GPUs, the busy case).
+//!
+//! Both solve their round exactly: on one GPU type whose cores and memory follow its
+//! GPUs (the fair share of cores; memory within a GPU's share) the round is a
+//! multiple-choice knapsack over the GPUs, the decomposition by GPU type Sia's paper
+//! describes, solved by dynamic programming ([`rubick_milp::knapsack`]: exact, no time
+//! limit, the same answer on any machine); otherwise by the MILP bounded by
+//! branch-and-bound nodes ([`rubick_milp::Milp::deterministic`]), whose time limit
+//! (the options', at least 60 s) is a safety net reported as `time-limit` with its gap.
 //!
 //! Shared, from the artifacts: the configurations of `CONFIGS_8GPU` (1, 2, 4 GPUs in a
 //! node, then whole nodes; halving below a node for other node sizes), at most
@@ -68,6 +97,9 @@ pub(super) struct Rule {
     pub delay_s: Option<f64>,
     /// A job mid checkpoint-restore keeps its configuration.
     pub pin_restoring: bool,
+    /// The MILP's relative gap (Sia: CBC's `allowablePercentageGap` of
+    /// `sia_solver_thresh`, 1e-4).
+    pub rel_gap: f64,
 }
 
 /// Sia's constants (`simulator_config.py`: `sia_default_p_val`, `sia_default_lambda_n`,
@@ -81,6 +113,7 @@ pub(super) const SIA: Rule = Rule {
     round_and_clip: Some(3000.0),
     delay_s: None,
     pin_restoring: true,
+    rel_gap: 1e-4,
 };
 
 /// Pollux's constants (`pollux.py`: `delay = 30`, `p = -1`, `+ 1e-3`).
@@ -93,16 +126,23 @@ pub(super) const POLLUX: Rule = Rule {
     round_and_clip: None,
     delay_s: Some(30.0),
     pin_restoring: false,
+    rel_gap: 1e-6,
 };
 
 /// Speedups below this count as this (Sia's `ZERO_ALLOC_GAIN`).
 const ZERO_ALLOC_GAIN: f64 = 1e-4;
+/// Branch-and-bound nodes of a MILP round at most (rounds the knapsack cannot solve:
+/// several GPU types, or memory that binds before GPUs).
+const MILP_NODES: u64 = 2_000;
+/// The MILP's time limit at least this: a safety net that deterministic rounds never
+/// reach (reaching it is logged and reported as `time-limit` with its gap).
+const MILP_SAFETY: std::time::Duration = std::time::Duration::from_secs(60);
 /// The artifacts' largest allocation ("simulator can't handle more").
 const MAX_GPUS: u32 = 64;
 
-/// A job's row: (node group, GPUs, its best plan there, predicted throughput) per
-/// configuration.
-type Row = Vec<(usize, u32, Plan, f64)>;
+/// A job's row: (node group, GPUs, its best plan there, predicted throughput, host
+/// memory of that plan) per configuration.
+type Row = std::rc::Rc<Vec<(usize, u32, Plan, f64, f64)>>;
 
 /// A goodput-row peer.
 pub(super) struct GoodputPolicy<'a> {
@@ -113,7 +153,7 @@ pub(super) struct GoodputPolicy<'a> {
     /// Each present job's row: (group, GPUs, best plan of its layout, throughput) for
     /// every configuration up to the artifacts' largest, the same every round while the
     /// plans it may run (`PolicyJob::allowed`) are.
-    rows: HashMap<(String, Restriction), Row>,
+    rows: HashMap<String, (Restriction, Row)>,
     last: Option<RoundReport>,
 }
 
@@ -124,7 +164,7 @@ impl<'a> GoodputPolicy<'a> {
         GoodputPolicy {
             rule,
             evaluator: Evaluator::new(cluster, &planner),
-            exact: Milp::new(options.milp_time_limit),
+            exact: Milp::deterministic(MILP_NODES, rule.rel_gap, options.milp_time_limit.max(MILP_SAFETY)),
             rows: HashMap::new(),
             last: None,
         }
@@ -155,9 +195,8 @@ impl<'a> GoodputPolicy<'a> {
     /// The job's row: its best plan of its layout on each configuration's packed GPUs
     /// (up to the artifacts' largest, or its request when that is larger), with its
     /// predicted throughput; computed once per job.
-    fn row(&mut self, pj: &PolicyJob<'_>) -> Vec<(usize, u32, Plan, f64)> {
-        let key = (pj.job.name.clone(), pj.allowed);
-        if let Some(row) = self.rows.get(&key) {
+    fn row(&mut self, pj: &PolicyJob<'_>) -> Row {
+        if let Some((_, row)) = self.rows.get(&pj.job.name).filter(|(allowed, _)| *allowed == pj.allowed) {
             return row.clone();
         }
         // The request's layout, within what the job's checkpoint allows (a moved job).
@@ -171,11 +210,18 @@ impl<'a> GoodputPolicy<'a> {
                 let cpus = g.fair_cpus_per_gpu() * gpus;
                 let point = self.evaluator.best_plan(pj.job, pj.params, group, &placement, cpus, layout);
                 if let Some((plan, thr)) = point.filter(|(p, t)| t.is_finite() && *t > 0.0 && pj.job.can_run(p)) {
-                    row.push((group, gpus, plan, thr));
+                    row.push((
+                        group,
+                        gpus,
+                        plan,
+                        thr,
+                        host_memory_gib(&self.evaluator.config, g, &pj.job.model, &plan),
+                    ));
                 }
             }
         }
-        self.rows.insert(key, row.clone());
+        let row = Row::new(row);
+        self.rows.insert(pj.job.name.clone(), (pj.allowed, row.clone()));
         row
     }
 
@@ -189,11 +235,11 @@ impl<'a> GoodputPolicy<'a> {
     ) -> JobCurves {
         let cluster = self.evaluator.cluster;
         let cap = (2 * pj.max_gpus).max(1).min(MAX_GPUS.max(pj.job.request.gpus));
-        let mut raw = self.row(pj);
+        let row = self.row(pj);
         // The artifacts' valid configurations: up to the cap, but at least the smallest
         // the layout runs on (its scale unit).
-        let least = raw.iter().map(|r| r.1).min();
-        raw.retain(|r| r.1 <= cap || Some(r.1) == least);
+        let least = row.iter().map(|r| r.1).min();
+        let raw: Vec<_> = row.iter().filter(|r| r.1 <= cap || Some(r.1) == least).collect();
         let mut fallback = None;
         if raw.is_empty() {
             // No configuration runs its layout (e.g. the trace's TP 5 of GPT-2): its
@@ -211,7 +257,12 @@ impl<'a> GoodputPolicy<'a> {
         });
         let base = match &rigid {
             Some((r, thr, _)) => thr / f64::from(r.placement.gpus().max(1)),
-            None if self.rule.normalise_to_min => raw.iter().map(|r| r.3).fold(f64::INFINITY, f64::min),
+            // Sia (`optimize_mip`, `min_goodput_scale_unit`): the row's least goodput is
+            // worth the job's scale unit, the GPUs of one replica of its layout (TP x PP).
+            None if self.rule.normalise_to_min => raw
+                .iter()
+                .min_by(|a, b| a.3.total_cmp(&b.3).then(a.1.cmp(&b.1)))
+                .map_or(f64::INFINITY, |r| r.3 / f64::from((r.2.tp * r.2.pp).max(1))),
             // One GPU's goodput; a layout that needs more: its smallest configuration per GPU.
             None => raw.iter().min_by_key(|r| r.1).map_or(1.0, |r| r.3 / f64::from(r.1)),
         };
@@ -221,7 +272,7 @@ impl<'a> GoodputPolicy<'a> {
         let cur = pj.current;
         let mut candidates: Vec<Candidate> = Vec::with_capacity(raw.len() + 1);
         let mut has_current = false;
-        for (group, gpus, plan, thr) in raw {
+        for &&(group, gpus, plan, thr, mem) in &raw {
             let g = &cluster.node_groups[group];
             let is_current = cur.is_some_and(|c| c.group == group && c.placement.gpus() == gpus);
             has_current |= is_current;
@@ -230,12 +281,7 @@ impl<'a> GoodputPolicy<'a> {
                 Some(c) => (c.plan, c.placement.clone(), c.cpus, c.host_memory_gib),
                 None => {
                     let Some(placement) = Placement::packed(gpus, g.gpus_per_node) else { continue };
-                    (
-                        plan,
-                        placement,
-                        g.fair_cpus_per_gpu() * gpus,
-                        host_memory_gib(&self.evaluator.config, g, &pj.job.model, &plan),
-                    )
+                    (plan, placement, g.fair_cpus_per_gpu() * gpus, mem)
                 }
             };
             candidates.push(self.candidate(group, (gpus, cpus, mem), placement, plan, thr, base, is_current, factor));
@@ -340,13 +386,27 @@ impl Policy for GoodputPolicy<'_> {
         }
         // Rows of jobs that left are dropped.
         let present: std::collections::HashSet<&str> = jobs.iter().map(|pj| pj.job.name.as_str()).collect();
-        self.rows.retain(|(name, _), _| present.contains(name.as_str()));
+        self.rows.retain(|name, _| present.contains(name.as_str()));
         let book = CurveBook::new(curves, cluster);
         let kept: Vec<Option<usize>> = book.jobs.iter().map(|j| j.current).collect();
-        let (choice, stats) = match self.exact.solve(&book, cluster, None) {
-            Ok(s) => {
+        // One GPU type whose cores and memory follow its GPUs: the knapsack, exact;
+        // otherwise the MILP, bounded by nodes (deterministic).
+        let solved = match rubick_milp::knapsack::solve(&book) {
+            Some(r) => r.map(|s| (s, "knapsack")),
+            None => self.exact.solve(&book, cluster, None).map(|s| (s, "milp")),
+        };
+        let (choice, stats) = match solved {
+            Ok((s, method)) => {
+                if s.status != rubick_core::schedule::ExactStatus::Optimal {
+                    tracing::debug!(
+                        "{} round at {now_s}: the MILP stopped ({}) with a gap of {:.2e}",
+                        self.rule.name,
+                        s.status.as_str(),
+                        s.gap
+                    );
+                }
                 let stats = SolverStats {
-                    method: "milp".into(),
+                    method: method.into(),
                     gap: Some(s.gap),
                     wall_s: None,
                     status: SolverStatus::Exact(s.status),
@@ -455,6 +515,24 @@ mod tests {
                 assert!(running.iter().all(|&g| g > unit), "{name}: {running:?} (unit {unit})");
             }
         }
+    }
+
+    /// Sia values a job at its scale unit as `sia.py` does (`min_goodput_scale_unit`):
+    /// a TP-4 job's least configuration is worth 4, its term `4^-0.5 = 0.5`, so starting
+    /// it saves `1.1 - 0.5`; normalised to 1 there (the port before) it saved only 0.1.
+    /// Its round is a knapsack over the one GPU type.
+    #[test]
+    fn sia_values_a_job_at_its_scale_unit() {
+        let cluster = Cluster::example();
+        let (job, params) = PolicyJob::example("tp4", PlanCode::ThreeD { pp: 1, tp: 4, dp: 1 }, 4, 48);
+        let mut policy = lookup("sia").unwrap().build(&cluster, &options());
+        let jobs = [PolicyJob::of(&job, &params, None, false)];
+        let out = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
+        let running = out[0].clone().expect("the job starts");
+        assert_eq!((running.plan.tp, running.placement.gpus()), (4, 4));
+        let Some(RoundReport::Planned(schedule, _)) = policy.last_round() else { panic!("a schedule") };
+        assert!((schedule.objective - (1.1 - 0.5)).abs() < 1e-9, "{}", schedule.objective);
+        assert_eq!(schedule.solver.method, "knapsack");
     }
 
     #[test]

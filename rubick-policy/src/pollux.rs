@@ -1,6 +1,9 @@
-//! `pollux`: Pollux's allocation (Qiao et al., OSDI 2021), from AdaptDL's policy
-//! (`sched/adaptdl_sched/policy/pollux.py`), without its batch-size tuning: see
-//! [`super::goodput`] for what it follows and what it leaves out.
+//! `pollux`: Pollux's allocation (Qiao et al., OSDI 2021) as the Sia artifact's fork of
+//! AdaptDL's policy decides it (`siasosp23/artifacts` at aaf7a0d:
+//! `adaptdl/sched/adaptdl_sched/policy/pollux.py`, `Problem._evaluate`; p = -1, a 30 s
+//! restart factor), not upstream `petuum/adaptdl`'s, without its batch-size tuning:
+//! see [`super::goodput`] for what it follows, how the fork differs from upstream and
+//! what it leaves out.
 
 use rubick_core::Cluster;
 
