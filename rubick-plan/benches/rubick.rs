@@ -348,7 +348,9 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
         let (jobs, truth) = rubick_sim::trace::open_trace(&trace, &cluster, data, TruthMode::Oracle)?;
         let mut got = std::collections::HashMap::new();
         for &policy in policies {
-            let mut config = rubick_sim::SimConfig::defaults(lookup(policy)?, rubick_policy::Queue::Fifo);
+            // `simulate`'s default queue (the queue family and the peers order by
+            // attained service, which is first come first served for jobs that never ran).
+            let mut config = rubick_sim::SimConfig::defaults(lookup(policy)?, rubick_policy::Queue::Service);
             (config.noise_sigma, config.seed) = (NOISE, 1);
             let start = Instant::now();
             let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});

@@ -15,7 +15,9 @@
 //!   normalised so that its least goodput is worth the job's scale unit
 //!   (`min_goodput_scale_unit`: the GPUs of one replica of its layout, TP x PP, so a
 //!   job whose layout needs k GPUs is worth k there and its term is k^-0.5); the
-//!   configurations other than the current one are scaled by the restart factor
+//!   configurations other than the current one of a job that runs are scaled by the
+//!   restart factor (`optimize_mip`, `if prev_config_idx is not None`: a waiting job's
+//!   row is not)
 //!   ([`rubick_core::planner::restart_factor`], the artifact's
 //!   `sia_use_pollux_realloc_factor` form, 1 while the job is younger than one restart)
 //!   with the job's own restart cost (the artifact's `get_restart_penalty`, 25-250 s
@@ -97,6 +99,10 @@ pub(super) struct Rule {
     pub delay_s: Option<f64>,
     /// A job mid checkpoint-restore keeps its configuration.
     pub pin_restoring: bool,
+    /// The restart factor scales only the rows of jobs that hold GPUs now (Sia:
+    /// `sia.py` `optimize_mip`, `if prev_config_idx is not None`); Pollux's fork scales
+    /// every configuration but the current one, a waiting job's too.
+    pub factor_only_running: bool,
     /// The MILP's relative gap (Sia: CBC's `allowablePercentageGap` of
     /// `sia_solver_thresh`, 1e-4).
     pub rel_gap: f64,
@@ -113,6 +119,7 @@ pub(super) const SIA: Rule = Rule {
     round_and_clip: Some(3000.0),
     delay_s: None,
     pin_restoring: true,
+    factor_only_running: true,
     rel_gap: 1e-4,
 };
 
@@ -126,6 +133,7 @@ pub(super) const POLLUX: Rule = Rule {
     round_and_clip: None,
     delay_s: Some(30.0),
     pin_restoring: false,
+    factor_only_running: false,
     rel_gap: 1e-6,
 };
 
@@ -268,8 +276,12 @@ impl<'a> GoodputPolicy<'a> {
         };
         let base = if base.is_finite() && base > 0.0 { base } else { 1.0 };
         let delay = self.rule.delay_s.unwrap_or(restart_s);
-        let factor = rubick_core::planner::restart_factor((now_s - pj.job.submit_time_s).max(0.0), pj.restarts, delay);
         let cur = pj.current;
+        let factor = if cur.is_none() && self.rule.factor_only_running {
+            1.0
+        } else {
+            rubick_core::planner::restart_factor((now_s - pj.job.submit_time_s).max(0.0), pj.restarts, delay)
+        };
         let mut candidates: Vec<Candidate> = Vec::with_capacity(raw.len() + 1);
         let mut has_current = false;
         for &&(group, gpus, plan, thr, mem) in &raw {

@@ -137,7 +137,7 @@ struct Sia {
 
 impl Sia {
     const ARTIFACT: Sia = Sia { at_scale_unit: true, factor_when_waiting: false };
-    const OURS: Sia = Sia { at_scale_unit: false, factor_when_waiting: true };
+    const OURS: Sia = Sia { at_scale_unit: true, factor_when_waiting: false };
 }
 
 /// `sia.py`'s objective (`optimize_mip` and `__solve_mip_rescaled`) of `choice` on one

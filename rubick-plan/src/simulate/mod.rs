@@ -72,8 +72,10 @@ pub struct SimulateArgs {
     /// The scheduling policy
     #[arg(long, default_value = "rubick", value_parser = crate::policy_parser())]
     pub policy: &'static Registration,
-    /// Admission order of queued jobs
-    #[arg(long, default_value = "fifo", value_parser = crate::queue_parser())]
+    /// Admission order of queued jobs (`service` by default: it needs no job sizes,
+    /// and on a busy cluster's history it lets short jobs past long ones; `schedule`'s
+    /// single round, with no history of finished jobs, keeps `fifo`)
+    #[arg(long, default_value = "service", value_parser = crate::queue_parser())]
     pub queue: Queue,
     /// The authors' reference data: measured iteration times (the truth) and the rows
     /// each model's performance model (the belief) is fitted from
