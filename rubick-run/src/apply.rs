@@ -352,7 +352,13 @@ pub(crate) fn apply(
         };
         starting.push(Starting { spec, attempt });
     }
+    // The intent first: a rubick-run killed from here until the runs are recorded with
+    // their handles leaves it, and the next command searches the processes for a run
+    // no record holds (`StateDir::needs_search`).
     if !starting.is_empty() {
+        let dirs: Vec<&Path> = starting.iter().map(|s| s.spec.dir.as_path()).collect();
+        dir.intend_starts(&dirs)?;
+        failpoint("start-intended");
         dir.save(&state)?;
         failpoint("start-recorded");
     }
@@ -405,6 +411,10 @@ pub(crate) fn apply(
         );
     }
     dir.save(&state)?;
+    if !starting.is_empty() {
+        // Every start is recorded (its handle, or its failure): no run lacks a record.
+        dir.searched();
+    }
     lap("actions taken");
     if let Some(c) = &given {
         state::write_if_changed(&remembered, to_yaml(c).as_bytes())?;

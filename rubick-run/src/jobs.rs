@@ -101,7 +101,8 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
         let Ok(text) = std::fs::read_to_string(adir.join("run.yaml")) else { continue };
         let run: RunRecord =
             serde_yaml_ng::from_str(&text).with_context(|| format!("{}", adir.join("run.yaml").display()))?;
-        let lines: Vec<MetricLine> = crate::backends::metric_lines(&adir, rec.job.iterations);
+        let lines: Vec<MetricLine> =
+            rubick_launch::metrics::lines(&adir.join(rubick_launch::contract::METRICS_FILE), Some(rec.job.iterations));
         let times =
             rubick_core::launch::iteration_times(rubick_core::launch::measured_iterations(&lines, warmup, None));
         let Some(placement) = Placement::new(run.nodes.iter().map(|n| n.gpus.len() as u32).collect()) else { continue };
@@ -125,9 +126,8 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
     if rows.is_empty() {
         return Ok(None);
     }
-    let mut df = rubick_io::table::frame_of(&rows, &PROFILE)?;
     let table = dir.job_dir(name).join("profile.csv");
-    rubick_io::table::write_table(&mut df, &table, None, &PROFILE)?;
+    rubick_io::csv::write_csv(&rows, &table, &PROFILE)?;
     let runs = observations.len();
     let mut source = table.display().to_string();
     if let Some(path) = &rec.job.perf_model {
