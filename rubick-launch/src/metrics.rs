@@ -204,21 +204,30 @@ fn within(m: MetricLine, iterations: Option<u64>, path: &Path, warned: &mut bool
 /// its last [`RECENT`] iterations (within its last [`TAIL_BYTES`]) and a checkpoint
 /// among them: one read of its tail, backwards, usually of one block.
 pub fn progress(path: &Path, iterations: u64) -> Progress {
-    read_progress(path, iterations, false)
+    read_progress(path, iterations, RECENT, false)
+}
+
+/// [`progress`] as far as its last iteration only (its number and loss;
+/// `recent_iter_time_s` is that iteration's time): what a round records of every run,
+/// one line parsed rather than ten.
+pub fn last(path: &Path, iterations: u64) -> Progress {
+    read_progress(path, iterations, 1, false)
 }
 
 /// [`progress`] of a run that ended or stopped, in the same one backward read: its
 /// last checkpoint even when older than the tail (within [`CHECKPOINT_SCAN_BYTES`]),
 /// and whether an `oom` event is within its last [`TAIL_BYTES`].
 pub fn at_end(path: &Path, iterations: u64) -> Progress {
-    read_progress(path, iterations, true)
+    read_progress(path, iterations, RECENT, true)
 }
 
-fn read_progress(path: &Path, iterations: u64, end: bool) -> Progress {
+/// The tail read backwards: the last `recent` iterations, a checkpoint among them (at
+/// the `end`: within [`CHECKPOINT_SCAN_BYTES`]), and at the `end` an `oom` event.
+fn read_progress(path: &Path, iterations: u64, recent: usize, end: bool) -> Progress {
     let (mut times, mut p, mut warned) = (Vec::new(), Progress::default(), false);
     let limit = if end { CHECKPOINT_SCAN_BYTES } else { TAIL_BYTES };
     lines_backwards(path, limit, |line, back| {
-        let enough = times.len() >= RECENT;
+        let enough = times.len() >= recent;
         let oom_settled = !end || p.oom || back > TAIL_BYTES;
         if enough && (!end || p.checkpointed.is_some()) && oom_settled {
             return false;
@@ -302,6 +311,8 @@ mod tests {
         assert_eq!((p.last, p.checkpointed, p.oom), (Some(3), Some(2), false));
         assert!((p.recent_iter_time_s.unwrap() - 0.35).abs() < 1e-12, "{p:?}");
         assert_eq!(progress(&path, 100).last, Some(3));
+        assert_eq!(last(&path, 100).last, Some(3));
+        assert_eq!(last(&path, 100).recent_iter_time_s, Some(0.4), "the last iteration's own time");
         assert_eq!(first_iteration(&path, 100), Some(1));
         assert_eq!(progress(&path, 2).last, Some(2), "iteration 3 is beyond a job of 2");
         assert_eq!(lines(&path, Some(100)).len(), 4);

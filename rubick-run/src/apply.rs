@@ -14,6 +14,7 @@ use rubick_io::files::load_artifact;
 
 use crate::backends::{self, Executor};
 use crate::reconcile::{self, Action, Allocation, StopReason};
+use crate::runs::Look;
 use crate::state::{self, JobStatus, RunPhase, RunRecord, State, StateDir};
 use crate::{StateArgs, failpoint, refresh, stop_runs, unix_now, where_};
 
@@ -180,7 +181,7 @@ pub(crate) fn apply(
     // to date (a job may have finished since) and the schedule read against them.
     desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
     lap("schedule checked");
-    refresh(&dir, &mut state, backend.as_ref())?;
+    refresh(&dir, &mut state, backend.as_ref(), Look::Last)?;
     lap("runs refreshed");
     // No write failure holds a stop back (a full disk): the round's stops save their
     // intent themselves, or leave a mark; a start is never made without its record.

@@ -10,6 +10,7 @@ use rubick_core::{Cluster, Job, JobBatch, Placement, Plan};
 use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
 
+use crate::runs::Look;
 use crate::state::{self, JobRecord, JobStatus, RunRecord, StateDir};
 use crate::{StateArgs, ensure_outside, refreshed, unix_now};
 
@@ -19,7 +20,7 @@ pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> a
     let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
     let dir = locked!(args, false);
     ensure_outside(&dir, output)?;
-    let (state, _) = refreshed(&dir)?;
+    let (state, _) = refreshed(&dir, Look::Last)?;
     let mut refitted: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(cluster) = &cluster {
         for (name, rec) in state.jobs.iter().filter(|(_, r)| matches!(r.status, JobStatus::Queued | JobStatus::Running))

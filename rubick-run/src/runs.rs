@@ -22,11 +22,20 @@ use backends::{Exit, Handle, RunState};
 /// run's metrics once, and what it reports of the run comes from this look.
 pub(crate) type Seen = BTreeMap<String, Progress>;
 
+/// How much of a live run's metrics a command needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// Its last iteration (what the records keep): [`metrics::last`].
+    Last,
+    /// Its recent iterations' mean time and loss too (`status`): [`metrics::progress`].
+    Recent,
+}
+
 /// Brings the records up to date with the backend: runs that ended, runs a killed
 /// rubick-run started but never recorded, stops it never finished. Each run's metric
-/// lines are read once: the tail a live run's progress needs ([`metrics::progress`]),
-/// or what the end of one that ended needs ([`metrics::at_end`]).
-pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor) -> anyhow::Result<Seen> {
+/// lines are read once: the tail a live run's `look` needs, or what the end of one that
+/// ended needs ([`metrics::at_end`]).
+pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor, look: Look) -> anyhow::Result<Seen> {
     let mut unfinished = Vec::new();
     let mut seen = Seen::new();
     for (name, rec) in &mut state.jobs {
@@ -35,7 +44,11 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
         let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
         let recover = || backend.recover(&attempt_dir, backends::run_name(&attempt_dir).as_deref());
         let look = |rec: &mut JobRecord| {
-            let progress = metrics::progress(&attempt_dir.join(METRICS_FILE), rec.job.iterations);
+            let path = attempt_dir.join(METRICS_FILE);
+            let progress = match look {
+                Look::Last => metrics::last(&path, rec.job.iterations),
+                Look::Recent => metrics::progress(&path, rec.job.iterations),
+            };
             rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
             progress
         };
@@ -384,10 +397,10 @@ fn judge_move(dir: &StateDir, name: &str, rec: &mut JobRecord, run: &RunRecord) 
 /// The state brought up to date with its backend (runs that ended, starts and stops
 /// an interrupted rubick-run left) and saved, with that backend: what every command
 /// but `submit` and `apply` starts from.
-pub(crate) fn refreshed(dir: &StateDir) -> anyhow::Result<(State, Seen)> {
+pub(crate) fn refreshed(dir: &StateDir, look: Look) -> anyhow::Result<(State, Seen)> {
     let mut state = dir.load()?;
     let backend = state_backend(dir, &state)?;
-    let seen = refresh(dir, &mut state, backend.as_ref())?;
+    let seen = refresh(dir, &mut state, backend.as_ref(), look)?;
     dir.save(&state)?;
     Ok((state, seen))
 }
@@ -483,7 +496,7 @@ mod tests {
                 fake.recoverable.insert(dir.attempt_dir(name, 1), Handle::Slurm { job: text });
             }
         }
-        refresh(&dir, &mut state, &fake).unwrap();
+        refresh(&dir, &mut state, &fake, Look::Last).unwrap();
         fn status(state: &State, name: &str) -> (JobStatus, u32) {
             (state.jobs[name].status, state.jobs[name].retries_left)
         }

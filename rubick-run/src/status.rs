@@ -10,7 +10,7 @@ use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
 
 use crate::plot;
-use crate::runs::Seen;
+use crate::runs::{Look, Seen};
 use crate::state::{JobRecord, JobStatus, RunRecord, State, StateDir};
 use crate::{StateArgs, StatusFormat, ensure_outside, refreshed, unix_now, where_};
 
@@ -28,7 +28,7 @@ pub(crate) fn status(
     if let Some(p) = plot {
         ensure_outside(&dir, p)?;
     }
-    let (state, seen) = refreshed(&dir)?;
+    let (state, seen) = refreshed(&dir, Look::Recent)?;
     let applied: Option<Schedule> =
         dir.current_path().exists().then(|| load_artifact(&dir.current_path())).transpose().unwrap_or(None);
     let report = StatusReport::new(&dir, &state, &seen, applied.as_ref());
