@@ -38,6 +38,7 @@ pub(crate) enum Look {
 pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor, look: Look) -> anyhow::Result<Seen> {
     let mut unfinished = Vec::new();
     let mut seen = Seen::new();
+    let mut looked = look_at_running(dir, state, backend, look);
     for (name, rec) in &mut state.jobs {
         let Some(run) = rec.run.clone() else { continue };
         let attempt_dir = dir.attempt_dir(name, run.attempt);
@@ -84,13 +85,22 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor,
                 }
             }
             RunPhase::Running => {
-                // One look at the run: ended (its exit code is written as its last act:
-                // ended, even if a wrapper lingers), stranded, or running on.
-                let Some(handle) = run.handle.as_deref().and_then(|h| backend.handle(h)).or_else(recover) else {
+                // One look at the run (taken above, with the others'): ended (its exit
+                // code is written as its last act: ended, even if a wrapper lingers),
+                // stranded, or running on.
+                let Some(Looked { handle, state: run_state, progress }) = looked.remove(name) else { continue };
+                let Some(handle) = handle else {
                     ended(rec, Exit::default(), &attempt_dir);
                     continue;
                 };
-                match backend.poll(&handle, &attempt_dir, &nodes) {
+                let look = |rec: &mut JobRecord| match progress {
+                    Some(p) => {
+                        rec.iterations_done = rec.iterations_done.max(p.last.unwrap_or(0));
+                        p
+                    }
+                    None => look(rec),
+                };
+                match run_state {
                     RunState::Ended(_) if attempt_dir.join(STOP_MARK).exists() => {
                         tracing::warn!("`{name}`: run {} ended by a stop that could not write the state", run.attempt);
                         look(rec);
@@ -140,6 +150,55 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor,
         dir.searched();
     }
     Ok(seen)
+}
+
+/// One look at a running run: its handle (recorded, else recovered from its directory),
+/// what its backend says of it, and, while it runs, what its metric lines say.
+struct Looked {
+    handle: Option<Handle>,
+    state: RunState,
+    progress: Option<Progress>,
+}
+
+/// [`Looked`] of every run in phase running, taken on a few threads when there are many
+/// (each look reads a few small files: a hundred runs take milliseconds one after
+/// another, a round's whole wait on a machine of several cores).
+fn look_at_running(dir: &StateDir, state: &State, backend: &dyn Executor, look: Look) -> BTreeMap<String, Looked> {
+    let runs: Vec<(&String, &JobRecord, &RunRecord)> = state
+        .jobs
+        .iter()
+        .filter_map(|(name, rec)| rec.run.as_ref().filter(|r| r.phase == RunPhase::Running).map(|r| (name, rec, r)))
+        .collect();
+    let one = |&(name, rec, run): &(&String, &JobRecord, &RunRecord)| {
+        let attempt_dir = dir.attempt_dir(name, run.attempt);
+        let handle = run
+            .handle
+            .as_deref()
+            .and_then(|h| backend.handle(h))
+            .or_else(|| backend.recover(&attempt_dir, backends::run_name(&attempt_dir).as_deref()));
+        let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
+        let run_state =
+            handle.as_ref().map_or(RunState::Ended(Exit::default()), |h| backend.poll(h, &attempt_dir, &nodes));
+        let progress = matches!(run_state, RunState::Waiting | RunState::Running | RunState::Unknown(_)).then(|| {
+            let path = attempt_dir.join(METRICS_FILE);
+            match look {
+                Look::Last => metrics::last(&path, rec.job.iterations),
+                Look::Recent => metrics::progress(&path, rec.job.iterations),
+            }
+        });
+        (name.clone(), Looked { handle, state: run_state, progress })
+    };
+    const PER_THREAD: usize = 16;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8).min(runs.len() / PER_THREAD);
+    if threads <= 1 {
+        return runs.iter().map(one).collect();
+    }
+    let chunk = runs.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> =
+            runs.chunks(chunk).map(|part| scope.spawn(move || part.iter().map(one).collect::<Vec<_>>())).collect();
+        parts.into_iter().flat_map(|p| p.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
 }
 
 /// Runs of this state's jobs that live without a record (a state restored from a
