@@ -106,8 +106,9 @@ macro_rules! artifact_header {
     };
 }
 
-/// The two header fields, read leniently before the document itself so that a file
-/// of the wrong kind is reported as such rather than as a list of unknown fields.
+/// The two header fields, read leniently when a document is not the artifact asked for,
+/// so that a file of the wrong kind is reported as such rather than as a list of
+/// unknown fields.
 #[derive(Deserialize)]
 struct Probe {
     #[serde(rename = "apiVersion")]
@@ -167,19 +168,27 @@ pub fn parse_yaml<T: Artifact>(text: &str) -> Result<T, ArtifactError> {
     if !meaningful {
         return Err(ArtifactError::Empty { expected: T::KIND.as_str() });
     }
-    if let Ok(probe) = serde_yaml_ng::from_str::<Probe>(text) {
-        match probe.kind {
-            None => return Err(ArtifactError::MissingKind { expected: T::KIND.as_str() }),
-            Some(serde_yaml_ng::Value::String(found)) if found != T::KIND.as_str() => {
-                return Err(ArtifactError::WrongKind { expected: T::KIND.as_str(), found });
+    // The document parsed once; only one that is not a `T` is probed for its header, so
+    // that a file of another kind (or none) is named as such rather than by the first
+    // field `T` lacks.
+    let value: T = match serde_yaml_ng::from_str(text) {
+        Ok(value) => value,
+        Err(e) => {
+            if let Ok(probe) = serde_yaml_ng::from_str::<Probe>(text) {
+                match probe.kind {
+                    None => return Err(ArtifactError::MissingKind { expected: T::KIND.as_str() }),
+                    Some(serde_yaml_ng::Value::String(found)) if found != T::KIND.as_str() => {
+                        return Err(ArtifactError::WrongKind { expected: T::KIND.as_str(), found });
+                    }
+                    _ => {}
+                }
+                if probe.api_version.is_none() {
+                    return Err(ArtifactError::MissingApiVersion);
+                }
             }
-            _ => {}
+            return Err(ArtifactError::Syntax(e.to_string()));
         }
-        if probe.api_version.is_none() {
-            return Err(ArtifactError::MissingApiVersion);
-        }
-    }
-    let value: T = serde_yaml_ng::from_str(text).map_err(|e| ArtifactError::Syntax(e.to_string()))?;
+    };
     match value.header() {
         (None, _) => return Err(ArtifactError::MissingApiVersion),
         (_, None) => return Err(ArtifactError::MissingKind { expected: T::KIND.as_str() }),

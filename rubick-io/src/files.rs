@@ -196,6 +196,18 @@ pub enum Access {
 
 /// [`write_atomic`], the file created with the permissions `access` says.
 pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Access) -> Result<(), IoError> {
+    replace(path, bytes, access, true)
+}
+
+/// [`write_atomic_as`] without its syncs: a reader sees the old bytes or the new, never
+/// a part, but a machine that stops may lose the file (or leave it empty) where a
+/// process killed cannot. For what is rebuilt when lost or found wrong (a cache, a
+/// seal), where two fsyncs would cost more than the write.
+pub fn write_atomic_unsynced(path: &Path, bytes: &[u8], access: Access) -> Result<(), IoError> {
+    replace(path, bytes, access, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], access: Access, sync: bool) -> Result<(), IoError> {
     let err = |source| IoError::Io { path: path.display().to_string(), source };
     if is_special(path) {
         return std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| f.write_all(bytes)).map_err(err);
@@ -211,10 +223,12 @@ pub fn write_atomic_as(path: &Path, bytes: &[u8], access: Access) -> Result<(), 
     }
     .map_err(err)?;
     tmp.write_all(bytes).map_err(err)?;
-    tmp.as_file().sync_all().map_err(err)?;
+    if sync {
+        tmp.as_file().sync_all().map_err(err)?;
+    }
     tmp.persist(path).map_err(|e| err(e.error))?;
     // Best effort: some file systems cannot sync a directory; the file itself is synced.
-    if let Ok(d) = std::fs::File::open(&dir) {
+    if sync && let Ok(d) = std::fs::File::open(&dir) {
         let _ = d.sync_all();
     }
     Ok(())

@@ -4,10 +4,9 @@
 //! is read of them while it runs.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use rubick_core::launch::{Launch, LaunchContext, MetricLine, deepspeed_config, environment};
+use rubick_core::launch::{Launch, LaunchContext, deepspeed_config, environment};
 
 use crate::error::{LaunchError, io};
 
@@ -78,16 +77,6 @@ pub fn prepare(request: &RunRequest<'_>) -> Result<Prepared, LaunchError> {
         None => None,
     };
     Ok(Prepared { argv, env, workdir })
-}
-
-/// Iteration lines a metrics file holds so far (the whole file read).
-pub fn iterations_in(metrics: &Path) -> usize {
-    let Ok(file) = std::fs::File::open(metrics) else { return 0 };
-    BufReader::new(file)
-        .lines()
-        .map_while(Result::ok)
-        .filter(|l| matches!(MetricLine::parse(l), Some(MetricLine::Iteration { .. })))
-        .count()
 }
 
 /// Appends a line to a run's log (a warning when it cannot).

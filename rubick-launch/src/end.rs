@@ -3,7 +3,6 @@
 //! records the status in its row; `rubick-run`'s lifecycle decides from it what the
 //! job becomes.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::time::Duration;
 
@@ -73,17 +72,9 @@ const OOM_MARKERS: [&str; 5] =
 /// file's, then any the run printed), how many lines of the file were not the
 /// protocol, and its status ([`classify`]).
 pub fn collect(metrics: &Path, log: &Path, exit: &Exit, wall: Duration) -> RunOutcome {
-    let (mut lines, mut ignored) = (Vec::new(), 0);
-    for path in [metrics, log] {
-        let Ok(file) = std::fs::File::open(path) else { continue };
-        for line in BufReader::new(file).lines().map_while(Result::ok) {
-            match MetricLine::parse(&line) {
-                Some(m) => lines.push(m),
-                None if path == metrics => ignored += 1,
-                None => {}
-            }
-        }
-    }
+    // The file's lines, then any the run printed (its log's other lines are its own).
+    let (mut lines, ignored) = crate::metrics::parsed(metrics, None);
+    lines.extend(crate::metrics::lines(log, None));
     let oom_event = lines.iter().any(|m| matches!(m, MetricLine::Event { event, .. } if event == "oom"));
     let status = classify(exit, oom_event, log);
     RunOutcome { status, exit_code: exit.code, metrics: lines, ignored_lines: ignored, wall, counted_complete: None }

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use rubick_core::schedule::NodeShare;
 
-use crate::contract::{METRICS_FILE, RunRequest, append, iterations_in};
+use crate::contract::{METRICS_FILE, RunRequest, append};
 use crate::end::{Exit, RunOutcome, RunStatus, collect};
 use crate::error::LaunchError;
+use crate::metrics::iterations_in;
 use crate::proc::RunSignal;
 
 /// A run as its backend knows it. Written in a state file as text ([`Handle`]'s

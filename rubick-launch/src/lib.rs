@@ -12,6 +12,8 @@
 //!   `/proc`, the run's mark (its `RUBICK_METRICS=PATH`); it names no other module;
 //! * [`error`] — [`LaunchError`], what every backend returns;
 //! * [`contract`] — a run's request, its argv and environment resolved, its files;
+//! * [`metrics`] — the one reader of a run's metric lines (`metrics.jsonl`): its
+//!   tail backwards for what a round asks, the whole file as a stream, memory bounded;
 //! * [`end`] — how a run ended: what its backend saw ([`Exit`]) and the one
 //!   classification of it ([`RunStatus`], [`end::classify`]);
 //! * [`wrap`] — the run wrapper every launcher runs under: a child subreaper that leaves
@@ -33,6 +35,7 @@ pub mod executor;
 pub mod guard;
 pub mod kubernetes;
 pub mod local;
+pub mod metrics;
 pub mod proc;
 pub mod requires;
 pub mod slurm;

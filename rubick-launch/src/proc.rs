@@ -108,9 +108,20 @@ pub fn marked_under(prefix: &str) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// A file of `/proc`, read whole: into a buffer of 16 KiB first, so that the usual
+/// environment or `stat` comes in one read (`/proc` tells no size, and a plain
+/// `std::fs::read` grows from 32 bytes: eight reads for an environment of 2 KiB, on
+/// every look at every run).
+fn read_proc(path: &str) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::with_capacity(16 * 1024);
+    std::fs::File::open(path).ok()?.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
 /// The run mark process `pid` carries (`RUBICK_METRICS`), if it lives and has one.
 fn mark_of(pid: u32) -> Option<String> {
-    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let env = read_proc(&format!("/proc/{pid}/environ"))?;
     let mark = env.split(|b| *b == 0).find_map(|v| v.strip_prefix(b"RUBICK_METRICS="))?;
     std::str::from_utf8(mark).ok().map(str::to_owned)
 }
@@ -161,7 +172,7 @@ pub struct ProcStat {
 /// `/proc/PID/stat` of a process, if it exists (`pid (comm) state ppid pgrp ...`: the
 /// command name may hold spaces and parentheses, so fields count from its last `)`).
 pub fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = String::from_utf8(read_proc(&format!("/proc/{pid}/stat"))?).ok()?;
     let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
     let zombie = fields.next()? == "Z";
     Some(ProcStat { zombie, ppid: fields.next()?.parse().ok()?, pgrp: fields.next()?.parse().ok()? })

@@ -9,6 +9,10 @@
 //!   writes, process-group checks, the relaunch (median of 5);
 //! * `apply_reconfigure_20_jobs_s`: an `apply` reconfiguring 20 jobs whose checkpoint
 //!   takes 2 s each (stopped together: about one stop, not twenty).
+//!
+//! `RUBICK_BENCH_RUN=PATH` measures another `rubick-run` binary (an older build: a
+//! before and after under the same load); `RUBICK_BENCH_ONLY=noop` stops after the two
+//! no-op figures.
 
 use std::path::Path;
 use std::process::Command;
@@ -23,8 +27,13 @@ fn rr(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
     rr_in(&dir.join("state"), args)
 }
 
+/// The binary measured: this build's, or `RUBICK_BENCH_RUN`.
+fn binary() -> std::ffi::OsString {
+    std::env::var_os("RUBICK_BENCH_RUN").unwrap_or_else(|| env!("CARGO_BIN_EXE_rubick-run").into())
+}
+
 fn rr_in(state: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_rubick-run")).args(args).arg("--state").arg(state).output()?;
+    let out = Command::new(binary()).args(args).arg("--state").arg(state).output()?;
     anyhow::ensure!(out.status.success(), "rubick-run {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -102,12 +111,16 @@ fn main() -> anyhow::Result<()> {
     }
     println!("bench: apply_noop_uncached_ms {:.1} ms", median(uncached));
     if std::env::var_os("RUBICK_BENCH_TRACE").is_some() {
-        let out = Command::new(env!("CARGO_BIN_EXE_rubick-run"))
+        let out = Command::new(binary())
             .args(["apply", &round1, "--cluster", &cluster, "--state"])
             .arg(d.join("state"))
             .env("RUST_LOG", "rubick_run=debug")
             .output()?;
         eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+    if std::env::var("RUBICK_BENCH_ONLY").is_ok_and(|o| o == "noop") {
+        rr(d, &["apply", &schedule(d, 2, &[])?, "--cluster", &cluster])?;
+        return Ok(());
     }
     // Reconfigure job j000 back and forth between two plans (same GPU), 5 times.
     let mut overhead = Vec::new();
@@ -127,8 +140,7 @@ fn main() -> anyhow::Result<()> {
         overhead.push(wall - stop_s);
     }
     println!("bench: reconfigure_overhead_s {:.3} s", median(overhead));
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_rubick-run")).args(["status", "--state"]).arg(d.join("state")).output()?;
+    let out = Command::new(binary()).args(["status", "--state"]).arg(d.join("state")).output()?;
     anyhow::ensure!(out.status.success());
     for i in 0..100 {
         rr(d, &["stop", &format!("j{i:03}")])?;

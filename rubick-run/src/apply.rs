@@ -14,6 +14,7 @@ use rubick_io::files::load_artifact;
 
 use crate::backends::{self, Executor};
 use crate::reconcile::{self, Action, Allocation, StopReason};
+use crate::runs::Look;
 use crate::state::{self, JobStatus, RunPhase, RunRecord, State, StateDir};
 use crate::{StateArgs, failpoint, refresh, stop_runs, unix_now, where_};
 
@@ -180,7 +181,7 @@ pub(crate) fn apply(
     // to date (a job may have finished since) and the schedule read against them.
     desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
     lap("schedule checked");
-    refresh(&dir, &mut state, backend.as_ref())?;
+    refresh(&dir, &mut state, backend.as_ref(), Look::Last)?;
     lap("runs refreshed");
     // No write failure holds a stop back (a full disk): the round's stops save their
     // intent themselves, or leave a mark; a start is never made without its record.
@@ -352,7 +353,13 @@ pub(crate) fn apply(
         };
         starting.push(Starting { spec, attempt });
     }
+    // The intent first: a rubick-run killed from here until the runs are recorded with
+    // their handles leaves it, and the next command searches the processes for a run
+    // no record holds (`StateDir::needs_search`).
     if !starting.is_empty() {
+        let dirs: Vec<&Path> = starting.iter().map(|s| s.spec.dir.as_path()).collect();
+        dir.intend_starts(&dirs)?;
+        failpoint("start-intended");
         dir.save(&state)?;
         failpoint("start-recorded");
     }
@@ -405,6 +412,10 @@ pub(crate) fn apply(
         );
     }
     dir.save(&state)?;
+    if !starting.is_empty() {
+        // Every start is recorded (its handle, or its failure): no run lacks a record.
+        dir.searched();
+    }
     lap("actions taken");
     if let Some(c) = &given {
         state::write_if_changed(&remembered, to_yaml(c).as_bytes())?;

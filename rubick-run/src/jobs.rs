@@ -10,6 +10,7 @@ use rubick_core::{Cluster, Job, JobBatch, Placement, Plan};
 use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
 
+use crate::runs::Look;
 use crate::state::{self, JobRecord, JobStatus, RunRecord, StateDir};
 use crate::{StateArgs, ensure_outside, refreshed, unix_now};
 
@@ -19,7 +20,7 @@ pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> a
     let cluster: Option<Cluster> = cluster.map(load_artifact).transpose()?;
     let dir = locked!(args, false);
     ensure_outside(&dir, output)?;
-    let (state, _) = refreshed(&dir)?;
+    let (state, _) = refreshed(&dir, Look::Last)?;
     let mut refitted: BTreeMap<String, PathBuf> = BTreeMap::new();
     if let Some(cluster) = &cluster {
         for (name, rec) in state.jobs.iter().filter(|(_, r)| matches!(r.status, JobStatus::Queued | JobStatus::Running))
@@ -101,7 +102,8 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
         let Ok(text) = std::fs::read_to_string(adir.join("run.yaml")) else { continue };
         let run: RunRecord =
             serde_yaml_ng::from_str(&text).with_context(|| format!("{}", adir.join("run.yaml").display()))?;
-        let lines: Vec<MetricLine> = crate::backends::metric_lines(&adir, rec.job.iterations);
+        let lines: Vec<MetricLine> =
+            rubick_launch::metrics::lines(&adir.join(rubick_launch::contract::METRICS_FILE), Some(rec.job.iterations));
         let times =
             rubick_core::launch::iteration_times(rubick_core::launch::measured_iterations(&lines, warmup, None));
         let Some(placement) = Placement::new(run.nodes.iter().map(|n| n.gpus.len() as u32).collect()) else { continue };
@@ -125,9 +127,8 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
     if rows.is_empty() {
         return Ok(None);
     }
-    let mut df = rubick_io::table::frame_of(&rows, &PROFILE)?;
     let table = dir.job_dir(name).join("profile.csv");
-    rubick_io::table::write_table(&mut df, &table, None, &PROFILE)?;
+    rubick_io::csv::write_csv(&rows, &table, &PROFILE)?;
     let runs = observations.len();
     let mut source = table.display().to_string();
     if let Some(path) = &rec.job.perf_model {

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rubick_core::Job;
 
+use rubick_launch::contract::METRICS_FILE;
+use rubick_launch::metrics::{self, Progress};
+
 use crate::backends::{self, Executor};
 use crate::failpoint;
 use crate::lifecycle;
@@ -15,17 +18,41 @@ use crate::state::{JobRecord, JobStatus, Reconfiguration, RunPhase, RunRecord, S
 
 use backends::{Exit, Handle, RunState};
 
+/// What one look at each live run read of its metric lines (by job): a command reads a
+/// run's metrics once, and what it reports of the run comes from this look.
+pub(crate) type Seen = BTreeMap<String, Progress>;
+
+/// How much of a live run's metrics a command needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// Its last iteration (what the records keep): [`metrics::last`].
+    Last,
+    /// Its recent iterations' mean time and loss too (`status`): [`metrics::progress`].
+    Recent,
+}
+
 /// Brings the records up to date with the backend: runs that ended, runs a killed
-/// rubick-run started but never recorded, stops it never finished.
-pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor) -> anyhow::Result<()> {
+/// rubick-run started but never recorded, stops it never finished. Each run's metric
+/// lines are read once: the tail a live run's `look` needs, or what the end of one that
+/// ended needs ([`metrics::at_end`]).
+pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor, look: Look) -> anyhow::Result<Seen> {
     let mut unfinished = Vec::new();
+    let mut seen = Seen::new();
+    let mut looked = look_at_running(dir, state, backend, look);
     for (name, rec) in &mut state.jobs {
         let Some(run) = rec.run.clone() else { continue };
         let attempt_dir = dir.attempt_dir(name, run.attempt);
-        rec.iterations_done =
-            rec.iterations_done.max(backends::last_iteration(&attempt_dir, rec.job.iterations).unwrap_or(0));
         let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
         let recover = || backend.recover(&attempt_dir, backends::run_name(&attempt_dir).as_deref());
+        let look = |rec: &mut JobRecord| {
+            let path = attempt_dir.join(METRICS_FILE);
+            let progress = match look {
+                Look::Last => metrics::last(&path, rec.job.iterations),
+                Look::Recent => metrics::progress(&path, rec.job.iterations),
+            };
+            rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
+            progress
+        };
         match run.phase {
             // A run whose start was recorded but not its handle: spawned (its wrapper
             // records its group first thing: give it a moment when the spawn began,
@@ -45,6 +72,7 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
                             r.handle = Some(handle.to_string());
                             r.phase = RunPhase::Running;
                         }
+                        seen.insert(name.clone(), look(rec));
                     }
                     None => {
                         tracing::warn!(
@@ -57,30 +85,48 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
                 }
             }
             RunPhase::Running => {
-                // One look at the run: ended (its exit code is written as its last act:
-                // ended, even if a wrapper lingers), stranded, or running on.
-                let Some(handle) = run.handle.as_deref().and_then(|h| backend.handle(h)).or_else(recover) else {
+                // One look at the run (taken above, with the others'): ended (its exit
+                // code is written as its last act: ended, even if a wrapper lingers),
+                // stranded, or running on.
+                let Some(Looked { handle, state: run_state, progress }) = looked.remove(name) else { continue };
+                let Some(handle) = handle else {
                     ended(rec, Exit::default(), &attempt_dir);
                     continue;
                 };
-                match backend.poll(&handle, &attempt_dir, &nodes) {
+                let look = |rec: &mut JobRecord| match progress {
+                    Some(p) => {
+                        rec.iterations_done = rec.iterations_done.max(p.last.unwrap_or(0));
+                        p
+                    }
+                    None => look(rec),
+                };
+                match run_state {
                     RunState::Ended(_) if attempt_dir.join(STOP_MARK).exists() => {
                         tracing::warn!("`{name}`: run {} ended by a stop that could not write the state", run.attempt);
+                        look(rec);
                         rec.run = None;
                         rec.status = JobStatus::Stopped;
                         rec.reason = Some("stopped by `rubick-run stop`".into());
                     }
                     RunState::Ended(end) => ended(rec, end, &attempt_dir),
-                    RunState::Stranded(why) => lost(rec, backend, &handle, &why),
-                    RunState::Unknown(why) => tracing::warn!("`{name}`: {why} (taken for running)"),
+                    RunState::Stranded(why) => {
+                        look(rec);
+                        lost(rec, backend, &handle, &why);
+                    }
+                    RunState::Unknown(why) => {
+                        tracing::warn!("`{name}`: {why} (taken for running)");
+                        seen.insert(name.clone(), look(rec));
+                    }
                     RunState::Waiting | RunState::Running => {
+                        let progress = look(rec);
                         if let Some(last) =
                             rec.reconfigurations.last_mut().filter(|r| r.first_iteration_s.is_none() && r.to.is_some())
                         {
                             last.first_iteration_s =
-                                first_iteration_s(&attempt_dir, run.started_unix_s, rec.job.iterations);
+                                first_iteration_s(&attempt_dir, &progress, run.started_unix_s, rec.job.iterations);
                         }
                         judge_move(dir, name, rec, &run);
+                        seen.insert(name.clone(), progress);
                     }
                 }
             }
@@ -93,13 +139,66 @@ pub(crate) fn refresh(dir: &StateDir, state: &mut State, backend: &dyn Executor)
     let unfinished: Vec<&str> = unfinished.iter().map(String::as_str).collect();
     stop_runs(dir, state, &unfinished, backend)?;
     // Runs without a record can live only where the state is not the file this build
-    // last wrote or checked (restored, edited): a sealed state spares the search of
-    // every process (most of a no-op round's cost).
-    if backend.name() == "local" && !dir.sealed() {
-        stop_unrecorded(dir, state);
-        dir.seal();
+    // last wrote or checked (restored, edited), or where a round's starts were
+    // interrupted (their intent is there): only then is every process searched (a
+    // no-op round spends nothing on it). Decided when the state was read, before any
+    // save above sealed it.
+    if dir.needs_search() {
+        if backend.name() == "local" {
+            stop_unrecorded(dir, state);
+        }
+        dir.searched();
     }
-    Ok(())
+    Ok(seen)
+}
+
+/// One look at a running run: its handle (recorded, else recovered from its directory),
+/// what its backend says of it, and, while it runs, what its metric lines say.
+struct Looked {
+    handle: Option<Handle>,
+    state: RunState,
+    progress: Option<Progress>,
+}
+
+/// [`Looked`] of every run in phase running, taken on a few threads when there are many
+/// (each look reads a few small files: a hundred runs take milliseconds one after
+/// another, a round's whole wait on a machine of several cores).
+fn look_at_running(dir: &StateDir, state: &State, backend: &dyn Executor, look: Look) -> BTreeMap<String, Looked> {
+    let runs: Vec<(&String, &JobRecord, &RunRecord)> = state
+        .jobs
+        .iter()
+        .filter_map(|(name, rec)| rec.run.as_ref().filter(|r| r.phase == RunPhase::Running).map(|r| (name, rec, r)))
+        .collect();
+    let one = |&(name, rec, run): &(&String, &JobRecord, &RunRecord)| {
+        let attempt_dir = dir.attempt_dir(name, run.attempt);
+        let handle = run
+            .handle
+            .as_deref()
+            .and_then(|h| backend.handle(h))
+            .or_else(|| backend.recover(&attempt_dir, backends::run_name(&attempt_dir).as_deref()));
+        let nodes: Vec<String> = run.nodes.iter().map(|n| n.node.clone()).collect();
+        let run_state =
+            handle.as_ref().map_or(RunState::Ended(Exit::default()), |h| backend.poll(h, &attempt_dir, &nodes));
+        let progress = matches!(run_state, RunState::Waiting | RunState::Running | RunState::Unknown(_)).then(|| {
+            let path = attempt_dir.join(METRICS_FILE);
+            match look {
+                Look::Last => metrics::last(&path, rec.job.iterations),
+                Look::Recent => metrics::progress(&path, rec.job.iterations),
+            }
+        });
+        (name.clone(), Looked { handle, state: run_state, progress })
+    };
+    const PER_THREAD: usize = 16;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8).min(runs.len() / PER_THREAD);
+    if threads <= 1 {
+        return runs.iter().map(one).collect();
+    }
+    let chunk = runs.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> =
+            runs.chunks(chunk).map(|part| scope.spawn(move || part.iter().map(one).collect::<Vec<_>>())).collect();
+        parts.into_iter().flat_map(|p| p.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
 }
 
 /// Runs of this state's jobs that live without a record (a state restored from a
@@ -140,14 +239,18 @@ fn stop_unrecorded(dir: &StateDir, state: &State) {
 }
 
 /// Seconds from a run's start to its first metric line: the metrics file's last change,
-/// less the iterations written since (the last one's number less the first's: the
-/// file's head and tail, never all of it) at their mean time (exact when one line is
-/// there).
-pub(crate) fn first_iteration_s(attempt_dir: &Path, started_unix_s: f64, iterations: u64) -> Option<f64> {
-    let progress = backends::progress(attempt_dir, iterations);
+/// less the iterations written since (the last one's number, from `progress`, less the
+/// first's: the file's head and tail, never all of it) at their mean time (exact when
+/// one line is there).
+pub(crate) fn first_iteration_s(
+    attempt_dir: &Path,
+    progress: &Progress,
+    started_unix_s: f64,
+    iterations: u64,
+) -> Option<f64> {
     let last = progress.last?;
-    let first_iter = backends::first_iteration(attempt_dir, iterations)?;
-    let path = attempt_dir.join("metrics.jsonl");
+    let path = attempt_dir.join(METRICS_FILE);
+    let first_iter = metrics::first_iteration(&path, iterations)?;
     let modified =
         std::fs::metadata(&path).ok()?.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64();
     let since = last.saturating_sub(first_iter);
@@ -258,14 +361,15 @@ pub(crate) fn ended(rec: &mut JobRecord, end: Exit, attempt_dir: &Path) {
     if let Some(note) = &end.note {
         rubick_launch::contract::append(&attempt_dir.join("log.txt"), note);
     }
-    let progress = backends::progress_and_checkpoint(attempt_dir, rec.job.iterations);
+    let progress = metrics::at_end(&attempt_dir.join(METRICS_FILE), rec.job.iterations);
     rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
     let reached = lifecycle::Reached {
         iterations_done: rec.iterations_done,
         progressed: progress.last.is_some(),
         checkpointed: progress.checkpointed,
     };
-    lifecycle::after(rec, end.code, classify(&end, attempt_dir), reached);
+    let status = rubick_launch::end::classify(&end, progress.oom, &attempt_dir.join("log.txt"));
+    lifecycle::after(rec, end.code, status, reached);
 }
 
 /// Distinct plans a job may refuse (exit 2) before it is failed rather than requeued.
@@ -274,13 +378,14 @@ pub const MAX_REFUSED_PLANS: usize = 3;
 /// How a run in `attempt_dir` ended: [`rubick_launch::end::classify`] of what its backend
 /// saw, its log, and its metric lines' `oom` event (read from the file's tail).
 pub fn classify(end: &Exit, attempt_dir: &Path) -> rubick_launch::RunStatus {
-    rubick_launch::end::classify(end, backends::oom_event(attempt_dir), &attempt_dir.join("log.txt"))
+    let oom = metrics::at_end(&attempt_dir.join(METRICS_FILE), u64::MAX).oom;
+    rubick_launch::end::classify(end, oom, &attempt_dir.join("log.txt"))
 }
 
 /// Records what a stop of `run` cost (seconds, whether it exited cleanly, its last
 /// checkpoint) and the iterations its metric lines reached.
 pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunRecord, secs: f64, clean: bool) {
-    let progress = backends::progress_and_checkpoint(attempt_dir, rec.job.iterations);
+    let progress = metrics::at_end(&attempt_dir.join(METRICS_FILE), rec.job.iterations);
     rec.iterations_done = rec.iterations_done.max(progress.last.unwrap_or(0));
     rec.reconfigurations.push(Reconfiguration {
         from: run.plan.to_string(),
@@ -314,7 +419,7 @@ fn judge_move(dir: &StateDir, name: &str, rec: &mut JobRecord, run: &RunRecord) 
     }
     let (warmup, wanted) = rec.job.launch.as_ref().map_or((3, 10), |l| (l.warmup_iterations, l.measured_iterations));
     let measure = |attempt: u32| {
-        let lines = backends::metric_lines(&dir.attempt_dir(name, attempt), rec.job.iterations);
+        let lines = metrics::lines(&dir.attempt_dir(name, attempt).join(METRICS_FILE), Some(rec.job.iterations));
         let times = iteration_times(measured_iterations(&lines, warmup, None));
         mean_sd(&times).map(|(mean, sd)| (mean, sd, times.len()))
     };
@@ -351,12 +456,12 @@ fn judge_move(dir: &StateDir, name: &str, rec: &mut JobRecord, run: &RunRecord) 
 /// The state brought up to date with its backend (runs that ended, starts and stops
 /// an interrupted rubick-run left) and saved, with that backend: what every command
 /// but `submit` and `apply` starts from.
-pub(crate) fn refreshed(dir: &StateDir) -> anyhow::Result<(State, Box<dyn Executor>)> {
+pub(crate) fn refreshed(dir: &StateDir, look: Look) -> anyhow::Result<(State, Seen)> {
     let mut state = dir.load()?;
     let backend = state_backend(dir, &state)?;
-    refresh(dir, &mut state, backend.as_ref())?;
+    let seen = refresh(dir, &mut state, backend.as_ref(), look)?;
     dir.save(&state)?;
-    Ok((state, backend))
+    Ok((state, seen))
 }
 
 /// The backend the state's runs are on (local until an apply says otherwise).
@@ -450,7 +555,7 @@ mod tests {
                 fake.recoverable.insert(dir.attempt_dir(name, 1), Handle::Slurm { job: text });
             }
         }
-        refresh(&dir, &mut state, &fake).unwrap();
+        refresh(&dir, &mut state, &fake, Look::Last).unwrap();
         fn status(state: &State, name: &str) -> (JobStatus, u32) {
             (state.jobs[name].status, state.jobs[name].retries_left)
         }

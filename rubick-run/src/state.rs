@@ -4,8 +4,13 @@
 //! DIR/state.yaml        every job: its spec, status, current run, restarts, reconfigurations
 //! DIR/state.cache.json  the same, parsed faster; used only while it matches state.yaml
 //! DIR/state.seal        state.yaml's and the cache's identities when this build last
-//!                       wrote or checked them: while they hold, the cache is read and
-//!                       no process search for runs without a record is made
+//!                       wrote or checked them: while state.yaml's holds, no process
+//!                       search for runs without a record is made; while both hold,
+//!                       the cache is read
+//! DIR/starting          the intent of a round's starts: written before any is
+//!                       launched, removed once they are recorded; while it is there,
+//!                       a start may have been interrupted, and the next command
+//!                       searches the processes for runs without a record
 //! DIR/current.yaml      the schedule as last applied (the planner's --current)
 //! DIR/lock              held by the one rubick-run that may act
 //! DIR/jobs/NAME/        checkpoints/ (kept across runs), attempt-N/ (log, metric lines,
@@ -26,7 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use rubick_core::schedule::NodeShare;
 use rubick_core::{Job, Plan};
-use rubick_io::files::{Access, write_atomic_as};
+use rubick_io::files::{Access, write_atomic_as, write_atomic_unsynced};
 use serde::{Deserialize, Serialize};
 
 use crate::reconcile::Allocation;
@@ -405,11 +410,19 @@ pub struct StateDir {
     /// `state.yaml`'s identity (see [`file_identity`]) when this process last read or
     /// wrote it.
     identity: std::sync::Mutex<Option<String>>,
+    /// Whether the state last loaded may not record every live run (see
+    /// [`StateDir::needs_search`]): decided when it is read, before any save seals it.
+    search: std::sync::atomic::AtomicBool,
 }
 
 /// Where the identities of the `state.yaml` (and of its cache) this build last wrote, or
 /// last found to agree with the live runs, are kept: see [`StateDir::sealed`].
 pub const SEAL_FILE: &str = "state.seal";
+
+/// The intent of a round's starts (their run directories, one a line): written before
+/// the first is launched, removed once every one is recorded with its handle (or found
+/// by the next command): see [`StateDir::needs_search`].
+pub const INTENT_FILE: &str = "starting";
 
 /// Whether two paths name the same file or directory: equal, or equal once resolved
 /// (symlinks, `.`, `..`) where they exist.
@@ -474,6 +487,7 @@ impl StateDir {
             _lock: lock,
             on_disk: std::sync::Mutex::new(None),
             identity: std::sync::Mutex::new(None),
+            search: std::sync::atomic::AtomicBool::new(true),
         }))
     }
 
@@ -500,6 +514,12 @@ impl StateDir {
         let yaml_id = file_identity(&path);
         let cache_id = file_identity(&self.root.join(CACHE_FILE));
         self.set_identity(yaml_id.as_deref(), cache_id.as_deref());
+        let seal = std::fs::read_to_string(self.root.join(SEAL_FILE)).ok();
+        // The records are the state.yaml this build last wrote or searched for, and no
+        // start was interrupted: every live run of the directory has its record.
+        let records_sealed = yaml_id.as_ref().is_some_and(|y| seal_of_yaml(seal.as_deref()) == Some(y.as_str()));
+        let interrupted = self.root.join(INTENT_FILE).exists();
+        self.search.store(!records_sealed || interrupted, std::sync::atomic::Ordering::Relaxed);
         if !path.exists() {
             return Ok(State::default());
         }
@@ -515,7 +535,7 @@ impl StateDir {
             Ok(state)
         };
         // The cache only while the seal vouches for both files as this build left them.
-        if self.sealed()
+        if self.identity_is(seal.as_deref())
             && let Some(state) = self.cached(&key)
         {
             let state = valid(state)?;
@@ -549,10 +569,14 @@ impl StateDir {
             return Err(newer(state.version));
         }
         let state = valid(state)?;
-        // A new cache is a new file: not the one the seal vouched for, so the state reads
-        // as unsealed until a search for unrecorded runs seals it.
+        // A new cache is a new file: sealed with the state.yaml it copies when the seal
+        // vouched for that file (the records need no search for the cache's sake: it
+        // was not read), else once a search for unrecorded runs found them true.
         self.write_cache(&key, &state);
         self.set_identity(yaml_id.as_deref(), file_identity(&self.root.join(CACHE_FILE)).as_deref());
+        if records_sealed {
+            self.seal();
+        }
         *self.on_disk.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(state.clone());
         Ok(state)
     }
@@ -562,6 +586,12 @@ impl StateDir {
     fn set_identity(&self, yaml: Option<&str>, cache: Option<&str>) {
         *self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
             yaml.map(|y| format!("{y}\n{}", cache.unwrap_or("-")));
+    }
+
+    /// Whether `seal` (the seal file's text) holds the identities this process knows.
+    fn identity_is(&self, seal: Option<&str>) -> bool {
+        let identity = self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        identity.as_deref().is_some_and(|id| seal == Some(id))
     }
 
     /// The cached state, if the cache is a copy of the YAML whose key is `key`.
@@ -577,7 +607,7 @@ impl StateDir {
         let write = || -> anyhow::Result<()> {
             let mut text = format!("{key}\n").into_bytes();
             serde_json::to_writer(&mut text, state)?;
-            write_atomic_as(&self.root.join(CACHE_FILE), &text, Access::Private)?;
+            write_atomic_unsynced(&self.root.join(CACHE_FILE), &text, Access::Private)?;
             Ok(())
         };
         if let Err(e) = write() {
@@ -611,8 +641,41 @@ impl StateDir {
     /// unreadable seal, a cache that is not the one sealed (edited under its first line,
     /// rewritten, lost), or a state that was absent, is not sealed.
     pub fn sealed(&self) -> bool {
-        let identity = self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        identity.is_some_and(|id| std::fs::read_to_string(self.root.join(SEAL_FILE)).is_ok_and(|s| s == id))
+        self.identity_is(std::fs::read_to_string(self.root.join(SEAL_FILE)).ok().as_deref())
+    }
+
+    /// Whether a live run of the directory may lack a record, as the state last loaded
+    /// says: its `state.yaml` is not the file this build last wrote or found to agree
+    /// with the live runs (restored, edited, or absent), or the intent of a round's
+    /// starts is there ([`INTENT_FILE`]: a rubick-run was killed between writing it and
+    /// recording the runs it launched). Then, and only then, a command searches every
+    /// process for the directory's runs (a no-op round spends none on it); a cache
+    /// rewritten or lost is not a reason (it was not read).
+    pub fn needs_search(&self) -> bool {
+        self.search.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writes the intent of starting runs in `dirs`, before the first is launched
+    /// (readable by its owner only; not synced: a machine that loses it lost the runs
+    /// with it).
+    pub fn intend_starts(&self, dirs: &[&Path]) -> anyhow::Result<()> {
+        let text: String = dirs.iter().map(|d| format!("{}\n", d.display())).collect();
+        let path = self.root.join(INTENT_FILE);
+        write_atomic_unsynced(&path, text.as_bytes(), Access::Private)
+            .with_context(|| format!("{}: the intent of the round's starts", path.display()))
+    }
+
+    /// Records that the live runs agree with the records again (the starts recorded, or a
+    /// search found every run without one): the intent removed, the state sealed.
+    pub fn searched(&self) {
+        let path = self.root.join(INTENT_FILE);
+        if let Err(e) = std::fs::remove_file(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!("{}: cannot remove it ({e}): the next command searches the processes again", path.display());
+        }
+        self.search.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.seal();
     }
 
     /// Records that the `state.yaml` last read or written agrees with the live runs
@@ -621,10 +684,15 @@ impl StateDir {
     pub fn seal(&self) {
         let identity = self.identity.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         let Some(id) = identity else { return };
-        if let Err(e) = write_atomic_as(&self.root.join(SEAL_FILE), id.as_bytes(), Access::Private) {
+        if let Err(e) = write_atomic_unsynced(&self.root.join(SEAL_FILE), id.as_bytes(), Access::Private) {
             tracing::debug!("{}: not written: {e}", self.root.join(SEAL_FILE).display());
         }
     }
+}
+
+/// `state.yaml`'s identity in the text of a seal (its first line).
+fn seal_of_yaml(seal: Option<&str>) -> Option<&str> {
+    seal.map(|s| s.split_once('\n').map_or(s, |(yaml, _)| yaml))
 }
 
 /// [`write_atomic_as`] (readable by its owner only) unless the file already holds
@@ -682,9 +750,10 @@ mod tests {
     /// Found by an adversarial pass: "a `state.cache.json` edited under its unchanged
     /// first line (run removed, status queued) is trusted and the search for unrecorded
     /// runs is skipped: `stop` reaches nothing, `delete` orphans the wrapper and its
-    /// child".
+    /// child". The edited cache is never read (state.yaml, the record, is), so the
+    /// records need no search for it; the cache is written anew and sealed.
     #[test]
-    fn a_cache_edited_under_its_first_line_is_not_read_and_unseals_the_state() {
+    fn a_cache_edited_under_its_first_line_is_not_read_and_is_written_anew() {
         let root = tempfile::tempdir().unwrap();
         let dir = StateDir::open(root.path(), Duration::ZERO, true).unwrap().unwrap();
         dir.save(&State { round: Some(3), ..State::default() }).unwrap();
@@ -696,10 +765,41 @@ mod tests {
         assert_ne!(edited, text);
         std::fs::write(&cache, &edited).unwrap();
         assert_eq!(dir.load().unwrap().round, Some(3), "state.yaml is the record, not an edited cache");
-        assert!(!dir.sealed(), "a cache not the one sealed: the runs must be searched for");
-        dir.seal();
+        assert!(!dir.needs_search(), "the records are the state.yaml this build wrote");
+        assert_eq!(std::fs::read_to_string(&cache).unwrap(), text, "the cache written anew from the record");
+        assert!(dir.sealed(), "and sealed with it");
         assert_eq!(dir.load().unwrap().round, Some(3));
-        assert!(dir.sealed(), "searched, sealed again with the cache written anew");
+    }
+
+    /// The search of every process for runs without a record is made only when a live
+    /// run may lack one: a state.yaml this build did not write (restored) or an
+    /// interrupted round's starts (their intent left); never for a cache lost.
+    #[test]
+    fn a_search_is_needed_only_for_a_state_not_written_here_or_an_interrupted_start() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(root.path(), Duration::ZERO, true).unwrap().unwrap();
+        dir.load().unwrap();
+        assert!(dir.needs_search(), "no state yet: nothing vouches for the directory's processes");
+        dir.save(&State { round: Some(3), ..State::default() }).unwrap();
+        dir.load().unwrap();
+        assert!(!dir.needs_search());
+        std::fs::remove_file(root.path().join(CACHE_FILE)).unwrap();
+        assert_eq!(dir.load().unwrap().round, Some(3));
+        assert!(!dir.needs_search(), "a lost cache is rebuilt, not searched for");
+        assert!(dir.sealed(), "the rebuilt cache is sealed: the next command reads it");
+        dir.intend_starts(&[&dir.attempt_dir("a", 1)]).unwrap();
+        dir.load().unwrap();
+        assert!(dir.needs_search(), "a start may have been interrupted");
+        dir.save(&State { round: Some(4), ..State::default() }).unwrap();
+        assert!(dir.needs_search(), "decided when read: a save does not clear it");
+        dir.searched();
+        assert!(!root.path().join(INTENT_FILE).exists() && !dir.needs_search());
+        dir.load().unwrap();
+        assert!(!dir.needs_search());
+        let yaml = std::fs::read(dir.state_path()).unwrap();
+        std::fs::write(dir.state_path(), &yaml).unwrap();
+        dir.load().unwrap();
+        assert!(dir.needs_search(), "the same bytes restored are another file");
     }
 
     /// Found by an adversarial pass: "`State::validate` does not check `run.handle`. A

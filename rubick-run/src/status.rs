@@ -9,8 +9,8 @@ use rubick_core::schedule::Schedule;
 use rubick_io::cli::Outcome;
 use rubick_io::files::load_artifact;
 
-use crate::backends;
 use crate::plot;
+use crate::runs::{Look, Seen};
 use crate::state::{JobRecord, JobStatus, RunRecord, State, StateDir};
 use crate::{StateArgs, StatusFormat, ensure_outside, refreshed, unix_now, where_};
 
@@ -28,10 +28,10 @@ pub(crate) fn status(
     if let Some(p) = plot {
         ensure_outside(&dir, p)?;
     }
-    let (state, _) = refreshed(&dir)?;
+    let (state, seen) = refreshed(&dir, Look::Recent)?;
     let applied: Option<Schedule> =
         dir.current_path().exists().then(|| load_artifact(&dir.current_path())).transpose().unwrap_or(None);
-    let report = StatusReport::new(&dir, &state, applied.as_ref());
+    let report = StatusReport::new(&dir, &state, &seen, applied.as_ref());
     rubick_io::write_output(output, format.file_format(), format.render(&report)?.as_bytes())?;
     if let Some(path) = plot {
         let rows = run_history(&dir, &state);
@@ -70,14 +70,14 @@ struct JobLine<'a> {
 }
 
 impl<'a> StatusReport<'a> {
-    /// The report on `state` (of `dir`), with `applied`, the last applied schedule.
-    fn new(dir: &StateDir, state: &'a State, applied: Option<&'a Schedule>) -> Self {
+    /// The report on `state` (of `dir`), with what the refresh read of its runs
+    /// (`seen`) and `applied`, the last applied schedule.
+    fn new(dir: &StateDir, state: &'a State, seen: &Seen, applied: Option<&'a Schedule>) -> Self {
         let jobs = state
             .jobs
             .iter()
             .map(|(name, r)| {
-                let progress =
-                    r.run.as_ref().map(|run| backends::progress(&dir.attempt_dir(name, run.attempt), r.job.iterations));
+                let progress = r.run.as_ref().and(seen.get(name));
                 JobLine {
                     name,
                     record: r,

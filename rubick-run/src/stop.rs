@@ -4,13 +4,13 @@
 use anyhow::{Context, bail};
 use rubick_io::cli::Outcome;
 
-use crate::runs::{self, refresh, refreshed, stop_run};
+use crate::runs::{self, Look, refresh, refreshed, stop_run};
 use crate::state::JobStatus;
 use crate::{StateArgs, record};
 
 pub(crate) fn delete_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     let dir = locked!(args, false);
-    let (mut state, _) = refreshed(&dir)?;
+    let (mut state, _) = refreshed(&dir, Look::Last)?;
     let rec = record(&dir, &state, job)?;
     if matches!(rec.status, JobStatus::Queued | JobStatus::Running) {
         bail!("`{job}` is {:?}; stop it first (`rubick-run stop {job}`)", rec.status);
@@ -33,7 +33,7 @@ pub(crate) fn stop_job(job: &str, args: &StateArgs) -> anyhow::Result<Outcome> {
     // end) is written when it can be, never before the signal (a full disk).
     let mut state = dir.load()?;
     let backend = runs::state_backend(&dir, &state)?;
-    refresh(&dir, &mut state, backend.as_ref())?;
+    refresh(&dir, &mut state, backend.as_ref(), Look::Last)?;
     if let Err(e) = dir.save(&state) {
         tracing::warn!("{e:#}: stopping `{job}` all the same; the state is written when it can be");
     }

@@ -720,7 +720,16 @@ fn the_kill_matrix_holds_for_a_run_across_slurm_nodes() {
 /// `rubick-run apply` killed with SIGKILL at each phase of a reconfiguration on
 /// `backend`; the next apply must converge: one run at the new plan, resumed.
 fn kill_matrix(backend: &str) {
-    for point in ["locked", "stop-recorded", "stop-signalled", "stopped", "start-recorded", "spawned", "applied"] {
+    for point in [
+        "locked",
+        "stop-recorded",
+        "stop-signalled",
+        "stopped",
+        "start-intended",
+        "start-recorded",
+        "spawned",
+        "applied",
+    ] {
         let dir = temp();
         let _reaper = Reaper(dir.path().to_path_buf());
         let _reaper = Reaper(dir.path().to_path_buf());
@@ -750,6 +759,44 @@ fn kill_matrix(backend: &str) {
         ok(d, &["stop", "a"]);
         wait_for("no process left", || workers(d).is_empty());
     }
+}
+
+/// A rubick-run killed after it launched a run and before it recorded the run's handle,
+/// the run's wrapper not having written its process group yet (a loaded machine): the
+/// next command cannot find the run from its directory and queues the job again, but the
+/// round's intent of starts (`state/starting`) is there, so it searches the processes and
+/// stops the run no record holds. The next start is then the only copy, never a second
+/// one on the same checkpoints; and once a round's starts are recorded, no intent is
+/// left (a no-op round searches nothing).
+#[test]
+fn an_interrupted_start_is_searched_for_and_never_left_running_beside_a_new_one() {
+    let dir = temp();
+    let _reaper = Reaper(dir.path().to_path_buf());
+    let d = dir.path();
+    setup(d, 100_000);
+    ok(d, &["submit", "a.yaml"]);
+    schedule(d, "r1.yaml", 1, &[("a", "dp1-tp1-pp1-mb4-ga4", &[0])]);
+    let (code, _, err) = rr(d, &["apply", "r1.yaml"], Some("spawned"));
+    assert_eq!(code, None, "killed by a signal: {err}");
+    wait_for("a iterating", || last_iter(d, "a", 1) >= 2);
+    assert!(d.join("state/starting").exists(), "the intent outlives the killed apply");
+    // As if the wrapper had not yet recorded its group when the next command looked.
+    std::fs::remove_file(d.join("state/jobs/a/attempt-1/pgid")).unwrap();
+    let (code, _, err) = rr(d, &["apply", "r1.yaml"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("without a record"), "the run the records lost is found and named: {err}");
+    assert!(!d.join("state/starting").exists(), "searched: the intent is gone");
+    let attempt = state(d)["jobs"]["a"]["run"]["attempt"].as_u64().unwrap();
+    assert_eq!(attempt, 2, "started again, as a new attempt");
+    wait_for("a's new run", || first_iter(d, "a", attempt).is_some());
+    wait_for("the lost run gone", || workers(d).len() <= 1);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(workers(d).len(), 1, "exactly one run of a: {:?}", workers(d));
+    let (code, _, err) = rr(d, &["apply", "r1.yaml"], None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("without a record") && !d.join("state/starting").exists(), "{err}");
+    ok(d, &["stop", "a"]);
+    wait_for("no process left", || workers(d).is_empty());
 }
 
 #[test]
