@@ -331,9 +331,9 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
     let base = rubick_plan::load_cluster(&root.join("data/cluster-a800-8x8.yaml"))?;
     let dir = tempfile::tempdir()?;
     for (gpus, nodes, limit, policies) in [
-        // (Sia and Pollux on 512 GPUs: their rounds are knapsacks over one GPU type,
-        // exact and fast; `data/restarts-churn-and-peers.md` has them on 64.)
-        (64u32, 8u32, 1000usize, &["rubick", "static", "static-backfill"][..]),
+        // (Sia and Pollux: their rounds are knapsacks over one GPU type, exact and
+        // fast; one seed here, `data/restarts-churn-and-peers.md` has 3 on 64 GPUs.)
+        (64u32, 8u32, 1000usize, &["rubick", "static", "static-backfill", "sia", "pollux"][..]),
         (512, 64, 8000, &["rubick", "static", "static-backfill", "sia", "pollux"][..]),
     ] {
         let mut cluster = base.clone();
