@@ -247,7 +247,7 @@ fn sia_workloads(root: &std::path::Path, data: &ReferenceData, reference: &std::
             rubick_sim::trace::open_trace(&dir.join(format!("workload-{n}.csv")), &cluster, data, TruthMode::Oracle)?;
         let mut avg = Vec::new();
         for policy in ["rubick", "sia"] {
-            let config = rubick_sim::SimConfig::defaults(lookup(policy)?, rubick_policy::Queue::Fifo);
+            let config = rubick_sim::SimConfig::defaults(lookup(policy)?, rubick_policy::Queue::Service);
             let r = rubick_sim::simulate(&cluster, &jobs, &truth, &config, |_, _| {});
             let s = rubick_sim::summary::summarize("sia-philly", &config, &truth, std::slice::from_ref(&r));
             avg.push(s.avg_jct_all_s.mean);
