@@ -244,7 +244,7 @@ pub fn queue_parser() -> impl clap::builder::TypedValueParser<Value = rubick_pol
         rubick_policy::Queue::Las => "least attained service (GPU-seconds so far; Tiresias)",
         rubick_policy::Queue::Srpt => "shortest remaining work (iterations left x predicted GPU-seconds each)",
         rubick_policy::Queue::Service => {
-            "least attained service in two classes: running jobs past a service quantum (the median finished job's) may be shrunk or paused for the others"
+            "least attained service in two classes: a running job past the service quantum (`--service-quantum`) may be shrunk or paused for jobs below it"
         }
     };
     PossibleValuesParser::new(rubick_policy::Queue::ALL.map(|q| PossibleValue::new(q.as_str()).help(help(q))))
