@@ -218,3 +218,41 @@ impl super::Policy for PlannerFamily<'_> {
         self.last.take()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rubick_core::PlanCode;
+    use rubick_core::planner::ServiceQuantum;
+
+    use super::ServiceHistory;
+    use crate::PolicyJob;
+
+    /// The history notes a job as finished when it leaves the view, with the service it
+    /// had then; the quantum is over the last day's finished jobs, the newest kept
+    /// however old; by load, the median or the weighted median.
+    #[test]
+    fn the_quantum_follows_the_jobs_that_finished_in_the_last_day() {
+        let [(a, pa), (b, pb), (c, pc)] = ["a", "b", "c"].map(|n| PolicyJob::example(n, PlanCode::ZeroDp, 1, 4));
+        fn view<'a>(jobs: &[(&'a rubick_core::Job, &'a rubick_core::perfmodel::Params, f64)]) -> Vec<PolicyJob<'a>> {
+            jobs.iter().map(|&(j, p, s)| PolicyJob { attained_gpu_s: s, ..PolicyJob::of(j, p, None, false) }).collect()
+        }
+        let mut h = ServiceHistory::default();
+        let rule = ServiceQuantum::Median;
+        assert_eq!(h.update(&view(&[(&a, &pa, 100.0), (&b, &pb, 200.0), (&c, &pc, 1.0)]), 0.0, rule, false), None);
+        // `a` finished with 100 GPU-seconds.
+        assert_eq!(h.update(&view(&[(&b, &pb, 300.0), (&c, &pc, 2.0)]), 60.0, rule, false), Some(100.0));
+        // A day later nothing else finished: the newest is kept.
+        let later = 60.0 + ServiceHistory::WINDOW_S + 1.0;
+        assert_eq!(h.update(&view(&[(&b, &pb, 400.0), (&c, &pc, 3.0)]), later, rule, false), Some(100.0));
+        // `b` finishes with the 400 it had when last seen: `a` is now older than a day
+        // and leaves the window.
+        assert_eq!(h.update(&view(&[(&c, &pc, 4.0)]), later + 60.0, rule, false), Some(400.0));
+        // By load: the same window either way with one job in it.
+        let mut h = ServiceHistory::default();
+        let load = ServiceQuantum::Load;
+        h.update(&view(&[(&a, &pa, 100.0), (&b, &pb, 900.0), (&c, &pc, 100.0)]), 0.0, load, false);
+        // `a` and `b` finish: median 500, weighted median 900 (900 of the 1,000 GPU-seconds).
+        assert_eq!(h.update(&view(&[(&c, &pc, 200.0)]), 60.0, load, true), Some(500.0));
+        assert_eq!(h.update(&view(&[(&c, &pc, 300.0)]), 120.0, load, false), Some(900.0));
+    }
+}
