@@ -72,17 +72,29 @@ impl ServiceHistory {
     ) -> Option<f64> {
         let now: BTreeMap<&str, f64> = jobs.iter().map(|j| (j.job.name.as_str(), j.attained_gpu_s)).collect();
         let mut changed = false;
-        for (name, &service) in &self.seen {
-            if !now.contains_key(name.as_str()) {
-                self.finished.push_back((now_s, service));
+        // In place: only a job new to the view allocates its name.
+        self.seen.retain(|name, service| match now.get(name.as_str()) {
+            Some(&s) => {
+                *service = s;
+                true
+            }
+            None => {
+                self.finished.push_back((now_s, *service));
                 changed = true;
+                false
+            }
+        });
+        if self.seen.len() < now.len() {
+            for (&name, &s) in &now {
+                if !self.seen.contains_key(name) {
+                    self.seen.insert(name.to_owned(), s);
+                }
             }
         }
         while self.finished.len() > 1 && self.finished.front().is_some_and(|&(t, _)| t < now_s - Self::WINDOW_S) {
             self.finished.pop_front();
             changed = true;
         }
-        self.seen = now.into_iter().map(|(n, s)| (n.to_owned(), s)).collect();
         if changed || self.quantum == [None, None] {
             self.services = self.finished.iter().map(|&(_, s)| s).collect();
             self.services.sort_by(f64::total_cmp);

@@ -122,6 +122,27 @@ fn theirs(round: &Value) -> BTreeMap<String, Alloc> {
     round["theirs"].as_object().unwrap().iter().map(|(name, v)| (name.clone(), alloc(v))).collect()
 }
 
+/// One fixture set: its recorded inputs, what the artifact allocated, and each round's
+/// allocation by ours and by theirs (at least 50 rounds, as many of each).
+struct FixtureSet {
+    inputs: Value,
+    recorded: Value,
+    ours: Vec<BTreeMap<String, Alloc>>,
+    theirs: Vec<BTreeMap<String, Alloc>>,
+}
+
+impl FixtureSet {
+    fn load(name: &str) -> Self {
+        let inputs = fixture(&format!("{name}.inputs.json"));
+        let recorded = fixture(&format!("{name}.theirs.json"));
+        let rounds = inputs["rounds"].as_array().unwrap().len();
+        let theirs: Vec<_> = recorded["rounds"].as_array().unwrap().iter().map(theirs).collect();
+        assert_eq!(rounds, theirs.len(), "{name}");
+        assert!(rounds >= 50, "{name}: at least 50 rounds");
+        FixtureSet { ours: ours(&inputs), inputs, recorded, theirs }
+    }
+}
+
 /// How Sia values a job's configurations: as `sia.py` does ([`Sia::ARTIFACT`]), or as
 /// our `sia` does today ([`Sia::OURS`], `rubick-policy/src/goodput.rs`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -220,14 +241,9 @@ fn exact(ours: &[BTreeMap<String, Alloc>], theirs: &[BTreeMap<String, Alloc>]) -
 fn sia_allocates_as_its_artifact_within_the_solvers_gap() {
     let mut report = Vec::new();
     for name in ["sia-base", "sia-philly", "sia-busy"] {
-        let inputs = fixture(&format!("{name}.inputs.json"));
-        let recorded = fixture(&format!("{name}.theirs.json"));
+        let FixtureSet { inputs, recorded, ours, theirs } = FixtureSet::load(name);
         let rounds = inputs["rounds"].as_array().unwrap();
         let their_rounds = recorded["rounds"].as_array().unwrap();
-        assert_eq!(rounds.len(), their_rounds.len(), "{name}");
-        assert!(rounds.len() >= 50, "{name}: at least 50 rounds");
-        let ours = ours(&inputs);
-        let theirs: Vec<_> = their_rounds.iter().map(theirs).collect();
         let (mut ties, mut by_design) = (0, Vec::new());
         for (k, (round, their)) in rounds.iter().zip(their_rounds).enumerate() {
             // The objective here is theirs: it gives their solver's optimum on their
@@ -277,14 +293,9 @@ fn sia_allocates_as_its_artifact_within_the_solvers_gap() {
 fn pollux_is_at_least_as_good_as_its_artifacts_search() {
     let mut report = Vec::new();
     for name in POLLUX {
-        let inputs = fixture(&format!("{name}.inputs.json"));
-        let recorded = fixture(&format!("{name}.theirs.json"));
+        let FixtureSet { inputs, recorded, ours, theirs } = FixtureSet::load(name);
         let rounds = inputs["rounds"].as_array().unwrap();
         let their_rounds = recorded["rounds"].as_array().unwrap();
-        assert_eq!(rounds.len(), their_rounds.len(), "{name}");
-        assert!(rounds.len() >= 50, "{name}: at least 50 rounds");
-        let ours = ours(&inputs);
-        let theirs: Vec<_> = their_rounds.iter().map(theirs).collect();
         let (mut compared, mut better, mut ahead) = (0, 0, 0);
         for (k, (round, their)) in rounds.iter().zip(their_rounds).enumerate() {
             // Their objective, recomputed here, is what their code reported for their
