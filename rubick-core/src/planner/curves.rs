@@ -2,6 +2,7 @@
 //! its GPUs, CPU cores, host memory and bandwidth class, with the plan that achieves
 //! it, Pareto-pruned into the candidates a round chooses from.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -227,7 +228,27 @@ pub struct Evaluator<'a> {
     /// and which survive Pareto pruning. Pruning only looks at points with fewer
     /// resources, so a job with a smaller cap takes a prefix of the same curve.
     curves: HashMap<(usize, usize, Restriction), (u32, Rc<RawCurve>)>,
+    /// Per (model, group, placement, cores, restriction, score): the best plan and its
+    /// throughput ([`Evaluator::best_plan_by`]). A job's request and current allocation
+    /// are asked every round; a simulation asks the same few thousand many times.
+    best: HashMap<BestKey, Option<(Plan, f64)>>,
+    /// Per (model, group, plan, placement, cores): the believed throughput
+    /// ([`Evaluator::believed_throughput`]).
+    believed: RefCell<HashMap<(usize, usize, Plan, Placement, u32), f64>>,
 }
+
+/// What [`Evaluator::best_plan_by`] ranks plans by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Score {
+    /// The believed throughput.
+    Believed,
+    /// The throughput at the low end of its ~95 % interval.
+    LowEnd,
+}
+
+/// The cache key of [`Evaluator::best_plan_by`]: model, group, placement, cores,
+/// restriction and score.
+type BestKey = (usize, usize, Placement, u32, Restriction, Score);
 
 /// What a job's candidates depend on, besides the cluster and the round's knobs.
 #[derive(Debug)]
@@ -295,6 +316,8 @@ impl<'a> Evaluator<'a> {
             models: Vec::new(),
             spaces: HashMap::new(),
             curves: HashMap::new(),
+            best: HashMap::new(),
+            believed: RefCell::new(HashMap::new()),
         }
     }
 
@@ -302,8 +325,23 @@ impl<'a> Evaluator<'a> {
     /// supports (`launch.supports`: plans outside it are never in its space), the plans
     /// its runs refused and its measurements.
     fn model_key(&mut self, job: &Job, params: &Params, evidence: Option<&Arc<Evidence>>) -> usize {
+        if let Some(i) = self.known_model(job, params, evidence) {
+            return i;
+        }
+        self.models.push(ModelEntry {
+            model: job.model.clone(),
+            params: params.clone(),
+            supports: job.supports().cloned(),
+            refused: job.refused_plans().collect(),
+            evidence: evidence.cloned(),
+        });
+        self.models.len() - 1
+    }
+
+    /// The cache key of a model already seen ([`Evaluator::model_key`]).
+    fn known_model(&self, job: &Job, params: &Params, evidence: Option<&Arc<Evidence>>) -> Option<usize> {
         let supports = job.supports();
-        if let Some(i) = self.models.iter().position(|e| {
+        self.models.iter().position(|e| {
             e.model == job.model
                 && e.params == *params
                 && e.supports.as_ref() == supports
@@ -313,17 +351,7 @@ impl<'a> Evaluator<'a> {
                     (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
                     _ => false,
                 }
-        }) {
-            return i;
-        }
-        self.models.push(ModelEntry {
-            model: job.model.clone(),
-            params: params.clone(),
-            supports: supports.cloned(),
-            refused: job.refused_plans().collect(),
-            evidence: evidence.cloned(),
-        });
-        self.models.len() - 1
+        })
     }
 
     /// Memory-feasible plans of a model on `gpus` GPUs of a group, cached.
@@ -440,7 +468,7 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        self.best_plan_by(job, params, None, group, placement, cpus, restriction, |_, _, thr| thr)
+        self.best_plan_by(job, params, None, group, placement, cpus, restriction, Score::Believed, None)
     }
 
     /// [`Evaluator::best_plan`] of a job with its evidence: measured configurations at
@@ -454,7 +482,17 @@ impl<'a> Evaluator<'a> {
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
         let evidence = input.evidence.as_ref();
-        self.best_plan_by(&input.job, &input.params, evidence, group, placement, cpus, restriction, |_, _, thr| thr)
+        self.best_plan_by(
+            &input.job,
+            &input.params,
+            evidence,
+            group,
+            placement,
+            cpus,
+            restriction,
+            Score::Believed,
+            None,
+        )
     }
 
     /// The throughput the planner believes of a job's `plan` on `placement` of `group`
@@ -467,10 +505,19 @@ impl<'a> Evaluator<'a> {
         placement: &Placement,
         cpus: u32,
     ) -> f64 {
+        let key = self.known_model(&input.job, &input.params, input.evidence.as_ref());
+        let cache_key = key.map(|k| (k, group, *plan, placement.clone(), cpus));
+        if let Some(hit) = cache_key.as_ref().and_then(|k| self.believed.borrow().get(k).copied()) {
+            return hit;
+        }
         let g = &self.cluster.node_groups[group];
         let cpu_ref = self.config.cpu_reference(g);
         let thr = Self::throughput(&input.job.model, &input.params, g, plan, placement, cpus, cpu_ref);
-        believed(input.evidence.as_deref(), plan, placement, thr)
+        let thr = believed(input.evidence.as_deref(), plan, placement, thr);
+        if let Some(k) = cache_key {
+            self.believed.borrow_mut().insert(k, thr);
+        }
+        thr
     }
 
     /// The allowed plan of a job on a concrete placement with `cpus` cores whose
@@ -485,13 +532,21 @@ impl<'a> Evaluator<'a> {
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
         let evidence = input.evidence.as_ref();
-        self.best_plan_by(&input.job, &input.params, evidence, group, placement, cpus, restriction, |me, plan, thr| {
-            thr * (-me.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h)).exp()
-        })
+        self.best_plan_by(
+            &input.job,
+            &input.params,
+            evidence,
+            group,
+            placement,
+            cpus,
+            restriction,
+            Score::LowEnd,
+            Some(input),
+        )
     }
 
-    /// The allowed plan of highest `score(self, plan, predicted throughput)`, with its
-    /// predicted throughput.
+    /// The allowed plan of highest score (the believed throughput, or its low end for
+    /// `input`'s evidence), with its believed throughput; cached.
     #[allow(clippy::too_many_arguments)]
     fn best_plan_by(
         &mut self,
@@ -502,10 +557,15 @@ impl<'a> Evaluator<'a> {
         placement: &Placement,
         cpus: u32,
         restriction: Restriction,
-        score: impl Fn(&Self, &Plan, f64) -> f64,
+        score: Score,
+        input: Option<&JobInput>,
     ) -> Option<(Plan, f64)> {
         let model = &job.model;
         let key = self.model_key(job, params, evidence);
+        let cache_key = (key, group, placement.clone(), cpus, restriction, score);
+        if let Some(&hit) = self.best.get(&cache_key) {
+            return hit;
+        }
         let space = self.space(key, group, placement.gpus());
         let g = &self.cluster.node_groups[group];
         let cpu_ref = self.config.cpu_reference(g);
@@ -518,12 +578,19 @@ impl<'a> Evaluator<'a> {
                 placement,
                 Self::throughput(model, params, g, plan, placement, cpus, cpu_ref),
             );
-            let s = score(self, plan, thr);
+            let s = match (score, input) {
+                (Score::LowEnd, Some(input)) => {
+                    thr * (-self.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h)).exp()
+                }
+                _ => thr,
+            };
             if best.as_ref().is_none_or(|(_, _, b)| s > *b) {
                 best = Some((*plan, thr, s));
             }
         }
-        best.map(|(plan, thr, _)| (plan, thr))
+        let out = best.map(|(plan, thr, _)| (plan, thr));
+        self.best.insert(cache_key, out);
+        out
     }
 
     /// GPU counts a job may get on a group: every count up to a node, then whole nodes.
