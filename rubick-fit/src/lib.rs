@@ -10,10 +10,10 @@
 
 use std::path::PathBuf;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use rubick_core::perf::PerfModel;
 use rubick_core::{Placement, Plan};
-use rubick_io::cli::{LogArgs, Outcome};
+use rubick_io::cli::{CheckArgs, Common, LogArgs, Outcome};
 
 pub mod evaluate;
 mod fit;
@@ -115,22 +115,10 @@ pub enum Command {
     /// micro-batch and accumulation); the rule `rubick-profile run --budget` uses
     Select(SelectArgs),
     /// Validate PerfModel files (YAML); exit 2 naming the first bad file and field
-    Check {
-        /// PerfModel files, `-` for stdin
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-    },
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
-    Completions {
-        /// The shell
-        shell: clap_complete::Shell,
-    },
-    /// Print the man page (section 1), or write one page per command into --out-dir
-    Man {
-        /// Write `TOOL.1` and `TOOL-COMMAND.1` here instead
-        #[arg(long)]
-        out_dir: Option<PathBuf>,
-    },
+    #[command(mut_arg("files", |files| files.help("PerfModel files, `-` for stdin")))]
+    Check(CheckArgs),
+    #[command(flatten)]
+    Common(Common),
 }
 
 /// Which measured rows `evaluate` judges the model on: exactly one source.
@@ -213,10 +201,9 @@ pub struct SelectArgs {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Completions { shell } => rubick_io::cli::completions(Cli::command(), shell),
-        Command::Man { out_dir } => rubick_io::cli::man_pages(Cli::command(), out_dir.as_deref()),
+        Command::Common(common) => common.run::<Cli>(),
         Command::Select(args) => select::run(&args),
-        Command::Check { files } => rubick_io::cli::check_command::<PerfModel>(&files),
+        Command::Check(CheckArgs { files }) => rubick_io::cli::check_command::<PerfModel>(&files),
         Command::Evaluate(args) => evaluate::run(&args),
         Command::Fit { profile, job, cluster, output } => fit::run(&profile, &job, &cluster, &output),
         Command::Predict { model, cluster, plan, placement, table, output } => {
