@@ -1778,7 +1778,7 @@ fn a_full_disk_loses_no_stop_and_no_exit_status() {
     let disk = match SmallDisk::mount(&d.join("state"), "2m") {
         Ok(disk) => disk,
         Err(why) => {
-            return rubick_io::testing::missing(Need::Root, &format!("a small tmpfs: {why}"));
+            return rubick_testkit::missing(Need::Root, &format!("a small tmpfs: {why}"));
         }
     };
     let script = "echo '{\"rubick\":1,\"iter\":1,\"iter_time_s\":0.1}' >> \"$RUBICK_METRICS\"\n\
