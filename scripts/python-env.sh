@@ -45,7 +45,7 @@ venv_ok() {
         "$venv/bin/python" -c "$check" >/dev/null 2>&1
 }
 
-# torchtitan (rubick.torchtitan, examples/torchtitan) in a layer of its own inside the
+# torchtitan (rubick.integrations.torchtitan, examples/torchtitan) in a layer of its own inside the
 # venv, put on PYTHONPATH by whoever runs it: its dependencies (datasets < 4.8) would
 # downgrade huggingface-hub under transformers. Installed without dependency
 # resolution, so every package it imports is listed, pinned (found by importing

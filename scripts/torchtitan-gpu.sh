@@ -32,7 +32,7 @@ if ! command -v nvidia-smi >/dev/null || ! "$py" -c 'import torch, sys; sys.exit
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/nvidia-smi.txt"
 PYTHONPATH="python${PYTHONPATH:+:$PYTHONPATH}" "$py" -c '
-from rubick.torchtitan import importable; importable()
+from rubick.integrations.torchtitan import importable; importable()
 import torch, torchtitan
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0), "torchtitan", torchtitan.__version__)
 ' | tee -a "$out/nvidia-smi.txt"

@@ -7,7 +7,7 @@ checkpointed when the plan says so, metric lines from rank 0, the stop signal
     deepspeed --num_gpus 2 examples/deepspeed/train.py --iterations 50
 
 (DeepSpeed's own launcher; on a machine without GPUs it starts that many CPU workers.)
-The lines marked `# rubick` are all the contract needed (27 of them, the phase timers
+The lines marked `# rubick` are all the contract needed (28 of them, the phase timers
 included).
 
 What is saved is the full state (the module's weights, the same on every rank under
@@ -28,6 +28,7 @@ try:  # rubick
 except ImportError:  # not installed: the package of this checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
+rubick.install_exit_hook()  # rubick: an uncaught rubick.PlanError exits 2 (this plan cannot run)
 
 # The stop signal is caught from here on, before the slow imports (a stop before would
 # kill the worker). DeepSpeed's launcher ends its workers with SIGTERM when it is

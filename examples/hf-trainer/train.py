@@ -1,4 +1,4 @@
-"""A Hugging Face Trainer script adopting rubick's job contract with `rubick.hf`: a
+"""A Hugging Face Trainer script adopting rubick's job contract with `rubick.integrations.hf`: a
 small GPT-2 *configuration built here* (nothing is downloaded from any hub), trained
 on deterministic synthetic token sequences.
 
@@ -8,7 +8,7 @@ on deterministic synthetic token sequences.
 stop; plain torchrun needs --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 and exits 1 on every stop.)
 
-The lines marked `# rubick` are all the contract needed (15 of them).
+The lines marked `# rubick` are all the contract needed (16 of them).
 """
 
 import argparse
@@ -21,10 +21,11 @@ try:  # rubick
 except ImportError:  # not installed: the package of this checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
-import rubick.hf  # rubick (fast: it imports transformers only when needed)
+import rubick.integrations.hf  # rubick (fast: it imports transformers only when needed)
+rubick.install_exit_hook()  # rubick: an uncaught rubick.PlanError exits 2 (this plan cannot run)
 
 # Before the slow imports: torchrun relays the stop signal, then shuts down with SIGTERM.
-callback = rubick.hf.RubickCallback(stop=rubick.StopFlag(rubick.Plan.from_env().stop_signal, signal.SIGTERM))  # rubick
+callback = rubick.integrations.hf.RubickCallback(stop=rubick.StopFlag(rubick.Plan.from_env().stop_signal, signal.SIGTERM))  # rubick
 
 import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer  # noqa: E402
@@ -61,13 +62,13 @@ def main():
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     try:  # rubick
-        targs = rubick.hf.training_arguments(max_steps=args.max_steps, learning_rate=1e-3, seed=0)  # rubick
+        targs = rubick.integrations.hf.training_arguments(max_steps=args.max_steps, learning_rate=1e-3, seed=0)  # rubick
     except rubick.PlanError as e:  # rubick
         print(e, file=sys.stderr)  # rubick
         sys.exit(2)  # rubick
     trainer = Trainer(model=model, args=targs, train_dataset=Tokens(100_000, 64, 256), callbacks=[callback])  # rubick
     with rubick.exit_on_oom():  # rubick
-        trainer.train(resume_from_checkpoint=rubick.hf.last_checkpoint(targs.output_dir))  # rubick
+        trainer.train(resume_from_checkpoint=rubick.integrations.hf.last_checkpoint(targs.output_dir))  # rubick
     # The Trainer leaves its process group to the interpreter's exit, whose teardown of
     # gloo's threads can abort a rank ("terminate called without an active exception")
     # after a clean stop: every rank leaves it here, together.

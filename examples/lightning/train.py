@@ -1,4 +1,4 @@
-"""A PyTorch Lightning script adopting rubick's job contract with `rubick.lightning`: a
+"""A PyTorch Lightning script adopting rubick's job contract with `rubick.integrations.lightning`: a
 small regression model on deterministic synthetic data, trained by Lightning's own
 Trainer (DDP across the processes torchrun starts, accumulation from the plan).
 
@@ -8,7 +8,7 @@ Trainer (DDP across the processes torchrun starts, accumulation from the plan).
 stop; plain torchrun needs --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 and exits 1 on every stop.)
 
-The lines marked `# rubick` are all the contract needed (18 of them).
+The lines marked `# rubick` are all the contract needed (19 of them).
 """
 
 import os
@@ -20,12 +20,13 @@ try:  # rubick
 except ImportError:  # not installed: the package of this checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
+rubick.install_exit_hook()  # rubick: an uncaught rubick.PlanError exits 2 (this plan cannot run)
 
-# Before the slow imports (rubick.lightning imports Lightning): torchrun relays the stop
+# Before the slow imports (rubick.integrations.lightning imports Lightning): torchrun relays the stop
 # signal, then shuts down with SIGTERM.
 stop = rubick.StopFlag(rubick.Plan.from_env().stop_signal, signal.SIGTERM)  # rubick
-import rubick.lightning  # noqa: E402  # rubick
-callback = rubick.lightning.RubickCallback(stop=stop)  # rubick
+import rubick.integrations.lightning  # noqa: E402  # rubick
+callback = rubick.integrations.lightning.RubickCallback(stop=stop)  # rubick
 
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
@@ -52,14 +53,14 @@ def main():
     plan = callback.plan  # rubick
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=plan.micro_batch)  # rubick
     try:  # rubick
-        kwargs = rubick.lightning.trainer_kwargs(plan)  # rubick
+        kwargs = rubick.integrations.lightning.trainer_kwargs(plan)  # rubick
     except rubick.PlanError as e:  # rubick
         print(e, file=sys.stderr)  # rubick
         sys.exit(2)  # rubick
     kwargs.setdefault("max_steps", 200)
     trainer = pl.Trainer(callbacks=[callback], **kwargs)  # rubick
     with rubick.exit_on_oom():  # rubick
-        trainer.fit(Regression(), loader, ckpt_path=rubick.lightning.last_checkpoint(plan))  # rubick
+        trainer.fit(Regression(), loader, ckpt_path=rubick.integrations.lightning.last_checkpoint(plan))  # rubick
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ signal (checkpoint after the step, exit 0), resume at any data parallelism, OOM.
 stop; plain torchrun needs --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 and exits 1 on every stop.)
 
-The lines marked `# rubick` are all the contract needed (24 of them, the phase timers
+The lines marked `# rubick` are all the contract needed (25 of them, the phase timers
 included).
 """
 
@@ -22,6 +22,7 @@ try:  # rubick
 except ImportError:  # not installed: the package of this checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))  # rubick
     import rubick  # rubick
+rubick.install_exit_hook()  # rubick: an uncaught rubick.PlanError exits 2 (this plan cannot run)
 
 # The stop signal is caught from here on, before the slow `import torch` (a stop before
 # would kill the worker). torchrun relays it, then shuts its workers down with SIGTERM:

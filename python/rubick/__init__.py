@@ -17,11 +17,13 @@ event with exit 3. This package is that, once:
 * :class:`Run` — all of it around a plain loop;
 * :mod:`rubick.threads` — each worker's intra-op threads from the plan (the run's
   cores per process), unless the user set ``OMP_NUM_THREADS``;
-* :mod:`rubick.hf`, :mod:`rubick.lightning` — the Trainers' adapters;
-* ``python -m rubick.torchrun`` — torchrun that exits 0 after a stop.
-
-Importing the package installs a ``sys.excepthook`` under which an uncaught
-:class:`PlanError` exits 2 (the contract's bad plan), not Python's 1.
+* :mod:`rubick.integrations` — the adapters to frameworks that own the training loop
+  (Hugging Face's and Lightning's Trainers, torchtitan);
+* ``python -m rubick.torchrun`` — torchrun that exits 0 after a stop;
+* :func:`install_exit_hook` — an uncaught :class:`PlanError` exits 2 (the contract's
+  bad plan), not Python's 1. Importing the package changes nothing in the process:
+  :class:`Run`, the adapters and the ``python -m`` entry points install the hook; a
+  script that reads its plan itself calls it first.
 
 Standard library only; torch is used when the script imported it.
 """
@@ -44,8 +46,6 @@ from .plan import (
 )
 from .ranks import is_main, rank, world_size
 from .stop import StopFlag
-
-install_exit_hook()
 
 __all__ = [
     "EXIT_OOM",

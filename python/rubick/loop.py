@@ -36,7 +36,7 @@ from . import checkpoint as _checkpoint
 from . import ranks as _rank
 from .metrics import Iteration, Reporter
 from .oom import EXIT_OOM, is_oom, report_oom
-from .plan import Plan
+from .plan import Plan, install_exit_hook
 from .stop import StopFlag
 from .threads import apply as _apply_threads
 
@@ -64,6 +64,7 @@ class Run:
     def __init__(
         self, plan: Plan | None = None, *, stop: StopFlag | None = None, stop_also: Iterable[signal.Signals] = ()
     ):
+        install_exit_hook()  # an uncaught PlanError exits 2, reading the plan included
         #: The plan this run was launched with.
         self.plan = plan if plan is not None else Plan.from_env()
         #: The stop flag (installed now: before anything slow), on the plan's stop

@@ -13,8 +13,11 @@ also says ZeRO 0, no offload and no activation checkpointing by leaving them out
 SIGUSR2, SIGTERM, SIGINT).
 
 An uncaught :class:`PlanError` ends the script with exit code 2, the contract's "this
-plan cannot run here" (``import rubick`` installs a ``sys.excepthook`` that prints the
-traceback as usual and then exits 2; other exceptions are left to the previous hook).
+plan cannot run here", once :func:`install_exit_hook` installed a ``sys.excepthook``
+that prints the traceback as usual and then exits 2 (other exceptions are left to the
+previous hook). ``import rubick`` installs nothing: ``rubick.Run``, the adapters of
+:mod:`rubick.integrations` and the ``python -m`` entry points call it, and a script
+that reads its plan itself calls it first.
 """
 
 from __future__ import annotations
@@ -83,16 +86,18 @@ _NUMBER = re.compile(r"[+-]?[0-9]+")
 
 class PlanError(ValueError):
     """A plan variable has a value the contract does not allow (the message names it).
-    Uncaught, it exits the script with :data:`EXIT_PLAN` (2) once ``rubick`` is
-    imported (see :func:`install_exit_hook`)."""
+    Uncaught, it exits the script with :data:`EXIT_PLAN` (2) once
+    :func:`install_exit_hook` was called."""
 
 
 def install_exit_hook() -> None:
     """Makes an uncaught :class:`PlanError` exit 2 instead of Python's 1: the previous
     ``sys.excepthook`` prints the traceback, then ``SystemExit(2)`` (Python finalizes as
     for ``sys.exit``: ``atexit`` handlers and ``finally`` blocks of other threads run).
-    Other exceptions go to the previous hook unchanged. Idempotent; ``import rubick``
-    calls it."""
+    Other exceptions go to the previous hook unchanged. Idempotent. ``import rubick``
+    does not call it: :class:`~rubick.Run`, the adapters' callbacks, ``python -m
+    rubick.torchrun`` and ``python -m rubick.integrations.torchtitan`` do, and a script
+    that reads its plan itself (``Plan.from_env()``) calls it before."""
     previous = sys.excepthook
     if getattr(previous, "_rubick_exit_hook", False):
         return

@@ -9,12 +9,13 @@ slower than predicted (issue 42).
 
 The launchers set them: ``python -m rubick.torchrun`` gives the workers it starts
 ``OMP_NUM_THREADS`` (:func:`for_workers`), and :class:`~rubick.Run`, the Trainers'
-callbacks (:mod:`rubick.hf`, :mod:`rubick.lightning`) and :mod:`rubick.torchtitan` set
-their own process's (:func:`apply`), **unless the user set them**: ``OMP_NUM_THREADS``
-present in the process's environment wins, whoever set it (the job's ``env``, the shell,
-a launcher: plain torchrun sets 1 for its workers when nothing did), and so does a
-script's own ``torch.set_num_threads`` after rubick's. Where the run's cores are not
-said (``RUBICK_CPUS`` unset or 0), nothing is set.
+callbacks (:mod:`rubick.integrations.hf`, :mod:`rubick.integrations.lightning`) and
+:mod:`rubick.integrations.torchtitan` set their own process's (:func:`apply`), **unless
+the user set them**: ``OMP_NUM_THREADS`` present in the process's environment wins,
+whoever set it (the job's ``env``, the shell, a launcher: plain torchrun sets 1 for its
+workers when nothing did), and so does a script's own ``torch.set_num_threads`` after
+rubick's. Where the run's cores are not said (``RUBICK_CPUS`` unset or 0), nothing is
+set.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ from types import FrameType
 from typing import Any
 
 from .oom import EXIT_OOM
-from .plan import EXIT_PLAN, stop_signal
+from .plan import EXIT_PLAN, install_exit_hook, stop_signal
 from .threads import VAR, for_workers
 
 #: Exit codes of workers that pass through the launcher.
@@ -240,6 +240,7 @@ def _stop_early(signum: int, frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs torchrun with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    install_exit_hook()
     sig = stop_signal()  # a bad RUBICK_STOP_SIGNAL: PlanError, exit 2
     # Caught from here on, before anything slow (importing torch takes seconds, then the
     # rendezvous): until torch's launcher takes the signal over as it starts the

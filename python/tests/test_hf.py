@@ -1,5 +1,6 @@
-"""rubick.hf without a Trainer run: the run's directories and the plan win over the
-arguments given (with a warning), the import is fast, old checkpoints are pruned."""
+"""rubick.integrations.hf without a Trainer run: the run's directories and the plan win
+over the arguments given (with a warning), the import is fast, old checkpoints are
+pruned."""
 
 import os
 
@@ -11,33 +12,34 @@ from rubick import Plan, PlanError
 
 def test_output_dir_cannot_replace_checkpoint_dir(tmp_path, capsys):
     need("torch", "transformers", "accelerate")
-    import rubick.hf
+    from rubick.integrations import hf
 
     run_dir, theirs = str(tmp_path / "run-ckpt"), str(tmp_path / "their-out")
     plan = Plan.from_env({"RUBICK_PLAN": "dp1-tp1-pp1-mb4-ga2", "RUBICK_CHECKPOINT_DIR": run_dir})
-    args = rubick.hf.training_arguments(plan, output_dir=theirs, max_steps=5, per_device_train_batch_size=8)
+    args = hf.training_arguments(plan, output_dir=theirs, max_steps=5, per_device_train_batch_size=8)
     assert args.output_dir == run_dir, "the run's checkpoint directory wins"
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 2), "the plan's batch"
     err = capsys.readouterr().err
     assert f"training_arguments(output_dir={theirs!r}) ignored" in err and run_dir in err, err
     assert "training_arguments(per_device_train_batch_size=8) ignored" in err, err
     # resume_from_checkpoint pointing elsewhere is replaced by the run's newest (none yet).
-    args = rubick.hf.training_arguments(plan, resume_from_checkpoint=str(tmp_path / "other" / "checkpoint-9"))
+    args = hf.training_arguments(plan, resume_from_checkpoint=str(tmp_path / "other" / "checkpoint-9"))
     assert args.resume_from_checkpoint is None
     assert "training_arguments(resume_from_checkpoint=" in capsys.readouterr().err
     # The run's own directory passed again: no warning.
-    rubick.hf.training_arguments(plan, output_dir=run_dir)
+    hf.training_arguments(plan, output_dir=run_dir)
     assert "ignored" not in capsys.readouterr().err
     # A plain run (no RUBICK_CHECKPOINT_DIR): the argument is used as given.
-    args = rubick.hf.training_arguments(Plan.from_env({}), output_dir=theirs)
+    args = hf.training_arguments(Plan.from_env({}), output_dir=theirs)
     assert args.output_dir == theirs and capsys.readouterr().err == ""
 
 
 def test_rubick_hf_imports_transformers_only_when_needed(tmp_path):
     need("transformers")
     run = run_python(
-        "import sys, rubick.hf\n"
-        "callback = rubick.hf.RubickCallback()\n"
+        "import sys\n"
+        "from rubick.integrations import hf\n"
+        "callback = hf.RubickCallback()\n"
         "assert 'transformers' not in sys.modules, 'imported transformers'\n"
         "assert 'torch' not in sys.modules, 'imported torch'\n"
         "from transformers import TrainerCallback\n"
@@ -49,7 +51,7 @@ def test_rubick_hf_imports_transformers_only_when_needed(tmp_path):
 
 
 def test_old_checkpoints_are_pruned_to_the_newest(tmp_path, monkeypatch):
-    import rubick.hf as hf
+    import rubick.integrations.hf as hf
 
     out = tmp_path / "out"
 
@@ -100,33 +102,33 @@ def test_the_runs_iterations_must_be_a_positive_integer(raw, monkeypatch):
     """issue 40: "`RUBICK_TOTAL_ITERATIONS=0` means "epochs" to the HF Trainer
     (max_steps<=0)"."""
     need("torch", "transformers", "accelerate")
-    import rubick.hf
+    from rubick.integrations import hf
 
     monkeypatch.setenv("RUBICK_TOTAL_ITERATIONS", raw)
     with pytest.raises(PlanError, match="RUBICK_TOTAL_ITERATIONS="):
-        rubick.hf.training_arguments(Plan.from_env({}), max_steps=10)
+        hf.training_arguments(Plan.from_env({}), max_steps=10)
 
 
 def test_the_runs_iterations_replace_max_steps_only_with_a_warning(monkeypatch, capsys):
     """issue 40: "`training_arguments` (hf.py) replaces `max_steps` silently"."""
     need("torch", "transformers", "accelerate")
-    import rubick.hf
+    from rubick.integrations import hf
 
     monkeypatch.delenv("RUBICK_TOTAL_ITERATIONS", raising=False)
     monkeypatch.setenv("RUBICK_ITERATIONS", "7")  # a profile: warm-up + measured
-    args = rubick.hf.training_arguments(Plan.from_env({}), max_steps=1000)
+    args = hf.training_arguments(Plan.from_env({}), max_steps=1000)
     assert args.max_steps == 7, "the run's iterations win"
     err = capsys.readouterr().err
     assert "training_arguments(max_steps=1000) ignored: the run's iterations win (RUBICK_ITERATIONS=7)" in err, err
     # The same count passed, or none: no warning; RUBICK_TOTAL_ITERATIONS comes first.
     monkeypatch.setenv("RUBICK_TOTAL_ITERATIONS", "12")
-    assert rubick.hf.training_arguments(Plan.from_env({}), max_steps=12).max_steps == 12
-    assert rubick.hf.training_arguments(Plan.from_env({})).max_steps == 12
+    assert hf.training_arguments(Plan.from_env({}), max_steps=12).max_steps == 12
+    assert hf.training_arguments(Plan.from_env({})).max_steps == 12
     assert "ignored" not in capsys.readouterr().err
     # Without the launcher's count, the script's own is used.
     monkeypatch.delenv("RUBICK_TOTAL_ITERATIONS")
     monkeypatch.delenv("RUBICK_ITERATIONS")
-    assert rubick.hf.training_arguments(Plan.from_env({}), max_steps=1000).max_steps == 1000
+    assert hf.training_arguments(Plan.from_env({}), max_steps=1000).max_steps == 1000
 
 
 def test_the_callback_leaves_the_process_group_at_exit(tmp_path):
@@ -136,8 +138,9 @@ def test_the_callback_leaves_the_process_group_at_exit(tmp_path):
     1. The callback leaves the process group at exit, before that teardown."""
     need("torch", "transformers")
     run = run_python(
-        "import atexit, torch.distributed as dist, rubick.hf\n"
-        "callback = rubick.hf.RubickCallback()\n"
+        "import atexit, torch.distributed as dist\n"
+        "from rubick.integrations import hf\n"
+        "callback = hf.RubickCallback()\n"
         f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
         "atexit.register(lambda: print('left' if not dist.is_initialized() else 'still in'))\n"
         "callback.on_train_end(None, None, None)\n",

@@ -1,5 +1,5 @@
 """examples/hf-trainer: a Hugging Face Trainer (GPT-2 configuration built locally) under
-torchrun at DP 2, adopting the contract with `rubick.hf`: metric lines per optimizer
+torchrun at DP 2, adopting the contract with `rubick.integrations.hf`: metric lines per optimizer
 step, a stop by signal that saves a complete Trainer checkpoint after the step in
 progress, and a resume at DP 1 by the Trainer at the next global step, the loss
 continuing where it was."""

@@ -1,4 +1,4 @@
-"""rubick.lightning (examples/lightning): a Lightning Trainer under torchrun at DP 2 with
+"""rubick.integrations.lightning (examples/lightning): a Lightning Trainer under torchrun at DP 2 with
 accumulation writes a metric line per optimizer step, stops on the signal after the
 step in progress with an atomic checkpoint, and resumes at DP 1 at the next global
 step, the loss continuing."""

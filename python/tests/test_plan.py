@@ -68,8 +68,8 @@ def test_each_worker_process_has_its_share_of_the_nodes_cores():
 def test_a_worker_sets_its_threads_from_the_plan_unless_the_user_did():
     need("torch")
     # Made before torch is imported (the callbacks' and Run's place) or after it.
-    for made in ("rubick.Run()\nimport torch", "import torch\nrubick.hf.RubickCallback()"):
-        code = f"import rubick, rubick.hf\n{made}\nprint(torch.get_num_threads())"
+    for made in ("rubick.Run()\nimport torch", "import torch\nrubick.integrations.hf.RubickCallback()"):
+        code = f"import rubick, rubick.integrations.hf\n{made}\nprint(torch.get_num_threads())"
         # (torch's own default is the machine's cores, and it takes no more from the
         # environment: the counts stay at 1 and 2.)
         for env, threads in (
@@ -126,15 +126,24 @@ def test_the_world_must_match_the_plan():
         p.check_world(2)
 
 
+def test_importing_rubick_leaves_the_exception_hook_alone():
+    run = run_python("import sys\nhook = sys.excepthook\nimport rubick.integrations\nassert sys.excepthook is hook\n")
+    assert run.returncode == 0, run.stderr
+
+
 def test_an_uncaught_plan_error_exits_2(tmp_path):
     marker = tmp_path / "atexit-ran"
     run = run_python(
-        f"import atexit, rubick\natexit.register(lambda: open({str(marker)!r}, 'w').close())\nrubick.Plan.from_env()\n",
+        "import atexit, rubick\nrubick.install_exit_hook()\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').close())\nrubick.Plan.from_env()\n",
         RUBICK_DP="two",
     )
     assert run.returncode == 2, run.stderr
     assert "RUBICK_DP='two'" in run.stderr and "Traceback" in run.stderr
     assert marker.exists(), "Python finalized as for sys.exit (atexit handlers ran)"
+    # Without the hook, Python's own exit 1.
+    run = run_python("import rubick\nrubick.Plan.from_env()\n", RUBICK_DP="two")
+    assert run.returncode == 1 and "RUBICK_DP='two'" in run.stderr, run.stderr
     # Inside Run, as a script would: the same.
     run = run_python("import rubick\nwith rubick.Run() as run:\n    pass\n", RUBICK_STOP_SIGNAL="SIGKILL")
     assert run.returncode == 2 and "SIGKILL cannot be caught" in run.stderr, run.stderr

@@ -66,7 +66,7 @@ def test_a_stop_exits_0_once_every_worker_did(tmp_path):
 def test_the_contract_exit_codes_pass_the_contract_exit_codes_through(tmp_path):
     need("torch")
     script = tmp_path / "bad.py"
-    script.write_text("import rubick\nrubick.Plan.from_env().check_world(2)\n")
+    script.write_text("import rubick\nrubick.install_exit_hook()\nrubick.Plan.from_env().check_world(2)\n")
     env = dict(os.environ, RUBICK_PLAN="dp4-tp1-pp1-mb1-ga1", OMP_NUM_THREADS="1")
     run = subprocess.run(
         [sys.executable, "-m", "rubick.torchrun", "--standalone", "--nproc-per-node=2", str(script)],

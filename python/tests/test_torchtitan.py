@@ -1,4 +1,4 @@
-"""rubick.torchtitan: the plan -> torchtitan flag mapping for every dimension torchtitan
+"""rubick.integrations.torchtitan: the plan -> torchtitan flag mapping for every dimension torchtitan
 has and a clear refusal of each it lacks; the flags parsed by torchtitan 0.3.0's own
 ConfigManager (the layer scripts/python-env.sh installs); the checkpoint record that
 decides whether the data loader is left out of a resume; the contract's hooks (metric
@@ -18,9 +18,7 @@ import pytest
 from helpers import REPO, iterations, metric_lines, stopped_under_torchrun
 
 from rubick import Plan
-from rubick.plan import PlanError
-from rubick.stop import StopFlag
-from rubick.torchtitan import (
+from rubick.integrations.torchtitan import (
     FOLDER,
     SUPPORTS,
     Hooks,
@@ -33,6 +31,8 @@ from rubick.torchtitan import (
     record_save,
     saved_dp,
 )
+from rubick.plan import PlanError
+from rubick.stop import StopFlag
 
 
 def plan(text, **env):
@@ -281,12 +281,12 @@ TITAN = os.path.join(sys.prefix, "torchtitan-0.3.0")
 
 def titan(code):
     """``code`` run where torchtitan 0.3.0 imports from the venv's layer, as
-    ``python -m rubick.torchtitan`` finds it (a subprocess: this one stays without)."""
+    ``python -m rubick.integrations.torchtitan`` finds it (a subprocess: this one stays without)."""
     if not os.path.isfile(os.path.join(TITAN, ".rubick-ok")):
         if os.environ.get("RUBICK_REQUIRE_PYTORCH") == "1":
             pytest.fail(f"RUBICK_REQUIRE_PYTORCH=1 but torchtitan's layer {TITAN} is missing")
         pytest.skip(f"torchtitan's layer {TITAN} is missing (scripts/python-env.sh installs it)")
-    code = "from rubick.torchtitan import importable; importable()\n" + code
+    code = "from rubick.integrations.torchtitan import importable; importable()\n" + code
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -297,7 +297,7 @@ PARSE = """
 import json, sys
 from torchtitan.config import ConfigManager
 from rubick import Plan
-from rubick.torchtitan import command, _model_layers
+from rubick.integrations.torchtitan import command, _model_layers
 own = ["--module", "llama3", "--config", "llama3_debugmodel"]
 layers = _model_layers(own)
 out = {"layers": layers}

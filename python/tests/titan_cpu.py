@@ -1,4 +1,4 @@
-"""``python -m rubick.torchtitan`` on CPU, for the tests: torchtitan 0.3.0 trains on GPUs
+"""``python -m rubick.integrations.torchtitan`` on CPU, for the tests: torchtitan 0.3.0 trains on GPUs
 only (pytorch/torchtitan#1661), so this runs its unmodified trainer with a few things
 changed around it, nothing inside it:
 
@@ -12,7 +12,7 @@ changed around it, nothing inside it:
   ``mask_mod``, made dense: each document attends causally within itself).
 
 Everything else, the plan's flags, the stop, the DCP checkpoints, their resharding and the
-metric lines, is rubick.torchtitan's and torchtitan's own.
+metric lines, is rubick.integrations.torchtitan's and torchtitan's own.
 
     python -m rubick.torchrun --standalone --nproc-per-node=2 python/tests/titan_cpu.py \\
         --module llama3 --config llama3_debugmodel ...
@@ -26,7 +26,7 @@ import torch
 import torch._utils
 import torch.nn.functional as F
 
-from rubick.torchtitan import importable, main
+from rubick.integrations.torchtitan import importable, main
 
 torch._utils._get_available_device_type = lambda: "cpu"
 _cpu = torch.cpu

@@ -23,6 +23,11 @@ use serde::Serialize;
 
 pub use rubick_core::perf::{FLAG_FACTOR, is_inconsistent};
 
+mod command;
+
+pub use command::evaluate_external;
+pub(crate) use command::run;
+
 /// One measured row with its prediction.
 #[derive(Debug, Clone, Serialize)]
 pub struct EvaluatedRow {

@@ -6,7 +6,7 @@
 //!   a closed stdout pipe exits 0 quietly.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
@@ -126,10 +126,48 @@ pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> anyhow::Result<()
 
 /// The body of every tool's `check FILES...` command for one artifact kind: one
 /// stdin at most, each file parsed and validated, the first bad one is the error.
-pub fn check_command<T: rubick_core::Artifact>(files: &[std::path::PathBuf]) -> anyhow::Result<Outcome> {
-    ensure_one_stdin(&files.iter().map(std::path::PathBuf::as_path).collect::<Vec<_>>())?;
+pub fn check_command<T: rubick_core::Artifact>(files: &[PathBuf]) -> anyhow::Result<Outcome> {
+    ensure_one_stdin(&files.iter().map(PathBuf::as_path).collect::<Vec<_>>())?;
     crate::check_artifacts::<T>(files)?;
     Ok(Outcome::Done)
+}
+
+/// The arguments of every tool's `check FILES...`. The tool names what it validates in
+/// the command's doc and in the files' help (`#[command(mut_arg("files", |a|
+/// a.help("Schedule files, `-` for stdin")))]`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckArgs {
+    /// Files to validate (YAML), `-` for stdin
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+/// The subcommands every tool shares, flattened after its own (`#[command(flatten)]
+/// Common(Common)`): its completion scripts and man pages, generated from its CLI's one
+/// definition.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Common {
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (section 1), or write one page per command into --out-dir
+    Man {
+        /// Write `TOOL.1` and `TOOL-COMMAND.1` here instead
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+}
+
+impl Common {
+    /// Runs the command for the tool whose CLI is `Cli`.
+    pub fn run<Cli: clap::CommandFactory>(self) -> anyhow::Result<Outcome> {
+        match self {
+            Common::Completions { shell } => completions(Cli::command(), shell),
+            Common::Man { out_dir } => man_pages(Cli::command(), out_dir.as_deref()),
+        }
+    }
 }
 
 /// Output format of a listing: YAML (the default), CSV or Parquet.

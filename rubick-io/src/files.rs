@@ -299,7 +299,7 @@ mod tests {
         use std::os::unix::fs::FileTypeExt;
         let null = Path::new("/dev/null");
         if !std::fs::metadata(null).is_ok_and(|m| m.file_type().is_char_device()) {
-            crate::testing::skip("/dev/null is not a character device here");
+            rubick_testkit::skip("/dev/null is not a character device here");
             return;
         }
         write_atomic(null, b"discarded").unwrap();

@@ -10,9 +10,10 @@
 //!   them), for the tools built without the `table` feature (`rubick-run`);
 //! * [`plot`]: figures as PNG or SVG with a bundled font;
 //! * [`cli`]: conventions every rubick binary shares (logging, exit codes, formats);
-//!   [`flags`]: the bounds of the command line's numbers, one parser per concept;
-//! * [`testing`]: what a test needs that may be absent (a Slurm, PyTorch, the
-//!   reference data): skipped visibly, a failure where it is required (CI).
+//!   [`flags`]: the bounds of the command line's numbers, one parser per concept.
+//!
+//! What the tests share (skips, the CLI conventions) is `rubick-testkit`, a
+//! dev-dependency: none of it is compiled into this library.
 
 #[cfg(feature = "table")]
 pub mod beliefs;
@@ -27,6 +28,5 @@ pub mod plot;
 pub mod reference;
 #[cfg(feature = "table")]
 pub mod table;
-pub mod testing;
 
 pub use files::{Format, IoError, check_artifacts, check_output, load_artifact, read_text, write_atomic, write_output};

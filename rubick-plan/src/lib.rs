@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
 use rubick_core::artifact::{self, Kind};
 use rubick_core::space::Dimensions;
 use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator, PlanSpace};
-use rubick_io::cli::{ListFormat, LogArgs, Outcome, ensure_one_stdin};
+use rubick_io::cli::{CheckArgs, Common, ListFormat, LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::{load_artifact, parse_artifact, read_text};
 
 pub mod curves;
@@ -115,28 +115,16 @@ pub enum Command {
     /// List a job's valid, memory-feasible plans on N GPUs with their GPU memory
     Space(SpaceArgs),
     /// Validate artifact files (kind taken from each file); exit 2 on the first bad one
-    Check {
-        /// Artifact files (YAML), `-` for stdin
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-    },
+    #[command(mut_arg("files", |files| files.help("Artifact files (YAML), `-` for stdin")))]
+    Check(CheckArgs),
     /// Print the JSON Schema of an artifact kind or table
     Schema {
         /// cluster, job, job-batch, model-spec, perf-model, schedule, simulation-summary,
         /// table-profile, table-sim-jobs
         name: String,
     },
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
-    Completions {
-        /// The shell
-        shell: clap_complete::Shell,
-    },
-    /// Print the man page (section 1), or write one page per command into --out-dir
-    Man {
-        /// Write `TOOL.1` and `TOOL-COMMAND.1` here instead
-        #[arg(long)]
-        out_dir: Option<PathBuf>,
-    },
+    #[command(flatten)]
+    Common(Common),
 }
 
 #[derive(Debug, clap::Args)]
@@ -162,10 +150,7 @@ pub struct SpaceArgs {
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Completions { shell } => rubick_io::cli::completions(<Cli as clap::CommandFactory>::command(), shell),
-        Command::Man { out_dir } => {
-            rubick_io::cli::man_pages(<Cli as clap::CommandFactory>::command(), out_dir.as_deref())
-        }
+        Command::Common(common) => common.run::<Cli>(),
         Command::Schedule(args) => schedule::run(&args),
         Command::Curves(args) => curves::run(&args),
         Command::Synth(args) => synth::run(&args),
@@ -173,7 +158,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Simulate(args) => simulate::run(&args),
         Command::Compare(args) => simulate::compare(&args),
         Command::Space(args) => space::run(&args),
-        Command::Check { files } => check(&files),
+        Command::Check(CheckArgs { files }) => check(&files),
         Command::Schema { name } => schema(&name),
     }
 }

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use rubick_io::cli::{LogArgs, Outcome};
+use rubick_io::cli::{Common, LogArgs, Outcome};
 
 pub mod compare;
 pub mod devices;
@@ -82,25 +82,13 @@ pub enum Command {
     /// configuration measured in the baseline no longer does (oom, failed, timeout);
     /// exit 0 otherwise.
     Compare(compare::CompareArgs),
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
-    Completions {
-        /// The shell
-        shell: clap_complete::Shell,
-    },
-    /// Print the man page (section 1), or write one page per command into --out-dir
-    Man {
-        /// Write `TOOL.1` and `TOOL-COMMAND.1` here instead
-        #[arg(long)]
-        out_dir: Option<PathBuf>,
-    },
+    #[command(flatten)]
+    Common(Common),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Completions { shell } => rubick_io::cli::completions(<Cli as clap::CommandFactory>::command(), shell),
-        Command::Man { out_dir } => {
-            rubick_io::cli::man_pages(<Cli as clap::CommandFactory>::command(), out_dir.as_deref())
-        }
+        Command::Common(common) => common.run::<Cli>(),
         Command::Devices { cluster_out } => {
             let machine = devices::machine()?;
             match &machine.no_gpu_reason {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use rubick_core::schedule::Schedule;
-use rubick_io::cli::{LogArgs, Outcome};
+use rubick_io::cli::{CheckArgs, Common, LogArgs, Outcome};
 
 pub mod backends;
 pub mod cluster;
@@ -219,22 +219,10 @@ pub enum Command {
         output: PathBuf,
     },
     /// Validate Schedule files (YAML); exit 2 naming the first bad file and field
-    Check {
-        /// Schedule files, `-` for stdin
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-    },
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
-    Completions {
-        /// The shell
-        shell: clap_complete::Shell,
-    },
-    /// Print the man page (section 1), or write one page per command into --out-dir
-    Man {
-        /// Write `TOOL.1` and `TOOL-COMMAND.1` here instead
-        #[arg(long)]
-        out_dir: Option<PathBuf>,
-    },
+    #[command(mut_arg("files", |files| files.help("Schedule files, `-` for stdin")))]
+    Check(CheckArgs),
+    #[command(flatten)]
+    Common(Common),
 }
 
 fn backend_name(name: &str) -> Result<String, String> {
@@ -289,10 +277,7 @@ use submit::submit;
 
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Completions { shell } => rubick_io::cli::completions(<Cli as clap::CommandFactory>::command(), shell),
-        Command::Man { out_dir } => {
-            rubick_io::cli::man_pages(<Cli as clap::CommandFactory>::command(), out_dir.as_deref())
-        }
+        Command::Common(common) => common.run::<Cli>(),
         Command::Submit { jobs, state, retries, replace } => submit(&jobs, &state, retries, replace),
         Command::Jobs { state, output, cluster } => jobs(&state, &output, cluster.as_deref()),
         Command::Apply { schedule, state, backend, cluster, dry_run, kubernetes } => {
@@ -302,7 +287,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Stop { job, state } => stop_job(&job, &state),
         Command::Delete { job, state } => delete_job(&job, &state),
         Command::Logs { job, attempt, follow, state } => logs(&job, attempt, follow, &state),
-        Command::Check { files } => rubick_io::cli::check_command::<Schedule>(&files),
+        Command::Check(CheckArgs { files }) => rubick_io::cli::check_command::<Schedule>(&files),
         Command::Cluster { backend, hardware, output } => cluster::command(&backend, &hardware, &output),
     }
 }

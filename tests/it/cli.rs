@@ -36,7 +36,7 @@ fn help_has_examples() {
 #[test]
 fn cli_conventions_hold() {
     for (tool, command) in tools() {
-        let problems = rubick_io::testing::cli_conventions(command, &binary(tool), &repo().join(tool));
+        let problems = rubick_testkit::cli_conventions(command, &binary(tool), &repo().join(tool));
         assert!(problems.is_empty(), "{tool}: {problems:#?}");
     }
 }

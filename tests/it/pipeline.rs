@@ -115,7 +115,7 @@ fn no_gpu_is_reported_clearly() {
     // the reason on stderr.
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     if !run.stderr.contains("NVML is not available") {
-        rubick_io::testing::skip("this machine has NVIDIA GPUs; the no-driver message is not testable here");
+        rubick_testkit::skip("this machine has NVIDIA GPUs; the no-driver message is not testable here");
         return;
     }
     assert!(run.stderr.contains("no NVIDIA driver") && run.stderr.contains("the CPU"), "{}", run.stderr);

@@ -313,7 +313,7 @@ const HF_TRAINER: Workload = Workload {
     dp2: "dp2-tp1-pp1-mb4-ga1",
 };
 
-/// A PyTorch Lightning script adopting the contract with `rubick.lightning`
+/// A PyTorch Lightning script adopting the contract with `rubick.integrations.lightning`
 /// (`examples/lightning`).
 const LIGHTNING: Workload = Workload {
     job: "examples/lightning/job.yaml",

@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rubick_io::testing::missing;
+use rubick_testkit::missing;
 use rubick_tests::{Held, Need, Reaper, SlurmShape, binary, needs, repo, run_in, slurm_nodes, temp};
 
 /// The tools a README command may name.

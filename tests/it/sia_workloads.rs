@@ -11,7 +11,7 @@ fn sia_dir() -> Option<(PathBuf, String)> {
     let reference = rubick_tests::reference()?;
     let sia = reference.parent()?.join("sia");
     if !sia.join("traces/cifar10").is_dir() {
-        rubick_io::testing::missing(Need::Reference, "../shared/reference/sia is absent (the Sia artifact's data)");
+        rubick_testkit::missing(Need::Reference, "../shared/reference/sia is absent (the Sia artifact's data)");
         return None;
     }
     Some((sia, reference.display().to_string()))

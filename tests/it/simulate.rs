@@ -381,10 +381,7 @@ fn real_cluster_logs_become_traces_the_simulator_replays() {
     let Some(reference) = reference_dir() else { return };
     let philly = repo().join("../shared/reference/traces/philly.csv");
     if !philly.is_file() {
-        rubick_io::testing::missing(
-            Need::Reference,
-            "../shared/reference/traces/philly.csv is absent (the Philly trace)",
-        );
+        rubick_testkit::missing(Need::Reference, "../shared/reference/traces/philly.csv is absent (the Philly trace)");
         return;
     }
     let dir = temp();

@@ -216,7 +216,7 @@ fn a_full_disk_never_holds_a_stop_back() {
     setup(d, 100_000);
     let disk = match SmallDisk::mount(&d.join("state"), "2m") {
         Ok(disk) => disk,
-        Err(why) => return rubick_io::testing::missing(Need::Root, &format!("a small tmpfs: {why}")),
+        Err(why) => return rubick_testkit::missing(Need::Root, &format!("a small tmpfs: {why}")),
     };
     // `a` fills the disk once `b` runs (its wrapper has reserved the bytes of its exit
     // status); `b` ends once the disk is full, so that recording it is a state write that

@@ -5,8 +5,8 @@
 use std::fs::File;
 use std::path::PathBuf;
 
-pub use rubick_io::testing::Need;
-use rubick_io::testing::missing;
+pub use rubick_testkit::Need;
+use rubick_testkit::missing;
 
 use crate::locks::{Held, Lock, lock};
 use crate::repo;

@@ -115,7 +115,7 @@ fn crd(file: &str) -> Option<Value> {
     let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
     let path = Path::new(&crate_dir).join("../../shared/reference/engines/kubeflow").join(file);
     let Ok(text) = std::fs::read_to_string(&path) else {
-        rubick_io::testing::missing(rubick_io::testing::Need::Crds, &format!("{} is absent", path.display()));
+        rubick_testkit::missing(rubick_testkit::Need::Crds, &format!("{} is absent", path.display()));
         return None;
     };
     Some(serde_yaml_ng::from_str(&text).unwrap())

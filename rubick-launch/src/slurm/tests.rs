@@ -22,7 +22,7 @@ use crate::testing::{launch, request};
 fn slurm_here() -> bool {
     let found = available();
     if let Err(reason) = &found {
-        rubick_io::testing::missing(rubick_io::testing::Need::Slurm, &format!("{reason} (run scripts/slurm-up.sh)"));
+        rubick_testkit::missing(rubick_testkit::Need::Slurm, &format!("{reason} (run scripts/slurm-up.sh)"));
     }
     found.is_ok()
 }

@@ -2,15 +2,15 @@
 
 ::
 
-    import rubick.hf                                   # fast: transformers is not imported yet
-    callback = rubick.hf.RubickCallback()              # the stop signal caught from here on
+    import rubick.integrations.hf                        # fast: transformers is not imported yet
+    callback = rubick.integrations.hf.RubickCallback()   # the stop signal caught from here on
 
-    from transformers import Trainer                   # the slow imports after it
+    from transformers import Trainer                     # the slow imports after it
 
-    args = rubick.hf.training_arguments(max_steps=1000, learning_rate=3e-4)   # the plan mapped
+    args = rubick.integrations.hf.training_arguments(max_steps=1000, learning_rate=3e-4)  # the plan mapped
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     with rubick.exit_on_oom():
-        trainer.train(resume_from_checkpoint=rubick.hf.last_checkpoint(args.output_dir))
+        trainer.train(resume_from_checkpoint=rubick.integrations.hf.last_checkpoint(args.output_dir))
 
 What is mapped: micro-batch -> ``per_device_train_batch_size``, accumulation ->
 ``gradient_accumulation_steps``, checkpointing -> ``gradient_checkpointing``, ZeRO ->
@@ -34,9 +34,9 @@ the same way, with the same warning when the value passed differs, and so does t
 iteration count over ``max_steps``: a profile runs its warm-up + measured steps, a run
 the job's iterations, whatever the script's own default.
 
-``import rubick.hf`` does not import transformers (``training_arguments`` and the
-Trainer do), so the callback, whose stop flag is installed when it is made, can be
-created before anything slow.
+``import rubick.integrations.hf`` does not import transformers (``training_arguments``
+and the Trainer do), so the callback, whose stop flag is installed when it is made, can
+be created before anything slow.
 
 The callback writes one metric line per optimizer step (``iter`` is the Trainer's
 global step; ``backward_sync_s`` is forward + backward + gradient sync, which the
@@ -65,11 +65,11 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import ranks as _rank
-from .metrics import Reporter, peak_memory_gib
-from .plan import Plan, PlanError, _to_int, total_iterations
-from .stop import StopFlag
-from .threads import apply as _apply_threads
+from .. import ranks as _rank
+from ..metrics import Reporter, peak_memory_gib
+from ..plan import Plan, PlanError, _to_int, install_exit_hook, total_iterations
+from ..stop import StopFlag
+from ..threads import apply as _apply_threads
 
 if TYPE_CHECKING:  # imported for real only when needed (it takes seconds)
     from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -281,6 +281,7 @@ class RubickCallback:
     ``RUBICK_KEEP_CHECKPOINTS``, else 1; 0 keeps all)."""
 
     def __init__(self, plan: Plan | None = None, stop: StopFlag | None = None, keep_checkpoints: int | None = None):
+        install_exit_hook()  # an uncaught PlanError exits 2, reading the plan included
         self.plan = plan if plan is not None else Plan.from_env()
         #: Installed now: make the callback before anything slow.
         self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal)
@@ -387,7 +388,7 @@ def leave_process_group() -> None:
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     except Exception as e:  # exiting anyway: say so, never raise at exit
-        print(f"rubick.hf: leaving the process group at exit: {e}", file=sys.stderr)
+        print(f"rubick.integrations.hf: leaving the process group at exit: {e}", file=sys.stderr)
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:

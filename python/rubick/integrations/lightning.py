@@ -2,15 +2,15 @@
 
 ::
 
-    import rubick.lightning
+    import rubick.integrations.lightning
     import lightning.pytorch as pl
 
-    callback = rubick.lightning.RubickCallback()          # before anything slow
+    callback = rubick.integrations.lightning.RubickCallback()  # before anything slow
     plan = callback.plan
-    loader = DataLoader(data, batch_size=plan.micro_batch)  # the plan's micro-batch
-    trainer = pl.Trainer(callbacks=[callback], **rubick.lightning.trainer_kwargs(plan))
+    loader = DataLoader(data, batch_size=plan.micro_batch)     # the plan's micro-batch
+    trainer = pl.Trainer(callbacks=[callback], **rubick.integrations.lightning.trainer_kwargs(plan))
     with rubick.exit_on_oom():
-        trainer.fit(model, loader, ckpt_path=rubick.lightning.last_checkpoint(plan))
+        trainer.fit(model, loader, ckpt_path=rubick.integrations.lightning.last_checkpoint(plan))
 
 What is mapped: data parallelism -> ``devices`` per node and ``num_nodes`` with the
 ``ddp`` strategy, accumulation -> ``accumulate_grad_batches``, ZeRO -> DeepSpeed's
@@ -41,11 +41,11 @@ try:
 except ImportError:  # the older package name
     import pytorch_lightning as pl
 
-from . import ranks as _rank
-from .metrics import Reporter, peak_memory_gib
-from .plan import Plan, PlanError, total_iterations
-from .stop import StopFlag
-from .threads import apply as _apply_threads
+from .. import ranks as _rank
+from ..metrics import Reporter, peak_memory_gib
+from ..plan import Plan, PlanError, install_exit_hook, total_iterations
+from ..stop import StopFlag
+from ..threads import apply as _apply_threads
 
 #: The checkpoint's file name in the checkpoint directory.
 FILE = "last.ckpt"
@@ -103,6 +103,7 @@ class RubickCallback(pl.Callback):  # type: ignore[misc]  # Lightning is checked
     """The contract for a Lightning `Trainer` (see the module's documentation)."""
 
     def __init__(self, plan: Plan | None = None, stop: StopFlag | None = None):
+        install_exit_hook()  # an uncaught PlanError exits 2, reading the plan included
         self.plan = plan if plan is not None else Plan.from_env()
         #: Installed now: make the callback before anything slow.
         self.stop = stop if stop is not None else StopFlag(self.plan.stop_signal)

@@ -4,7 +4,7 @@ with the contract's stop, resume and metric lines.
 ::
 
     python -m rubick.torchrun --standalone --nproc-per-node={gpus} \\
-        -m rubick.torchtitan --module llama3 --config llama3_debugmodel
+        -m rubick.integrations.torchtitan --module llama3 --config llama3_debugmodel
 
 runs ``torchtitan.train`` (torchtitan 0.3.0, the Python registry's) with the job's own
 arguments followed by the plan's (:func:`command`). What rubick adds:
@@ -67,12 +67,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import checkpoint as _checkpoint
-from . import ranks as _rank
-from .metrics import Reporter, peak_memory_gib
-from .plan import Plan, PlanError, total_iterations
-from .stop import StopFlag
-from .threads import apply as _apply_threads
+from .. import checkpoint as _checkpoint
+from .. import ranks as _rank
+from ..metrics import Reporter, peak_memory_gib
+from ..plan import Plan, PlanError, install_exit_hook, total_iterations
+from ..stop import StopFlag
+from ..threads import apply as _apply_threads
 
 #: ``launch.supports`` of a torchtitan job: what :func:`flags` can map.
 SUPPORTS = {
@@ -430,12 +430,13 @@ def _steps() -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rubick.torchtitan <the job's torchtitan arguments>``: one worker."""
+    """``python -m rubick.integrations.torchtitan <the job's torchtitan arguments>``: one worker."""
+    install_exit_hook()  # a refused plan exits 2
     plan = Plan.from_env()
     stop = StopFlag(plan.stop_signal, signal.SIGTERM)
     _apply_threads(plan)  # this worker's intra-op threads, unless the user set them
     own = list(sys.argv[1:] if argv is None else argv)
-    from .oom import exit_on_oom
+    from ..oom import exit_on_oom
 
     with exit_on_oom(plan.metrics):
         check_own(own)
