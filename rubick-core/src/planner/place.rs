@@ -58,8 +58,10 @@ pub fn nodes_of(cluster: &Cluster) -> Vec<NodeState> {
 /// The nodes of each group by their free GPUs (`[group][free]`, node indices in
 /// order), kept beside the node list while [`place`] takes from it: best fit and the
 /// most-free-first spread read candidates in order instead of scanning every node.
+/// Each set is a sorted vector: built in order at the cost of a push, and a node moves
+/// between two sets by binary search (a few hundred indices at most per set).
 struct ByFree {
-    sets: Vec<Vec<std::collections::BTreeSet<usize>>>,
+    sets: Vec<Vec<Vec<usize>>>,
     /// Where each group's nodes start in the node list.
     offsets: Vec<usize>,
 }
@@ -73,10 +75,10 @@ impl ByFree {
             sizes[n.group] = sizes[n.group].max(n.gpu_free.len());
             offsets[n.group] = offsets[n.group].min(i);
         }
-        let mut sets: Vec<Vec<std::collections::BTreeSet<usize>>> =
-            sizes.iter().map(|&s| vec![std::collections::BTreeSet::new(); s + 1]).collect();
+        let mut sets: Vec<Vec<Vec<usize>>> = sizes.iter().map(|&s| vec![Vec::new(); s + 1]).collect();
         for (i, n) in nodes.iter().enumerate() {
-            sets[n.group][n.free_gpus() as usize].insert(i);
+            // In order: each set stays sorted.
+            sets[n.group][n.free_gpus() as usize].push(i);
         }
         ByFree { sets, offsets }
     }
@@ -110,9 +112,15 @@ impl ByFree {
         let before = nodes[node].free_gpus() as usize;
         let share = take(nodes, node, gpus, cpus, mem, exact);
         let after = nodes[node].free_gpus() as usize;
-        let sets = &mut self.sets[nodes[node].group];
-        sets[before].remove(&node);
-        sets[after].insert(node);
+        if before != after {
+            let sets = &mut self.sets[nodes[node].group];
+            if let Ok(at) = sets[before].binary_search(&node) {
+                sets[before].remove(at);
+            }
+            if let Err(at) = sets[after].binary_search(&node) {
+                sets[after].insert(at, node);
+            }
+        }
         share
     }
 
