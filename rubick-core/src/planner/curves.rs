@@ -235,7 +235,13 @@ pub struct Evaluator<'a> {
     /// Per (model, group, plan, placement, cores): the believed throughput
     /// ([`Evaluator::believed_throughput`]).
     believed: RefCell<HashMap<(usize, usize, Plan, Placement, u32), f64>>,
+    /// Per (model, request's GPUs, cores, plan and GPU type): the request as a
+    /// configuration ([`Evaluator::request_config`]).
+    requests: HashMap<RequestKey, Option<RequestConfig>>,
 }
+
+/// The cache key of [`Evaluator::request_config`].
+type RequestKey = (usize, u32, Option<u32>, Option<PlanRequest>, Option<String>);
 
 /// What [`Evaluator::best_plan_by`] ranks plans by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -318,6 +324,7 @@ impl<'a> Evaluator<'a> {
             curves: HashMap::new(),
             best: HashMap::new(),
             believed: RefCell::new(HashMap::new()),
+            requests: HashMap::new(),
         }
     }
 
@@ -697,6 +704,19 @@ impl<'a> Evaluator<'a> {
     /// The job's own request as a configuration: its plan (or the best one) on its GPUs
     /// packed onto the first group that can hold them, with its cores.
     fn request_config(&mut self, input: &JobInput) -> Option<RequestConfig> {
+        let job = &input.job;
+        let r = &job.request;
+        let key = self.model_key(job, &input.params, input.evidence.as_ref());
+        let cache_key = (key, r.gpus, r.cpus, r.plan, r.gpu_type.clone());
+        if let Some(hit) = self.requests.get(&cache_key) {
+            return hit.clone();
+        }
+        let out = self.request_config_uncached(input);
+        self.requests.insert(cache_key, out.clone());
+        out
+    }
+
+    fn request_config_uncached(&mut self, input: &JobInput) -> Option<RequestConfig> {
         let job = &input.job;
         let (group, g) = eligible_groups(job, self.cluster)
             .find(|(_, g)| g.total_gpus() >= job.request.gpus)
