@@ -513,6 +513,20 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
     ) -> f64 {
         let key = self.known_model(&input.job, &input.params, input.evidence.as_ref());
+        self.believed_keyed(key, input, group, plan, placement, cpus)
+    }
+
+    /// [`Evaluator::believed_throughput`] of a job whose model's cache key is known
+    /// (`None`: not cached).
+    fn believed_keyed(
+        &self,
+        key: Option<usize>,
+        input: &JobInput,
+        group: usize,
+        plan: &Plan,
+        placement: &Placement,
+        cpus: u32,
+    ) -> f64 {
         let cache_key = key.map(|k| (k, group, *plan, placement.clone(), cpus));
         if let Some(hit) = cache_key.as_ref().and_then(|k| self.believed.borrow().get(k).copied()) {
             return hit;
@@ -703,20 +717,19 @@ impl<'a> Evaluator<'a> {
 
     /// The job's own request as a configuration: its plan (or the best one) on its GPUs
     /// packed onto the first group that can hold them, with its cores.
-    fn request_config(&mut self, input: &JobInput) -> Option<RequestConfig> {
+    fn request_config(&mut self, key: usize, input: &JobInput) -> Option<RequestConfig> {
         let job = &input.job;
         let r = &job.request;
-        let key = self.model_key(job, &input.params, input.evidence.as_ref());
         let cache_key = (key, r.gpus, r.cpus, r.plan, r.gpu_type.clone());
         if let Some(hit) = self.requests.get(&cache_key) {
             return hit.clone();
         }
-        let out = self.request_config_uncached(input);
+        let out = self.request_config_uncached(key, input);
         self.requests.insert(cache_key, out.clone());
         out
     }
 
-    fn request_config_uncached(&mut self, input: &JobInput) -> Option<RequestConfig> {
+    fn request_config_uncached(&mut self, key: usize, input: &JobInput) -> Option<RequestConfig> {
         let job = &input.job;
         let (group, g) = eligible_groups(job, self.cluster)
             .find(|(_, g)| g.total_gpus() >= job.request.gpus)
@@ -733,7 +746,7 @@ impl<'a> Evaluator<'a> {
         };
         match plan {
             Some(plan) => {
-                let throughput = self.believed_throughput(input, group, &plan, &placement, cpus);
+                let throughput = self.believed_keyed(Some(key), input, group, &plan, &placement, cpus);
                 Some(RequestConfig { group, plan: Some(plan), placement, cpus, throughput })
             }
             None => self
@@ -808,7 +821,7 @@ impl<'a> Evaluator<'a> {
         }
         let mut current_thr = None;
         if let Some(cur) = &input.current {
-            let thr = self.believed_throughput(input, cur.group, &cur.plan, &cur.placement, cur.cpus);
+            let thr = self.believed_keyed(Some(key), input, cur.group, &cur.plan, &cur.placement, cur.cpus);
             current_thr = Some(thr);
             // The same configuration found by the curve is the current one.
             candidates.retain(|c| {
@@ -857,7 +870,7 @@ impl<'a> Evaluator<'a> {
                 }
             }
         }
-        let request = self.request_config(input);
+        let request = self.request_config(key, input);
         // A guaranteed job may always run exactly as it asked (when its plan fits and
         // its checkpoints allow it): that configuration meets the guarantee whatever
         // the model's error.
