@@ -15,6 +15,10 @@ use rubick_milp::Milp;
 use rubick_sim::trace::load_trace;
 use rubick_sim::truth::TruthMode;
 
+/// The allocator `rubick-plan` runs with (its `main.rs`), so the figures are the tool's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn lookup(name: &str) -> anyhow::Result<&'static rubick_policy::Registration> {
     rubick_policy::lookup(name).map_err(anyhow::Error::msg)
 }
