@@ -25,13 +25,11 @@ use std::time::Duration;
 use crate::truth::{Basis, Truth};
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{Candidates, Current, PlannerConfig, ReferencePlans};
+use rubick_core::planner::{Belief, Candidates, Current, JobInput, PlannerConfig, Progress, ReferencePlans};
 use rubick_core::schedule::Change;
 use rubick_core::{Cluster, Job, Placement, Plan, PlanCode};
 
-use rubick_policy::{
-    Policy, PolicyJob, PolicyOptions, Queue, Registration, Request, View, request_config, work_per_iteration,
-};
+use rubick_policy::{Policy, PolicyOptions, Queue, Registration, Request, View, request_config, work_per_iteration};
 
 /// Knobs of a simulation.
 #[derive(Debug, Clone)]
@@ -466,33 +464,34 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
         self.since_plan = 0;
         self.changed = false;
         let t = self.t;
-        let seen: Vec<PolicyJob<'_>> = self
+        let seen: Vec<JobInput> = self
             .active
             .iter()
             .map(|p| {
                 let (sj, s) = (p.job.borrow(), &p.state);
-                PolicyJob {
-                    evidence: None,
-                    job: &sj.job,
-                    params: &sj.params,
+                JobInput {
+                    job: sj.job.clone(),
+                    belief: Belief::from(sj.params.clone()),
                     trace_code: sj.trace_code,
-                    current: s.alloc.as_ref(),
+                    current: s.alloc.clone(),
                     // A paused job resumes at any plan here (its checkpoint restriction
                     // applies only while it runs: `JobInput::restriction`).
                     allowed: rubick_core::planner::Restriction::Any,
-                    remaining: s.remaining,
-                    remaining_work: s.remaining_work(),
-                    attained_gpu_s: s.gpu_s,
-                    first_start_s: s.first_start,
+                    priority: 1.0,
                     restarts: s.restarts,
                     restoring: s.alloc.is_some() && s.penalty_until > t + 1e-9,
-                    max_gpus: s.max_gpus,
+                    progress: Progress {
+                        remaining: s.remaining,
+                        remaining_work: s.remaining_work(),
+                        attained_gpu_s: s.gpu_s,
+                        first_start_s: s.first_start,
+                        max_gpus: s.max_gpus,
+                    },
                 }
             })
             .collect();
         let view = View { cluster: self.cluster, jobs: &seen, now_s: t, configs: Some(self.truth.table.as_ref()) };
         let new = policy.decide(&view, self.round_no);
-        drop(seen);
         self.round_no += 1;
         for (p, alloc) in self.active.iter_mut().zip(new) {
             p.state.apply(p.index, p.job.borrow(), alloc, t, self.cluster, self.truth, self.config);
@@ -870,7 +869,7 @@ mod tests {
         // ZeRO-Offload on 4 GPUs asking 8 cores per GPU; profiled at 4 per GPU, its CPU
         // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
         let sj = job("s", PlanCode::ZeroOffload, 4, 32, false);
-        let jobs = [PolicyJob::of(&sj.job, &sj.params, None, false)];
+        let jobs = [JobInput::example(sj.job.clone(), Belief::from(sj.params.clone()), None, false)];
         let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None };
         let out = policy.decide(&view, 0);
         assert_eq!(out[0].as_ref().map(|a| a.cpus), Some(48));

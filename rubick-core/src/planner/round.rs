@@ -113,7 +113,8 @@ pub fn assemble(
             if let Some((support, _)) = evidence {
                 reason = format!("{reason}; {}", support.as_str());
                 // Which row says so: the family's slowest against the model.
-                let slower = p.zip(input.evidence.as_ref()).and_then(|(p, e)| e.family_slower(&p.plan, &p.placement));
+                let slower =
+                    p.zip(input.belief.evidence.as_ref()).and_then(|(p, e)| e.family_slower(&p.plan, &p.placement));
                 if let (Support::FamilySlower, Some(m)) = (support, slower) {
                     reason = format!(
                         "{reason} ({} on {} ran {:.4} s per iteration, {:.1}x the model's {:.4} s; the interval widened by as much)",
