@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use rubick_core::artifact::to_yaml;
+use rubick_core::planner::round::assemble_allocations;
 use rubick_core::planner::{PlannerConfig, ServiceQuantum};
 use rubick_core::schedule::Schedule;
 use rubick_io::cli::Outcome;
@@ -13,7 +14,7 @@ use rubick_io::reference::ReferenceData;
 use crate::round::job_inputs;
 use rubick_io::beliefs::ModelSource;
 use rubick_policy::planner::RoundReport;
-use rubick_policy::{PolicyOptions, Queue, Registration, View, request_config, schedule_of, work_per_iteration};
+use rubick_policy::{PolicyOptions, Queue, Registration, View, request_config, work_per_iteration};
 
 /// The planner's restart rules (restart factor, growth bound, restart cap, kept requests, scale-out efficiency), shared by `schedule`, `curves` and
 /// `simulate`; each off for ablation.
@@ -259,20 +260,11 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     let (mut schedule, mut explain) = match policy.last_round() {
         Some(RoundReport::Planned(schedule, explain)) => (*schedule, explain),
         Some(RoundReport::Infeasible(reason)) => return Ok(Outcome::Negative(reason)),
-        None => schedule_of(&evaluator, args.policy.name, round, &jobs, &allocations),
+        None => assemble_allocations(&evaluator, &jobs, &allocations, args.policy.name, round),
     };
     for (job, why) in left_out {
         explain.push(format!("{job}: Pending: left out: {why}"));
-        schedule.assignments.push(rubick_core::schedule::Assignment {
-            job,
-            plan: None,
-            nodes: Vec::new(),
-            predicted_throughput: 0.0,
-            guarantee: None,
-            change: rubick_core::schedule::Change::Pending,
-            rounds_since_change: 0,
-            reason: format!("left out: {why}"),
-        });
+        schedule.leave_out(job, &why);
     }
     let wall = start.elapsed();
     tracing::info!(

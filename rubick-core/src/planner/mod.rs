@@ -334,25 +334,13 @@ impl Current {
         nodes: &[(u32, Vec<u32>)],
         cpus: u32,
     ) -> crate::schedule::Change {
-        use crate::schedule::Change;
+        use crate::schedule::{Change, NodeSet};
         // Same nodes, and the same GPUs on each where both sides name them.
-        let sorted = |n: &[(u32, Vec<u32>)]| {
-            let mut n: Vec<(u32, Vec<u32>)> = n
-                .iter()
-                .map(|(i, g)| {
-                    let mut g = g.clone();
-                    g.sort_unstable();
-                    (*i, g)
-                })
-                .collect();
-            n.sort();
-            n
+        let set = |n: &[(u32, Vec<u32>)]| match n {
+            [] => NodeSet::unknown(),
+            _ => NodeSet::new(n.iter().map(|(i, g)| (*i, (!g.is_empty()).then_some(&g[..])))),
         };
-        let (a, b) = (sorted(&self.nodes), sorted(nodes));
-        let same_nodes = a.is_empty()
-            || b.is_empty()
-            || (a.len() == b.len()
-                && a.iter().zip(&b).all(|((i, g), (k, h))| i == k && (g.is_empty() || h.is_empty() || g == h)));
+        let same_nodes = set(&self.nodes).matches(&set(nodes));
         if self.placement.gpus() != placement.gpus() {
             Change::Resized
         } else if self.plan != *plan {
@@ -364,6 +352,27 @@ impl Current {
         } else {
             Change::Kept
         }
+    }
+
+    /// Its share of each node, named as `cluster` names them: its GPUs there, and its
+    /// cores and host memory split by its GPUs on each.
+    pub fn shares(&self, cluster: &Cluster) -> Vec<crate::schedule::NodeShare> {
+        let g = &cluster.node_groups[self.group];
+        let counts: Vec<u32> = self.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
+        let cores = place::split(self.cpus, &counts);
+        let total = counts.iter().sum::<u32>().max(1);
+        self.nodes
+            .iter()
+            .zip(cores)
+            .map(|((i, ix), cpus)| crate::schedule::NodeShare {
+                node: g.node_name(*i),
+                gpus: ix.clone(),
+                cpus,
+                host_memory_gib: crate::schedule::round6(
+                    self.host_memory_gib * f64::from(ix.len() as u32) / f64::from(total),
+                ),
+            })
+            .collect()
     }
 
     /// [`Current::change_to`] another `Current`, or from/to not running.
