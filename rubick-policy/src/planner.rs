@@ -163,7 +163,7 @@ impl super::Policy for PlannerFamily<'_> {
             .enumerate()
             .map(|(j, pj)| {
                 let mut input = pj.clone();
-                let job = &mut input.job;
+                let job = &pj.job;
                 // What the job's checkpoint allows (a moved job), narrowed by the
                 // policy's own rule.
                 if self.keep_layout {
@@ -173,9 +173,13 @@ impl super::Policy for PlannerFamily<'_> {
                 }
                 // A request the model's shape rejects is still what the user ran: the
                 // planner's guarantee is its throughput.
-                if job.request.plan.is_none() {
-                    job.request.plan =
-                        traced_plan(job, pj.trace_code, cluster, home_group(job, cluster)).map(PlanRequest::Exact);
+                let traced = job
+                    .request
+                    .plan
+                    .is_none()
+                    .then(|| traced_plan(job, pj.trace_code, cluster, home_group(job, cluster)));
+                if let Some(plan) = traced.flatten() {
+                    std::sync::Arc::make_mut(&mut input.job).request.plan = Some(PlanRequest::Exact(plan));
                 }
                 input.priority = match self.queue {
                     // Shortest remaining work first: every job, running ones too, weighs

@@ -79,7 +79,7 @@ mod tests {
         };
         let offload = example("offload", PlanCode::ZeroOffload, 4, 24);
         let mut later = example("later", PlanCode::ZeroDp, 4, 24);
-        later.job.submit_time_s = 60.0;
+        std::sync::Arc::make_mut(&mut later.job).submit_time_s = 60.0;
         let mut policy = lookup("synergy").unwrap().build(&cluster, &options);
         let jobs = [offload.clone()];
         let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);

@@ -307,6 +307,18 @@ struct Present<J> {
     state: State,
 }
 
+/// `into` made `from`, keeping its allocations when the job holds the same GPUs (only
+/// its rounds since a change, cores or plan differ).
+fn refresh(into: &mut Option<Current>, from: Option<&Current>) {
+    match (into.as_mut(), from) {
+        (Some(a), Some(b)) if a.placement == b.placement && a.nodes == b.nodes => {
+            (a.group, a.plan, a.cpus) = (b.group, b.plan, b.cpus);
+            (a.host_memory_gib, a.rounds_since_change) = (b.host_memory_gib, b.rounds_since_change);
+        }
+        _ => *into = from.cloned(),
+    }
+}
+
 /// A simulation in progress, as steps: [`Simulation::arrive`] (submitted jobs join;
 /// the clock skips idle time), [`Simulation::decide`] (the policy decides when a job
 /// arrived or finished, or a cooldown ended), [`Simulation::advance`] (one round under
@@ -327,6 +339,9 @@ pub struct Simulation<'a, J, I: Iterator<Item = (usize, J)>> {
     total: usize,
     /// Submitted, unfinished jobs, in submission order.
     active: Vec<Present<J>>,
+    /// The active jobs as the policy sees them (in the same order), refreshed in place
+    /// before each decision: a decision every round reallocates nothing that stayed.
+    seen: Vec<JobInput>,
     /// Outcomes of the jobs that left, with their index.
     done: Vec<(usize, JobResult)>,
     /// The latest submission so far (from 0).
@@ -385,6 +400,7 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
             pending,
             total,
             active: Vec::new(),
+            seen: Vec::new(),
             done: Vec::new(),
             last_submit_s: 0.0,
             t,
@@ -430,6 +446,9 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
                 let sj = job.borrow();
                 self.last_submit_s = self.last_submit_s.max(sj.job.submit_time_s);
                 let state = State::of(sj, self.cluster, self.truth, &mut self.evaluator);
+                let mut seen = JobInput::new(sj.job.clone(), Belief::from(sj.params.clone()));
+                seen.trace_code = sj.trace_code;
+                self.seen.push(seen);
                 self.active.push(Present { index, job, state });
                 self.changed = true;
             }
@@ -464,33 +483,23 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
         self.since_plan = 0;
         self.changed = false;
         let t = self.t;
-        let seen: Vec<JobInput> = self
-            .active
-            .iter()
-            .map(|p| {
-                let (sj, s) = (p.job.borrow(), &p.state);
-                JobInput {
-                    job: sj.job.clone(),
-                    belief: Belief::from(sj.params.clone()),
-                    trace_code: sj.trace_code,
-                    current: s.alloc.clone(),
-                    // A paused job resumes at any plan here (its checkpoint restriction
-                    // applies only while it runs: `JobInput::restriction`).
-                    allowed: rubick_core::planner::Restriction::Any,
-                    priority: 1.0,
-                    restarts: s.restarts,
-                    restoring: s.alloc.is_some() && s.penalty_until > t + 1e-9,
-                    progress: Progress {
-                        remaining: s.remaining,
-                        remaining_work: s.remaining_work(),
-                        attained_gpu_s: s.gpu_s,
-                        first_start_s: s.first_start,
-                        max_gpus: s.max_gpus,
-                    },
-                }
-            })
-            .collect();
-        let view = View { cluster: self.cluster, jobs: &seen, now_s: t, configs: Some(self.truth.table.as_ref()) };
+        for (p, seen) in self.active.iter().zip(&mut self.seen) {
+            let s = &p.state;
+            refresh(&mut seen.current, s.alloc.as_ref());
+            // A paused job resumes at any plan here (its checkpoint restriction applies
+            // only while it runs: `JobInput::restriction`): `allowed` stays `Any`.
+            seen.restarts = s.restarts;
+            seen.restoring = s.alloc.is_some() && s.penalty_until > t + 1e-9;
+            seen.progress = Progress {
+                remaining: s.remaining,
+                remaining_work: s.remaining_work(),
+                attained_gpu_s: s.gpu_s,
+                first_start_s: s.first_start,
+                max_gpus: s.max_gpus,
+            };
+        }
+        let configs: Option<&dyn rubick_core::planner::CandidateFilter> = Some(self.truth.table.as_ref());
+        let view = View { cluster: self.cluster, jobs: &self.seen, now_s: t, configs };
         let new = policy.decide(&view, self.round_no);
         self.round_no += 1;
         for (p, alloc) in self.active.iter_mut().zip(new) {
@@ -513,11 +522,13 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
         }
         if left {
             let (active, done) = (std::mem::take(&mut self.active), &mut self.done);
-            for p in active {
+            let seen = std::mem::take(&mut self.seen);
+            for (p, seen) in active.into_iter().zip(seen) {
                 if p.state.finish.is_some() {
                     done.push((p.index, p.state.result(p.job.borrow())));
                 } else {
                     self.active.push(p);
+                    self.seen.push(seen);
                 }
             }
             self.changed = true;

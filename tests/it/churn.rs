@@ -156,7 +156,7 @@ fn jobs_past_the_service_quantum_make_way_for_waiting_jobs_below_it() {
         let mut inputs = inputs.clone();
         let mut k = 0;
         for i in &mut inputs {
-            i.job.guaranteed = false;
+            std::sync::Arc::make_mut(&mut i.job).guaranteed = false;
             if i.current.is_some() {
                 // Every other running job is past the quantum.
                 let past = k % 2 == 0;

@@ -35,7 +35,7 @@ fn f(v: &Value) -> f64 {
 
 /// A recorded job, as the simulator held it.
 struct Recorded {
-    job: Job,
+    job: std::sync::Arc<Job>,
     params: Params,
     trace_code: Option<PlanCode>,
 }
@@ -72,7 +72,7 @@ fn ours(inputs: &Value) -> Vec<BTreeMap<String, Alloc>> {
         .map(|(name, v)| {
             let values: Vec<f64> = serde_json::from_value(v["params"].clone()).unwrap();
             let recorded = Recorded {
-                job: serde_json::from_value(v["job"].clone()).unwrap(),
+                job: std::sync::Arc::new(serde_json::from_value(v["job"].clone()).unwrap()),
                 params: Params { values: values.try_into().expect("every parameter") },
                 trace_code: v["traceCode"].as_str().map(|c| c.parse().unwrap()),
             };

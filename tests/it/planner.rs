@@ -406,7 +406,7 @@ fn the_indexed_heuristic_decides_exactly_as_the_exhaustive_one() {
         let first = plan_round(cluster, config, inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(10)), 0)
             .expect("round");
         // The second round starts from the first's schedule.
-        let believed = inputs.iter().map(|i| (i.job.clone(), i.belief.clone())).collect();
+        let believed = inputs.iter().map(|i| (rubick_core::Job::clone(&i.job), i.belief.clone())).collect();
         let path = std::path::Path::new("<synthetic>");
         let second =
             rubick_plan::round::job_inputs(path, believed, cluster, config, Some((path, &first.outcome.schedule)))

@@ -616,7 +616,8 @@ impl Progress {
 /// policy sees of a job (`rubick_policy::View`) and what the planner plans.
 #[derive(Debug, Clone)]
 pub struct JobInput {
-    pub job: Job,
+    /// The job as declared (shared: a simulation hands the same job to every decision).
+    pub job: std::sync::Arc<Job>,
     pub belief: Belief,
     /// The plan code of a trace whose model's shape rejects it (the request then has no
     /// plan): the user's plan taken literally (`rubick_policy::traced_plan`).
@@ -641,7 +642,8 @@ pub struct JobInput {
 impl JobInput {
     /// `job` before its first start, believed as `belief`: waiting, on any plan, of
     /// weight 1.
-    pub fn new(job: Job, belief: Belief) -> Self {
+    pub fn new(job: impl Into<std::sync::Arc<Job>>, belief: Belief) -> Self {
+        let job = job.into();
         let progress = Progress::not_started(&job);
         JobInput {
             job,
@@ -659,7 +661,12 @@ impl JobInput {
     /// A job as a test or an example hands it to a policy: 1,000 iterations left (1
     /// GPU-second of work), running on `current` since 0 (the most GPUs it has held)
     /// or waiting, `restoring` whether it restarts now.
-    pub fn example(job: Job, belief: Belief, current: Option<Current>, restoring: bool) -> Self {
+    pub fn example(
+        job: impl Into<std::sync::Arc<Job>>,
+        belief: Belief,
+        current: Option<Current>,
+        restoring: bool,
+    ) -> Self {
         let progress = Progress {
             remaining: 1000.0,
             remaining_work: 1.0,

@@ -410,7 +410,7 @@ pub fn plan_round_with(
                 .map(|i| {
                     let mut i = i.clone();
                     if i.job.name == *victim {
-                        i.job.guaranteed = false;
+                        std::sync::Arc::make_mut(&mut i.job).guaranteed = false;
                     }
                     i
                 })
