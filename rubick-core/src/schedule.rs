@@ -63,6 +63,44 @@ pub struct NodeShare {
     pub host_memory_gib: f64,
 }
 
+/// The GPUs a job holds, node by node, in any order: the one comparison of where a job
+/// runs, for a schedule's change rule (`Current::change_to`) and `rubick-run`'s
+/// reconciliation alike. What is not known matches anything: a node's GPU indices
+/// (`None`: a job's `current` names its nodes only), or the nodes themselves
+/// ([`NodeSet::unknown`]: a `current` that names none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSet<K>(Option<Vec<(K, Option<Vec<u32>>)>>);
+
+impl<K: Ord> NodeSet<K> {
+    /// Nodes not known.
+    pub fn unknown() -> Self {
+        NodeSet(None)
+    }
+
+    /// The set of `nodes`: (node, its GPU indices when known).
+    pub fn new<'a>(nodes: impl IntoIterator<Item = (K, Option<&'a [u32]>)>) -> Self {
+        let mut nodes: Vec<(K, Option<Vec<u32>>)> = nodes
+            .into_iter()
+            .map(|(node, gpus)| {
+                let gpus = gpus.map(|g| {
+                    let mut g = g.to_vec();
+                    g.sort_unstable();
+                    g
+                });
+                (node, gpus)
+            })
+            .collect();
+        nodes.sort();
+        NodeSet(Some(nodes))
+    }
+
+    /// Whether both hold the same GPUs of the same nodes, as far as both know.
+    pub fn matches(&self, other: &Self) -> bool {
+        let (Some(a), Some(b)) = (&self.0, &other.0) else { return true };
+        a.len() == b.len() && a.iter().zip(b).all(|((i, g), (k, h))| i == k && (g.is_none() || h.is_none() || g == h))
+    }
+}
+
 /// A guaranteed job's required and predicted throughput.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -256,6 +294,24 @@ pub struct ScheduleBuilder {
     schedule: Schedule,
     host_memory_gib: Vec<f64>,
     normalized: Vec<f64>,
+}
+
+impl Schedule {
+    /// A job left out of the round after it was planned (its model unreadable, or what
+    /// it requires missing here), `why`: it waits, and uses nothing, so the totals
+    /// stand.
+    pub fn leave_out(&mut self, job: String, why: &str) {
+        self.assignments.push(Assignment {
+            job,
+            plan: None,
+            nodes: Vec::new(),
+            predicted_throughput: 0.0,
+            guarantee: None,
+            change: Change::Pending,
+            rounds_since_change: 0,
+            reason: format!("left out: {why}"),
+        });
+    }
 }
 
 impl ScheduleBuilder {

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 use rubick_core::perf::PerfModel;
 use rubick_core::perfmodel::{Links, Params};
-use rubick_core::planner::curves::default_params;
+use rubick_core::planner::Belief;
 use rubick_core::{Cluster, Job, MemoryEstimator};
 
 use crate::files::load_artifact;
@@ -23,10 +23,6 @@ pub struct ModelSource<'a> {
     /// fitted from 8 profiled rows.
     pub reference: Option<&'a ReferenceData>,
 }
-
-/// What the planner believes of one job: its model's parameters and, when its
-/// `PerfModel` lists measured rows, what they rest on.
-pub type Belief = (Params, Option<std::sync::Arc<rubick_core::planner::Evidence>>);
 
 /// Each job's belief, reading every `perfModel` once: from its file, else a fit on the
 /// reference data when that has the model, else the FLOPs-based default. A job whose
@@ -46,12 +42,7 @@ pub fn job_beliefs(
         if let Some(path) = perf_model_path(job, source) {
             out.push(match load_artifact::<PerfModel>(&path) {
                 Err(e) => Err(format!("perfModel: {e}")),
-                Ok(model) => match model.params() {
-                    Err(e) => Err(format!("perfModel: {}: {e}", path.display())),
-                    Ok(params) => {
-                        Ok((params, rubick_core::planner::Evidence::of_model(&model).map(std::sync::Arc::new)))
-                    }
-                },
+                Ok(model) => Belief::of(&model).map_err(|e| format!("perfModel: {}: {e}", path.display())),
             });
             continue;
         }
@@ -72,7 +63,7 @@ pub fn job_beliefs(
         if from_reference.is_none() {
             defaulted.push(job);
         }
-        out.push(Ok((from_reference.unwrap_or_else(|| default_params(&job.model)), None)));
+        out.push(Ok(from_reference.map_or_else(|| Belief::prior(&job.model), Belief::from)));
     }
     warn_default_models(&defaulted, source);
     Ok(out)
@@ -129,7 +120,7 @@ pub fn job_params(jobs: &[Job], cluster: &Cluster, source: &ModelSource<'_>) -> 
     job_beliefs(jobs, cluster, source)?
         .into_iter()
         .enumerate()
-        .map(|(i, belief)| belief.map(|(params, _)| params).map_err(|why| anyhow::anyhow!("{file}: jobs[{i}].{why}")))
+        .map(|(i, belief)| belief.map(|b| b.params).map_err(|why| anyhow::anyhow!("{file}: jobs[{i}].{why}")))
         .collect()
 }
 

@@ -40,15 +40,10 @@ fn main() -> anyhow::Result<()> {
         std::hash::Hash::hash(&text, &mut h);
         // A second round on the first's schedule (jobs kept, moved, locked).
         let batch = synth::jobs(&cluster, jobs, seed)?;
-        let params = batch.jobs.iter().map(|j| rubick_core::planner::curves::default_params(&j.model)).collect();
+        let believed = rubick_plan::round::on_priors(batch.jobs);
         let path = std::path::Path::new("<synthetic>");
-        let inputs2 = rubick_plan::round::job_inputs(
-            (path, batch.jobs),
-            params,
-            &cluster,
-            &config,
-            Some((path, &r.outcome.schedule)),
-        )?;
+        let inputs2 =
+            rubick_plan::round::job_inputs(path, believed, &cluster, &config, Some((path, &r.outcome.schedule)))?;
         let start2 = Instant::now();
         let r2 = plan_round(&cluster, &config, &inputs2, Solver::Heuristic, &Milp::new(Duration::from_secs(10)), 1)
             .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use plotters::prelude::*;
 use rubick_core::Cluster;
+use rubick_core::planner::Belief;
 use rubick_core::planner::curves::{CurvePoint, Evaluator};
 use rubick_io::cli::Outcome;
 use rubick_io::files::write_output;
@@ -107,7 +108,8 @@ pub fn run(args: &CurvesArgs) -> anyhow::Result<Outcome> {
     let reference = args.planner.reference()?;
     let source = ModelSource { jobs_path: Some(&args.jobs), reference: reference.as_ref() };
     let params = job_params(&jobs, &cluster, &source)?;
-    let inputs = job_inputs((&args.jobs, jobs), params, &cluster, &config, None)?;
+    let jobs = jobs.into_iter().zip(params.into_iter().map(Belief::from)).collect();
+    let inputs = job_inputs(&args.jobs, jobs, &cluster, &config, None)?;
     let mut evaluator = Evaluator::new(&cluster, &config);
     evaluator.cross_splits = true;
     let mut csv = String::from("job,node_group,gpus,cpus,bandwidth,plan,throughput,normalized,pareto\n");

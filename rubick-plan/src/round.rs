@@ -4,16 +4,29 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use rubick_core::perfmodel::Params;
-use rubick_core::planner::{JobInput, PlannerConfig, Restriction, current_of_assignment, current_of_job, node_by_name};
+use rubick_core::planner::{
+    Belief, JobInput, PlannerConfig, Progress, Restriction, current_of_assignment, current_of_job, node_by_name,
+};
 use rubick_core::schedule::Schedule;
 use rubick_core::{Cluster, Job};
 
-/// The planner's inputs: jobs with parameters and current allocations, taken from the
-/// previous round's schedule where it names the job, else from the job's `current`.
+/// Each job believed as the FLOPs-based default of its model ([`Belief::prior`]).
+pub fn on_priors(jobs: Vec<Job>) -> Vec<(Job, Belief)> {
+    jobs.into_iter()
+        .map(|job| {
+            let belief = Belief::prior(&job.model);
+            (job, belief)
+        })
+        .collect()
+}
+
+/// The planner's inputs: jobs with their beliefs and current allocations, taken from
+/// the previous round's schedule where it names the job, else from the job's `current`.
+/// Each has all its iterations left and has received no service (a real round knows
+/// none: no quantum, every running job keeps its request).
 pub fn job_inputs(
-    (jobs_path, jobs): (&Path, Vec<Job>),
-    params: Vec<Params>,
+    jobs_path: &Path,
+    jobs: Vec<(Job, Belief)>,
     cluster: &Cluster,
     config: &PlannerConfig,
     previous: Option<(&Path, &Schedule)>,
@@ -25,7 +38,7 @@ pub fn job_inputs(
         assigned.entry(a.job.as_str()).or_insert(k);
     }
     let hosted = cluster.node_groups.iter().any(|g| !g.hosts.is_empty());
-    for (i, (job, params)) in jobs.into_iter().zip(params).enumerate() {
+    for (i, (job, belief)) in jobs.into_iter().enumerate() {
         // The job's assignment in the previous schedule, with where that schedule is.
         let before = previous.zip(assigned.get(job.name.as_str())).map(|((path, s), &k)| (path, &s.assignments[k], k));
         // A cluster naming its hosts (`rubick-run cluster --backend slurm`) is what is up
@@ -60,7 +73,7 @@ pub fn job_inputs(
             // The plan it ran: the previous schedule's, else the job's `current`.
             let ran = before.map_or_else(|| job.current.as_ref().map(|c| c.plan), |(_, a, _)| a.plan);
             let allowed = ran.map_or(Restriction::Any, |plan| Restriction::of_checkpoint(&plan, job.resharding));
-            inputs.push(waiting(job, params, allowed, restarts));
+            inputs.push(JobInput { allowed, restarts, ..JobInput::new(job, belief) });
             continue;
         }
         let current = match before {
@@ -78,39 +91,19 @@ pub fn job_inputs(
             let checkpoint = Restriction::of_checkpoint(&c.plan, job.resharding);
             let allowed = if checkpoint.allows(&slow.before) { Restriction::Exact(slow.before) } else { checkpoint };
             tracing::warn!("`{}`: {}: it moves back", job.name, slow.describe());
-            inputs.push(waiting(job, params, allowed, restarts));
+            inputs.push(JobInput { allowed, restarts, ..JobInput::new(job, belief) });
             continue;
         }
         let restoring = job.current.as_ref().is_some_and(|c| c.restoring);
+        let progress =
+            Progress { max_gpus: current.as_ref().map_or(0, |c| c.placement.gpus()), ..Progress::not_started(&job) };
         inputs.push(JobInput {
-            job,
-            params,
-            evidence: None,
             restoring: restoring && current.is_some(),
             current,
-            allowed: Restriction::Any,
-            priority: 1.0,
             restarts,
-            // A real round knows no service received (no quantum: every running job
-            // keeps its request).
-            attained_gpu_s: 0.0,
+            progress,
+            ..JobInput::new(job, belief)
         });
     }
     Ok(inputs)
-}
-
-/// A running job planned as a waiting one (its run must move: its node or GPU left, or
-/// it runs slower than the plan before), on the plans `allowed`, its restarts kept.
-fn waiting(job: Job, params: Params, allowed: Restriction, restarts: u32) -> JobInput {
-    JobInput {
-        job,
-        params,
-        evidence: None,
-        current: None,
-        allowed,
-        priority: 1.0,
-        restarts,
-        restoring: false,
-        attained_gpu_s: 0.0,
-    }
 }

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use rubick_core::artifact::to_yaml;
+use rubick_core::planner::round::assemble_allocations;
 use rubick_core::planner::{PlannerConfig, ServiceQuantum};
 use rubick_core::schedule::Schedule;
 use rubick_io::cli::Outcome;
@@ -13,9 +14,7 @@ use rubick_io::reference::ReferenceData;
 use crate::round::job_inputs;
 use rubick_io::beliefs::ModelSource;
 use rubick_policy::planner::RoundReport;
-use rubick_policy::{
-    PolicyJob, PolicyOptions, Queue, Registration, View, request_config, schedule_of, work_per_iteration,
-};
+use rubick_policy::{PolicyOptions, Queue, Registration, View, request_config, work_per_iteration};
 
 /// The planner's restart rules (restart factor, growth bound, restart cap, kept requests, scale-out efficiency), shared by `schedule`, `curves` and
 /// `simulate`; each off for ablation.
@@ -223,7 +222,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     {
         anyhow::bail!("{}: jobs[{i}].{why}", rubick_io::files::display(&args.jobs));
     }
-    let (mut kept, mut params, mut evidence, mut left_out) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut kept, mut left_out) = (Vec::new(), Vec::new());
     for (i, (job, belief)) in jobs.into_iter().zip(beliefs).enumerate() {
         // A job that needs what this cluster lacks (`requires:`, e.g. a GPU on a cluster
         // of CPU worker slots) is left out with why: planned, `apply` would refuse it.
@@ -232,11 +231,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
             None => belief,
         };
         match belief {
-            Ok((p, e)) => {
-                kept.push(job);
-                params.push(p);
-                evidence.push(e);
-            }
+            Ok(belief) => kept.push((job, belief)),
             Err(why) => {
                 tracing::error!("`{}` (jobs[{i}]) is left out of this round: {why}", job.name);
                 left_out.push((job.name, why));
@@ -244,10 +239,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         }
     }
     let prev = current.zip(previous.as_ref());
-    let mut inputs = job_inputs((&args.jobs, kept), params, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
-    for (input, evidence) in inputs.iter_mut().zip(evidence) {
-        input.evidence = evidence;
-    }
+    let mut jobs = job_inputs(&args.jobs, kept, &cluster, &config, prev.map(|(p, s)| (p as &Path, s)))?;
     let round = previous.as_ref().map_or(0, |s| s.round + 1);
     let options = PolicyOptions {
         queue: args.queue,
@@ -256,57 +248,28 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
     };
     let start = std::time::Instant::now();
     let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);
-    let work: Vec<f64> = inputs
-        .iter()
-        .map(|i| {
-            let request = request_config(&i.job, &i.params, None, &mut evaluator, None);
-            work_per_iteration(&i.job, &i.params, request.as_ref(), &evaluator)
-        })
-        .collect();
-    let jobs: Vec<PolicyJob<'_>> = inputs
-        .iter()
-        .zip(&work)
-        .map(|(i, w)| PolicyJob {
-            job: &i.job,
-            params: &i.params,
-            evidence: i.evidence.clone(),
-            trace_code: None,
-            current: i.current.as_ref(),
-            allowed: i.allowed,
-            remaining: i.job.iterations as f64,
-            remaining_work: i.job.iterations as f64 * w,
-            attained_gpu_s: 0.0,
-            first_start_s: None,
-            restarts: i.restarts,
-            restoring: i.restoring,
-            max_gpus: i.current.as_ref().map_or(0, |c| c.placement.gpus()),
-        })
-        .collect();
+    // Its remaining work: every iteration, each the GPU-seconds its request takes.
+    for input in &mut jobs {
+        let request = request_config(&input.job, &input.belief.params, None, &mut evaluator, None);
+        let work = work_per_iteration(&input.job, &input.belief.params, request.as_ref(), &evaluator);
+        input.progress.remaining_work = input.job.iterations as f64 * work;
+    }
     let mut policy = args.policy.build(&cluster, &options);
     let view = View { cluster: &cluster, jobs: &jobs, now_s: config.now_s, configs: None };
     let allocations = policy.decide(&view, round);
     let (mut schedule, mut explain) = match policy.last_round() {
         Some(RoundReport::Planned(schedule, explain)) => (*schedule, explain),
         Some(RoundReport::Infeasible(reason)) => return Ok(Outcome::Negative(reason)),
-        None => schedule_of(&evaluator, args.policy.name, round, &jobs, &allocations),
+        None => assemble_allocations(&evaluator, &jobs, &allocations, args.policy.name, round),
     };
     for (job, why) in left_out {
         explain.push(format!("{job}: Pending: left out: {why}"));
-        schedule.assignments.push(rubick_core::schedule::Assignment {
-            job,
-            plan: None,
-            nodes: Vec::new(),
-            predicted_throughput: 0.0,
-            guarantee: None,
-            change: rubick_core::schedule::Change::Pending,
-            rounds_since_change: 0,
-            reason: format!("left out: {why}"),
-        });
+        schedule.leave_out(job, &why);
     }
     let wall = start.elapsed();
     tracing::info!(
         "round {round}: {} jobs, {}/{} GPUs used, objective {:.4} ({}, {}) in {:.1} ms",
-        inputs.len(),
+        jobs.len(),
         schedule.totals.gpus_used,
         schedule.totals.gpus_total,
         schedule.objective,

@@ -188,7 +188,7 @@ pub fn instance(
 ) -> anyhow::Result<(Cluster, Vec<rubick_core::planner::JobInput>)> {
     let cluster = cluster(gpus);
     let batch = jobs(&cluster, count, seed)?;
-    let params = batch.jobs.iter().map(|j| default_params(&j.model)).collect();
-    let inputs = crate::round::job_inputs((Path::new("<synthetic>"), batch.jobs), params, &cluster, config, None)?;
+    let jobs = crate::round::on_priors(batch.jobs);
+    let inputs = crate::round::job_inputs(Path::new("<synthetic>"), jobs, &cluster, config, None)?;
     Ok((cluster, inputs))
 }

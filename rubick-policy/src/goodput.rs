@@ -72,15 +72,15 @@ use rubick_core::planner::curves::{Candidate, CurveBook, Evaluator, JobCurves, h
 use rubick_core::planner::exact::ExactSolver;
 use rubick_core::planner::place::Repack;
 use rubick_core::planner::round::assemble;
-use rubick_core::planner::{CandidateFilter, Current, JobInput, Restriction, current_of_assignment, eligible_groups};
+use rubick_core::planner::{
+    Belief, CandidateFilter, Current, JobInput, Restriction, current_of_assignment, eligible_groups,
+};
 use rubick_core::schedule::{SolverStats, SolverStatus};
 use rubick_core::{Cluster, Placement, Plan};
 use rubick_milp::Milp;
 
 use super::planner::RoundReport;
-use super::{
-    Policy, PolicyJob, PolicyOptions, View, home_group, request_config, request_plan, traced_plan, users_plan,
-};
+use super::{Policy, PolicyOptions, View, home_group, request_config, request_plan, traced_plan, users_plan};
 
 /// Which peer's objective and constants.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -161,7 +161,7 @@ pub(super) struct GoodputPolicy<'a> {
     exact: Milp,
     /// Each present job's row: (group, GPUs, best plan of its layout, throughput) for
     /// every configuration up to the artifacts' largest, the same every round while the
-    /// plans it may run (`PolicyJob::allowed`) are.
+    /// plans it may run (`JobInput::allowed`) are.
     rows: HashMap<String, (Restriction, Row)>,
     last: Option<RoundReport>,
 }
@@ -189,14 +189,15 @@ impl<'a> GoodputPolicy<'a> {
 
     /// The job's layout: its request's plan (the trace's when the model rejects it),
     /// else the best plan on its requested GPUs.
-    fn layout(&mut self, pj: &PolicyJob<'_>) -> Restriction {
+    fn layout(&mut self, pj: &JobInput) -> Restriction {
         let cluster = self.evaluator.cluster;
-        let group = home_group(pj.job, cluster);
-        let plan = request_plan(pj.job, cluster, group).or_else(|| traced_plan(pj.job, pj.trace_code, cluster, group));
+        let (job, params) = (&pj.job, &pj.belief.params);
+        let group = home_group(job, cluster);
+        let plan = request_plan(job, cluster, group).or_else(|| traced_plan(job, pj.trace_code, cluster, group));
         let plan = plan.or_else(|| {
-            let placement = Placement::packed(pj.job.request.gpus, cluster.node_groups[group].gpus_per_node)?;
-            let cpus = cluster.node_groups[group].fair_cpus_per_gpu() * pj.job.request.gpus;
-            users_plan(pj.job, pj.params, pj.trace_code, &mut self.evaluator, (group, &placement), cpus)
+            let placement = Placement::packed(job.request.gpus, cluster.node_groups[group].gpus_per_node)?;
+            let cpus = cluster.node_groups[group].fair_cpus_per_gpu() * job.request.gpus;
+            users_plan(job, params, pj.trace_code, &mut self.evaluator, (group, &placement), cpus)
         });
         plan.map_or(Restriction::Any, |p| Restriction::layout_of(&p))
     }
@@ -204,7 +205,7 @@ impl<'a> GoodputPolicy<'a> {
     /// The job's row: its best plan of its layout on each configuration's packed GPUs
     /// (up to the artifacts' largest, or its request when that is larger), with its
     /// predicted throughput; computed once per job.
-    fn row(&mut self, pj: &PolicyJob<'_>) -> Row {
+    fn row(&mut self, pj: &JobInput) -> Row {
         if let Some((_, row)) = self.rows.get(&pj.job.name).filter(|(allowed, _)| *allowed == pj.allowed) {
             return row.clone();
         }
@@ -213,11 +214,11 @@ impl<'a> GoodputPolicy<'a> {
         let cluster = self.evaluator.cluster;
         let largest = MAX_GPUS.max(pj.job.request.gpus);
         let mut row = Vec::new();
-        for (group, g) in eligible_groups(pj.job, cluster) {
+        for (group, g) in eligible_groups(&pj.job, cluster) {
             for gpus in Self::counts(g.gpus_per_node, g.count).into_iter().filter(|&n| n <= largest) {
                 let Some(placement) = Placement::packed(gpus, g.gpus_per_node) else { continue };
                 let cpus = g.fair_cpus_per_gpu() * gpus;
-                let point = self.evaluator.best_plan(pj.job, pj.params, group, &placement, cpus, layout);
+                let point = self.evaluator.best_plan(&pj.job, &pj.belief.params, group, &placement, cpus, layout);
                 if let Some((plan, thr)) = point.filter(|(p, t)| t.is_finite() && *t > 0.0 && pj.job.can_run(p)) {
                     row.push((
                         group,
@@ -238,12 +239,12 @@ impl<'a> GoodputPolicy<'a> {
     /// `unallocated - term` (the minimised sum's saving over leaving it out).
     fn curves(
         &mut self,
-        pj: &PolicyJob<'_>,
+        pj: &JobInput,
         (now_s, restart_s): (f64, f64),
         configs: Option<&dyn CandidateFilter>,
     ) -> JobCurves {
         let cluster = self.evaluator.cluster;
-        let cap = (2 * pj.max_gpus).max(1).min(MAX_GPUS.max(pj.job.request.gpus));
+        let cap = (2 * pj.progress.max_gpus).max(1).min(MAX_GPUS.max(pj.job.request.gpus));
         let row = self.row(pj);
         // The artifacts' valid configurations: up to the cap, but at least the smallest
         // the layout runs on (its scale unit).
@@ -253,14 +254,15 @@ impl<'a> GoodputPolicy<'a> {
         if raw.is_empty() {
             // No configuration runs its layout (e.g. the trace's TP 5 of GPT-2): its
             // request as the user ran it, a rigid job.
-            fallback = request_config(pj.job, pj.params, pj.trace_code, &mut self.evaluator, configs);
+            fallback = request_config(&pj.job, &pj.belief.params, pj.trace_code, &mut self.evaluator, configs);
         }
         // The request as a rigid job: its throughput, and (Sia's `_get_rigid_goodputs`)
         // its goodput normalised to its GPU count.
         let rigid = fallback.as_ref().map(|r| {
             let g = &cluster.node_groups[r.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
-            let thr = Evaluator::throughput(&pj.job.model, pj.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
+            let thr =
+                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
             let thr = if thr.is_finite() && thr > 0.0 { thr } else { 1.0 };
             (r.clone(), thr, host_memory_gib(&self.evaluator.config, g, &pj.job.model, &r.plan))
         });
@@ -279,7 +281,7 @@ impl<'a> GoodputPolicy<'a> {
         };
         let base = if base.is_finite() && base > 0.0 { base } else { 1.0 };
         let delay = self.rule.delay_s.unwrap_or(restart_s);
-        let cur = pj.current;
+        let cur = pj.current.as_ref();
         let factor = if cur.is_none() && self.rule.factor_only_running {
             1.0
         } else {
@@ -309,7 +311,8 @@ impl<'a> GoodputPolicy<'a> {
             // A current configuration outside the row (e.g. 3 GPUs): exempt, as it runs.
             let g = &cluster.node_groups[c.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
-            let thr = Evaluator::throughput(&pj.job.model, pj.params, g, &c.plan, &c.placement, c.cpus, cpu_ref);
+            let thr =
+                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref);
             let resources = (c.placement.gpus(), c.cpus, c.host_memory_gib);
             candidates.push(self.candidate(c.group, resources, c.placement.clone(), c.plan, thr, base, true, factor));
         }
@@ -387,17 +390,8 @@ impl Policy for GoodputPolicy<'_> {
         for pj in jobs {
             let own = pj.job.restart_cost_s.unwrap_or(restart_s);
             curves.push(self.curves(pj, (now_s, own), view.configs));
-            inputs.push(JobInput {
-                job: pj.job.clone(),
-                params: pj.params.clone(),
-                evidence: None,
-                current: pj.current.cloned(),
-                allowed: Restriction::Any,
-                priority: 1.0,
-                restarts: pj.restarts,
-                restoring: pj.restoring,
-                attained_gpu_s: pj.attained_gpu_s,
-            });
+            // Their rows rest on the fitted model alone: so does their placement.
+            inputs.push(JobInput { belief: Belief::from(pj.belief.params.clone()), ..pj.clone() });
         }
         // Rows of jobs that left are dropped.
         let present: std::collections::HashSet<&str> = jobs.iter().map(|pj| pj.job.name.as_str()).collect();
@@ -465,7 +459,7 @@ impl Policy for GoodputPolicy<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lookup;
+    use crate::{example, lookup, running};
     use rubick_core::PlanCode;
 
     fn options() -> PolicyOptions {
@@ -481,21 +475,21 @@ mod tests {
     #[test]
     fn a_job_starts_small_doubles_per_round_and_sia_pins_a_restore() {
         let cluster = Cluster::example();
-        let (job, params) = PolicyJob::example("a", PlanCode::ZeroDp, 8, 96);
+        let job = example("a", PlanCode::ZeroDp, 8, 96);
         for name in ["sia", "pollux"] {
             let mut policy = lookup(name).unwrap().build(&cluster, &options());
-            let jobs = [PolicyJob::of(&job, &params, None, false)];
+            let jobs = [job.clone()];
             let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
             let first = first[0].clone().expect("the job starts");
             // Its scale unit: the fewest GPUs its layout (ZeRO data parallelism of a
             // 7B model) fits.
             let unit = first.placement.gpus();
             assert!(unit <= 2, "{name}: {unit}");
-            let jobs = [PolicyJob::of(&job, &params, Some(&first), false)];
+            let jobs = [running(&job, &first, false)];
             let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, configs: None }, 1);
             let next = next[0].clone().expect("it runs");
             assert_eq!(next.placement.gpus(), 2 * unit, "{name}: doubles with the whole cluster free");
-            let jobs = [PolicyJob::of(&job, &params, Some(&next), true)];
+            let jobs = [running(&job, &next, true)];
             let pinned = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 120.0, configs: None }, 2);
             let pinned = pinned[0].clone().expect("it runs");
             if name == "sia" {
@@ -515,12 +509,18 @@ mod tests {
     fn pollux_and_sia_give_their_scale_unit_to_as_many_jobs_as_they_can() {
         let mut cluster = Cluster::example();
         cluster.node_groups[0].count = 1;
-        let jobs: Vec<_> = (0..10).map(|k| PolicyJob::example(&format!("j{k}"), PlanCode::ZeroDp, 4, 48)).collect();
+        let jobs: Vec<_> = (0..10).map(|k| example(&format!("j{k}"), PlanCode::ZeroDp, 4, 48)).collect();
         let mut unit = 0;
         for name in ["pollux", "sia"] {
             let mut policy = lookup(name).unwrap().build(&cluster, &options());
-            let seen: Vec<PolicyJob<'_>> =
-                jobs.iter().map(|(j, p)| PolicyJob { max_gpus: 4, ..PolicyJob::of(j, p, None, false) }).collect();
+            let seen: Vec<JobInput> = jobs
+                .iter()
+                .map(|j| {
+                    let mut j = j.clone();
+                    j.progress.max_gpus = 4;
+                    j
+                })
+                .collect();
             let out = policy.decide(&View { cluster: &cluster, jobs: &seen, now_s: 0.0, configs: None }, 0);
             let running: Vec<u32> = out.iter().flatten().map(|c| c.placement.gpus()).collect();
             assert_eq!(running.iter().sum::<u32>(), 8, "{name}: {running:?}");
@@ -540,9 +540,9 @@ mod tests {
     #[test]
     fn sia_values_a_job_at_its_scale_unit() {
         let cluster = Cluster::example();
-        let (job, params) = PolicyJob::example("tp4", PlanCode::ThreeD { pp: 1, tp: 4, dp: 1 }, 4, 48);
+        let job = example("tp4", PlanCode::ThreeD { pp: 1, tp: 4, dp: 1 }, 4, 48);
         let mut policy = lookup("sia").unwrap().build(&cluster, &options());
-        let jobs = [PolicyJob::of(&job, &params, None, false)];
+        let jobs = [job];
         let out = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
         let running = out[0].clone().expect("the job starts");
         assert_eq!((running.plan.tp, running.placement.gpus()), (4, 4));

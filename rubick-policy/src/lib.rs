@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{CandidateFilter, Current, PlannerConfig, Restriction};
+use rubick_core::planner::{CandidateFilter, Current, JobInput, PlannerConfig, Restriction};
 use rubick_core::space::resolve_code;
 use rubick_core::{Cluster, Job, MemoryEstimator, Placement, Plan, PlanCode, PlanRequest};
 
@@ -93,82 +93,33 @@ pub struct PolicyOptions {
     pub milp_time_limit: Duration,
 }
 
-/// One job as a policy sees it.
-#[derive(Debug, Clone)]
-pub struct PolicyJob<'a> {
-    pub job: &'a Job,
-    /// Its fitted performance model (belief).
-    pub params: &'a Params,
-    /// What that model rests on (its measured rows and parameter covariance), when its
-    /// `PerfModel` says.
-    pub evidence: Option<std::sync::Arc<rubick_core::planner::Evidence>>,
-    /// The plan code of a trace whose model's shape rejects it (the request then has no
-    /// plan): the user's plan taken literally (see [`traced_plan`]).
-    pub trace_code: Option<PlanCode>,
-    /// Where it runs now.
-    pub current: Option<&'a Current>,
-    /// The plans it may run this round whatever the policy prefers: those its checkpoint
-    /// resumes at when its run must move (a node or GPU that left), the plan before a
-    /// slower one (`slowPlans`); `Any` otherwise. A policy narrows it, never widens it.
-    pub allowed: Restriction,
-    /// Iterations left.
-    pub remaining: f64,
-    /// Predicted GPU-seconds of work left on its request (what `srpt` orders by).
-    pub remaining_work: f64,
-    /// GPU-seconds it has had (what `las` orders by).
-    pub attained_gpu_s: f64,
-    /// When it first started, if it did.
-    pub first_start_s: Option<f64>,
-    /// Restarts so far (not its first start).
-    pub restarts: u32,
-    /// In the middle of a checkpoint-restore (its restart under way).
-    pub restoring: bool,
-    /// The most GPUs it has held (0: it never ran): Sia's and Pollux's growth bound.
-    pub max_gpus: u32,
-}
-
-impl<'a> PolicyJob<'a> {
-    /// A job as a policy sees it in a test or an example: 1,000 iterations left,
-    /// `current` its allocation (the most GPUs it has held), `restoring` whether it
-    /// restarts now.
-    pub fn of(job: &'a Job, params: &'a Params, current: Option<&'a Current>, restoring: bool) -> Self {
-        PolicyJob {
-            job,
-            params,
-            evidence: None,
-            trace_code: None,
-            current,
-            allowed: Restriction::Any,
-            remaining: 1000.0,
-            remaining_work: 1.0,
-            attained_gpu_s: 0.0,
-            first_start_s: current.map(|_| 0.0),
-            restarts: 0,
-            restoring,
-            max_gpus: current.map_or(0, |c| c.placement.gpus()),
-        }
-    }
-
-    /// [`Job::example`] and its belief, the FLOPs-based default.
-    #[cfg(test)]
-    pub(crate) fn example(name: &str, code: PlanCode, gpus: u32, cpus: u32) -> (Job, Params) {
-        let job = Job::example(name, code, gpus, cpus, false);
-        let params = rubick_core::planner::curves::default_params(&job.model);
-        (job, params)
-    }
-}
-
 /// What a policy sees at a decision.
 #[derive(Debug, Clone, Copy)]
 pub struct View<'a> {
     pub cluster: &'a Cluster,
-    /// Submitted, unfinished jobs.
-    pub jobs: &'a [PolicyJob<'a>],
+    /// Submitted, unfinished jobs, each as the planner takes it: its belief, where it
+    /// runs, what it may run ([`JobInput::allowed`], which a policy narrows), its
+    /// progress.
+    pub jobs: &'a [JobInput],
     /// The clock (seconds, the jobs' time).
     pub now_s: f64,
     /// Which configurations exist (e.g. those a reference measured: never their
     /// times), when known: where a job's requested plan runs as the user asked.
     pub configs: Option<&'a dyn CandidateFilter>,
+}
+
+/// [`Job::example`] waiting, believed by the FLOPs-based default (for tests).
+#[cfg(test)]
+pub(crate) fn example(name: &str, code: PlanCode, gpus: u32, cpus: u32) -> JobInput {
+    let job = Job::example(name, code, gpus, cpus, false);
+    let belief = rubick_core::planner::Belief::prior(&job.model);
+    JobInput::example(job, belief, None, false)
+}
+
+/// `job` running on `current` since 0, `restoring` whether it restarts now (for tests).
+#[cfg(test)]
+pub(crate) fn running(job: &JobInput, current: &Current, restoring: bool) -> JobInput {
+    JobInput::example(job.job.clone(), job.belief.clone(), Some(current.clone()), restoring)
 }
 
 /// A scheduling policy.
@@ -368,82 +319,4 @@ pub fn work_per_iteration(job: &Job, params: &Params, request: Option<&Request>,
     });
     let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
     job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1))
-}
-
-/// The allocations a policy decided as a `Schedule`, with one explanation line per job
-/// (for policies that do not plan: the queue family). Throughputs are the belief's.
-pub fn schedule_of(
-    evaluator: &Evaluator<'_>,
-    policy: &str,
-    round: u64,
-    jobs: &[PolicyJob<'_>],
-    allocations: &[Option<Current>],
-) -> (rubick_core::schedule::Schedule, Vec<String>) {
-    use rubick_core::schedule::{Assignment, Change, NodeShare, Schedule, SolverStats, SolverStatus, Uses, round6};
-    let cluster = evaluator.cluster;
-    let solver = SolverStats { method: "queue".into(), gap: None, wall_s: None, status: SolverStatus::Allocated };
-    let mut schedule = Schedule::builder(cluster, round, policy, solver);
-    let mut explain = Vec::with_capacity(jobs.len());
-    for (pj, alloc) in jobs.iter().zip(allocations) {
-        let change = Current::change(pj.current, alloc.as_ref());
-        let throughput = alloc.as_ref().map_or(0.0, |c| {
-            let g = &cluster.node_groups[c.group];
-            let cpu_ref = evaluator.config.cpu_reference(g);
-            Evaluator::throughput(&pj.job.model, pj.params, g, &c.plan, &c.placement, c.cpus, cpu_ref)
-        });
-        let reason = match change {
-            Change::Pending => "waits: its request does not fit now".to_owned(),
-            Change::Started => "starts as requested".to_owned(),
-            Change::Preempted => "preempted for a guaranteed job".to_owned(),
-            _ => "kept: this policy never reconfigures".to_owned(),
-        };
-        // Every running job runs its request: it counts 1 in the objective.
-        let uses = alloc.as_ref().map(|c| Uses {
-            gpus: c.placement.gpus(),
-            cpus: c.cpus,
-            host_memory_gib: c.host_memory_gib,
-            normalized_throughput: 1.0,
-        });
-        let nodes = alloc.as_ref().map_or_else(Vec::new, |c| {
-            let g = &cluster.node_groups[c.group];
-            let counts: Vec<u32> = c.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
-            let cores = rubick_core::planner::place::split(c.cpus, &counts);
-            let total = counts.iter().sum::<u32>().max(1);
-            c.nodes
-                .iter()
-                .zip(cores)
-                .map(|((i, ix), cpus)| NodeShare {
-                    node: g.node_name(*i),
-                    gpus: ix.clone(),
-                    cpus,
-                    host_memory_gib: round6(c.host_memory_gib * f64::from(ix.len() as u32) / f64::from(total)),
-                })
-                .collect()
-        });
-        explain.push(format!(
-            "{}: {change:?}: {}; {throughput:.3} samples/s; {reason}",
-            pj.job.name,
-            alloc
-                .as_ref()
-                .map_or_else(|| "-".to_owned(), |c| format!("{} on {} with {} cores", c.plan, c.placement, c.cpus))
-        ));
-        schedule.push(
-            Assignment {
-                job: pj.job.name.clone(),
-                plan: alloc.as_ref().map(|c| c.plan),
-                nodes,
-                predicted_throughput: round6(throughput),
-                guarantee: None,
-                change,
-                rounds_since_change: match (change, pj.current) {
-                    (Change::Kept, Some(c)) => c.rounds_since_change.saturating_add(1),
-                    _ => 0,
-                },
-                reason,
-            },
-            uses,
-        );
-    }
-    let running = allocations.iter().flatten().count() as f64;
-    (schedule.build(running), explain)
 }

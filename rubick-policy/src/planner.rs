@@ -65,12 +65,12 @@ impl ServiceHistory {
     /// any finished (unless fixed).
     pub fn update(
         &mut self,
-        jobs: &[super::PolicyJob<'_>],
+        jobs: &[JobInput],
         now_s: f64,
         rule: rubick_core::planner::ServiceQuantum,
         oversubscribed: bool,
     ) -> Option<f64> {
-        let now: BTreeMap<&str, f64> = jobs.iter().map(|j| (j.job.name.as_str(), j.attained_gpu_s)).collect();
+        let now: BTreeMap<&str, f64> = jobs.iter().map(|j| (j.job.name.as_str(), j.progress.attained_gpu_s)).collect();
         let mut changed = false;
         // In place: only a job new to the view allocates its name.
         self.seen.retain(|name, service| match now.get(name.as_str()) {
@@ -152,7 +152,7 @@ impl super::Policy for PlannerFamily<'_> {
         queue_order(&mut waiting, jobs, self.queue);
         let rank: HashMap<usize, usize> = waiting.iter().enumerate().map(|(r, &j)| (j, r)).collect();
         let median_work = if self.queue == Queue::Srpt {
-            let mut w: Vec<f64> = jobs.iter().map(|j| j.remaining_work).collect();
+            let mut w: Vec<f64> = jobs.iter().map(|j| j.progress.remaining_work).collect();
             w.sort_by(f64::total_cmp);
             w.get(w.len() / 2).copied().unwrap_or(1.0).max(1.0)
         } else {
@@ -162,33 +162,36 @@ impl super::Policy for PlannerFamily<'_> {
             .iter()
             .enumerate()
             .map(|(j, pj)| {
-                let mut job = pj.job.clone();
-                job.iterations = pj.remaining.ceil().max(1.0) as u64;
+                let mut input = pj.clone();
+                let job = &pj.job;
                 // What the job's checkpoint allows (a moved job), narrowed by the
                 // policy's own rule.
-                let allowed = pj.allowed.narrowed_by(if self.keep_layout {
-                    request_plan(&job, cluster, home_group(&job, cluster))
-                        .map_or(Restriction::Any, |p| Restriction::layout_of(&p))
-                } else {
-                    Restriction::Any
-                });
+                if self.keep_layout {
+                    let layout = request_plan(job, cluster, home_group(job, cluster))
+                        .map_or(Restriction::Any, |p| Restriction::layout_of(&p));
+                    input.allowed = input.allowed.narrowed_by(layout);
+                }
                 // A request the model's shape rejects is still what the user ran: the
                 // planner's guarantee is its throughput.
-                if job.request.plan.is_none() {
-                    job.request.plan = traced_plan(pj.job, pj.trace_code, cluster, home_group(pj.job, cluster))
-                        .map(PlanRequest::Exact);
+                let traced = job
+                    .request
+                    .plan
+                    .is_none()
+                    .then(|| traced_plan(job, pj.trace_code, cluster, home_group(job, cluster)));
+                if let Some(plan) = traced.flatten() {
+                    std::sync::Arc::make_mut(&mut input.job).request.plan = Some(PlanRequest::Exact(plan));
                 }
-                let priority = match self.queue {
+                input.priority = match self.queue {
                     // Shortest remaining work first: every job, running ones too, weighs
                     // by the median remaining work over its own (Smith's rule: the
                     // objective then counts the share of remaining work done per second),
                     // within 1/16..16.
-                    Queue::Srpt => (median_work / pj.remaining_work.max(1.0)).clamp(1.0 / 16.0, 16.0),
+                    Queue::Srpt => (median_work / pj.progress.remaining_work.max(1.0)).clamp(1.0 / 16.0, 16.0),
                     // Two classes, as flat as Tiresias's queues (a finer order would
                     // pause one long job for another slightly less served): below the
                     // quantum, twice the weight of past it.
                     Queue::Service => {
-                        if quantum.is_some_and(|q| pj.attained_gpu_s >= q) {
+                        if quantum.is_some_and(|q| pj.progress.attained_gpu_s >= q) {
                             1.0
                         } else {
                             2.0
@@ -196,17 +199,7 @@ impl super::Policy for PlannerFamily<'_> {
                     }
                     _ => rank.get(&j).map_or(1.0, |&r| 1.0 + (waiting.len() - r) as f64 / waiting.len().max(1) as f64),
                 };
-                JobInput {
-                    job,
-                    params: pj.params.clone(),
-                    evidence: pj.evidence.clone(),
-                    current: pj.current.cloned(),
-                    allowed,
-                    priority,
-                    restarts: pj.restarts,
-                    restoring: pj.restoring,
-                    attained_gpu_s: pj.attained_gpu_s,
-                }
+                input
             })
             .collect();
         match plan_round_with(&mut self.evaluator, &inputs, self.solver, &self.exact, round) {
@@ -221,7 +214,7 @@ impl super::Policy for PlannerFamily<'_> {
             Err(e) => {
                 tracing::debug!("round at {}: {e}; allocations kept", self.evaluator.config.now_s);
                 self.last = Some(RoundReport::Infeasible(e.reason));
-                jobs.iter().map(|j| j.current.cloned()).collect()
+                jobs.iter().map(|j| j.current.clone()).collect()
             }
         }
     }
@@ -234,37 +227,41 @@ impl super::Policy for PlannerFamily<'_> {
 #[cfg(test)]
 mod tests {
     use rubick_core::PlanCode;
-    use rubick_core::planner::ServiceQuantum;
+    use rubick_core::planner::{JobInput, ServiceQuantum};
 
     use super::ServiceHistory;
-    use crate::PolicyJob;
 
     /// The history notes a job as finished when it leaves the view, with the service it
     /// had then; the quantum is over the last day's finished jobs, the newest kept
     /// however old; by load, the median or the weighted median.
     #[test]
     fn the_quantum_follows_the_jobs_that_finished_in_the_last_day() {
-        let [(a, pa), (b, pb), (c, pc)] = ["a", "b", "c"].map(|n| PolicyJob::example(n, PlanCode::ZeroDp, 1, 4));
-        fn view<'a>(jobs: &[(&'a rubick_core::Job, &'a rubick_core::perfmodel::Params, f64)]) -> Vec<PolicyJob<'a>> {
-            jobs.iter().map(|&(j, p, s)| PolicyJob { attained_gpu_s: s, ..PolicyJob::of(j, p, None, false) }).collect()
+        let [a, b, c] = ["a", "b", "c"].map(|n| crate::example(n, PlanCode::ZeroDp, 1, 4));
+        fn view(jobs: &[(&JobInput, f64)]) -> Vec<JobInput> {
+            let served = |(j, s): &(&JobInput, f64)| {
+                let mut j = (*j).clone();
+                j.progress.attained_gpu_s = *s;
+                j
+            };
+            jobs.iter().map(served).collect()
         }
         let mut h = ServiceHistory::default();
         let rule = ServiceQuantum::Median;
-        assert_eq!(h.update(&view(&[(&a, &pa, 100.0), (&b, &pb, 200.0), (&c, &pc, 1.0)]), 0.0, rule, false), None);
+        assert_eq!(h.update(&view(&[(&a, 100.0), (&b, 200.0), (&c, 1.0)]), 0.0, rule, false), None);
         // `a` finished with 100 GPU-seconds.
-        assert_eq!(h.update(&view(&[(&b, &pb, 300.0), (&c, &pc, 2.0)]), 60.0, rule, false), Some(100.0));
+        assert_eq!(h.update(&view(&[(&b, 300.0), (&c, 2.0)]), 60.0, rule, false), Some(100.0));
         // A day later nothing else finished: the newest is kept.
         let later = 60.0 + ServiceHistory::WINDOW_S + 1.0;
-        assert_eq!(h.update(&view(&[(&b, &pb, 400.0), (&c, &pc, 3.0)]), later, rule, false), Some(100.0));
+        assert_eq!(h.update(&view(&[(&b, 400.0), (&c, 3.0)]), later, rule, false), Some(100.0));
         // `b` finishes with the 400 it had when last seen: `a` is now older than a day
         // and leaves the window.
-        assert_eq!(h.update(&view(&[(&c, &pc, 4.0)]), later + 60.0, rule, false), Some(400.0));
+        assert_eq!(h.update(&view(&[(&c, 4.0)]), later + 60.0, rule, false), Some(400.0));
         // By load: the same window either way with one job in it.
         let mut h = ServiceHistory::default();
         let load = ServiceQuantum::Load;
-        h.update(&view(&[(&a, &pa, 100.0), (&b, &pb, 900.0), (&c, &pc, 100.0)]), 0.0, load, false);
+        h.update(&view(&[(&a, 100.0), (&b, 900.0), (&c, 100.0)]), 0.0, load, false);
         // `a` and `b` finish: median 500, weighted median 900 (900 of the 1,000 GPU-seconds).
-        assert_eq!(h.update(&view(&[(&c, &pc, 200.0)]), 60.0, load, true), Some(500.0));
-        assert_eq!(h.update(&view(&[(&c, &pc, 300.0)]), 120.0, load, false), Some(900.0));
+        assert_eq!(h.update(&view(&[(&c, 200.0)]), 60.0, load, true), Some(500.0));
+        assert_eq!(h.update(&view(&[(&c, 300.0)]), 120.0, load, false), Some(900.0));
     }
 }

@@ -5,13 +5,13 @@
 use rubick_core::Placement;
 use rubick_core::planner::curves::{Evaluator, host_memory_gib};
 use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
-use rubick_core::planner::{Current, eligible_groups};
+use rubick_core::planner::{Current, JobInput, eligible_groups};
 
-use super::{PolicyJob, PolicyOptions, Queue, View, request_placement, users_plan};
+use super::{PolicyOptions, Queue, View, request_placement, users_plan};
 
 /// How a queue policy hands out cores (per GPU),
 /// given the job's plan and placement on a group, and the group's fair share per GPU.
-pub(super) type CoreRule = fn(&Evaluator<'_>, &PolicyJob<'_>, &rubick_core::Plan, (usize, &Placement), u32) -> Vec<u32>;
+pub(super) type CoreRule = fn(&Evaluator<'_>, &JobInput, &rubick_core::Plan, (usize, &Placement), u32) -> Vec<u32>;
 
 /// A node allocator in queue order.
 pub(super) struct QueuePolicy<'a> {
@@ -46,7 +46,7 @@ impl<'a> QueuePolicy<'a> {
 /// The cores the job asked for (the node's fair share per GPU when it did not say).
 pub(super) fn requested_cores(
     _evaluator: &Evaluator<'_>,
-    job: &PolicyJob<'_>,
+    job: &JobInput,
     _plan: &rubick_core::Plan,
     (_, placement): (usize, &Placement),
     fair: u32,
@@ -97,12 +97,12 @@ fn occupy(nodes: &mut [NodeState], c: &Current) {
 }
 
 /// Sorts `ids` (indices into `jobs`) in queue order; ties by submission, then index.
-pub(super) fn queue_order(ids: &mut [usize], jobs: &[PolicyJob<'_>], queue: Queue) {
+pub(super) fn queue_order(ids: &mut [usize], jobs: &[JobInput], queue: Queue) {
     ids.sort_by(|&a, &b| {
         let key = |j: usize| match queue {
             Queue::Fifo => jobs[j].job.submit_time_s,
-            Queue::Las | Queue::Service => jobs[j].attained_gpu_s,
-            Queue::Srpt => jobs[j].remaining_work,
+            Queue::Las | Queue::Service => jobs[j].progress.attained_gpu_s,
+            Queue::Srpt => jobs[j].progress.remaining_work,
         };
         key(a).total_cmp(&key(b)).then(jobs[a].job.submit_time_s.total_cmp(&jobs[b].job.submit_time_s)).then(a.cmp(&b))
     });
@@ -113,7 +113,7 @@ pub(super) fn queue_order(ids: &mut [usize], jobs: &[PolicyJob<'_>], queue: Queu
 /// hold more than the fair share of cores down to it, single-node jobs first, the
 /// most cores per GPU first, until it fits. `None` (and nothing changed): it does not.
 fn tune_peers(
-    jobs: &[PolicyJob<'_>],
+    jobs: &[JobInput],
     out: &mut [Option<Current>],
     nodes: &mut Vec<NodeState>,
     (cluster, group): (&rubick_core::Cluster, usize),
@@ -167,7 +167,7 @@ impl super::Policy for QueuePolicy<'_> {
     fn decide(&mut self, view: &View<'_>, _round: u64) -> Vec<Option<Current>> {
         let View { cluster, jobs, configs, .. } = *view;
         let evaluator = &mut self.evaluator;
-        let mut out: Vec<Option<Current>> = jobs.iter().map(|j| j.current.cloned()).collect();
+        let mut out: Vec<Option<Current>> = jobs.iter().map(|j| j.current.clone()).collect();
         let mut nodes = occupied(cluster, &out);
         let mut waiting: Vec<usize> = (0..jobs.len()).filter(|&j| jobs[j].current.is_none()).collect();
         queue_order(&mut waiting, jobs, self.queue);
@@ -177,7 +177,7 @@ impl super::Policy for QueuePolicy<'_> {
         }
         for j in waiting {
             let pj = &jobs[j];
-            let job = pj.job;
+            let job = &pj.job;
             // The first group of its GPU type where its request fits now; a guaranteed
             // job that fits none preempts on the first where its request resolves.
             let mut placed = None;
@@ -188,9 +188,9 @@ impl super::Policy for QueuePolicy<'_> {
                 let requested_cpus = job.request.cpus.unwrap_or(fair * job.request.gpus);
                 // The user's plan (the trace's code as measured when our model of the job
                 // rejects it; the best plan on the requested GPUs when there is none).
-                let plan = placement
-                    .as_ref()
-                    .and_then(|p| users_plan(job, pj.params, pj.trace_code, evaluator, (group, p), requested_cpus));
+                let plan = placement.as_ref().and_then(|p| {
+                    users_plan(job, &pj.belief.params, pj.trace_code, evaluator, (group, p), requested_cpus)
+                });
                 let (Some(plan), Some(placement)) = (plan, placement) else { continue };
                 let mem = host_memory_gib(&evaluator.config, g, &job.model, &plan);
                 for cpus in (self.cores)(evaluator, pj, &plan, (group, &placement), fair) {
@@ -223,7 +223,7 @@ impl super::Policy for QueuePolicy<'_> {
                 let mut victims: Vec<usize> =
                     (0..jobs.len()).filter(|&k| out[k].is_some() && !jobs[k].job.guaranteed).collect();
                 victims.sort_by(|&a, &b| {
-                    let start = |k: usize| jobs[k].first_start_s.unwrap_or(f64::INFINITY);
+                    let start = |k: usize| jobs[k].progress.first_start_s.unwrap_or(f64::INFINITY);
                     start(b).total_cmp(&start(a)).then(b.cmp(&a))
                 });
                 for k in victims {

@@ -11,16 +11,17 @@
 //! (nor the reference any measurement of it), so that mechanism cannot be modelled
 //! here honestly, and no policy claims it.
 
+use rubick_core::planner::JobInput;
 use rubick_core::planner::curves::Evaluator;
 use rubick_core::{Cluster, Placement, Plan};
 
 use super::queue::QueuePolicy;
-use super::{Policy, PolicyJob, PolicyOptions};
+use super::{Policy, PolicyOptions};
 
 pub(super) const SUMMARY: &str =
     "static queue, guaranteed jobs first preempting best-effort ones (AntMan's scheduling without its GPU sharing)";
 
-fn cores(evaluator: &Evaluator<'_>, job: &PolicyJob<'_>, plan: &Plan, on: (usize, &Placement), fair: u32) -> Vec<u32> {
+fn cores(evaluator: &Evaluator<'_>, job: &JobInput, plan: &Plan, on: (usize, &Placement), fair: u32) -> Vec<u32> {
     let placement = on.1;
     let mut out = super::queue::requested_cores(evaluator, job, plan, on, fair);
     out.push(placement.gpus());

@@ -19,11 +19,12 @@
 //! authors' trace the two give the same figures; on the CPU-tight testbed (6 per GPU)
 //! offloading jobs get 12 and the others give them up.
 
+use rubick_core::planner::JobInput;
 use rubick_core::planner::curves::Evaluator;
 use rubick_core::{Cluster, Placement, Plan};
 
 use super::queue::QueuePolicy;
-use super::{Policy, PolicyJob, PolicyOptions};
+use super::{Policy, PolicyOptions};
 
 pub(super) const SUMMARY: &str =
     "Synergy-TUNE (OSDI 2022): the user's plan and GPUs with backfilling; cores by sensitivity, peers to fair share";
@@ -32,7 +33,7 @@ pub(super) const SUMMARY: &str =
 /// demand is above it (Synergy's `_make_fair_share`).
 pub(super) fn cores(
     evaluator: &Evaluator<'_>,
-    job: &PolicyJob<'_>,
+    job: &JobInput,
     plan: &Plan,
     (group, placement): (usize, &Placement),
     fair: u32,
@@ -47,7 +48,7 @@ pub(super) fn cores(
     levels.sort_unstable();
     levels.dedup();
     let cpu_ref = evaluator.config.cpu_reference(g);
-    let thr = |c: u32| Evaluator::throughput(&job.job.model, job.params, g, plan, placement, c, cpu_ref);
+    let thr = |c: u32| Evaluator::throughput(&job.job.model, &job.belief.params, g, plan, placement, c, cpu_ref);
     let best = levels.iter().map(|&c| thr(c)).fold(0.0, f64::max);
     let Some(demand) = levels.iter().copied().find(|&c| thr(c) >= best * 0.99) else { return vec![fair * gpus] };
     if demand > fair * gpus { vec![demand, fair * gpus] } else { vec![demand] }
@@ -59,7 +60,7 @@ pub(super) fn build<'a>(cluster: &'a Cluster, options: &PolicyOptions) -> Box<dy
 
 #[cfg(test)]
 mod tests {
-    use crate::{PolicyJob, PolicyOptions, View, lookup};
+    use crate::{PolicyOptions, View, example, lookup, running};
     use rubick_core::{Cluster, PlanCode};
 
     /// Where cores bind (one node of 8 GPUs and 48 cores), an offloading job first gets
@@ -76,25 +77,22 @@ mod tests {
             planner: rubick_core::planner::PlannerConfig { profiled_cpus_per_gpu: Some(4), ..Default::default() },
             milp_time_limit: std::time::Duration::from_secs(1),
         };
-        let offload = PolicyJob::example("offload", PlanCode::ZeroOffload, 4, 24);
-        let mut later = PolicyJob::example("later", PlanCode::ZeroDp, 4, 24);
-        later.0.submit_time_s = 60.0;
+        let offload = example("offload", PlanCode::ZeroOffload, 4, 24);
+        let mut later = example("later", PlanCode::ZeroDp, 4, 24);
+        std::sync::Arc::make_mut(&mut later.job).submit_time_s = 60.0;
         let mut policy = lookup("synergy").unwrap().build(&cluster, &options);
-        let jobs = [PolicyJob::of(&offload.0, &offload.1, None, false)];
+        let jobs = [offload.clone()];
         let first = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
         let first = first[0].clone().expect("it starts");
         assert_eq!(first.cpus, 48, "the offloading job's demand: twice the fair share");
-        let jobs = [
-            PolicyJob::of(&offload.0, &offload.1, Some(&first), false),
-            PolicyJob::of(&later.0, &later.1, None, false),
-        ];
+        let jobs = [running(&offload, &first, false), later];
         let next = policy.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 60.0, configs: None }, 1);
         let cores: Vec<Option<u32>> = next.iter().map(|c| c.as_ref().map(|c| c.cpus)).collect();
         assert_eq!(cores[0], Some(24), "the peer at the fair share");
         assert!(cores[1].is_some_and(|c| c <= 24), "the newcomer placed at its demand: {cores:?}");
         // Static-backfill gives each its request: both fit from the start.
         let mut backfill = lookup("static-backfill").unwrap().build(&cluster, &options);
-        let jobs = [PolicyJob::of(&offload.0, &offload.1, None, false)];
+        let jobs = [offload.clone()];
         let out = backfill.decide(&View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None }, 0);
         assert_eq!(out[0].as_ref().map(|c| c.cpus), Some(24));
     }

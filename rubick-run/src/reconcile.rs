@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use rubick_core::Plan;
-use rubick_core::schedule::NodeShare;
+use rubick_core::schedule::{NodeSet, NodeShare};
 
 /// Where a job should run, or runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,23 +18,14 @@ pub struct Allocation {
 }
 
 impl Allocation {
-    /// Same plan, and on every node the same GPUs (in any order) and cores; host memory
+    /// Same plan, and on every node the same GPUs (in any order) and cores
+    /// ([`NodeSet`], each node with its cores; a schedule names every GPU); host memory
     /// is not enforced by any backend, so a change of it alone restarts nothing.
     pub fn same_as(&self, other: &Allocation) -> bool {
-        let key = |a: &Allocation| {
-            let mut nodes: Vec<(String, Vec<u32>, u32)> = a
-                .nodes
-                .iter()
-                .map(|n| {
-                    let mut gpus = n.gpus.clone();
-                    gpus.sort_unstable();
-                    (n.node.clone(), gpus, n.cpus)
-                })
-                .collect();
-            nodes.sort();
-            nodes
-        };
-        self.plan == other.plan && key(self) == key(other)
+        fn set(a: &Allocation) -> NodeSet<(&str, u32)> {
+            NodeSet::new(a.nodes.iter().map(|n| ((n.node.as_str(), n.cpus), Some(&n.gpus[..]))))
+        }
+        self.plan == other.plan && set(self).matches(&set(other))
     }
 
     /// `(node, gpu)` pairs it holds.

@@ -25,13 +25,11 @@ use std::time::Duration;
 use crate::truth::{Basis, Truth};
 use rubick_core::perfmodel::Params;
 use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{Candidates, Current, PlannerConfig, ReferencePlans};
+use rubick_core::planner::{Belief, Candidates, Current, JobInput, PlannerConfig, Progress, ReferencePlans};
 use rubick_core::schedule::Change;
 use rubick_core::{Cluster, Job, Placement, Plan, PlanCode};
 
-use rubick_policy::{
-    Policy, PolicyJob, PolicyOptions, Queue, Registration, Request, View, request_config, work_per_iteration,
-};
+use rubick_policy::{Policy, PolicyOptions, Queue, Registration, Request, View, request_config, work_per_iteration};
 
 /// Knobs of a simulation.
 #[derive(Debug, Clone)]
@@ -309,6 +307,18 @@ struct Present<J> {
     state: State,
 }
 
+/// `into` made `from`, keeping its allocations when the job holds the same GPUs (only
+/// its rounds since a change, cores or plan differ).
+fn refresh(into: &mut Option<Current>, from: Option<&Current>) {
+    match (into.as_mut(), from) {
+        (Some(a), Some(b)) if a.placement == b.placement && a.nodes == b.nodes => {
+            (a.group, a.plan, a.cpus) = (b.group, b.plan, b.cpus);
+            (a.host_memory_gib, a.rounds_since_change) = (b.host_memory_gib, b.rounds_since_change);
+        }
+        _ => *into = from.cloned(),
+    }
+}
+
 /// A simulation in progress, as steps: [`Simulation::arrive`] (submitted jobs join;
 /// the clock skips idle time), [`Simulation::decide`] (the policy decides when a job
 /// arrived or finished, or a cooldown ended), [`Simulation::advance`] (one round under
@@ -329,6 +339,9 @@ pub struct Simulation<'a, J, I: Iterator<Item = (usize, J)>> {
     total: usize,
     /// Submitted, unfinished jobs, in submission order.
     active: Vec<Present<J>>,
+    /// The active jobs as the policy sees them (in the same order), refreshed in place
+    /// before each decision: a decision every round reallocates nothing that stayed.
+    seen: Vec<JobInput>,
     /// Outcomes of the jobs that left, with their index.
     done: Vec<(usize, JobResult)>,
     /// The latest submission so far (from 0).
@@ -387,6 +400,7 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
             pending,
             total,
             active: Vec::new(),
+            seen: Vec::new(),
             done: Vec::new(),
             last_submit_s: 0.0,
             t,
@@ -432,6 +446,9 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
                 let sj = job.borrow();
                 self.last_submit_s = self.last_submit_s.max(sj.job.submit_time_s);
                 let state = State::of(sj, self.cluster, self.truth, &mut self.evaluator);
+                let mut seen = JobInput::new(sj.job.clone(), Belief::from(sj.params.clone()));
+                seen.trace_code = sj.trace_code;
+                self.seen.push(seen);
                 self.active.push(Present { index, job, state });
                 self.changed = true;
             }
@@ -466,33 +483,24 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
         self.since_plan = 0;
         self.changed = false;
         let t = self.t;
-        let seen: Vec<PolicyJob<'_>> = self
-            .active
-            .iter()
-            .map(|p| {
-                let (sj, s) = (p.job.borrow(), &p.state);
-                PolicyJob {
-                    evidence: None,
-                    job: &sj.job,
-                    params: &sj.params,
-                    trace_code: sj.trace_code,
-                    current: s.alloc.as_ref(),
-                    // A paused job resumes at any plan here (its checkpoint restriction
-                    // applies only while it runs: `JobInput::restriction`).
-                    allowed: rubick_core::planner::Restriction::Any,
-                    remaining: s.remaining,
-                    remaining_work: s.remaining_work(),
-                    attained_gpu_s: s.gpu_s,
-                    first_start_s: s.first_start,
-                    restarts: s.restarts,
-                    restoring: s.alloc.is_some() && s.penalty_until > t + 1e-9,
-                    max_gpus: s.max_gpus,
-                }
-            })
-            .collect();
-        let view = View { cluster: self.cluster, jobs: &seen, now_s: t, configs: Some(self.truth.table.as_ref()) };
+        for (p, seen) in self.active.iter().zip(&mut self.seen) {
+            let s = &p.state;
+            refresh(&mut seen.current, s.alloc.as_ref());
+            // A paused job resumes at any plan here (its checkpoint restriction applies
+            // only while it runs: `JobInput::restriction`): `allowed` stays `Any`.
+            seen.restarts = s.restarts;
+            seen.restoring = s.alloc.is_some() && s.penalty_until > t + 1e-9;
+            seen.progress = Progress {
+                remaining: s.remaining,
+                remaining_work: s.remaining_work(),
+                attained_gpu_s: s.gpu_s,
+                first_start_s: s.first_start,
+                max_gpus: s.max_gpus,
+            };
+        }
+        let configs: Option<&dyn rubick_core::planner::CandidateFilter> = Some(self.truth.table.as_ref());
+        let view = View { cluster: self.cluster, jobs: &self.seen, now_s: t, configs };
         let new = policy.decide(&view, self.round_no);
-        drop(seen);
         self.round_no += 1;
         for (p, alloc) in self.active.iter_mut().zip(new) {
             p.state.apply(p.index, p.job.borrow(), alloc, t, self.cluster, self.truth, self.config);
@@ -514,11 +522,13 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
         }
         if left {
             let (active, done) = (std::mem::take(&mut self.active), &mut self.done);
-            for p in active {
+            let seen = std::mem::take(&mut self.seen);
+            for (p, seen) in active.into_iter().zip(seen) {
                 if p.state.finish.is_some() {
                     done.push((p.index, p.state.result(p.job.borrow())));
                 } else {
                     self.active.push(p);
+                    self.seen.push(seen);
                 }
             }
             self.changed = true;
@@ -870,7 +880,7 @@ mod tests {
         // ZeRO-Offload on 4 GPUs asking 8 cores per GPU; profiled at 4 per GPU, its CPU
         // optimizer gains up to 2x: 12 per GPU (the fair share) gets all of it.
         let sj = job("s", PlanCode::ZeroOffload, 4, 32, false);
-        let jobs = [PolicyJob::of(&sj.job, &sj.params, None, false)];
+        let jobs = [JobInput::example(sj.job.clone(), Belief::from(sj.params.clone()), None, false)];
         let view = View { cluster: &cluster, jobs: &jobs, now_s: 0.0, configs: None };
         let out = policy.decide(&view, 0);
         assert_eq!(out[0].as_ref().map(|a| a.cpus), Some(48));

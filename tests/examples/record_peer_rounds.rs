@@ -19,10 +19,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{Restriction, eligible_groups};
+use rubick_core::planner::{JobInput, Restriction, eligible_groups};
 use rubick_core::{Cluster, Placement};
 use rubick_io::reference::ReferenceData;
-use rubick_policy::{Policy, PolicyJob, PolicyOptions, Queue, View, request_config, request_plan, traced_plan};
+use rubick_policy::{Policy, PolicyOptions, Queue, View, request_config, request_plan, traced_plan};
 use rubick_sim::SimConfig;
 use rubick_sim::engine::{JobSource, Simulation, planner_config};
 use rubick_sim::trace::open_trace;
@@ -114,29 +114,37 @@ struct Recorder<'a> {
 impl Recorder<'_> {
     /// The job's layout (as `goodput.rs`'s `layout`): its request's plan, the trace's
     /// when the model rejects it, else its best plan on its requested GPUs.
-    fn layout(&mut self, pj: &PolicyJob<'_>) -> Restriction {
+    fn layout(&mut self, pj: &JobInput) -> Restriction {
         let cluster = self.evaluator.cluster;
-        let group = rubick_policy::home_group(pj.job, cluster);
-        let plan = request_plan(pj.job, cluster, group).or_else(|| traced_plan(pj.job, pj.trace_code, cluster, group));
+        let group = rubick_policy::home_group(&pj.job, cluster);
+        let plan =
+            request_plan(&pj.job, cluster, group).or_else(|| traced_plan(&pj.job, pj.trace_code, cluster, group));
         let plan = plan.or_else(|| {
             let g = &cluster.node_groups[group];
             let placement = Placement::packed(pj.job.request.gpus, g.gpus_per_node)?;
             let cpus = g.fair_cpus_per_gpu() * pj.job.request.gpus;
-            rubick_policy::users_plan(pj.job, pj.params, pj.trace_code, &mut self.evaluator, (group, &placement), cpus)
+            rubick_policy::users_plan(
+                &pj.job,
+                &pj.belief.params,
+                pj.trace_code,
+                &mut self.evaluator,
+                (group, &placement),
+                cpus,
+            )
         });
         plan.map_or(Restriction::Any, |p| Restriction::layout_of(&p))
     }
 
     /// Throughput of the job's best plan of `layout` on `placement` of `group`.
-    fn throughput(&mut self, pj: &PolicyJob<'_>, layout: Restriction, group: usize, placement: &Placement) -> f64 {
+    fn throughput(&mut self, pj: &JobInput, layout: Restriction, group: usize, placement: &Placement) -> f64 {
         let g = &self.evaluator.cluster.node_groups[group];
         let cpus = g.fair_cpus_per_gpu() * placement.gpus();
-        let point = self.evaluator.best_plan(pj.job, pj.params, group, placement, cpus, layout);
+        let point = self.evaluator.best_plan(&pj.job, &pj.belief.params, group, placement, cpus, layout);
         point.filter(|(p, t)| t.is_finite() && *t > 0.0 && pj.job.can_run(p)).map_or(0.0, |(_, t)| t)
     }
 
     /// The job, once: its artifact, belief, restart cost, goodput row and table.
-    fn record_job(&mut self, pj: &PolicyJob<'_>, configs: Option<&dyn rubick_core::planner::CandidateFilter>) {
+    fn record_job(&mut self, pj: &JobInput, configs: Option<&dyn rubick_core::planner::CandidateFilter>) {
         if self.jobs.contains_key(&pj.job.name) {
             return;
         }
@@ -144,7 +152,7 @@ impl Recorder<'_> {
         let cluster: &Cluster = self.evaluator.cluster;
         let largest = MAX_GPUS.max(pj.job.request.gpus);
         let (mut row, mut table) = (Vec::new(), Vec::new());
-        for (group, g) in eligible_groups(pj.job, cluster) {
+        for (group, g) in eligible_groups(&pj.job, cluster) {
             let gpn = g.gpus_per_node;
             let counts = std::iter::successors(Some(1u32), |&k| Some(k * 2))
                 .take_while(|&k| k < gpn)
@@ -172,19 +180,21 @@ impl Recorder<'_> {
             }
         }
         // A job whose layout runs on no configuration: its request, a rigid job.
-        let rigid =
-            row.is_empty().then(|| request_config(pj.job, pj.params, pj.trace_code, &mut self.evaluator, configs));
+        let rigid = row
+            .is_empty()
+            .then(|| request_config(&pj.job, &pj.belief.params, pj.trace_code, &mut self.evaluator, configs));
         let rigid = rigid.flatten().map(|r| {
             let g = &cluster.node_groups[r.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
-            let thr = Evaluator::throughput(&pj.job.model, pj.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
+            let thr =
+                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
             json!({"group": r.group, "gpus": r.placement.gpus(), "throughput": thr})
         });
         self.jobs.insert(
             pj.job.name.clone(),
             json!({
-                "job": serde_json::to_value(pj.job).expect("a Job serialises"),
-                "params": pj.params.values.to_vec(),
+                "job": serde_json::to_value(&pj.job).expect("a Job serialises"),
+                "params": pj.belief.params.values.to_vec(),
                 "traceCode": pj.trace_code.map(|c| c.to_string()),
                 "restartS": pj.job.restart_cost_s.unwrap_or(self.default_restart_s),
                 "row": row,
@@ -232,14 +242,14 @@ impl Policy for Recorder<'_> {
                 .map(|(pj, alloc)| {
                     json!({
                         "name": pj.job.name,
-                        "current": current_json(pj.current),
+                        "current": current_json(pj.current.as_ref()),
                         "restarts": pj.restarts,
                         "restoring": pj.restoring,
-                        "maxGpus": pj.max_gpus,
-                        "attainedGpuS": pj.attained_gpu_s,
-                        "remaining": pj.remaining,
-                        "remainingWork": pj.remaining_work,
-                        "firstStartS": pj.first_start_s,
+                        "maxGpus": pj.progress.max_gpus,
+                        "attainedGpuS": pj.progress.attained_gpu_s,
+                        "remaining": pj.progress.remaining,
+                        "remainingWork": pj.progress.remaining_work,
+                        "firstStartS": pj.progress.first_start_s,
                         "ours": alloc.as_ref().map(|c| json!({"group": c.group, "gpus": c.placement.gpus()})),
                     })
                 })

@@ -21,10 +21,9 @@ fn instances(nodes: u32, jobs: u32, seeds: std::ops::Range<u64>) -> Vec<(rubick_
             for j in &mut batch.jobs {
                 j.submit_time_s = 0.0;
             }
-            let params = batch.jobs.iter().map(|j| rubick_core::planner::curves::default_params(&j.model)).collect();
             let mut inputs = rubick_plan::round::job_inputs(
-                (std::path::Path::new("<synthetic>"), batch.jobs),
-                params,
+                std::path::Path::new("<synthetic>"),
+                rubick_plan::round::on_priors(batch.jobs),
                 &cluster,
                 &config,
                 None,
@@ -157,15 +156,15 @@ fn jobs_past_the_service_quantum_make_way_for_waiting_jobs_below_it() {
         let mut inputs = inputs.clone();
         let mut k = 0;
         for i in &mut inputs {
-            i.job.guaranteed = false;
+            std::sync::Arc::make_mut(&mut i.job).guaranteed = false;
             if i.current.is_some() {
                 // Every other running job is past the quantum.
                 let past = k % 2 == 0;
                 k += 1;
-                i.attained_gpu_s = if past { 100.0 * QUANTUM } else { 0.5 * QUANTUM };
+                i.progress.attained_gpu_s = if past { 100.0 * QUANTUM } else { 0.5 * QUANTUM };
                 i.priority = if past { 1.0 } else { 2.0 };
             } else {
-                i.attained_gpu_s = 0.0;
+                i.progress.attained_gpu_s = 0.0;
                 i.priority = 2.0;
             }
         }
@@ -187,7 +186,7 @@ fn jobs_past_the_service_quantum_make_way_for_waiting_jobs_below_it() {
                     continue;
                 }
                 let gave_way = shrunk_or_paused(i, a);
-                if quantum.is_none() || i.attained_gpu_s < QUANTUM {
+                if quantum.is_none() || i.progress.attained_gpu_s < QUANTUM {
                     assert!(!gave_way, "{} kept its request below the quantum: {:?} {}", a.job, a.change, a.reason);
                 } else if gave_way {
                     made_way += 1;

@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 
 use rubick_core::perfmodel::Params;
-use rubick_core::planner::{Current, Restriction};
+use rubick_core::planner::{Belief, Current, JobInput, Progress, Restriction};
 use rubick_core::{Cluster, Job, PlanCode};
-use rubick_policy::{PolicyJob, PolicyOptions, Queue, View};
+use rubick_policy::{PolicyOptions, Queue, View};
 use rubick_sim::SimConfig;
 use serde_json::Value;
 
@@ -35,7 +35,7 @@ fn f(v: &Value) -> f64 {
 
 /// A recorded job, as the simulator held it.
 struct Recorded {
-    job: Job,
+    job: std::sync::Arc<Job>,
     params: Params,
     trace_code: Option<PlanCode>,
 }
@@ -72,7 +72,7 @@ fn ours(inputs: &Value) -> Vec<BTreeMap<String, Alloc>> {
         .map(|(name, v)| {
             let values: Vec<f64> = serde_json::from_value(v["params"].clone()).unwrap();
             let recorded = Recorded {
-                job: serde_json::from_value(v["job"].clone()).unwrap(),
+                job: std::sync::Arc::new(serde_json::from_value(v["job"].clone()).unwrap()),
                 params: Params { values: values.try_into().expect("every parameter") },
                 trace_code: v["traceCode"].as_str().map(|c| c.parse().unwrap()),
             };
@@ -83,26 +83,26 @@ fn ours(inputs: &Value) -> Vec<BTreeMap<String, Alloc>> {
     let mut out = Vec::new();
     for round in inputs["rounds"].as_array().unwrap() {
         let entries = round["jobs"].as_array().unwrap();
-        let currents: Vec<Option<Current>> = entries.iter().map(|e| current(&e["current"])).collect();
-        let seen: Vec<PolicyJob<'_>> = entries
+        let seen: Vec<JobInput> = entries
             .iter()
-            .zip(&currents)
-            .map(|(e, cur)| {
+            .map(|e| {
                 let r = &jobs[e["name"].as_str().unwrap()];
-                PolicyJob {
-                    job: &r.job,
-                    params: &r.params,
-                    evidence: None,
+                JobInput {
+                    job: r.job.clone(),
+                    belief: Belief::from(r.params.clone()),
                     trace_code: r.trace_code,
-                    current: cur.as_ref(),
+                    current: current(&e["current"]),
                     allowed: Restriction::Any,
-                    remaining: f(&e["remaining"]),
-                    remaining_work: f(&e["remainingWork"]),
-                    attained_gpu_s: f(&e["attainedGpuS"]),
-                    first_start_s: e["firstStartS"].as_f64(),
+                    priority: 1.0,
                     restarts: e["restarts"].as_u64().unwrap() as u32,
                     restoring: e["restoring"].as_bool().unwrap(),
-                    max_gpus: e["maxGpus"].as_u64().unwrap() as u32,
+                    progress: Progress {
+                        remaining: f(&e["remaining"]),
+                        remaining_work: f(&e["remainingWork"]),
+                        attained_gpu_s: f(&e["attainedGpuS"]),
+                        first_start_s: e["firstStartS"].as_f64(),
+                        max_gpus: e["maxGpus"].as_u64().unwrap() as u32,
+                    },
                 }
             })
             .collect();

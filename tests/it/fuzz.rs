@@ -227,9 +227,8 @@ fn exercise(text: &str, cluster: &Cluster, jobs: &[Job]) -> bool {
 /// One heuristic round of `jobs` on `cluster` (FLOPs-based models).
 fn round(cluster: &Cluster, jobs: &[Job]) {
     let config = rubick_core::planner::PlannerConfig::default();
-    let params = jobs.iter().map(|j| rubick_core::planner::curves::default_params(&j.model)).collect();
-    let Ok(inputs) =
-        rubick_plan::round::job_inputs((std::path::Path::new("<fuzz>"), jobs.to_vec()), params, cluster, &config, None)
+    let believed = rubick_plan::round::on_priors(jobs.to_vec());
+    let Ok(inputs) = rubick_plan::round::job_inputs(std::path::Path::new("<fuzz>"), believed, cluster, &config, None)
     else {
         return;
     };

@@ -33,10 +33,9 @@ fn instance(
     g.cpu_cores = cores;
     g.host_memory_gib = mem;
     let batch = synth::jobs(&cluster, jobs, seed).expect("synthetic jobs");
-    let params = batch.jobs.iter().map(|j| rubick_core::planner::curves::default_params(&j.model)).collect();
     let inputs = rubick_plan::round::job_inputs(
-        (std::path::Path::new("<synthetic>"), batch.jobs),
-        params,
+        std::path::Path::new("<synthetic>"),
+        rubick_plan::round::on_priors(batch.jobs),
         &cluster,
         &config,
         None,
@@ -339,7 +338,7 @@ fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
                 .cloned()
                 .map(|mut i| {
                     if let Some(cur) = &i.current {
-                        i.evidence = Some(Arc::new(Evidence {
+                        i.belief.evidence = Some(Arc::new(Evidence {
                             // Measured as predicted: only the interval changes.
                             measured: vec![Measured {
                                 plan: cur.plan,
@@ -407,17 +406,11 @@ fn the_indexed_heuristic_decides_exactly_as_the_exhaustive_one() {
         let first = plan_round(cluster, config, inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(10)), 0)
             .expect("round");
         // The second round starts from the first's schedule.
-        let batch: Vec<_> = inputs.iter().map(|i| i.job.clone()).collect();
-        let params = inputs.iter().map(|i| i.params.clone()).collect();
+        let believed = inputs.iter().map(|i| (rubick_core::Job::clone(&i.job), i.belief.clone())).collect();
         let path = std::path::Path::new("<synthetic>");
-        let second = rubick_plan::round::job_inputs(
-            (path, batch),
-            params,
-            cluster,
-            config,
-            Some((path, &first.outcome.schedule)),
-        )
-        .expect("second round's inputs");
+        let second =
+            rubick_plan::round::job_inputs(path, believed, cluster, config, Some((path, &first.outcome.schedule)))
+                .expect("second round's inputs");
         for inputs in [inputs, &second] {
             let mut evaluator = Evaluator::new(cluster, config);
             let jobs = inputs.iter().map(|i| evaluator.job_curves(i, None)).collect();

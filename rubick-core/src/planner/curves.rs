@@ -446,7 +446,7 @@ impl<'a> Evaluator<'a> {
         plan: &Plan,
         placement: &Placement,
     ) -> Option<(Support, f64)> {
-        let evidence = input.evidence.as_ref()?;
+        let evidence = input.belief.evidence.as_ref()?;
         let support = evidence.support(plan, placement);
         if support == Support::Measured {
             return Some((support, 0.0));
@@ -456,7 +456,7 @@ impl<'a> Evaluator<'a> {
             Some(cov) => {
                 let links = Links::from(&self.cluster.node_groups[group]);
                 let (_, mid, high) =
-                    crate::fit::interval(&input.job.model, plan, placement, &links, &input.params, cov);
+                    crate::fit::interval(&input.job.model, plan, placement, &links, &input.belief.params, cov);
                 (high / mid).ln().max(0.0)
             }
         };
@@ -488,10 +488,10 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        let evidence = input.evidence.as_ref();
+        let evidence = input.belief.evidence.as_ref();
         self.best_plan_by(
             &input.job,
-            &input.params,
+            &input.belief.params,
             evidence,
             group,
             placement,
@@ -512,7 +512,7 @@ impl<'a> Evaluator<'a> {
         placement: &Placement,
         cpus: u32,
     ) -> f64 {
-        let key = self.known_model(&input.job, &input.params, input.evidence.as_ref());
+        let key = self.known_model(&input.job, &input.belief.params, input.belief.evidence.as_ref());
         self.believed_keyed(key, input, group, plan, placement, cpus)
     }
 
@@ -533,8 +533,8 @@ impl<'a> Evaluator<'a> {
         }
         let g = &self.cluster.node_groups[group];
         let cpu_ref = self.config.cpu_reference(g);
-        let thr = Self::throughput(&input.job.model, &input.params, g, plan, placement, cpus, cpu_ref);
-        let thr = believed(input.evidence.as_deref(), plan, placement, thr);
+        let thr = Self::throughput(&input.job.model, &input.belief.params, g, plan, placement, cpus, cpu_ref);
+        let thr = believed(input.belief.evidence.as_deref(), plan, placement, thr);
         if let Some(k) = cache_key {
             self.believed.borrow_mut().insert(k, thr);
         }
@@ -552,10 +552,10 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        let evidence = input.evidence.as_ref();
+        let evidence = input.belief.evidence.as_ref();
         self.best_plan_by(
             &input.job,
-            &input.params,
+            &input.belief.params,
             evidence,
             group,
             placement,
@@ -759,7 +759,7 @@ impl<'a> Evaluator<'a> {
     pub fn job_curves(&mut self, input: &JobInput, mut points: Option<&mut Vec<CurvePoint>>) -> JobCurves {
         let job = &input.job;
         let config = self.config.clone();
-        let key = self.model_key(job, &input.params, input.evidence.as_ref());
+        let key = self.model_key(job, &input.belief.params, input.belief.evidence.as_ref());
         let restriction = input.restriction();
         let locked = input.in_cooldown(&config) && input.current.is_some();
         let weight = input.weight(&config);
@@ -953,7 +953,7 @@ impl<'a> Evaluator<'a> {
         // must also gain 1 / factor.
         let factor = input.restart_factor(&config);
         let payback = current_thr.map(|thr| {
-            let remaining = input.job.iterations as f64 * job.model.global_batch as f64 / thr.max(1e-12);
+            let remaining = input.progress.remaining_iterations() * job.model.global_batch as f64 / thr.max(1e-12);
             let horizon = config.horizon_s.min(remaining).max(1e-9);
             (1.0 - input.restart_s(&config) / horizon).max(0.0)
         });
@@ -984,7 +984,7 @@ impl<'a> Evaluator<'a> {
             // at the other's low end; a job with evidence that does not run yet starts
             // on the configuration whose low end is best (a family measured slower than
             // modelled widens its interval: `Evidence::family_spread`).
-            let at_low_end = current_measured || (input.current.is_none() && input.evidence.is_some());
+            let at_low_end = current_measured || (input.current.is_none() && input.belief.evidence.is_some());
             let valued = if at_low_end && !c.is_current { low / request_throughput } else { c.normalized };
             c.value = match keep_share {
                 Some(share) if !c.is_current => weight * valued * share - config.change_min_gain,

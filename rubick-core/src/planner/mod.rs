@@ -103,7 +103,7 @@ pub struct PlannerConfig {
     /// longer time-share by pausing running ones: `false` brings that back.
     pub keep_request: bool,
     /// The service quantum (GPU-seconds): `keep_request` protects a running job only
-    /// until it has received this much service ([`JobInput::attained_gpu_s`]); past
+    /// until it has received this much service ([`Progress::attained_gpu_s`]); past
     /// it, the job may be shrunk onto another plan or paused for jobs that have not
     /// (least attained service, in two classes: Tiresias's discretised queues), and it
     /// no longer gains weight by waiting. A policy sets it each round from recent
@@ -334,25 +334,13 @@ impl Current {
         nodes: &[(u32, Vec<u32>)],
         cpus: u32,
     ) -> crate::schedule::Change {
-        use crate::schedule::Change;
+        use crate::schedule::{Change, NodeSet};
         // Same nodes, and the same GPUs on each where both sides name them.
-        let sorted = |n: &[(u32, Vec<u32>)]| {
-            let mut n: Vec<(u32, Vec<u32>)> = n
-                .iter()
-                .map(|(i, g)| {
-                    let mut g = g.clone();
-                    g.sort_unstable();
-                    (*i, g)
-                })
-                .collect();
-            n.sort();
-            n
+        let set = |n: &[(u32, Vec<u32>)]| match n {
+            [] => NodeSet::unknown(),
+            _ => NodeSet::new(n.iter().map(|(i, g)| (*i, (!g.is_empty()).then_some(&g[..])))),
         };
-        let (a, b) = (sorted(&self.nodes), sorted(nodes));
-        let same_nodes = a.is_empty()
-            || b.is_empty()
-            || (a.len() == b.len()
-                && a.iter().zip(&b).all(|((i, g), (k, h))| i == k && (g.is_empty() || h.is_empty() || g == h)));
+        let same_nodes = set(&self.nodes).matches(&set(nodes));
         if self.placement.gpus() != placement.gpus() {
             Change::Resized
         } else if self.plan != *plan {
@@ -364,6 +352,27 @@ impl Current {
         } else {
             Change::Kept
         }
+    }
+
+    /// Its share of each node, named as `cluster` names them: its GPUs there, and its
+    /// cores and host memory split by its GPUs on each.
+    pub fn shares(&self, cluster: &Cluster) -> Vec<crate::schedule::NodeShare> {
+        let g = &cluster.node_groups[self.group];
+        let counts: Vec<u32> = self.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
+        let cores = place::split(self.cpus, &counts);
+        let total = counts.iter().sum::<u32>().max(1);
+        self.nodes
+            .iter()
+            .zip(cores)
+            .map(|((i, ix), cpus)| crate::schedule::NodeShare {
+                node: g.node_name(*i),
+                gpus: ix.clone(),
+                cpus,
+                host_memory_gib: crate::schedule::round6(
+                    self.host_memory_gib * f64::from(ix.len() as u32) / f64::from(total),
+                ),
+            })
+            .collect()
     }
 
     /// [`Current::change_to`] another `Current`, or from/to not running.
@@ -534,20 +543,91 @@ impl Evidence {
     }
 }
 
-/// What the planner knows of one job: the job, its performance-model parameters and
-/// where it runs now.
+/// What the planner believes of a job's speed: its performance model's parameters and,
+/// when its `PerfModel` lists measured rows, what they rest on.
+#[derive(Debug, Clone)]
+pub struct Belief {
+    pub params: crate::perfmodel::Params,
+    /// What the parameters rest on: then a measured configuration is traded for an
+    /// unmeasured one only when the gain holds at the low end of its ~95 % interval,
+    /// and a guarantee is met by an unmeasured configuration only when its low end
+    /// meets it.
+    pub evidence: Option<std::sync::Arc<Evidence>>,
+}
+
+impl Belief {
+    /// The FLOPs-based default of a model nothing was fitted for
+    /// ([`curves::default_params`]), resting on no measurement.
+    pub fn prior(model: &crate::ModelSpec) -> Self {
+        Belief { params: curves::default_params(model), evidence: None }
+    }
+
+    /// A fitted `PerfModel`'s belief: its parameters and the rows they rest on.
+    pub fn of(model: &crate::perf::PerfModel) -> Result<Self, crate::error::ValidationError> {
+        Ok(Belief { params: model.params()?, evidence: Evidence::of_model(model).map(std::sync::Arc::new) })
+    }
+}
+
+/// Parameters alone (e.g. fitted on reference data here), resting on no evidence.
+impl From<crate::perfmodel::Params> for Belief {
+    fn from(params: crate::perfmodel::Params) -> Self {
+        Belief { params, evidence: None }
+    }
+}
+
+/// How far a job has come: what it has left and what it has had.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    /// Iterations left.
+    pub remaining: f64,
+    /// Predicted GPU-seconds of work left on its request (what `srpt` orders by).
+    pub remaining_work: f64,
+    /// GPU-seconds of service it has received so far (what `las` orders by; against
+    /// [`PlannerConfig::service_quantum_gpu_s`]).
+    pub attained_gpu_s: f64,
+    /// When it first started, if it did.
+    pub first_start_s: Option<f64>,
+    /// The most GPUs it has held (0: it never ran): Sia's and Pollux's growth bound.
+    pub max_gpus: u32,
+}
+
+impl Progress {
+    /// A job before its first start: all its iterations left (its remaining work
+    /// counted at one GPU-second each), nothing received.
+    pub fn not_started(job: &Job) -> Self {
+        let iterations = job.iterations as f64;
+        Progress {
+            remaining: iterations,
+            remaining_work: iterations,
+            attained_gpu_s: 0.0,
+            first_start_s: None,
+            max_gpus: 0,
+        }
+    }
+
+    /// Whole iterations left, at least one: what a restart must pay for itself over.
+    pub fn remaining_iterations(&self) -> f64 {
+        self.remaining.ceil().max(1.0)
+    }
+}
+
+/// One job in a round, from its belief to its assignment: the job as declared, what
+/// the planner believes of it, where it runs now and how far it has come. What a
+/// policy sees of a job (`rubick_policy::View`) and what the planner plans.
 #[derive(Debug, Clone)]
 pub struct JobInput {
-    pub job: Job,
-    pub params: crate::perfmodel::Params,
-    /// What the model's parameters rest on, when the job's `PerfModel` says: then a
-    /// measured configuration is traded for an unmeasured one only when the gain holds
-    /// at the low end of its ~95 % interval, and a guarantee is met by an unmeasured
-    /// configuration only when its low end meets it.
-    pub evidence: Option<std::sync::Arc<Evidence>>,
+    /// The job as declared (shared: a simulation hands the same job to every decision).
+    pub job: std::sync::Arc<Job>,
+    pub belief: Belief,
+    /// The plan code of a trace whose model's shape rejects it (the request then has no
+    /// plan): the user's plan taken literally (`rubick_policy::traced_plan`).
+    pub trace_code: Option<crate::plan::PlanCode>,
+    /// Where it runs now.
     pub current: Option<Current>,
-    /// Plans the policy allows whatever the checkpoints (e.g. the user's plan family
-    /// for a policy that only resizes).
+    /// The plans it may run this round whatever the policy prefers: those its
+    /// checkpoint resumes at when its run must move (a node or GPU that left), the plan
+    /// before a slower one (`slowPlans`); `Any` otherwise. A policy narrows it
+    /// ([`Restriction::narrowed_by`]), never widens it.
     pub allowed: Restriction,
     /// Multiplies the job's weight in the objective (queue order: earlier in the queue,
     /// more weight); 1 by default.
@@ -556,12 +636,47 @@ pub struct JobInput {
     pub restarts: u32,
     /// The job is in the middle of a checkpoint-restore: it keeps its allocation.
     pub restoring: bool,
-    /// GPU-seconds of service it has received so far (against
-    /// [`PlannerConfig::service_quantum_gpu_s`]).
-    pub attained_gpu_s: f64,
+    pub progress: Progress,
 }
 
 impl JobInput {
+    /// `job` before its first start, believed as `belief`: waiting, on any plan, of
+    /// weight 1.
+    pub fn new(job: impl Into<std::sync::Arc<Job>>, belief: Belief) -> Self {
+        let job = job.into();
+        let progress = Progress::not_started(&job);
+        JobInput {
+            job,
+            belief,
+            trace_code: None,
+            current: None,
+            allowed: Restriction::Any,
+            priority: 1.0,
+            restarts: 0,
+            restoring: false,
+            progress,
+        }
+    }
+
+    /// A job as a test or an example hands it to a policy: 1,000 iterations left (1
+    /// GPU-second of work), running on `current` since 0 (the most GPUs it has held)
+    /// or waiting, `restoring` whether it restarts now.
+    pub fn example(
+        job: impl Into<std::sync::Arc<Job>>,
+        belief: Belief,
+        current: Option<Current>,
+        restoring: bool,
+    ) -> Self {
+        let progress = Progress {
+            remaining: 1000.0,
+            remaining_work: 1.0,
+            attained_gpu_s: 0.0,
+            first_start_s: current.as_ref().map(|_| 0.0),
+            max_gpus: current.as_ref().map_or(0, |c| c.placement.gpus()),
+        };
+        JobInput { current, restoring, progress, ..JobInput::new(job, belief) }
+    }
+
     /// Seconds a restart of this job costs.
     pub fn restart_s(&self, config: &PlannerConfig) -> f64 {
         self.job.restart_cost_s.unwrap_or(config.default_restart_s)
@@ -599,7 +714,7 @@ impl JobInput {
     /// ([`PlannerConfig::service_quantum_gpu_s`]): it no longer keeps its request
     /// against jobs below it, nor gains weight by waiting.
     pub fn past_quantum(&self, config: &PlannerConfig) -> bool {
-        config.service_quantum_gpu_s.is_some_and(|q| self.attained_gpu_s >= q)
+        config.service_quantum_gpu_s.is_some_and(|q| self.progress.attained_gpu_s >= q)
     }
 
     /// The job's weight in the objective: 1, more for jobs starving in the queue.

@@ -1,6 +1,8 @@
 //! One round end to end, the one place a round is assembled: jobs (with their
 //! performance models and current allocations) in, curves, a decision (the heuristic
 //! or the injected exact solver), placement, and a `Schedule` with a per-job explanation out.
+//! A policy that allocates without planning (the queue family) has its allocations
+//! written here too ([`assemble_allocations`]), by the same rules of change.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +14,7 @@ use crate::schedule::{
 use super::curves::{CurveBook, Evaluator};
 use super::exact::{ExactError, ExactSolver};
 use super::place::{NodeState, Repack, place, stranded};
-use super::{Infeasible, JobInput, PlannerConfig, Support, heuristic};
+use super::{Current, Infeasible, JobInput, PlannerConfig, Support, heuristic};
 
 /// The schedule of a decision, and one explanation line per job.
 #[derive(Debug)]
@@ -48,15 +50,16 @@ pub fn assemble(
         let jc = &book.jobs[j];
         let cur = input.current.as_ref();
         let p = placed[j].as_ref();
-        let change = match (cur, p) {
-            (None, None) => Change::Pending,
-            (None, Some(_)) => Change::Started,
-            (Some(_), None) => Change::Preempted,
-            (Some(c), Some(p)) => {
-                let on: Vec<(u32, Vec<u32>)> = p.shares.iter().map(|s| (nodes[s.node].index, s.gpus.clone())).collect();
-                c.change_to(p.group, &p.plan, &p.placement, &on, p.cpus)
-            }
-        };
+        let next = p.map(|p| Current {
+            group: p.group,
+            plan: p.plan,
+            placement: p.placement.clone(),
+            nodes: p.shares.iter().map(|s| (nodes[s.node].index, s.gpus.clone())).collect(),
+            cpus: p.cpus,
+            host_memory_gib: p.host_memory_gib,
+            rounds_since_change: 0,
+        });
+        let change = Current::change(cur, next.as_ref());
         let throughput = p.map_or(0.0, |p| p.throughput);
         let guarantee = jc.guaranteed.then(|| GuaranteeStatus {
             required_throughput: round6(jc.request_throughput),
@@ -113,7 +116,8 @@ pub fn assemble(
             if let Some((support, _)) = evidence {
                 reason = format!("{reason}; {}", support.as_str());
                 // Which row says so: the family's slowest against the model.
-                let slower = p.zip(input.evidence.as_ref()).and_then(|(p, e)| e.family_slower(&p.plan, &p.placement));
+                let slower =
+                    p.zip(input.belief.evidence.as_ref()).and_then(|(p, e)| e.family_slower(&p.plan, &p.placement));
                 if let (Support::FamilySlower, Some(m)) = (support, slower) {
                     reason = format!(
                         "{reason} ({} on {} ran {:.4} s per iteration, {:.1}x the model's {:.4} s; the interval widened by as much)",
@@ -137,10 +141,6 @@ pub fn assemble(
         } else {
             String::new()
         };
-        let rounds_since_change = match (change, cur) {
-            (Change::Kept, Some(c)) => c.rounds_since_change.saturating_add(1),
-            _ => 0,
-        };
         if evaluator.config.explain {
             let old = cur.map_or("-".to_string(), |c| describe(&c.plan, &c.placement, c.cpus));
             let new = p.map_or("-".to_string(), |p| describe(&p.plan, &p.placement, p.cpus));
@@ -161,32 +161,96 @@ pub fn assemble(
             host_memory_gib: p.host_memory_gib,
             normalized_throughput: p.throughput / jc.request_throughput,
         });
-        schedule.push(
-            Assignment {
-                job: input.job.name.clone(),
-                plan: p.map(|p| p.plan),
-                nodes: p.map_or_else(Vec::new, |p| {
-                    p.shares
-                        .iter()
-                        .map(|s| NodeShare {
-                            node: nodes[s.node].name(cluster),
-                            gpus: s.gpus.clone(),
-                            cpus: s.cpus,
-                            host_memory_gib: round6(s.mem),
-                        })
-                        .collect()
-                }),
-                predicted_throughput: round6(throughput),
-                guarantee,
-                change,
-                rounds_since_change,
-                reason,
-            },
-            uses,
-        );
+        // Its share of each node as placed (cores as the placement split them).
+        let shares = p.map_or_else(Vec::new, |p| {
+            p.shares
+                .iter()
+                .map(|s| NodeShare {
+                    node: nodes[s.node].name(cluster),
+                    gpus: s.gpus.clone(),
+                    cpus: s.cpus,
+                    host_memory_gib: round6(s.mem),
+                })
+                .collect()
+        });
+        let assignment = assignment(input, (change, next.as_ref(), shares), throughput, guarantee, reason);
+        schedule.push(assignment, uses);
     }
     let schedule = schedule.build(objective);
     Outcome { schedule, explain, nodes }
+}
+
+/// A job's assignment: where it runs next (`next`, on its node `shares`) and its
+/// `change` from where it runs now, with its rounds since the last change.
+fn assignment(
+    input: &JobInput,
+    (change, next, shares): (Change, Option<&Current>, Vec<NodeShare>),
+    throughput: f64,
+    guarantee: Option<GuaranteeStatus>,
+    reason: String,
+) -> Assignment {
+    let rounds_since_change = match (change, &input.current) {
+        (Change::Kept, Some(c)) => c.rounds_since_change.saturating_add(1),
+        _ => 0,
+    };
+    Assignment {
+        job: input.job.name.clone(),
+        plan: next.map(|c| c.plan),
+        nodes: shares,
+        predicted_throughput: round6(throughput),
+        guarantee,
+        change,
+        rounds_since_change,
+        reason,
+    }
+}
+
+/// The allocations a policy decided without planning (the queue family: every running
+/// job on its request) as a round's schedule, with one explanation line per job.
+/// Throughputs are the belief's; each running job counts 1 in the objective.
+pub fn assemble_allocations(
+    evaluator: &Evaluator<'_>,
+    inputs: &[JobInput],
+    allocations: &[Option<Current>],
+    policy: &str,
+    round: u64,
+) -> (Schedule, Vec<String>) {
+    let cluster = evaluator.cluster;
+    let solver = SolverStats { method: "queue".into(), gap: None, wall_s: None, status: SolverStatus::Allocated };
+    let mut schedule = Schedule::builder(cluster, round, policy, solver);
+    let mut explain = Vec::with_capacity(inputs.len());
+    for (input, alloc) in inputs.iter().zip(allocations) {
+        let change = Current::change(input.current.as_ref(), alloc.as_ref());
+        let throughput = alloc.as_ref().map_or(0.0, |c| {
+            let g = &cluster.node_groups[c.group];
+            let cpu_ref = evaluator.config.cpu_reference(g);
+            Evaluator::throughput(&input.job.model, &input.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref)
+        });
+        let reason = match change {
+            Change::Pending => "waits: its request does not fit now".to_owned(),
+            Change::Started => "starts as requested".to_owned(),
+            Change::Preempted => "preempted for a guaranteed job".to_owned(),
+            _ => "kept: this policy never reconfigures".to_owned(),
+        };
+        // Every running job runs its request: it counts 1 in the objective.
+        let uses = alloc.as_ref().map(|c| Uses {
+            gpus: c.placement.gpus(),
+            cpus: c.cpus,
+            host_memory_gib: c.host_memory_gib,
+            normalized_throughput: 1.0,
+        });
+        explain.push(format!(
+            "{}: {change:?}: {}; {throughput:.3} samples/s; {reason}",
+            input.job.name,
+            alloc
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |c| format!("{} on {} with {} cores", c.plan, c.placement, c.cpus))
+        ));
+        let shares = alloc.as_ref().map_or_else(Vec::new, |c| c.shares(cluster));
+        schedule.push(assignment(input, (change, alloc.as_ref(), shares), throughput, None, reason), uses);
+    }
+    let running = allocations.iter().flatten().count() as f64;
+    (schedule.build(running), explain)
 }
 
 /// How a round decides.
@@ -346,7 +410,7 @@ pub fn plan_round_with(
                 .map(|i| {
                     let mut i = i.clone();
                     if i.job.name == *victim {
-                        i.job.guaranteed = false;
+                        std::sync::Arc::make_mut(&mut i.job).guaranteed = false;
                     }
                     i
                 })
