@@ -234,11 +234,15 @@ pub struct Evaluator<'a> {
     best: HashMap<BestKey, Option<(Plan, f64)>>,
     /// Per (model, group, plan, placement, cores): the believed throughput
     /// ([`Evaluator::believed_throughput`]).
-    believed: RefCell<HashMap<(usize, usize, Plan, Placement, u32), f64>>,
+    believed: RefCell<HashMap<BelievedKey, f64>>,
     /// Per (model, request's GPUs, cores, plan and GPU type): the request as a
     /// configuration ([`Evaluator::request_config`]).
     requests: HashMap<RequestKey, Option<RequestConfig>>,
 }
+
+/// The cache key of [`Evaluator::believed_throughput`]: model, group, plan,
+/// placement and cores.
+type BelievedKey = (usize, usize, Plan, Placement, u32);
 
 /// The cache key of [`Evaluator::request_config`].
 type RequestKey = (usize, u32, Option<u32>, Option<PlanRequest>, Option<String>);
