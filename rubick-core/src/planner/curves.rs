@@ -16,7 +16,7 @@ use crate::placement::Placement;
 use crate::plan::{Offload, Plan, PlanRequest};
 use crate::space::{Dimensions, resolve_code, valid_plans};
 
-use super::{Capacity, Evidence, JobInput, PlannerConfig, Restriction, Support, eligible_groups};
+use super::{Belief, Capacity, Evidence, JobInput, PlannerConfig, Restriction, Support, eligible_groups};
 
 /// Whether a configuration's collectives stay inside one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -247,18 +247,9 @@ type BelievedKey = (usize, usize, Plan, Placement, u32);
 /// The cache key of [`Evaluator::request_config`].
 type RequestKey = (usize, u32, Option<u32>, Option<PlanRequest>, Option<String>);
 
-/// What [`Evaluator::best_plan_by`] ranks plans by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Score {
-    /// The believed throughput.
-    Believed,
-    /// The throughput at the low end of its ~95 % interval.
-    LowEnd,
-}
-
 /// The cache key of [`Evaluator::best_plan_by`]: model, group, placement, cores,
-/// restriction and score.
-type BestKey = (usize, usize, Placement, u32, Restriction, Score);
+/// restriction, and whether plans rank by the low end of their interval.
+type BestKey = (usize, usize, Placement, u32, Restriction, bool);
 
 /// What a job's candidates depend on, besides the cluster and the round's knobs.
 #[derive(Debug)]
@@ -479,7 +470,7 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        self.best_plan_by(job, params, None, group, placement, cpus, restriction, Score::Believed, None)
+        self.best_plan_by(job, params, None, group, placement, cpus, restriction, None)
     }
 
     /// [`Evaluator::best_plan`] of a job with its evidence: measured configurations at
@@ -492,18 +483,8 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        let evidence = input.belief.evidence.as_ref();
-        self.best_plan_by(
-            &input.job,
-            &input.belief.params,
-            evidence,
-            group,
-            placement,
-            cpus,
-            restriction,
-            Score::Believed,
-            None,
-        )
+        let Belief { params, evidence } = &input.belief;
+        self.best_plan_by(&input.job, params, evidence.as_ref(), group, placement, cpus, restriction, None)
     }
 
     /// The throughput the planner believes of a job's `plan` on `placement` of `group`
@@ -556,22 +537,12 @@ impl<'a> Evaluator<'a> {
         cpus: u32,
         restriction: Restriction,
     ) -> Option<(Plan, f64)> {
-        let evidence = input.belief.evidence.as_ref();
-        self.best_plan_by(
-            &input.job,
-            &input.belief.params,
-            evidence,
-            group,
-            placement,
-            cpus,
-            restriction,
-            Score::LowEnd,
-            Some(input),
-        )
+        let Belief { params, evidence } = &input.belief;
+        self.best_plan_by(&input.job, params, evidence.as_ref(), group, placement, cpus, restriction, Some(input))
     }
 
-    /// The allowed plan of highest score (the believed throughput, or its low end for
-    /// `input`'s evidence), with its believed throughput; cached.
+    /// The allowed plan of highest believed throughput, or of the highest low end of
+    /// its interval when `low_end` gives the job, with its believed throughput; cached.
     #[allow(clippy::too_many_arguments)]
     fn best_plan_by(
         &mut self,
@@ -582,12 +553,11 @@ impl<'a> Evaluator<'a> {
         placement: &Placement,
         cpus: u32,
         restriction: Restriction,
-        score: Score,
-        input: Option<&JobInput>,
+        low_end: Option<&JobInput>,
     ) -> Option<(Plan, f64)> {
         let model = &job.model;
         let key = self.model_key(job, params, evidence);
-        let cache_key = (key, group, placement.clone(), cpus, restriction, score);
+        let cache_key = (key, group, placement.clone(), cpus, restriction, low_end.is_some());
         if let Some(&hit) = self.best.get(&cache_key) {
             return hit;
         }
@@ -603,11 +573,9 @@ impl<'a> Evaluator<'a> {
                 placement,
                 Self::throughput(model, params, g, plan, placement, cpus, cpu_ref),
             );
-            let s = match (score, input) {
-                (Score::LowEnd, Some(input)) => {
-                    thr * (-self.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h)).exp()
-                }
-                _ => thr,
+            let s = match low_end {
+                Some(input) => thr * (-self.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h)).exp(),
+                None => thr,
             };
             if best.as_ref().is_none_or(|(_, _, b)| s > *b) {
                 best = Some((*plan, thr, s));
