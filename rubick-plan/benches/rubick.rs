@@ -322,10 +322,10 @@ fn philly_figures(data: &ReferenceData, reference: &std::path::Path) -> anyhow::
 
 /// Philly-derived traces on the A800 testbed's node shape (`rubick-plan trace
 /// --format philly --seed 1 --limit N` onto 8 and 64 nodes: the first 1,000 jobs on 64
-/// GPUs, the first 8,000 on 512), with the usual noise, the mean over 3 seeds on 64
-/// GPUs and seed 1 on 512: every policy's restarts per job, makespan, GPU-hours and
-/// average JCT, and Rubick's against the queues' and the peers' (`_sim_s`: the wall
-/// time of all its seeds, two at a time on this machine's 2 cores).
+/// GPUs, the first 8,000 on 512), with the usual noise, the mean over seeds 1-3: every
+/// policy's restarts per job, makespan, GPU-hours and average JCT, and Rubick's against
+/// the queues' and the peers' (`_sim_s`: the wall time of all its seeds, two at a time
+/// on this machine's 2 cores).
 fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::path::Path) -> anyhow::Result<()> {
     use rubick_sim::logs::{Window, map_jobs, read_philly, to_csv};
     let Some(philly) = reference.parent().map(|r| r.join("traces/philly.csv")).filter(|p| p.is_file()) else {
@@ -337,9 +337,9 @@ fn philly_scales(root: &std::path::Path, data: &ReferenceData, reference: &std::
     let dir = tempfile::tempdir()?;
     for (gpus, nodes, limit, seeds, policies) in [
         // (Sia and Pollux: their rounds are knapsacks over one GPU type, exact and
-        // fast.) 64 GPUs: the mean over 3 seeds (1, 2, 3); 512 GPUs: seed 1.
+        // fast.) The mean over seeds 1-3: no peer is compared on one seed.
         (64u32, 8u32, 1000usize, 3u32, &["rubick", "static", "static-backfill", "sia", "pollux"][..]),
-        (512, 64, 8000, 1, &["rubick", "static", "static-backfill", "sia", "pollux"][..]),
+        (512, 64, 8000, 3, &["rubick", "static", "static-backfill", "sia", "pollux"][..]),
     ] {
         let mut cluster = base.clone();
         cluster.name = format!("a800-{gpus}");
