@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use highs::{HighsModelStatus, RowProblem, Sense};
 use rubick_core::Cluster;
-use rubick_core::planner::CurveBook;
-use rubick_core::planner::exact::{ExactError, ExactSolution, ExactSolver};
 use rubick_core::schedule::ExactStatus;
+use rubick_planner::CurveBook;
+use rubick_planner::exact::{ExactError, ExactSolution, ExactSolver};
 
 pub mod knapsack;
 
@@ -176,7 +176,7 @@ fn solve(
             choice[j] = Some(c);
         }
     }
-    let objective = rubick_core::planner::objective(book, &choice);
+    let objective = rubick_planner::objective(book, &choice);
     let gap = solved.mip_gap();
     Ok(ExactSolution { choice, objective, gap: if gap.is_finite() { gap.max(0.0) } else { 0.0 }, status })
 }

@@ -12,13 +12,14 @@ use std::path::{Path, PathBuf};
 
 use rubick_core::artifact::{ApiVersion, Kind, parse_yaml, to_yaml};
 use rubick_core::job::{CurrentAllocation, Resharding};
-use rubick_core::planner::curves::{Evaluator, default_params};
-use rubick_core::planner::place::nodes_of;
-use rubick_core::planner::rng::SplitMix64;
-use rubick_core::planner::{PlannerConfig, Restriction};
 use rubick_core::{Cluster, JobBatch, Placement, PlanRequest};
 use rubick_io::cli::Outcome;
 use rubick_io::files::write_atomic;
+use rubick_model::belief::default_params;
+use rubick_planner::curves::Evaluator;
+use rubick_planner::place::nodes_of;
+use rubick_planner::rng::SplitMix64;
+use rubick_planner::{PlannerConfig, Restriction};
 
 static PAPER_JOBS: &str = include_str!("../../data/jobs-paper.yaml");
 
@@ -122,7 +123,7 @@ pub fn jobs(cluster: &Cluster, count: u32, seed: u64) -> anyhow::Result<JobBatch
         job.current = None;
         // About a third run already, where the cluster has room for their request.
         if rng.unit() < 0.35 {
-            let mem = rubick_core::planner::curves::host_memory_gib(&config, group, &job.model, &plan);
+            let mem = rubick_planner::curves::host_memory_gib(&config, group, &job.model, &plan);
             let mem_of = |part: u32| mem * f64::from(part) / f64::from(gpus);
             let mut chosen = Vec::new();
             for &part in placement.per_node() {
@@ -185,7 +186,7 @@ pub fn instance(
     count: u32,
     seed: u64,
     config: &PlannerConfig,
-) -> anyhow::Result<(Cluster, Vec<rubick_core::planner::JobInput>)> {
+) -> anyhow::Result<(Cluster, Vec<rubick_planner::JobInput>)> {
     let cluster = cluster(gpus);
     let batch = jobs(&cluster, count, seed)?;
     let jobs = crate::round::on_priors(batch.jobs);

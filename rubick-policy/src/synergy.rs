@@ -19,9 +19,9 @@
 //! authors' trace the two give the same figures; on the CPU-tight testbed (6 per GPU)
 //! offloading jobs get 12 and the others give them up.
 
-use rubick_core::planner::JobInput;
-use rubick_core::planner::curves::Evaluator;
 use rubick_core::{Cluster, Placement, Plan};
+use rubick_planner::JobInput;
+use rubick_planner::curves::Evaluator;
 
 use super::queue::QueuePolicy;
 use super::{Policy, PolicyOptions};
@@ -74,7 +74,7 @@ mod tests {
         cluster.node_groups[0].cpu_cores = 48;
         let options = PolicyOptions {
             queue: crate::Queue::Fifo,
-            planner: rubick_core::planner::PlannerConfig { profiled_cpus_per_gpu: Some(4), ..Default::default() },
+            planner: rubick_planner::PlannerConfig { profiled_cpus_per_gpu: Some(4), ..Default::default() },
             milp_time_limit: std::time::Duration::from_secs(1),
         };
         let offload = example("offload", PlanCode::ZeroOffload, 4, 24);

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rubick_core::artifact::to_yaml;
-use rubick_core::planner::curves;
-use rubick_core::planner::round::{RoundResult, Solver, plan_round, plan_round_strict};
-use rubick_core::planner::{JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_core::{Artifact, Cluster};
 use rubick_milp::Milp;
 use rubick_plan::synth;
+use rubick_planner::curves;
+use rubick_planner::round::{RoundResult, Solver, plan_round, plan_round_strict};
+use rubick_planner::{JobInput, PlannerConfig, Restriction, brute, objective};
 
 /// A small random instance: `nodes` nodes of `per_node` GPUs with random cores and
 /// memory, and `jobs` synthetic jobs (some running, some guaranteed, some locked).
@@ -64,7 +64,7 @@ fn check_schedule(cluster: &Cluster, inputs: &[JobInput], r: &RoundResult) -> Re
             r => prop_assert!(r.allows(&plan), "{}: {plan} breaks {r:?}", a.job),
         }
         for n in &a.nodes {
-            prop_assert!(node_by_name(cluster, &n.node).is_some(), "{}", n.node);
+            prop_assert!(cluster.node_by_name(&n.node).is_some(), "{}", n.node);
             let e = used.entry(n.node.clone()).or_default();
             e.0.extend(&n.gpus);
             e.1 += n.cpus;
@@ -278,15 +278,10 @@ fn a_running_job_whose_freed_resources_go_unused_keeps_running() {
     for seed in 0..40 {
         let (cluster, inputs, config) = instance(seed, 2, 8, 96, 1600.0, 6);
         let book = curves::build(&cluster, &config, &inputs);
-        let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);
+        let mut evaluator = rubick_planner::curves::Evaluator::new(&cluster, &config);
         let nobody = vec![None; inputs.len()];
-        let (placed, _) = rubick_core::planner::place::place(
-            &mut evaluator,
-            &book,
-            &inputs,
-            &nobody,
-            rubick_core::planner::place::Repack::None,
-        );
+        let (placed, _) =
+            rubick_planner::place::place(&mut evaluator, &book, &inputs, &nobody, rubick_planner::place::Repack::None);
         for (input, p) in inputs.iter().zip(&placed) {
             match (&input.current, p) {
                 (Some(cur), Some(p)) if !cur.nodes.is_empty() => {
@@ -306,7 +301,7 @@ fn a_running_job_whose_freed_resources_go_unused_keeps_running() {
 
 /// The index within its group of the cluster's `node`-th node (see `nodes_of`).
 fn cluster_node_index(cluster: &Cluster, node: usize) -> u32 {
-    rubick_core::planner::place::nodes_of(cluster)[node].index
+    rubick_planner::place::nodes_of(cluster)[node].index
 }
 
 /// The schedule's explanation and the simulator used different rules for "changed";
@@ -326,9 +321,9 @@ fn a_change_of_cores_alone_is_a_change() {
 /// resized or moved; with intervals of nothing, the rounds are those without evidence.
 #[test]
 fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
-    use rubick_core::planner::{Evidence, Measured};
+    use rubick_model::belief::{Evidence, Measured};
     use std::sync::Arc;
-    let n = rubick_core::perfmodel::PARAMS.len();
+    let n = rubick_model::perfmodel::PARAMS.len();
     let mut moved_without = 0;
     for seed in 0..30 {
         let (cluster, inputs, config) = instance(seed, 2, 8, 96, 1600.0, 8);
@@ -390,8 +385,8 @@ fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
 /// decision equals the exhaustive ranking's bit for bit.
 #[test]
 fn the_indexed_heuristic_decides_exactly_as_the_exhaustive_one() {
-    use rubick_core::planner::curves::Evaluator;
-    use rubick_core::planner::{CurveBook, heuristic};
+    use rubick_planner::curves::Evaluator;
+    use rubick_planner::{CurveBook, heuristic};
     let mut rounds = 0;
     let mut instances: Vec<(Cluster, Vec<JobInput>, PlannerConfig)> = Vec::new();
     for seed in 1..=6 {

@@ -13,7 +13,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::ops::Bound;
 
-use crate::cluster::Cluster;
+use rubick_core::cluster::Cluster;
 
 use super::curves::{Candidate, CurveBook};
 use super::{Capacity, JobInput, PlannerConfig, objective};

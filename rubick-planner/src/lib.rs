@@ -24,10 +24,11 @@ pub mod place;
 pub mod rng;
 pub mod round;
 
-use crate::cluster::{Cluster, NodeGroup};
-use crate::job::{Job, Resharding};
-use crate::placement::Placement;
-use crate::plan::Plan;
+use rubick_core::cluster::{Cluster, NodeGroup};
+use rubick_core::job::{Job, Resharding};
+use rubick_core::placement::Placement;
+use rubick_core::plan::Plan;
+use rubick_model::belief::Belief;
 
 pub use curves::{Candidate, CurveBook, CurvePoint, JobCurves};
 pub use heuristic::{Decision, Infeasible};
@@ -170,13 +171,13 @@ impl ServiceQuantum {
 /// A rule on which configurations the planner may offer.
 pub trait CandidateFilter: Send + Sync + std::fmt::Debug {
     /// Whether `plan` may be offered to a job of `model` at all.
-    fn plan(&self, model: &crate::ModelSpec, plan: &Plan) -> bool {
+    fn plan(&self, model: &rubick_core::ModelSpec, plan: &Plan) -> bool {
         let _ = (model, plan);
         true
     }
 
     /// Whether `plan` on `placement` may be offered to a job of `model`.
-    fn config(&self, model: &crate::ModelSpec, plan: &Plan, placement: &Placement) -> bool {
+    fn config(&self, model: &rubick_core::ModelSpec, plan: &Plan, placement: &Placement) -> bool {
         let _ = (model, plan, placement);
         true
     }
@@ -185,7 +186,7 @@ pub trait CandidateFilter: Send + Sync + std::fmt::Debug {
     /// the most packed first (fewest nodes, then the placement's order), when the filter
     /// allows only a known list; `None`: it lists none (any placement may pass
     /// [`CandidateFilter::config`]).
-    fn placements(&self, model: &crate::ModelSpec, plan: &Plan, gpus: u32) -> Option<Vec<Placement>> {
+    fn placements(&self, model: &rubick_core::ModelSpec, plan: &Plan, gpus: u32) -> Option<Vec<Placement>> {
         let _ = (model, plan, gpus);
         None
     }
@@ -216,25 +217,25 @@ impl Candidates {
     }
 
     /// Whether every filter lets `plan` be offered to a job of `model`.
-    pub fn plan(&self, model: &crate::ModelSpec, plan: &Plan) -> bool {
+    pub fn plan(&self, model: &rubick_core::ModelSpec, plan: &Plan) -> bool {
         self.0.iter().all(|f| f.plan(model, plan))
     }
 
     /// Whether every filter lets `plan` on `placement` be offered to a job of `model`.
-    pub fn config(&self, model: &crate::ModelSpec, plan: &Plan, placement: &Placement) -> bool {
+    pub fn config(&self, model: &rubick_core::ModelSpec, plan: &Plan, placement: &Placement) -> bool {
         self.0.iter().all(|f| f.config(model, plan, placement))
     }
 }
 
 /// Only plans the authors' reference data has a kind of (see
-/// [`crate::plan::PlanCode::of`]): what a simulation replaying their measurements can
+/// [`rubick_core::plan::PlanCode::of`]): what a simulation replaying their measurements can
 /// take the truth of.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReferencePlans;
 
 impl CandidateFilter for ReferencePlans {
-    fn plan(&self, _model: &crate::ModelSpec, plan: &Plan) -> bool {
-        crate::plan::PlanCode::of(plan).is_some()
+    fn plan(&self, _model: &rubick_core::ModelSpec, plan: &Plan) -> bool {
+        rubick_core::plan::PlanCode::of(plan).is_some()
     }
 }
 
@@ -333,8 +334,8 @@ impl Current {
         placement: &Placement,
         nodes: &[(u32, Vec<u32>)],
         cpus: u32,
-    ) -> crate::schedule::Change {
-        use crate::schedule::{Change, NodeSet};
+    ) -> rubick_core::schedule::Change {
+        use rubick_core::schedule::{Change, NodeSet};
         // Same nodes, and the same GPUs on each where both sides name them.
         let set = |n: &[(u32, Vec<u32>)]| match n {
             [] => NodeSet::unknown(),
@@ -356,7 +357,7 @@ impl Current {
 
     /// Its share of each node, named as `cluster` names them: its GPUs there, and its
     /// cores and host memory split by its GPUs on each.
-    pub fn shares(&self, cluster: &Cluster) -> Vec<crate::schedule::NodeShare> {
+    pub fn shares(&self, cluster: &Cluster) -> Vec<rubick_core::schedule::NodeShare> {
         let g = &cluster.node_groups[self.group];
         let counts: Vec<u32> = self.nodes.iter().map(|(_, ix)| ix.len() as u32).collect();
         let cores = place::split(self.cpus, &counts);
@@ -364,11 +365,11 @@ impl Current {
         self.nodes
             .iter()
             .zip(cores)
-            .map(|((i, ix), cpus)| crate::schedule::NodeShare {
+            .map(|((i, ix), cpus)| rubick_core::schedule::NodeShare {
                 node: g.node_name(*i),
                 gpus: ix.clone(),
                 cpus,
-                host_memory_gib: crate::schedule::round6(
+                host_memory_gib: rubick_core::schedule::round6(
                     self.host_memory_gib * f64::from(ix.len() as u32) / f64::from(total),
                 ),
             })
@@ -376,202 +377,14 @@ impl Current {
     }
 
     /// [`Current::change_to`] another `Current`, or from/to not running.
-    pub fn change(old: Option<&Current>, new: Option<&Current>) -> crate::schedule::Change {
-        use crate::schedule::Change;
+    pub fn change(old: Option<&Current>, new: Option<&Current>) -> rubick_core::schedule::Change {
+        use rubick_core::schedule::Change;
         match (old, new) {
             (None, None) => Change::Pending,
             (None, Some(_)) => Change::Started,
             (Some(_), None) => Change::Preempted,
             (Some(a), Some(b)) => a.change_to(b.group, &b.plan, &b.placement, &b.nodes, b.cpus),
         }
-    }
-}
-
-/// How much a prediction of one configuration rests on measurements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Support {
-    /// This plan on this placement shape was measured: the planner believes the
-    /// measurement, whatever the fit says of it.
-    Measured,
-    /// A measured configuration has the same layout (TP, PP, ZeRO stage, offload,
-    /// checkpointing), single- or multi-node alike, within a factor 2 of its GPU count
-    /// and micro-batch.
-    Near,
-    /// A configuration of its family (the same layout on the same placement shape,
-    /// another micro-batch or accumulation) ran more than [`RUN_NOISE`] slower than the
-    /// model predicts ([`Evidence::family_slower`]): the model is known to be wrong
-    /// here, and the prediction's interval is widened by as much.
-    FamilySlower,
-    /// Nothing measured is near: the model's form carries the prediction.
-    Extrapolated,
-}
-
-impl Support {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Support::Measured => "measured",
-            Support::Near => "near measured",
-            Support::FamilySlower => "its family measured slower than modelled",
-            Support::Extrapolated => "extrapolated",
-        }
-    }
-}
-
-/// Differences of iteration time under this share are run-to-run noise: the same
-/// configuration profiled again repeats within 3-15 % (data/profiles/README.md,
-/// `gpt-98m-h200-repeat.csv`); `rubick-profile compare` says the same.
-pub const RUN_NOISE: f64 = 0.15;
-
-/// One measured configuration behind a fitted model: its measured iteration time and
-/// what the fit predicted for it (on the cluster it was measured on).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Measured {
-    pub plan: Plan,
-    pub placement: Placement,
-    pub measured_s: f64,
-    pub predicted_s: f64,
-}
-
-impl Measured {
-    /// How many times the prediction the measurement took (> 1: slower than modelled).
-    pub fn ratio(&self) -> f64 {
-        self.measured_s / self.predicted_s
-    }
-
-    /// Whether `plan` on `placement` is of this measurement's family: the same layout
-    /// (TP, PP, ZeRO, offload, recompute, SP, VP) and data parallelism on the same
-    /// placement shape; only the micro-batch and accumulation differ.
-    fn same_family(&self, plan: &Plan, placement: &Placement) -> bool {
-        same_layout(&self.plan, plan) && self.plan.dp == plan.dp && self.placement.per_node() == placement.per_node()
-    }
-}
-
-fn same_layout(a: &Plan, b: &Plan) -> bool {
-    (a.tp, a.pp, a.zero, a.offload, a.recompute, a.sp, a.vp) == (b.tp, b.pp, b.zero, b.offload, b.recompute, b.sp, b.vp)
-}
-
-/// The evidence behind a job's fitted model: what was measured (and how long it took),
-/// and the covariance of its parameters' logarithms (for ~95 % prediction intervals).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Evidence {
-    /// Every measured row (the model's `diagnostics.rows` and `inconsistentRows`).
-    pub measured: Vec<Measured>,
-    /// Covariance of `ln θ` in the form's order (`diagnostics.logCovariance`).
-    pub log_covariance: Option<nalgebra::DMatrix<f64>>,
-}
-
-impl Evidence {
-    /// Reads a `PerfModel`'s evidence; `None` when it lists no measured row. A row the
-    /// fit could not explain (`inconsistentRows`) is evidence like any other: it is what
-    /// the planner believes of its configuration, and it widens its family's interval.
-    pub fn of_model(model: &crate::perf::PerfModel) -> Option<Evidence> {
-        let d = model.diagnostics.as_ref()?;
-        let measured: Vec<Measured> = d
-            .rows
-            .iter()
-            .chain(&d.inconsistent_rows)
-            .map(|r| Measured {
-                plan: r.plan,
-                placement: r.placement.clone(),
-                measured_s: r.measured_s,
-                predicted_s: r.predicted_s,
-            })
-            .collect();
-        if measured.is_empty() {
-            return None;
-        }
-        Some(Evidence { measured, log_covariance: model.log_covariance() })
-    }
-
-    /// The rows of `plan` on `placement`'s shape whose times can be believed.
-    fn exact<'e>(&'e self, plan: &'e Plan, placement: &'e Placement) -> impl Iterator<Item = &'e Measured> + 'e {
-        self.measured.iter().filter(move |m| {
-            let r = m.ratio();
-            m.plan == *plan && m.placement.per_node() == placement.per_node() && r.is_finite() && r > 0.0
-        })
-    }
-
-    /// What to multiply the model's iteration time of `plan` on `placement` by so that
-    /// it reads as measured: the geometric mean of measured / predicted over the rows of
-    /// this configuration; `None` when it was never measured. Applied to the prediction
-    /// on another node group, it carries the measurement over at that group's speed.
-    pub fn time_factor(&self, plan: &Plan, placement: &Placement) -> Option<f64> {
-        let (n, sum) = self.exact(plan, placement).fold((0u32, 0.0), |(n, s), m| (n + 1, s + m.ratio().ln()));
-        (n > 0).then(|| (sum / f64::from(n)).exp())
-    }
-
-    /// The row of `plan`'s family (not `plan` itself) that ran slowest against its
-    /// prediction, when it ran more than [`RUN_NOISE`] slower than the model said.
-    pub fn family_slower(&self, plan: &Plan, placement: &Placement) -> Option<&Measured> {
-        self.measured
-            .iter()
-            .filter(|m| m.plan != *plan && m.same_family(plan, placement) && m.ratio().is_finite())
-            .filter(|m| m.ratio() > 1.0 + RUN_NOISE)
-            .max_by(|a, b| a.ratio().total_cmp(&b.ratio()))
-    }
-
-    /// How far the model is off on `plan`'s family: the largest |ln(measured /
-    /// predicted)| among its other rows (0 without any). An interval is at least this wide.
-    pub fn family_spread(&self, plan: &Plan, placement: &Placement) -> f64 {
-        self.measured
-            .iter()
-            .filter(|m| m.plan != *plan && m.same_family(plan, placement))
-            .map(|m| m.ratio().ln().abs())
-            .filter(|x| x.is_finite())
-            .fold(0.0, f64::max)
-    }
-
-    /// How much the prediction of `plan` on `placement` rests on measurements.
-    pub fn support(&self, plan: &Plan, placement: &Placement) -> Support {
-        if self.exact(plan, placement).next().is_some() {
-            return Support::Measured;
-        }
-        if self.family_slower(plan, placement).is_some() {
-            return Support::FamilySlower;
-        }
-        let near = |a: u32, b: u32| {
-            let (a, b) = (f64::from(a.max(1)), f64::from(b.max(1)));
-            (a / b).log2().abs() <= 1.0 + 1e-9
-        };
-        let close = self.measured.iter().any(|m| {
-            same_layout(&m.plan, plan)
-                && m.placement.is_multi_node() == placement.is_multi_node()
-                && near(m.placement.gpus(), placement.gpus())
-                && near(m.plan.micro_batch, plan.micro_batch)
-        });
-        if close { Support::Near } else { Support::Extrapolated }
-    }
-}
-
-/// What the planner believes of a job's speed: its performance model's parameters and,
-/// when its `PerfModel` lists measured rows, what they rest on.
-#[derive(Debug, Clone)]
-pub struct Belief {
-    pub params: crate::perfmodel::Params,
-    /// What the parameters rest on: then a measured configuration is traded for an
-    /// unmeasured one only when the gain holds at the low end of its ~95 % interval,
-    /// and a guarantee is met by an unmeasured configuration only when its low end
-    /// meets it.
-    pub evidence: Option<std::sync::Arc<Evidence>>,
-}
-
-impl Belief {
-    /// The FLOPs-based default of a model nothing was fitted for
-    /// ([`curves::default_params`]), resting on no measurement.
-    pub fn prior(model: &crate::ModelSpec) -> Self {
-        Belief { params: curves::default_params(model), evidence: None }
-    }
-
-    /// A fitted `PerfModel`'s belief: its parameters and the rows they rest on.
-    pub fn of(model: &crate::perf::PerfModel) -> Result<Self, crate::error::ValidationError> {
-        Ok(Belief { params: model.params()?, evidence: Evidence::of_model(model).map(std::sync::Arc::new) })
-    }
-}
-
-/// Parameters alone (e.g. fitted on reference data here), resting on no evidence.
-impl From<crate::perfmodel::Params> for Belief {
-    fn from(params: crate::perfmodel::Params) -> Self {
-        Belief { params, evidence: None }
     }
 }
 
@@ -621,7 +434,7 @@ pub struct JobInput {
     pub belief: Belief,
     /// The plan code of a trace whose model's shape rejects it (the request then has no
     /// plan): the user's plan taken literally (`rubick_policy::traced_plan`).
-    pub trace_code: Option<crate::plan::PlanCode>,
+    pub trace_code: Option<rubick_core::plan::PlanCode>,
     /// Where it runs now.
     pub current: Option<Current>,
     /// The plans it may run this round whatever the policy prefers: those its
@@ -744,8 +557,8 @@ pub enum Restriction {
     Layout {
         tp: u32,
         pp: u32,
-        zero: crate::plan::ZeroStage,
-        offload: crate::plan::Offload,
+        zero: rubick_core::plan::ZeroStage,
+        offload: rubick_core::plan::Offload,
     },
     /// Only this plan.
     Exact(Plan),
@@ -848,24 +661,19 @@ pub fn objective(book: &CurveBook, choice: &[Option<usize>]) -> f64 {
         .sum()
 }
 
-/// The (group, index) of a node named `<group>-<index>` (or by a group's `hosts`).
-pub fn node_by_name(cluster: &Cluster, name: &str) -> Option<(usize, u32)> {
-    cluster.node_groups.iter().enumerate().find_map(|(gi, g)| Some((gi, g.node_index(name)?)))
-}
-
 /// A job's `current` allocation resolved against the cluster. Cores default to the
 /// node's fair share and host memory to the planner's estimate.
 pub fn current_of_job(
     job: &Job,
     cluster: &Cluster,
     config: &PlannerConfig,
-) -> Result<Option<Current>, crate::error::ValidationError> {
-    use crate::error::ValidationError;
+) -> Result<Option<Current>, rubick_core::error::ValidationError> {
+    use rubick_core::error::ValidationError;
     let Some(cur) = &job.current else { return Ok(None) };
     let mut nodes = Vec::new();
     let mut group = None;
     for (i, name) in cur.nodes.iter().enumerate() {
-        let (g, index) = node_by_name(cluster, name).ok_or_else(|| {
+        let (g, index) = cluster.node_by_name(name).ok_or_else(|| {
             ValidationError::new(format!("current.nodes[{i}]"), format!("`{name}` is not a node of the cluster"))
         })?;
         if group.is_some_and(|x| x != g) {
@@ -898,10 +706,10 @@ pub fn current_of_job(
 
 /// A job's allocation as a previous round's schedule gave it.
 pub fn current_of_assignment(
-    a: &crate::schedule::Assignment,
+    a: &rubick_core::schedule::Assignment,
     cluster: &Cluster,
-) -> Result<Option<Current>, crate::error::ValidationError> {
-    use crate::error::ValidationError;
+) -> Result<Option<Current>, rubick_core::error::ValidationError> {
+    use rubick_core::error::ValidationError;
     let Some(plan) = a.plan else { return Ok(None) };
     if a.nodes.is_empty() {
         return Ok(None);
@@ -909,7 +717,7 @@ pub fn current_of_assignment(
     let mut nodes = Vec::new();
     let mut group = None;
     for (i, share) in a.nodes.iter().enumerate() {
-        let (g, index) = node_by_name(cluster, &share.node).ok_or_else(|| {
+        let (g, index) = cluster.node_by_name(&share.node).ok_or_else(|| {
             ValidationError::new(format!("nodes[{i}].node"), format!("`{}` is not a node of the cluster", share.node))
         })?;
         if group.is_some_and(|x| x != g) {

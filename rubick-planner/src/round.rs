@@ -6,15 +6,17 @@
 
 use std::time::{Duration, Instant};
 
-use crate::Cluster;
-use crate::schedule::{
+use rubick_core::Cluster;
+use rubick_core::schedule::{
     Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, SolverStatus, Uses, round6,
 };
 
 use super::curves::{CurveBook, Evaluator};
 use super::exact::{ExactError, ExactSolver};
 use super::place::{NodeState, Repack, place, stranded};
-use super::{Current, Infeasible, JobInput, PlannerConfig, Support, heuristic};
+use rubick_model::belief::Support;
+
+use super::{Current, Infeasible, JobInput, PlannerConfig, heuristic};
 
 /// The schedule of a decision, and one explanation line per job.
 #[derive(Debug)]
@@ -25,7 +27,7 @@ pub struct Outcome {
     pub nodes: Vec<NodeState>,
 }
 
-fn describe(plan: &crate::plan::Plan, placement: &crate::placement::Placement, cpus: u32) -> String {
+fn describe(plan: &rubick_core::plan::Plan, placement: &rubick_core::placement::Placement, cpus: u32) -> String {
     format!("{plan} on {placement} ({} GPUs, {cpus} cores)", placement.gpus())
 }
 

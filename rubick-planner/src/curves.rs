@@ -7,16 +7,18 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::cluster::{Cluster, NodeGroup};
-use crate::job::Job;
-use crate::memory::{GIB, MemoryEstimator};
-use crate::model::ModelSpec;
-use crate::perfmodel::{Links, Params, Prediction, idx, predict};
-use crate::placement::Placement;
-use crate::plan::{Offload, Plan, PlanRequest};
-use crate::space::{Dimensions, resolve_code, valid_plans};
+use rubick_core::cluster::{Cluster, NodeGroup};
+use rubick_core::job::Job;
+use rubick_core::model::ModelSpec;
+use rubick_core::placement::Placement;
+use rubick_core::plan::{Offload, Plan, PlanRequest};
+use rubick_model::memory::{GIB, MemoryEstimator};
+use rubick_model::perfmodel::{Links, Params, Prediction, idx, predict};
+use rubick_model::space::{Dimensions, resolve_code, valid_plans};
 
-use super::{Belief, Capacity, Evidence, JobInput, PlannerConfig, Restriction, Support, eligible_groups};
+use rubick_model::belief::{Belief, Evidence, Support, believed, iter_time_with_cpus};
+
+use super::{Capacity, JobInput, PlannerConfig, Restriction, eligible_groups};
 
 /// Whether a configuration's collectives stay inside one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -256,19 +258,9 @@ type BestKey = (usize, usize, Placement, u32, Restriction, bool);
 struct ModelEntry {
     model: ModelSpec,
     params: Params,
-    supports: Option<crate::launch::PlanSupport>,
+    supports: Option<rubick_core::launch::PlanSupport>,
     refused: Vec<Plan>,
     evidence: Option<Arc<Evidence>>,
-}
-
-/// The throughput the planner believes of `plan` on `placement`: the model's
-/// `predicted`, or, where this configuration was measured, the measurement
-/// ([`Evidence::time_factor`]): measured beats modelled.
-pub fn believed(evidence: Option<&Evidence>, plan: &Plan, placement: &Placement, predicted: f64) -> f64 {
-    match evidence.and_then(|e| e.time_factor(plan, placement)) {
-        Some(f) => predicted / f,
-        None => predicted,
-    }
 }
 
 /// Host memory a plan needs in all: a share per GPU plus offloaded model states.
@@ -281,30 +273,6 @@ pub fn host_memory_gib(config: &PlannerConfig, group: &NodeGroup, model: &ModelS
         Offload::OptimizerAndParams => (sb.optimizer + sb.grad + sb.param) * params,
     };
     config.base_host_gib_per_gpu(group) * f64::from(plan.gpus()) + offloaded / GIB
-}
-
-/// The iteration time of a prediction with `cpus` cores: the CPU optimizer of
-/// offloading plans runs `reference / cores-per-GPU` times as long as predicted
-/// (within 0.5..8: memory bandwidth caps the gain), where `reference` is the cores per
-/// GPU the prediction's rows were measured with.
-pub fn iter_time_with_cpus(plan: &Plan, pred: &Prediction, cpus: u32, reference: f64) -> f64 {
-    let mut t = pred.total;
-    if plan.offload != Offload::None {
-        let per_gpu = f64::from(cpus.max(1)) / f64::from(plan.gpus().max(1));
-        t += pred.optimizer * ((reference / per_gpu).clamp(0.5, 8.0) - 1.0);
-    }
-    t
-}
-
-/// Fallback performance-model parameters of a job without a fitted model: the compute
-/// time from the model's measured forward time, else from its FLOPs (6 x parameters x
-/// tokens per sample at 125 TFLOP/s, 40 % of an A100/A800's bf16 peak).
-pub fn default_params(model: &ModelSpec) -> Params {
-    let per_sample = match model.forward_1gpu_ms {
-        Some(ms) => 3.0 * ms / 1e3 / model.global_batch.max(1) as f64,
-        None => 6.0 * model.parameter_count() as f64 * f64::from(model.seq_len) / 125e12,
-    };
-    Params::prior(per_sample)
 }
 
 impl<'a> Evaluator<'a> {
@@ -441,23 +409,8 @@ impl<'a> Evaluator<'a> {
         plan: &Plan,
         placement: &Placement,
     ) -> Option<(Support, f64)> {
-        let evidence = input.belief.evidence.as_ref()?;
-        let support = evidence.support(plan, placement);
-        if support == Support::Measured {
-            return Some((support, 0.0));
-        }
-        let spread = match &evidence.log_covariance {
-            None => 0.0,
-            Some(cov) => {
-                let links = Links::from(&self.cluster.node_groups[group]);
-                let (_, mid, high) =
-                    crate::fit::interval(&input.job.model, plan, placement, &links, &input.belief.params, cov);
-                (high / mid).ln().max(0.0)
-            }
-        };
-        let spread = if spread.is_finite() { spread } else { 0.0 };
-        // A family the model got wrong: the interval is at least as wide as it was off.
-        Some((support, spread.max(evidence.family_spread(plan, placement))))
+        let links = Links::from(&self.cluster.node_groups[group]);
+        input.belief.uncertainty(&input.job.model, &links, plan, placement)
     }
 
     /// The best allowed plan of a model on a concrete placement with `cpus` cores.
