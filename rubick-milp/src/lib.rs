@@ -33,6 +33,8 @@ use rubick_planner::CurveBook;
 use rubick_planner::exact::{ExactError, ExactSolution, ExactSolver};
 
 pub mod knapsack;
+#[cfg(test)]
+mod rounds;
 
 /// The MILP with a time limit per round.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -22,7 +22,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn lookup(name: &str) -> anyhow::Result<&'static rubick_policy::Registration> {
     rubick_policy::lookup(name).map_err(anyhow::Error::msg)
 }
-use rubick_plan::synth;
+use rubick_planner::synth;
 use std::time::Duration;
 
 fn median(mut xs: Vec<f64>) -> f64 {

@@ -7,7 +7,7 @@ use std::path::Path;
 use rubick_core::schedule::Schedule;
 use rubick_core::{Cluster, Job};
 use rubick_model::belief::Belief;
-use rubick_planner::{JobInput, PlannerConfig, Progress, Restriction, current_of_assignment, current_of_job};
+use rubick_planner::{JobInput, PlannerConfig, Restriction, current_of_assignment, current_of_job};
 
 /// Each job believed as the FLOPs-based default of its model ([`Belief::prior`]).
 pub fn on_priors(jobs: Vec<Job>) -> Vec<(Job, Belief)> {
@@ -93,16 +93,7 @@ pub fn job_inputs(
             inputs.push(JobInput { allowed, restarts, ..JobInput::new(job, belief) });
             continue;
         }
-        let restoring = job.current.as_ref().is_some_and(|c| c.restoring);
-        let progress =
-            Progress { max_gpus: current.as_ref().map_or(0, |c| c.placement.gpus()), ..Progress::not_started(&job) };
-        inputs.push(JobInput {
-            restoring: restoring && current.is_some(),
-            current,
-            restarts,
-            progress,
-            ..JobInput::new(job, belief)
-        });
+        inputs.push(JobInput::at(job, belief, current));
     }
     Ok(inputs)
 }

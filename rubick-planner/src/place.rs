@@ -532,3 +532,6 @@ pub fn stranded(nodes: &[NodeState], cluster: &Cluster, config: &PlannerConfig) 
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use rubick_core::schedule::{Change, Schedule};
 use rubick_milp::Milp;
-use rubick_plan::synth;
 use rubick_planner::round::{Solver, plan_round};
+use rubick_planner::synth;
 use rubick_planner::{JobInput, PlannerConfig, restart_factor};
 
 /// Random instances of `jobs` jobs on `nodes` 8-GPU nodes, at one hour on the clock,
