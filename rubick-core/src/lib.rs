@@ -6,8 +6,8 @@
 //! of planning is `rubick-planner`'s.
 //!
 //! **No I/O, no clock, no logs**: no files, processes, network, environment or GPUs, no
-//! `Instant` or `SystemTime`, no `tracing`. Everything here is a deterministic function
-//! of its inputs, and cannot fail for reasons outside its arguments. Reading and writing
+//! time of day, no log lines. Everything here is a deterministic function of its
+//! inputs, and cannot fail for reasons outside its arguments. Reading and writing
 //! files lives in `rubick-io`.
 
 pub mod artifact;

@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+mod architecture;
 mod artifacts;
 mod bad_input;
 mod churn;
