@@ -8,6 +8,11 @@
 //! a resource unit being the sum of the shares of the cluster's GPUs, cores and memory
 //! a configuration uses. Every accepted move raises the objective by a positive
 //! amount, so the loop ends.
+//!
+//! Its two algorithms part here: admission ([`solve`], this file: running jobs keep
+//! what they hold, then guaranteed and queued jobs are admitted, making room by
+//! `state.rs`'s victims' index) and improvement (`improve.rs`: moves while the
+//! objective grows).
 
 use std::collections::BTreeSet;
 

@@ -15,6 +15,10 @@
 //! nodes); placement then packs onto nodes and, where fragmentation leaves no room for
 //! a candidate's shape, spreads the job or falls back to a smaller candidate, so no
 //! node is ever over-allocated. Everything here is deterministic.
+//!
+//! A job in a round is a [`JobInput`] (this file, with [`Current`], [`Restriction`],
+//! [`Progress`]); the round's knobs are [`PlannerConfig`]; [`synth`] makes synthetic
+//! rounds for `rubick-plan synth`, the benches and the tests.
 
 pub mod brute;
 mod config;
