@@ -5,10 +5,10 @@
 //! fit says, and a family the model got wrong widens its interval
 //! ([`Evidence::family_spread`], [`Belief::uncertainty`]).
 
-use crate::perfmodel::{Links, Params, Prediction};
+use crate::perfmodel::{Links, Params};
 use rubick_core::model::ModelSpec;
 use rubick_core::placement::Placement;
-use rubick_core::plan::{Offload, Plan};
+use rubick_core::plan::Plan;
 
 /// How much a prediction of one configuration rests on measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -236,19 +236,6 @@ pub fn believed(evidence: Option<&Evidence>, plan: &Plan, placement: &Placement,
         Some(f) => predicted / f,
         None => predicted,
     }
-}
-
-/// The iteration time of a prediction with `cpus` cores: the CPU optimizer of
-/// offloading plans runs `reference / cores-per-GPU` times as long as predicted
-/// (within 0.5..8: memory bandwidth caps the gain), where `reference` is the cores per
-/// GPU the prediction's rows were measured with.
-pub fn iter_time_with_cpus(plan: &Plan, pred: &Prediction, cpus: u32, reference: f64) -> f64 {
-    let mut t = pred.total;
-    if plan.offload != Offload::None {
-        let per_gpu = f64::from(cpus.max(1)) / f64::from(plan.gpus().max(1));
-        t += pred.optimizer * ((reference / per_gpu).clamp(0.5, 8.0) - 1.0);
-    }
-    t
 }
 
 /// Fallback performance-model parameters of a job without a fitted model: the compute

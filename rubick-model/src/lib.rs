@@ -11,6 +11,8 @@
 //!   artifact's JSON Schema (here because `PerfModel` is one of them).
 //! - `belief.rs`: what a round believes of a job (`Belief`, `Evidence`, `Support`,
 //!   `believed`, `default_params`): measured beats modelled.
+//! - `throughput.rs`: a configuration's predicted samples per second on a node group
+//!   (its compute speed, the CPU optimizer's cores).
 //! - `reference.rs`, `external.rs`: measurements parsed from text (the authors'
 //!   reference data, others' simulators).
 //!
@@ -28,6 +30,7 @@ pub mod reference;
 pub mod schema;
 pub mod select;
 pub mod space;
+pub mod throughput;
 
 pub use memory::{MemoryBreakdown, MemoryEstimator};
 pub use space::{PlanSpace, SpaceEntry};

@@ -13,10 +13,11 @@ use rubick_core::model::ModelSpec;
 use rubick_core::placement::Placement;
 use rubick_core::plan::{Offload, Plan, PlanRequest};
 use rubick_model::memory::{GIB, MemoryEstimator};
-use rubick_model::perfmodel::{Links, Params, Prediction, idx, predict};
+use rubick_model::perfmodel::{Links, Params};
 use rubick_model::space::resolve_code;
 
-use rubick_model::belief::{Belief, Evidence, Support, believed, iter_time_with_cpus};
+use rubick_model::belief::{Belief, Evidence, Support, believed};
+use rubick_model::throughput;
 
 use super::{Capacity, JobInput, PlannerConfig, Restriction, eligible_groups};
 
@@ -324,41 +325,6 @@ impl<'a> Evaluator<'a> {
         })
     }
 
-    /// Predicted samples per second of `plan` on `placement` of `group` with `cpus`
-    /// cores. The CPU optimizer of offloading plans speeds up with cores beyond
-    /// `cpu_reference` per GPU (those the model's profile was taken with:
-    /// [`PlannerConfig::cpu_reference`]) and slows down below it.
-    pub fn throughput(
-        model: &ModelSpec,
-        params: &Params,
-        group: &NodeGroup,
-        plan: &Plan,
-        placement: &Placement,
-        cpus: u32,
-        cpu_reference: f64,
-    ) -> f64 {
-        let pred = Self::prediction(model, params, group, plan, placement);
-        model.global_batch as f64 / iter_time_with_cpus(plan, &pred, cpus, cpu_reference).max(1e-12)
-    }
-
-    /// The performance model's prediction of `plan` on `placement` of `group` (its
-    /// compute speed applied), before the CPU adjustment.
-    pub fn prediction(
-        model: &ModelSpec,
-        params: &Params,
-        group: &NodeGroup,
-        plan: &Plan,
-        placement: &Placement,
-    ) -> Prediction {
-        if (group.compute_speed - 1.0).abs() > 1e-12 {
-            let mut p = params.clone();
-            p.values[idx::COMPUTE] /= group.compute_speed;
-            predict(model, plan, placement, &Links::from(group), &p)
-        } else {
-            predict(model, plan, placement, &Links::from(group), params)
-        }
-    }
-
     /// How the prediction of `plan` on `placement` rests on the job's measurements, and
     /// the half-width of its ~95 % interval in log throughput (0 for a measured
     /// configuration, or without a covariance); `None` when the job's model says
@@ -432,7 +398,7 @@ impl<'a> Evaluator<'a> {
         }
         let g = &self.cluster.node_groups[group];
         let cpu_ref = self.config.cpu_reference(g);
-        let thr = Self::throughput(&input.job.model, &input.belief.params, g, plan, placement, cpus, cpu_ref);
+        let thr = throughput::samples_per_s(&input.job.model, &input.belief.params, g, plan, placement, cpus, cpu_ref);
         let thr = believed(input.belief.evidence.as_deref(), plan, placement, thr);
         if let Some(k) = cache_key {
             self.believed.borrow_mut().insert(k, thr);
@@ -485,7 +451,7 @@ impl<'a> Evaluator<'a> {
                 evidence.map(|e| &**e),
                 plan,
                 placement,
-                Self::throughput(model, params, g, plan, placement, cpus, cpu_ref),
+                throughput::samples_per_s(model, params, g, plan, placement, cpus, cpu_ref),
             );
             let s = match low_end {
                 Some(input) => thr * (-self.uncertainty(input, group, plan, placement).map_or(0.0, |(_, h)| h)).exp(),

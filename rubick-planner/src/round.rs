@@ -15,6 +15,7 @@ use super::curves::{CurveBook, Evaluator};
 use super::exact::{ExactError, ExactSolver};
 use super::place::{NodeState, Repack, place, stranded};
 use rubick_model::belief::Support;
+use rubick_model::throughput;
 
 use super::{Current, Infeasible, JobInput, PlannerConfig, heuristic};
 
@@ -226,7 +227,7 @@ pub fn assemble_allocations(
         let throughput = alloc.as_ref().map_or(0.0, |c| {
             let g = &cluster.node_groups[c.group];
             let cpu_ref = evaluator.config.cpu_reference(g);
-            Evaluator::throughput(&input.job.model, &input.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref)
+            throughput::samples_per_s(&input.job.model, &input.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref)
         });
         let reason = match change {
             Change::Pending => "waits: its request does not fit now".to_owned(),

@@ -72,6 +72,7 @@ use rubick_core::schedule::{SolverStats, SolverStatus};
 use rubick_core::{Cluster, Placement, Plan};
 use rubick_milp::Milp;
 use rubick_model::belief::Belief;
+use rubick_model::throughput;
 use rubick_planner::curves::{Candidate, CurveBook, Evaluator, JobCurves, host_memory_gib};
 use rubick_planner::exact::ExactSolver;
 use rubick_planner::place::Repack;
@@ -261,7 +262,7 @@ impl<'a> GoodputPolicy<'a> {
             let g = &cluster.node_groups[r.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
             let thr =
-                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
+                throughput::samples_per_s(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
             let thr = if thr.is_finite() && thr > 0.0 { thr } else { 1.0 };
             (r.clone(), thr, host_memory_gib(&self.evaluator.config, g, &pj.job.model, &r.plan))
         });
@@ -311,7 +312,7 @@ impl<'a> GoodputPolicy<'a> {
             let g = &cluster.node_groups[c.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
             let thr =
-                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref);
+                throughput::samples_per_s(&pj.job.model, &pj.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref);
             let resources = (c.placement.gpus(), c.cpus, c.host_memory_gib);
             candidates.push(self.candidate(c.group, resources, c.placement.clone(), c.plan, thr, base, true, factor));
         }

@@ -21,6 +21,7 @@ use rubick_core::{Cluster, Job, Placement, Plan, PlanCode, PlanRequest};
 use rubick_model::MemoryEstimator;
 use rubick_model::perfmodel::Params;
 use rubick_model::space::resolve_code;
+use rubick_model::throughput;
 use rubick_planner::curves::Evaluator;
 use rubick_planner::{CandidateFilter, Current, JobInput, PlannerConfig, Restriction};
 
@@ -316,7 +317,7 @@ pub fn work_per_iteration(job: &Job, params: &Params, request: Option<&Request>,
     let thr = request.map(|r| {
         let g = &evaluator.cluster.node_groups[r.group];
         let cpu_ref = evaluator.config.cpu_reference(g);
-        Evaluator::throughput(&job.model, params, g, &r.plan, &r.placement, r.cpus, cpu_ref)
+        throughput::samples_per_s(&job.model, params, g, &r.plan, &r.placement, r.cpus, cpu_ref)
     });
     let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
     job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1))

@@ -20,6 +20,7 @@
 //! offloading jobs get 12 and the others give them up.
 
 use rubick_core::{Cluster, Placement, Plan};
+use rubick_model::throughput;
 use rubick_planner::JobInput;
 use rubick_planner::curves::Evaluator;
 
@@ -48,7 +49,7 @@ pub(super) fn cores(
     levels.sort_unstable();
     levels.dedup();
     let cpu_ref = evaluator.config.cpu_reference(g);
-    let thr = |c: u32| Evaluator::throughput(&job.job.model, &job.belief.params, g, plan, placement, c, cpu_ref);
+    let thr = |c: u32| throughput::samples_per_s(&job.job.model, &job.belief.params, g, plan, placement, c, cpu_ref);
     let best = levels.iter().map(|&c| thr(c)).fold(0.0, f64::max);
     let Some(demand) = levels.iter().copied().find(|&c| thr(c) >= best * 0.99) else { return vec![fair * gpus] };
     if demand > fair * gpus { vec![demand, fair * gpus] } else { vec![demand] }

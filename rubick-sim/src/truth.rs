@@ -32,13 +32,12 @@ use rubick_core::model::ModelSpec;
 use rubick_core::placement::Placement;
 use rubick_core::plan::{Plan, PlanCode, PlanFamily};
 pub use rubick_core::simulation::TruthMode;
-use rubick_model::belief::iter_time_with_cpus;
 use rubick_model::fit::{FitError, FitOptions, Observation, fit};
 use rubick_model::memory::MemoryEstimator;
 use rubick_model::perfmodel::{Links, Params};
 use rubick_model::reference::{MeasuredRow, resolve_rows};
+use rubick_model::throughput::{self, iter_time_with_cpus};
 use rubick_planner::CandidateFilter;
-use rubick_planner::curves::Evaluator;
 
 /// How the truth of a configuration was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
@@ -274,7 +273,7 @@ impl Truth {
         }
         let reference = f64::from(self.profiled_cpus_per_gpu);
         let predict_on = |g: &NodeGroup, params: &Params, plan: &Plan, cpus: u32| {
-            let pred = Evaluator::prediction(model, params, g, plan, placement);
+            let pred = throughput::predicted(model, params, g, plan, placement);
             iter_time_with_cpus(plan, &pred, cpus, reference)
         };
         let predict = |params: &Params, plan: &Plan, cpus: u32| predict_on(group, params, plan, cpus);

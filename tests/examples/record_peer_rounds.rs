@@ -20,6 +20,7 @@ use std::path::PathBuf;
 
 use rubick_core::{Cluster, Placement};
 use rubick_io::reference::ReferenceData;
+use rubick_model::throughput;
 use rubick_planner::curves::Evaluator;
 use rubick_planner::{JobInput, Restriction, eligible_groups};
 use rubick_policy::{Policy, PolicyOptions, Queue, View, request_config, request_plan, traced_plan};
@@ -187,7 +188,7 @@ impl Recorder<'_> {
             let g = &cluster.node_groups[r.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
             let thr =
-                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
+                throughput::samples_per_s(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
             json!({"group": r.group, "gpus": r.placement.gpus(), "throughput": thr})
         });
         self.jobs.insert(

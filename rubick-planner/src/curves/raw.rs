@@ -7,8 +7,9 @@ use std::rc::Rc;
 use rubick_core::cluster::NodeGroup;
 use rubick_core::placement::Placement;
 use rubick_core::plan::{Offload, Plan};
-use rubick_model::belief::{believed, iter_time_with_cpus};
+use rubick_model::belief::believed;
 use rubick_model::space::{Dimensions, valid_plans};
+use rubick_model::throughput::{self, iter_time_with_cpus};
 
 use super::{Evaluator, ModelEntry, Raw, RawCurve, host_memory_gib};
 use crate::Restriction;
@@ -110,13 +111,13 @@ impl Evaluator<'_> {
                 let ok = |p: &Plan| candidates.config(model, p, &placement);
                 for plan in space.iter().filter(|p| restriction.allows(p) && ok(p)) {
                     if plan.offload == Offload::None {
-                        let thr = Self::throughput(model, params, &g, plan, &placement, base_cpus, cpu_ref);
+                        let thr = throughput::samples_per_s(model, params, &g, plan, &placement, base_cpus, cpu_ref);
                         let thr = believed(evidence, plan, &placement, thr);
                         if best[0].is_none_or(|(_, b, _)| thr > b) {
                             best[0] = Some((*plan, thr, base_cpus));
                         }
                     } else {
-                        let pred = Self::prediction(model, params, &g, plan, &placement);
+                        let pred = throughput::predicted(model, params, &g, plan, &placement);
                         for (i, level) in levels.iter().enumerate() {
                             let cpus = level * n;
                             let t = iter_time_with_cpus(plan, &pred, cpus, cpu_ref);
