@@ -3,13 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use rubick_core::artifact::to_yaml;
-use rubick_core::planner::round::assemble_allocations;
-use rubick_core::planner::{PlannerConfig, ServiceQuantum};
 use rubick_core::schedule::Schedule;
 use rubick_io::cli::Outcome;
 use rubick_io::files::{load_artifact, write_output};
 use rubick_io::flags;
 use rubick_io::reference::ReferenceData;
+use rubick_planner::round::assemble_allocations;
+use rubick_planner::{PlannerConfig, ServiceQuantum};
 
 use crate::round::job_inputs;
 use rubick_io::beliefs::ModelSource;
@@ -247,7 +247,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         milp_time_limit: rubick_core::launch::duration(args.time_limit),
     };
     let start = std::time::Instant::now();
-    let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);
+    let mut evaluator = rubick_planner::curves::Evaluator::new(&cluster, &config);
     // Its remaining work: every iteration, each the GPU-seconds its request takes.
     for input in &mut jobs {
         let request = request_config(&input.job, &input.belief.params, None, &mut evaluator, None);
