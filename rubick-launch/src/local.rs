@@ -14,7 +14,7 @@ use crate::error::{LaunchError, io};
 use crate::executor::{Executor, Handle, RunState, Submission, run_to_end};
 use crate::guard::{Guard, Watch, Watches, lock};
 use crate::proc::{RunSignal, carries_mark, marked_processes, signal_run, status_code};
-use crate::wrap::Wrap;
+use crate::wrap::{Wrap, alive_lock_held};
 
 /// A local run's process group id (its wrapper's pid), in its directory.
 pub const PID_FILE: &str = "pgid";
@@ -158,6 +158,11 @@ impl Executor for Local {
         // The run's own directory (a caller that read the handle from a file checked it
         // is the directory of the run it means).
         let dir = own.as_path();
+        // Its wrapper holds a lock while the run is on, until just before it writes the
+        // exit status: one lock attempt, no /proc.
+        if alive_lock_held(&dir.join(PID_FILE)) {
+            return RunState::Running;
+        }
         // Its exit status is written as its last act: ended, even if the wrapper lingers.
         if let Ok(text) = std::fs::read_to_string(dir.join(EXIT_FILE)) {
             return RunState::Ended(Exit { code: text.trim().parse().ok(), ..Exit::default() });

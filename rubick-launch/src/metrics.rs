@@ -10,7 +10,7 @@
 //! iteration beyond the job's (`"iter": 2^64-1`) is not the run's progress: ignored,
 //! with a warning naming the file once per read.
 
-use std::io::{BufRead as _, Read as _, Seek as _, SeekFrom};
+use std::io::{BufRead as _, Read as _};
 use std::path::Path;
 
 use rubick_core::launch::{MetricLine, mean_sd};
@@ -58,7 +58,8 @@ pub struct Progress {
 pub fn lines_backwards(path: &Path, limit: u64, mut visit: impl FnMut(&str, u64) -> bool) {
     const FIRST: usize = 4 * 1024;
     const BLOCK: usize = 64 * 1024;
-    let Ok(mut file) = std::fs::File::open(path) else { return };
+    use std::os::unix::fs::FileExt as _;
+    let Ok(file) = std::fs::File::open(path) else { return };
     let Ok(len) = file.metadata().map(|m| m.len()) else { return };
     let floor = len.saturating_sub(limit);
     let mut pos = len;
@@ -82,7 +83,7 @@ pub fn lines_backwards(path: &Path, limit: u64, mut visit: impl FnMut(&str, u64)
     while pos > floor {
         let start = pos.saturating_sub(block.len() as u64).max(floor);
         let n = (pos - start) as usize;
-        if file.seek(SeekFrom::Start(start)).is_err() || file.read_exact(&mut block[..n]).is_err() {
+        if file.read_exact_at(&mut block[..n], start).is_err() {
             return;
         }
         pos = start;

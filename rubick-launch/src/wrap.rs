@@ -218,6 +218,9 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
     if let Some(path) = &wrap.pid_file {
         write_atomic(path, format!("{}\n", std::process::id()).as_bytes()).map_err(std::io::Error::other)?;
     }
+    // Held while the run is on, released before its exit status is written: a look at
+    // the run is one lock attempt ([`alive_lock_held`]), no read of /proc.
+    let alive = wrap.pid_file.as_deref().and_then(hold_alive_lock);
     if let Some(path) = &wrap.exit_file {
         // Best effort: without it the status is still written while the disk has room.
         let _ = std::fs::write(reserved(path), " ".repeat(RESERVED_EXIT_BYTES));
@@ -235,6 +238,7 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         Ok(c) => c,
         Err(e) => {
             eprintln!("rubick run wrapper: {e}");
+            drop(alive);
             if let Some(path) = &wrap.exit_file {
                 write_exit(path, 127)?;
             }
@@ -265,10 +269,29 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
         }
     };
     end_descendants(wrap.grace);
+    drop(alive);
     if let Some(path) = &wrap.exit_file {
         write_exit(path, code)?;
     }
     Ok(code)
+}
+
+/// The lock on the pid file the wrapper holds while its run is on (its launcher or
+/// what it left behind): an exclusive `flock`, opened close-on-exec so that no process
+/// of the run inherits it, released when the wrapper drops it or dies (`kill -9`
+/// included). Best effort: without it a look at the run reads /proc instead.
+fn hold_alive_lock(pid_file: &Path) -> Option<std::fs::File> {
+    let file = std::fs::File::open(pid_file).ok()?;
+    file.lock().ok()?;
+    Some(file)
+}
+
+/// Whether a run wrapper holds the lock on `pid_file` ([`hold_alive_lock`]): the run
+/// it wraps is on and has not written its exit status. `false` also when the file
+/// cannot be opened or locked for another reason (a wrapper of an older build locked
+/// nothing): the caller then looks as it did without the lock.
+pub fn alive_lock_held(pid_file: &Path) -> bool {
+    std::fs::File::open(pid_file).is_ok_and(|f| matches!(f.try_lock_shared(), Err(std::fs::TryLockError::WouldBlock)))
 }
 
 /// Asks every descendant of this process to end (`TERM`), kills what is left after
@@ -330,6 +353,23 @@ fn write_exit(path: &Path, code: i32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lock a wrapper holds while its run is on is seen by a look, and gone once
+    /// dropped (the wrapper about to write the exit status, or dead); a pid file no
+    /// wrapper locked (an older build's) or none at all reads as not held.
+    #[test]
+    fn the_alive_lock_is_seen_while_held_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pgid");
+        assert!(!alive_lock_held(&pid_file), "no file");
+        std::fs::write(&pid_file, "42\n").unwrap();
+        assert!(!alive_lock_held(&pid_file), "a file no wrapper locked");
+        let held = hold_alive_lock(&pid_file).unwrap();
+        assert!(alive_lock_held(&pid_file));
+        assert!(alive_lock_held(&pid_file), "a look takes nothing away");
+        drop(held);
+        assert!(!alive_lock_held(&pid_file));
+    }
 
     #[test]
     fn arguments_round_trip_and_bad_ones_are_named() {

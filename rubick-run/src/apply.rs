@@ -148,7 +148,8 @@ pub(crate) fn apply(
 ) -> anyhow::Result<Outcome> {
     let clock = Instant::now();
     let lap = |what: &str| tracing::debug!("apply: {what} at {:.2} ms", clock.elapsed().as_secs_f64() * 1e3);
-    let schedule: Schedule = load_artifact(path)?;
+    let loaded = state::load_schedule(path, &args.state)?;
+    let schedule = &loaded.schedule;
     let given: Option<Cluster> = cluster.map(load_artifact).transpose()?;
     lap("schedule and cluster read");
     let settings = kubernetes.map(|p| backends::kubernetes::Settings::load(p).map(|s| (p, s))).transpose()?;
@@ -179,7 +180,7 @@ pub(crate) fn apply(
     }
     // Bad input is refused before anything is touched; then the records are brought up
     // to date (a job may have finished since) and the schedule read against them.
-    desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
+    desired_of(schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
     lap("schedule checked");
     refresh(&dir, &mut state, backend.as_ref(), Look::Last)?;
     lap("runs refreshed");
@@ -189,7 +190,7 @@ pub(crate) fn apply(
         tracing::warn!("{e:#}: the round goes on; the state is written when it can be");
     }
     lap("state saved");
-    let desired = desired_of(&schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
+    let desired = desired_of(schedule, path, &state, cluster.as_ref(), backend.as_ref())?;
     let actual: BTreeMap<String, Allocation> = state
         .jobs
         .iter()
@@ -424,7 +425,7 @@ pub(crate) fn apply(
     state.cluster = Some(schedule.cluster.clone());
     state.backend = Some(backend_name.to_owned());
     dir.save(&state)?;
-    state::write_if_changed(&dir.current_path(), to_yaml(&schedule).as_bytes())?;
+    dir.write_current(&loaded)?;
     lap("state and schedule saved");
     failpoint("applied");
     if actions.is_empty() {

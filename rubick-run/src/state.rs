@@ -12,6 +12,8 @@
 //!                       a start may have been interrupted, and the next command
 //!                       searches the processes for runs without a record
 //! DIR/current.yaml      the schedule as last applied (the planner's --current)
+//! DIR/current.cache.json the same, parsed faster; used only for the very bytes it
+//!                       was parsed from, while it and current.yaml are intact
 //! DIR/lock              held by the one rubick-run that may act
 //! DIR/jobs/NAME/        checkpoints/ (kept across runs), attempt-N/ (log, metric lines,
 //!                       pid and exit-code files of each run)
@@ -36,8 +38,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::reconcile::Allocation;
 
+mod applied;
 mod dir;
 
+pub use applied::{CURRENT_CACHE_FILE, Loaded, load_schedule};
 pub use dir::{CACHE_FILE, INTENT_FILE, SEAL_FILE, STATE_FILE, StateDir, write_if_changed, write_private};
 
 /// The state format this build reads and writes.
@@ -369,14 +373,40 @@ impl State {
             && *backend == other.backend
             && jobs.len() == other.jobs.len()
             && jobs.iter().zip(&other.jobs).all(|((name, a), (other_name, b))| {
-                name == other_name
-                    && (a == b
-                        || (a.run.is_some() && {
-                            let mut b = b.clone();
-                            b.iterations_done = a.iterations_done;
-                            *a == b
-                        }))
+                name == other_name && (a == b || (a.run.is_some() && a.equal_but_progress(b)))
             })
+    }
+}
+
+impl JobRecord {
+    /// Equal but for `iterations_done` (compared field by field: no copy of a record
+    /// made for it, and a field added to the record is a compile error here).
+    fn equal_but_progress(&self, other: &JobRecord) -> bool {
+        let JobRecord {
+            job,
+            status,
+            run,
+            attempts,
+            iterations_done: _,
+            exit_code,
+            reason,
+            reconfigurations,
+            retries_left,
+            submitted_unix_s,
+            first_started_unix_s,
+            submitted_from,
+        } = self;
+        *job == other.job
+            && *status == other.status
+            && *run == other.run
+            && *attempts == other.attempts
+            && *exit_code == other.exit_code
+            && *reason == other.reason
+            && *reconfigurations == other.reconfigurations
+            && *retries_left == other.retries_left
+            && *submitted_unix_s == other.submitted_unix_s
+            && *first_started_unix_s == other.first_started_unix_s
+            && *submitted_from == other.submitted_from
     }
 }
 

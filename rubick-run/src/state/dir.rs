@@ -25,7 +25,7 @@ pub const CACHE_FILE: &str = "state.cache.json";
 
 /// The first line of a cache of `yaml` written by this build.
 fn cache_key(yaml: &[u8]) -> String {
-    let digest = rubick_launch::fnv1a(yaml);
+    let digest = rubick_launch::digest(yaml);
     format!("rubick-run {} state {STATE_VERSION} yaml {} {digest:016x}", env!("CARGO_PKG_VERSION"), yaml.len())
 }
 
@@ -57,7 +57,7 @@ pub const INTENT_FILE: &str = "starting";
 
 /// A file's identity as the file system tells it (device, inode, modification time to
 /// the nanosecond, length): any write, copy or restore of the file changes it.
-fn file_identity(path: &Path) -> Option<String> {
+pub(super) fn file_identity(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
     Some(format!("{} {} {}.{:09} {}", m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
@@ -148,8 +148,10 @@ impl StateDir {
         if !path.exists() {
             return Ok(State::default());
         }
-        let text = std::fs::read_to_string(&path).with_context(|| format!("{}: cannot read", path.display()))?;
-        let key = cache_key(text.as_bytes());
+        // Its bytes are digested for the cache's key; they are checked as text only when
+        // parsed (the cache spares a no-op round that pass over a hundred kilobytes).
+        let bytes = std::fs::read(&path).with_context(|| format!("{}: cannot read", path.display()))?;
+        let key = cache_key(&bytes);
         let valid = |state: State| -> anyhow::Result<State> {
             state.validate().and_then(|()| state.check_handles(&self.root)).map_err(|e| {
                 anyhow::anyhow!(
@@ -173,6 +175,9 @@ impl StateDir {
                 path.display(),
             )
         };
+        let text = String::from_utf8(bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+            .with_context(|| format!("{}: cannot read", path.display()))?;
         // Parsed once (every command reads it); a state this build cannot read is told
         // apart by its version alone: a newer one is named as such.
         let state: State = match serde_yaml_ng::from_str(&text) {
@@ -221,9 +226,10 @@ impl StateDir {
 
     /// The cached state, if the cache is a copy of the YAML whose key is `key`.
     fn cached(&self, key: &str) -> Option<State> {
-        let text = std::fs::read_to_string(self.root.join(CACHE_FILE)).ok()?;
-        let (first, json) = text.split_once('\n')?;
-        (first == key).then(|| serde_json::from_str(json).ok())?
+        let bytes = std::fs::read(self.root.join(CACHE_FILE)).ok()?;
+        let newline = bytes.iter().position(|&b| b == b'\n')?;
+        let (first, json) = (&bytes[..newline], &bytes[newline + 1..]);
+        (first == key.as_bytes()).then(|| serde_json::from_slice(json).ok())?
     }
 
     /// Writes the cache of the state whose YAML has `key` (atomically; a cache that

@@ -60,7 +60,7 @@ launch: { version: 1, command: ['true'], stopTimeoutS: 2 }
 /// The state's first line of a cache of `yaml` (rubick-run's `cache_key`; checked
 /// against what rubick-run writes when the harness starts).
 fn cache_key(yaml: &str) -> String {
-    let digest = rubick_launch::fnv1a(yaml.as_bytes());
+    let digest = rubick_launch::digest(yaml.as_bytes());
     format!("rubick-run {} state 1 yaml {} {digest:016x}", env!("CARGO_PKG_VERSION"), yaml.len())
 }
 
