@@ -70,6 +70,15 @@ pub struct PlannerConfig {
     /// guarantee may still take its resources; it may still grow when that repays its
     /// restart): the Rubick artifact's cap of 5 shrinks per job. `None`: no cap.
     pub restart_cap: Option<u32>,
+    /// Past the service quantum, a job's restart cap is one restart per doubling of
+    /// the service it has received: `1 + floor(log2(service / quantum))` (the doubling
+    /// trick: each restart is repaid by as much service as all before it), instead of
+    /// [`Self::restart_cap`], which still holds below the quantum and without one. A
+    /// fixed cap shields the long jobs once they have made way five times, so the
+    /// short ones past a small quantum are the only jobs left to pause, again and again
+    /// (`data/restarts-churn-and-peers.md`, the later windows); this one lets a job
+    /// make way for others as often as its service has doubled.
+    pub restart_cap_doubles: bool,
     /// A running job is never shrunk below its request's throughput (or below what it
     /// has, when that is less) nor paused, except for a guarantee: resources beyond a
     /// request are lent, and taken back first. Waiting jobs still gain weight by
@@ -257,6 +266,7 @@ impl Default for PlannerConfig {
             restart_factor: true,
             max_growth: Some(2),
             restart_cap: Some(5),
+            restart_cap_doubles: true,
             keep_request: true,
             service_quantum_gpu_s: None,
             service_quantum: ServiceQuantum::Load,

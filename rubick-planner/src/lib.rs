@@ -275,10 +275,25 @@ impl JobInput {
         self.current.as_ref().is_some_and(|c| self.restoring || c.rounds_since_change < config.cooldown_rounds)
     }
 
-    /// Whether the job runs and has had as many restarts as
-    /// [`PlannerConfig::restart_cap`] allows: it is never shrunk or paused again.
+    /// Whether the job runs and has had as many restarts as its cap allows
+    /// ([`PlannerConfig::restart_cap`], or past the service quantum one per doubling
+    /// of its service: [`PlannerConfig::restart_cap_doubles`]): it is never shrunk or
+    /// paused again.
     pub fn restarts_spent(&self, config: &PlannerConfig) -> bool {
-        self.current.is_some() && config.restart_cap.is_some_and(|cap| self.restarts >= cap)
+        self.current.is_some() && self.restart_cap(config).is_some_and(|cap| self.restarts >= cap)
+    }
+
+    /// The most restarts after which the job is never shrunk or paused again (`None`:
+    /// no cap).
+    pub fn restart_cap(&self, config: &PlannerConfig) -> Option<u32> {
+        let service = self.progress.attained_gpu_s;
+        match config.service_quantum_gpu_s {
+            Some(quantum) if config.restart_cap_doubles && quantum > 0.0 && service >= quantum => {
+                // log2 of a ratio of f64s: at most 1,024; bounded to be safe in a u32.
+                Some(1 + (service / quantum).log2().floor().min(f64::from(u16::MAX)) as u32)
+            }
+            _ => config.restart_cap,
+        }
     }
 
     /// The job's [`restart_factor`] this round (1 when the rule is off).
@@ -550,6 +565,35 @@ mod tests {
         // By load: the median while the queue is oversubscribed, else the weighted one.
         assert_eq!(ServiceQuantum::Load.of(&services, true), Some(3600.0));
         assert_eq!(ServiceQuantum::Load.of(&services, false), Some(91.0 * 3600.0));
+    }
+
+    /// Past the service quantum a job may make way once per doubling of its service;
+    /// below it, without a quantum or with the rule off, the fixed cap holds.
+    #[test]
+    fn past_the_quantum_the_restart_cap_doubles_with_the_service() {
+        let (_, inputs, _) = crate::synth::varied(3, 1, 8, 96, 1600.0, 4);
+        let mut job = inputs.iter().find(|i| i.current.is_some()).expect("a running job").clone();
+        let quantum = 100.0;
+        let config = PlannerConfig { service_quantum_gpu_s: Some(quantum), ..PlannerConfig::default() };
+        let cap_at = |job: &mut JobInput, service: f64, config: &PlannerConfig| {
+            job.progress.attained_gpu_s = service;
+            job.restart_cap(config)
+        };
+        assert_eq!(cap_at(&mut job, 50.0, &config), Some(5), "below the quantum: the fixed cap");
+        assert_eq!(cap_at(&mut job, 100.0, &config), Some(1));
+        assert_eq!(cap_at(&mut job, 399.0, &config), Some(2));
+        assert_eq!(cap_at(&mut job, 400.0, &config), Some(3));
+        assert_eq!(cap_at(&mut job, 100.0 * 1024.0, &config), Some(11), "a long job makes way more often");
+        job.restarts = 11;
+        assert!(job.restarts_spent(&config));
+        job.restarts = 10;
+        assert!(!job.restarts_spent(&config));
+        let fixed = PlannerConfig { restart_cap_doubles: false, ..config.clone() };
+        assert_eq!(cap_at(&mut job, 100.0 * 1024.0, &fixed), Some(5));
+        let no_quantum = PlannerConfig { service_quantum_gpu_s: None, ..config.clone() };
+        assert_eq!(cap_at(&mut job, 100.0 * 1024.0, &no_quantum), Some(5));
+        let no_cap = PlannerConfig { restart_cap: None, ..no_quantum };
+        assert_eq!(cap_at(&mut job, 100.0 * 1024.0, &no_cap), None);
     }
 
     /// The schedule's explanation and the simulator used different rules for "changed";
