@@ -167,6 +167,11 @@ impl Cluster {
         self.node_groups.iter().find(|g| g.name == name)
     }
 
+    /// The (group, index) of a node named `<group>-<index>` (or by a group's `hosts`).
+    pub fn node_by_name(&self, name: &str) -> Option<(usize, u32)> {
+        self.node_groups.iter().enumerate().find_map(|(gi, g)| Some((gi, g.node_index(name)?)))
+    }
+
     /// Distinct GPU types in the order they first appear.
     pub fn gpu_types(&self) -> Vec<&str> {
         let mut types: Vec<&str> = Vec::new();

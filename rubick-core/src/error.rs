@@ -43,7 +43,7 @@ impl ValidationError {
 }
 
 /// Checks a condition of a field, building the error lazily.
-pub(crate) fn ensure(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), ValidationError> {
+pub fn ensure(ok: bool, field: &str, message: impl FnOnce() -> String) -> Result<(), ValidationError> {
     if ok { Ok(()) } else { Err(ValidationError::new(field, message())) }
 }
 

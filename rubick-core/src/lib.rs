@@ -1,46 +1,36 @@
-//! # rubick-core: the domain of rubick
+//! # rubick-core: the vocabulary of rubick
 //!
-//! Plans, placements, clusters, model specifications, the GPU-memory estimate, plan
-//! spaces and the versioned artifacts that the rubick tools exchange.
+//! Plans, placements, clusters, model specifications, jobs, schedules, the job contract's
+//! pure part and the versioned artifacts that the rubick tools exchange: what every tool
+//! means by them. The performance model and its numerics are `rubick-model`'s, one round
+//! of planning is `rubick-planner`'s.
 //!
-//! **This crate does no I/O** but the clock and logs: no files, processes, network or
-//! GPUs. Everything here is a deterministic function of its inputs (the planner reads
-//! the clock only to report a round's wall time), and cannot fail for reasons outside
-//! its arguments. Reading and writing files lives in `rubick-io`.
+//! **No I/O, no clock, no logs**: no files, processes, network, environment or GPUs, no
+//! time of day, no log lines. Everything here is a deterministic function of its
+//! inputs, and cannot fail for reasons outside its arguments. Reading and writing
+//! files lives in `rubick-io`.
 
 pub mod artifact;
 pub mod cluster;
 pub mod error;
-pub mod external;
-pub mod fit;
 pub mod job;
 pub mod launch;
 pub mod limits;
 pub mod markdown;
-pub mod memory;
 pub mod model;
-pub mod perf;
-pub mod perfmodel;
 pub mod placement;
 pub mod plan;
-pub mod planner;
-pub mod reference;
 pub mod schedule;
-pub mod schema;
-pub mod select;
 pub mod simulation;
-pub mod space;
 pub mod tables;
 
 pub use artifact::{ApiVersion, Artifact, Kind};
 pub use cluster::{Cluster, NodeGroup};
 pub use error::{ArtifactError, ParseError, ValidationError};
 pub use job::{Job, JobBatch, JobRequest};
-pub use memory::{MemoryBreakdown, MemoryEstimator};
 pub use model::ModelSpec;
 pub use placement::Placement;
 pub use plan::{Offload, Plan, PlanCode, PlanFamily, PlanRequest, Recompute, ZeroStage};
-pub use space::{PlanSpace, SpaceEntry};
 
 /// Implements `Serialize`, `Deserialize` and `JsonSchema` for a type through its
 /// `Display` and `FromStr`, so that it reads and writes as one string.

@@ -10,12 +10,13 @@
 //!   (see [`Plan::from_str`]);
 //! * the plan *codes* of the authors' reference data (`ga`, `gc`, `zero-dp`,
 //!   `zero-offload`, or three digits P T D), parsed into [`PlanCode`]. A code names a
-//!   family and its degrees but not the micro-batch; [`crate::space::resolve_code`]
-//!   completes it.
+//!   family and its degrees but not the micro-batch; [`PlanCode::candidates`] lists
+//!   the plans it stands for, and `rubick_model::space::resolve_code` picks the one
+//!   that fits.
 //!
 //! This module knows plans alone: the rules that hold whatever the job
 //! ([`Plan::check_shape`]). What a model adds (a plan's validity for it, the plans a
-//! code stands for) is in [`crate::space`], which sits above both.
+//! code stands for) is in `check.rs`; what fits in memory is `rubick-model`'s.
 //!
 //! The readable form is the one jobs get in `RUBICK_PLAN`; `data/plan-vectors.json`
 //! holds its test vectors, shared with the Python package's parser (`python/rubick/plan.py`).
@@ -28,8 +29,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
 
+mod check;
 mod code;
 
+pub use check::divisors;
 pub use code::{PlanCode, PlanRequest};
 
 /// ZeRO stage (Rajbhandari et al., 2020): which model states are sharded over the

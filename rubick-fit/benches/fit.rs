@@ -55,13 +55,13 @@ fn main() -> anyhow::Result<()> {
             let (_, data) = rubick_io::external::read(&dir.join("vtrain_single.csv"))?;
             let mut times = Vec::new();
             for job in &data.jobs {
-                let links = rubick_core::perfmodel::Links::of_cluster(&job.cluster);
+                let links = rubick_model::perfmodel::Links::of_cluster(&job.cluster);
                 let Some(k) = evaluate::samples_for(job.rows.len(), 8) else { continue };
                 let configs =
                     evaluate::configs_of(job.rows.iter().map(|r| (r.plan, r.placement.clone(), r.iter_time_s)));
                 let (_, obs) = evaluate::profiled(&configs, k, links);
                 let start = Instant::now();
-                rubick_core::fit::fit(&job.model, &obs, &rubick_core::fit::FitOptions::default())?;
+                rubick_model::fit::fit(&job.model, &obs, &rubick_model::fit::FitOptions::default())?;
                 times.push(start.elapsed().as_secs_f64() * 1e3);
             }
             times.sort_by(f64::total_cmp);
@@ -70,13 +70,13 @@ fn main() -> anyhow::Result<()> {
             // A profile of a million rows (repeats of a job's 8 selected rows):
             // repeated configurations are fitted as one weighted row.
             if let Some(job) = data.jobs.iter().find(|j| j.rows.len() >= 9) {
-                let links = rubick_core::perfmodel::Links::of_cluster(&job.cluster);
+                let links = rubick_model::perfmodel::Links::of_cluster(&job.cluster);
                 let configs =
                     evaluate::configs_of(job.rows.iter().map(|r| (r.plan, r.placement.clone(), r.iter_time_s)));
                 let (_, obs) = evaluate::profiled(&configs, 8, links);
                 let many: Vec<_> = obs.iter().cycle().take(1_000_000).cloned().collect();
                 let start = Instant::now();
-                rubick_core::fit::fit(&job.model, &many, &rubick_core::fit::FitOptions::default())?;
+                rubick_model::fit::fit(&job.model, &many, &rubick_model::fit::FitOptions::default())?;
                 println!("bench: fit_1m_rows_s {:.3} s", start.elapsed().as_secs_f64());
             }
         }
@@ -86,7 +86,7 @@ fn main() -> anyhow::Result<()> {
         Some(dir) => {
             let data = rubick_io::reference::ReferenceData::open(&dir)?;
             let cluster: rubick_core::Cluster = rubick_io::load_artifact(&root.join("data/cluster-a800-8x8.yaml"))?;
-            let links = rubick_core::perfmodel::Links::of_cluster(&cluster);
+            let links = rubick_model::perfmodel::Links::of_cluster(&cluster);
             for k in [4, 8] {
                 let mut pooled = Vec::new();
                 for name in data.model_names() {

@@ -4,7 +4,7 @@
 //!
 //! Any measured table can be judged: the authors' (`--reference`), a profile table of
 //! one job (`--table` with `--job`), or others' published measurements
-//! (`--external`, read by `rubick_core::external`). Held-out error is over the rows the
+//! (`--external`, read by `rubick_model::external`). Held-out error is over the rows the
 //! fit did not see; plan-choice regret, among held-out rows with the same GPU count, is
 //! the measured time of the row the model ranks fastest over the fastest measured,
 //! minus 1.
@@ -12,16 +12,17 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use rubick_core::fit::{FitOptions, Observation, fit};
-use rubick_core::perfmodel::Links;
 use rubick_core::plan::PlanCode;
-use rubick_core::reference::{MeasuredRow, ProfileRun, TESTBED_GPU_MEMORY_GIB, resolve_rows};
-use rubick_core::select::{Candidate, select};
-use rubick_core::space::resolve_code;
-use rubick_core::{MemoryEstimator, ModelSpec, Placement};
+use rubick_core::{ModelSpec, Placement};
+use rubick_model::MemoryEstimator;
+use rubick_model::fit::{FitOptions, Observation, fit};
+use rubick_model::perfmodel::Links;
+use rubick_model::reference::{MeasuredRow, ProfileRun, TESTBED_GPU_MEMORY_GIB, resolve_rows};
+use rubick_model::select::{Candidate, select};
+use rubick_model::space::resolve_code;
 use serde::Serialize;
 
-pub use rubick_core::perf::{FLAG_FACTOR, is_inconsistent};
+pub use rubick_model::perf::{FLAG_FACTOR, is_inconsistent};
 
 mod command;
 
@@ -173,7 +174,7 @@ pub struct Evaluation {
     pub report: ModelReport,
     pub rows: Vec<EvaluatedRow>,
     /// The fitted model, as `rubick-fit fit` would write it.
-    pub perf_model: rubick_core::perf::PerfModel,
+    pub perf_model: rubick_model::perf::PerfModel,
 }
 
 /// One measured configuration of a job, as the evaluation reads it.
@@ -298,7 +299,7 @@ pub fn evaluate_job(
         .enumerate()
         .map(|(i, c)| {
             let (lower, predicted, upper) =
-                rubick_core::fit::interval(model, &c.plan, &c.placement, &links, &fitted.params, &log_cov);
+                rubick_model::fit::interval(model, &c.plan, &c.placement, &links, &fitted.params, &log_cov);
             let is_fitted = chosen.contains(&i);
             EvaluatedRow {
                 model: name.to_owned(),
@@ -330,7 +331,7 @@ pub fn evaluate_job(
                 format!("{}@{} measured {:.3}s predicted {:.3}s", r.code, r.placement, r.measured_s, r.predicted_s)
             })
             .collect(),
-        parameters: rubick_core::perfmodel::PARAMS
+        parameters: rubick_model::perfmodel::PARAMS
             .iter()
             .zip(fitted.params.values)
             .map(|(p, v)| (p.name.to_owned(), (v * 1e6).round() / 1e6))
@@ -387,7 +388,7 @@ impl RatioCheck {
 /// The ratio time(sequence parallelism + selective recompute) / time(full recompute)
 /// of an external job that measured both (Calculon's Table 5 rows), predicted by a model
 /// fitted on the full-recompute row alone; `None` when the job lacks either row.
-pub fn sp_selective_ratio(job: &rubick_core::external::ExternalJob) -> anyhow::Result<Option<RatioCheck>> {
+pub fn sp_selective_ratio(job: &rubick_model::external::ExternalJob) -> anyhow::Result<Option<RatioCheck>> {
     use rubick_core::plan::Recompute;
     let full = job.rows.iter().find(|r| r.plan.recompute == Recompute::Full && !r.plan.sp);
     let seqsel = job.rows.iter().find(|r| r.plan.recompute == Recompute::Selective && r.plan.sp);
@@ -397,8 +398,8 @@ pub fn sp_selective_ratio(job: &rubick_core::external::ExternalJob) -> anyhow::R
         Observation { plan: full.plan, placement: full.placement.clone(), links, iter_time_s: full.iter_time_s };
     let options = FitOptions { min_configurations: 1, ..FitOptions::default() };
     let fitted = fit(&job.model, &[observation], &options).map_err(|e| anyhow::anyhow!("{}: {e}", job.name))?;
-    let predict = |r: &rubick_core::external::ExternalRow| {
-        rubick_core::perfmodel::predict(&job.model, &r.plan, &r.placement, &links, &fitted.params).total
+    let predict = |r: &rubick_model::external::ExternalRow| {
+        rubick_model::perfmodel::predict(&job.model, &r.plan, &r.placement, &links, &fitted.params).total
     };
     Ok(Some(RatioCheck {
         model: job.name.clone(),

@@ -5,13 +5,13 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use rubick_core::artifact::to_yaml;
-use rubick_core::fit::{Fit, FitOptions, Observation, fit};
-use rubick_core::perf::PerfModel;
-use rubick_core::perfmodel::Links;
 use rubick_core::tables::{ProfileRow, ProfileStatus};
 use rubick_core::{Cluster, Job, ModelSpec, Placement, Plan};
 use rubick_io::cli::{Outcome, ensure_not_an_input, ensure_one_stdin};
 use rubick_io::files::load_artifact;
+use rubick_model::fit::{Fit, FitOptions, Observation, fit};
+use rubick_model::perf::PerfModel;
+use rubick_model::perfmodel::Links;
 
 pub(crate) fn run(profile: &Path, job: &Path, cluster: &Path, output: &Path) -> anyhow::Result<Outcome> {
     ensure_one_stdin(&[profile, job, cluster])?;
@@ -34,7 +34,7 @@ pub(crate) fn run(profile: &Path, job: &Path, cluster: &Path, output: &Path) -> 
                 r.placement,
                 r.measured_s,
                 r.predicted_s,
-                rubick_core::perf::FLAG_FACTOR
+                rubick_model::perf::FLAG_FACTOR
             );
         }
         tracing::info!("fit: {} rows, mean in-sample error {:.1} %", rows.len(), d.mean_rel_error * 100.0);

@@ -1,6 +1,6 @@
 //! # rubick-fit: a job's performance model, fitted from a few profiling runs
 //!
-//! * `fit` — fit the model form `rubick-whitebox/3` (in `rubick_core::perfmodel`) to a
+//! * `fit` — fit the model form `rubick-whitebox/3` (in `rubick_model::perfmodel`) to a
 //!   profile table and write a `PerfModel`;
 //! * `predict` — iteration time (with a ~95 % interval) of configurations;
 //! * `evaluate` — against measured tables (the authors', a job's own, or others'
@@ -11,9 +11,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use rubick_core::perf::PerfModel;
 use rubick_core::{Placement, Plan};
 use rubick_io::cli::{CheckArgs, Common, LogArgs, Outcome};
+use rubick_model::perf::PerfModel;
 
 pub mod evaluate;
 mod fit;

@@ -4,11 +4,11 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use rubick_core::perf::PerfModel;
-use rubick_core::perfmodel::{Links, Params, predict};
 use rubick_core::{Cluster, ModelSpec, Placement, Plan};
 use rubick_io::cli::{Outcome, ensure_not_an_input, ensure_one_stdin};
 use rubick_io::files::load_artifact;
+use rubick_model::perf::PerfModel;
+use rubick_model::perfmodel::{Links, Params, predict};
 
 pub(crate) fn run(
     model_path: &Path,

@@ -1,13 +1,14 @@
 //! `rubick-fit select`: which configurations a profile should run (the rule
-//! `rubick-profile run --budget` uses, `rubick_core::select`).
+//! `rubick-profile run --budget` uses, `rubick_model::select`).
 
 use std::path::Path;
 
 use anyhow::Context;
-use rubick_core::select::{Candidate, one_node_candidates, select};
-use rubick_core::{Cluster, Job, MemoryEstimator};
+use rubick_core::{Cluster, Job};
 use rubick_io::cli::{Outcome, ensure_not_an_input, ensure_one_stdin};
 use rubick_io::files::load_artifact;
+use rubick_model::MemoryEstimator;
+use rubick_model::select::{Candidate, one_node_candidates, select};
 
 use crate::SelectArgs;
 

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::Context;
-use rubick_core::perf::PerfModel;
-use rubick_core::perfmodel::{Links, Params};
-use rubick_core::planner::Belief;
-use rubick_core::{Cluster, Job, MemoryEstimator};
+use rubick_core::{Cluster, Job};
+use rubick_model::MemoryEstimator;
+use rubick_model::belief::Belief;
+use rubick_model::perf::PerfModel;
+use rubick_model::perfmodel::{Links, Params};
 
 use crate::files::load_artifact;
 use crate::reference::ReferenceData;
@@ -134,7 +135,7 @@ pub fn perf_model_path(job: &Job, source: &ModelSource<'_>) -> Option<std::path:
 fn fit_reference(data: &ReferenceData, model: &str, links: Links) -> anyhow::Result<Params> {
     let spec = data.model_spec(model)?.context("listed model")?;
     let measured = data.measured_rows(model)?;
-    let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &MemoryEstimator::default());
-    let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);
-    Ok(rubick_core::fit::fit(&spec, &obs, &rubick_core::fit::FitOptions::default())?.params)
+    let resolved = rubick_model::reference::resolve_rows(&measured, &spec, &MemoryEstimator::default());
+    let (_, obs) = rubick_model::reference::profiled_rows(&resolved, 8, links);
+    Ok(rubick_model::fit::fit(&spec, &obs, &rubick_model::fit::FitOptions::default())?.params)
 }

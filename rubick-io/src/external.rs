@@ -1,9 +1,9 @@
 //! Others' published measurements (`shared/reference/external/`) read from disk; the
-//! reading itself is `rubick_core::external`.
+//! reading itself is `rubick_model::external`.
 
 use std::path::{Path, PathBuf};
 
-use rubick_core::external::{ExternalSet, parse};
+use rubick_model::external::{ExternalSet, parse};
 
 /// The four public tables, by file stem, in the order reports list them.
 pub const SETS: [&str; 4] = ["vtrain_single", "vtrain_multi", "sailor", "calculon_tab5"];

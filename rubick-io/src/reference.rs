@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rubick_core::reference::{MeasuredRow, ModelFacts, ProfileRun, ReferenceModels, TraceJob};
+use rubick_model::reference::{MeasuredRow, ModelFacts, ProfileRun, ReferenceModels, TraceJob};
 
 use crate::files::{IoError, read_text};
 use crate::table::{f64_column, number_column, read_table, required, str_column};

@@ -18,9 +18,9 @@
 //! takes a candidate only where it is strictly better, and among a job's candidates the
 //! first (fewest GPUs, as books sort them) wins a tie.
 
-use rubick_core::planner::CurveBook;
-use rubick_core::planner::exact::{ExactError, ExactSolution};
 use rubick_core::schedule::ExactStatus;
+use rubick_planner::CurveBook;
+use rubick_planner::exact::{ExactError, ExactSolution};
 
 /// A job's choice at a capacity, in the table: none.
 const NONE: u16 = u16::MAX;
@@ -99,7 +99,7 @@ pub fn solve(book: &CurveBook) -> Option<Result<ExactSolution, ExactError>> {
             c -= book.jobs[j].candidates[k].gpus as usize;
         }
     }
-    let objective = rubick_core::planner::objective(book, &choice);
+    let objective = rubick_planner::objective(book, &choice);
     Some(Ok(ExactSolution { choice, objective, gap: 0.0, status: ExactStatus::Optimal }))
 }
 
@@ -107,8 +107,8 @@ pub fn solve(book: &CurveBook) -> Option<Result<ExactSolution, ExactError>> {
 mod tests {
     use super::*;
     use crate::Milp;
-    use rubick_core::planner::curves::{Candidate, JobCurves};
     use rubick_core::{Cluster, Placement, Plan};
+    use rubick_planner::curves::{Candidate, JobCurves};
 
     /// splitmix64: a seeded stream of numbers for the random books.
     struct Stream(u64);
@@ -192,7 +192,7 @@ mod tests {
         for round in 0..400 {
             let book = random_book(&mut s, &mut cluster);
             let dp = solve(&book).expect("one group, cores and memory within the GPUs' share");
-            let exact = rubick_core::planner::exact::ExactSolver::solve(&milp, &book, &cluster, None);
+            let exact = rubick_planner::exact::ExactSolver::solve(&milp, &book, &cluster, None);
             match (dp, exact) {
                 (Ok(dp), Ok(exact)) => {
                     assert!((dp.objective - exact.objective).abs() < 1e-9, "round {round}: {dp:?} vs {exact:?}");

@@ -28,11 +28,13 @@ use std::time::Duration;
 
 use highs::{HighsModelStatus, RowProblem, Sense};
 use rubick_core::Cluster;
-use rubick_core::planner::CurveBook;
-use rubick_core::planner::exact::{ExactError, ExactSolution, ExactSolver};
 use rubick_core::schedule::ExactStatus;
+use rubick_planner::CurveBook;
+use rubick_planner::exact::{ExactError, ExactSolution, ExactSolver};
 
 pub mod knapsack;
+#[cfg(test)]
+mod rounds;
 
 /// The MILP with a time limit per round.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -176,7 +178,7 @@ fn solve(
             choice[j] = Some(c);
         }
     }
-    let objective = rubick_core::planner::objective(book, &choice);
+    let objective = rubick_planner::objective(book, &choice);
     let gap = solved.mip_gap();
     Ok(ExactSolution { choice, objective, gap: if gap.is_finite() { gap.max(0.0) } else { 0.0 }, status })
 }

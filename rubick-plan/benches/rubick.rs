@@ -5,13 +5,13 @@
 
 use std::time::Instant;
 
-use rubick_core::planner::PlannerConfig;
-use rubick_core::planner::round::{Solver, plan_round};
-use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
-use rubick_core::space::Dimensions;
-use rubick_core::{MemoryEstimator, PlanSpace};
 use rubick_io::reference::{ReferenceData, locate};
 use rubick_milp::Milp;
+use rubick_model::reference::{Agreement, agreement_table, memory_agreement};
+use rubick_model::space::Dimensions;
+use rubick_model::{MemoryEstimator, PlanSpace};
+use rubick_planner::PlannerConfig;
+use rubick_planner::round::{Solver, plan_round};
 use rubick_sim::trace::load_trace;
 use rubick_sim::truth::TruthMode;
 
@@ -22,7 +22,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn lookup(name: &str) -> anyhow::Result<&'static rubick_policy::Registration> {
     rubick_policy::lookup(name).map_err(anyhow::Error::msg)
 }
-use rubick_plan::synth;
+use rubick_planner::synth;
 use std::time::Duration;
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -66,8 +66,8 @@ fn planner_figures() -> anyhow::Result<()> {
     println!("bench: plan_65536gpu_32000jobs_s {:.3} s", ms / 1e3);
     // The heuristic's indexes against its exhaustive form (same decision), one run.
     {
-        use rubick_core::planner::curves::Evaluator;
-        use rubick_core::planner::{CurveBook, heuristic};
+        use rubick_planner::curves::Evaluator;
+        use rubick_planner::{CurveBook, heuristic};
         let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
         let (cluster, inputs) = synth::instance(4096, 2000, 1, &config)?;
         let mut evaluator = Evaluator::new(&cluster, &config);
@@ -188,17 +188,17 @@ fn main() -> anyhow::Result<()> {
 
             // Fitting one model: K = 8 rows chosen by the selection rule, median over
             // the seven models of the median of 5 runs each.
-            let links = rubick_core::perfmodel::Links::from(group);
+            let links = rubick_model::perfmodel::Links::from(group);
             let mut per_model = Vec::new();
             for model in data.model_names() {
                 let spec = data.model_spec(model)?.expect("listed model");
                 let measured = data.measured_rows(model)?;
-                let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &estimator);
-                let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);
+                let resolved = rubick_model::reference::resolve_rows(&measured, &spec, &estimator);
+                let (_, obs) = rubick_model::reference::profiled_rows(&resolved, 8, links);
                 let mut samples = Vec::new();
                 for _ in 0..5 {
                     let start = Instant::now();
-                    rubick_core::fit::fit(&spec, &obs, &rubick_core::fit::FitOptions::default())?;
+                    rubick_model::fit::fit(&spec, &obs, &rubick_model::fit::FitOptions::default())?;
                     samples.push(start.elapsed().as_secs_f64());
                 }
                 let ms = median(samples) * 1e3;

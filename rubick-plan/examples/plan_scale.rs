@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use rubick_core::planner::PlannerConfig;
-use rubick_core::planner::round::{Solver, plan_round};
 use rubick_milp::Milp;
-use rubick_plan::synth;
+use rubick_planner::PlannerConfig;
+use rubick_planner::round::{Solver, plan_round};
+use rubick_planner::synth;
 
 fn main() -> anyhow::Result<()> {
     rubick_io::cli::init_logging(&rubick_io::cli::LogArgs::default());

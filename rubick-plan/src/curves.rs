@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use plotters::prelude::*;
 use rubick_core::Cluster;
-use rubick_core::planner::Belief;
-use rubick_core::planner::curves::{CurvePoint, Evaluator};
 use rubick_io::cli::Outcome;
 use rubick_io::files::write_output;
 use rubick_io::plot::{Figure, PALETTE, drawing_error, legend, write_figure};
+use rubick_model::belief::Belief;
+use rubick_planner::curves::{CurvePoint, Evaluator};
 
 use crate::round::job_inputs;
 use crate::schedule::PlannerArgs;

@@ -15,10 +15,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use rubick_core::artifact::{self, Kind};
-use rubick_core::space::Dimensions;
-use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator, PlanSpace};
+use rubick_core::{Cluster, Job, JobBatch};
 use rubick_io::cli::{CheckArgs, Common, ListFormat, LogArgs, Outcome, ensure_one_stdin};
 use rubick_io::files::{load_artifact, parse_artifact, read_text};
+use rubick_model::space::Dimensions;
+use rubick_model::{MemoryEstimator, PlanSpace};
 
 pub mod curves;
 pub mod round;
@@ -194,7 +195,7 @@ fn check(files: &[PathBuf]) -> anyhow::Result<Outcome> {
             Kind::Job => drop(parse_artifact::<Job>(path, &text)?),
             Kind::JobBatch => drop(parse_artifact::<JobBatch>(path, &text)?),
             Kind::ModelSpec => drop(parse_artifact::<rubick_core::ModelSpec>(path, &text)?),
-            Kind::PerfModel => drop(parse_artifact::<rubick_core::perf::PerfModel>(path, &text)?),
+            Kind::PerfModel => drop(parse_artifact::<rubick_model::perf::PerfModel>(path, &text)?),
             Kind::Schedule => drop(parse_artifact::<rubick_core::schedule::Schedule>(path, &text)?),
             Kind::SimulationSummary => drop(parse_artifact::<rubick_core::simulation::SimulationSummary>(path, &text)?),
         }
@@ -205,7 +206,7 @@ fn check(files: &[PathBuf]) -> anyhow::Result<Outcome> {
 
 fn schema(name: &str) -> anyhow::Result<Outcome> {
     let file = format!("{name}.json");
-    let schemas = rubick_core::schema::all_schemas();
+    let schemas = rubick_model::schema::all_schemas();
     let (_, text) = schemas.iter().find(|(n, _)| *n == file).with_context(|| {
         let names: Vec<&str> = schemas.iter().map(|(n, _)| n.trim_end_matches(".json")).collect();
         format!("unknown schema `{name}` (expected one of: {})", names.join(", "))

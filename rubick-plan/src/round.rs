@@ -4,11 +4,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use rubick_core::planner::{
-    Belief, JobInput, PlannerConfig, Progress, Restriction, current_of_assignment, current_of_job, node_by_name,
-};
 use rubick_core::schedule::Schedule;
 use rubick_core::{Cluster, Job};
+use rubick_model::belief::Belief;
+use rubick_planner::{JobInput, PlannerConfig, Restriction, current_of_assignment, current_of_job};
 
 /// Each job believed as the FLOPs-based default of its model ([`Belief::prior`]).
 pub fn on_priors(jobs: Vec<Job>) -> Vec<(Job, Belief)> {
@@ -54,9 +53,9 @@ pub fn job_inputs(
         let previous_gpus: Vec<(&str, u32)> = before.map_or_else(Vec::new, |(_, a, _)| {
             a.nodes.iter().filter_map(|n| Some((n.node.as_str(), n.gpus.iter().copied().max()?))).collect()
         });
-        let gone_node = previous_nodes.iter().find(|n| hosted && node_by_name(cluster, n).is_none());
+        let gone_node = previous_nodes.iter().find(|n| hosted && cluster.node_by_name(n).is_none());
         let gone_gpu = previous_gpus.iter().find_map(|&(node, top)| {
-            let (g, _) = node_by_name(cluster, node)?;
+            let (g, _) = cluster.node_by_name(node)?;
             let per_node = cluster.node_groups[g].gpus_per_node;
             (top >= per_node).then(|| {
                 format!(
@@ -94,16 +93,7 @@ pub fn job_inputs(
             inputs.push(JobInput { allowed, restarts, ..JobInput::new(job, belief) });
             continue;
         }
-        let restoring = job.current.as_ref().is_some_and(|c| c.restoring);
-        let progress =
-            Progress { max_gpus: current.as_ref().map_or(0, |c| c.placement.gpus()), ..Progress::not_started(&job) };
-        inputs.push(JobInput {
-            restoring: restoring && current.is_some(),
-            current,
-            restarts,
-            progress,
-            ..JobInput::new(job, belief)
-        });
+        inputs.push(JobInput::at(job, belief, current));
     }
     Ok(inputs)
 }

@@ -3,13 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use rubick_core::artifact::to_yaml;
-use rubick_core::planner::round::assemble_allocations;
-use rubick_core::planner::{PlannerConfig, ServiceQuantum};
 use rubick_core::schedule::Schedule;
 use rubick_io::cli::Outcome;
 use rubick_io::files::{load_artifact, write_output};
 use rubick_io::flags;
 use rubick_io::reference::ReferenceData;
+use rubick_planner::round::assemble_allocations;
+use rubick_planner::{PlannerConfig, ServiceQuantum};
 
 use crate::round::job_inputs;
 use rubick_io::beliefs::ModelSource;
@@ -42,6 +42,12 @@ pub struct ChurnArgs {
     /// 0: no cap
     #[arg(long, default_value_t = PlannerConfig::default().restart_cap.unwrap_or(0))]
     pub restart_cap: u32,
+    /// Past the `service` queue's quantum, the restart cap is one restart per doubling
+    /// of the job's service (1 + log2(service / quantum)) instead of `--restart-cap`,
+    /// which holds below the quantum and without one; `false`: `--restart-cap` for every
+    /// job
+    #[arg(long, default_value_t = PlannerConfig::default().restart_cap_doubles, action = clap::ArgAction::Set)]
+    pub restart_cap_doubles: bool,
     /// The `service` queue's quantum, from the service of the jobs finished in the last
     /// day: `load` (the median while the waiting jobs ask for as many GPUs as the
     /// cluster has, else the weighted median), `weighted-median` (half the service went
@@ -72,6 +78,7 @@ impl ChurnArgs {
         config.keep_request = self.keep_request;
         config.scale_out_efficiency = self.scale_out_efficiency;
         config.restart_cap = (self.restart_cap > 0).then_some(self.restart_cap);
+        config.restart_cap_doubles = self.restart_cap_doubles;
         config.service_quantum = self.service_quantum;
     }
 }
@@ -247,7 +254,7 @@ pub fn run(args: &ScheduleArgs) -> anyhow::Result<Outcome> {
         milp_time_limit: rubick_core::launch::duration(args.time_limit),
     };
     let start = std::time::Instant::now();
-    let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);
+    let mut evaluator = rubick_planner::curves::Evaluator::new(&cluster, &config);
     // Its remaining work: every iteration, each the GPU-seconds its request takes.
     for input in &mut jobs {
         let request = request_config(&input.job, &input.belief.params, None, &mut evaluator, None);

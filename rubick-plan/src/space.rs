@@ -3,9 +3,9 @@
 use polars::prelude::*;
 use rubick_core::plan::Offload;
 use rubick_core::tables::TableSchema;
-use rubick_core::{MemoryEstimator, PlanSpace};
 use rubick_io::cli::{ListFormat, Outcome, ensure_one_stdin};
 use rubick_io::table::TableFormat;
+use rubick_model::{MemoryEstimator, PlanSpace};
 use serde::Serialize;
 
 use crate::{SpaceArgs, job_spaces, load_cluster, load_jobs};
@@ -76,12 +76,12 @@ pub fn run(args: &SpaceArgs) -> anyhow::Result<Outcome> {
 }
 
 fn to_frame(listing: &[JobSpace]) -> PolarsResult<DataFrame> {
-    let rows: Vec<(&JobSpace, &rubick_core::SpaceEntry)> =
+    let rows: Vec<(&JobSpace, &rubick_model::SpaceEntry)> =
         listing.iter().flat_map(|js| js.space.plans.iter().map(move |e| (js, e))).collect();
     let text =
-        |f: &dyn Fn(&(&JobSpace, &rubick_core::SpaceEntry)) -> String| rows.iter().map(f).collect::<Vec<String>>();
-    let int = |f: &dyn Fn(&(&JobSpace, &rubick_core::SpaceEntry)) -> u32| rows.iter().map(f).collect::<Vec<u32>>();
-    let num = |f: &dyn Fn(&(&JobSpace, &rubick_core::SpaceEntry)) -> f64| {
+        |f: &dyn Fn(&(&JobSpace, &rubick_model::SpaceEntry)) -> String| rows.iter().map(f).collect::<Vec<String>>();
+    let int = |f: &dyn Fn(&(&JobSpace, &rubick_model::SpaceEntry)) -> u32| rows.iter().map(f).collect::<Vec<u32>>();
+    let num = |f: &dyn Fn(&(&JobSpace, &rubick_model::SpaceEntry)) -> f64| {
         rows.iter().map(|r| (f(r) * 1000.0).round() / 1000.0).collect::<Vec<f64>>()
     };
     DataFrame::new_infer_height(vec![

@@ -19,7 +19,7 @@
 //!   configurations other than the current one of a job that runs are scaled by the
 //!   restart factor (`optimize_mip`, `if prev_config_idx is not None`: a waiting job's
 //!   row is not)
-//!   ([`rubick_core::planner::restart_factor`], the artifact's
+//!   ([`rubick_planner::restart_factor`], the artifact's
 //!   `sia_use_pollux_realloc_factor` form, 1 while the job is younger than one restart)
 //!   with the job's own restart cost (the artifact's `get_restart_penalty`, 25-250 s
 //!   per model, is what its simulator charges: here the job's measured
@@ -68,16 +68,16 @@
 
 use std::collections::HashMap;
 
-use rubick_core::planner::curves::{Candidate, CurveBook, Evaluator, JobCurves, host_memory_gib};
-use rubick_core::planner::exact::ExactSolver;
-use rubick_core::planner::place::Repack;
-use rubick_core::planner::round::assemble;
-use rubick_core::planner::{
-    Belief, CandidateFilter, Current, JobInput, Restriction, current_of_assignment, eligible_groups,
-};
 use rubick_core::schedule::{SolverStats, SolverStatus};
 use rubick_core::{Cluster, Placement, Plan};
 use rubick_milp::Milp;
+use rubick_model::belief::Belief;
+use rubick_model::throughput;
+use rubick_planner::curves::{Candidate, CurveBook, Evaluator, JobCurves, host_memory_gib};
+use rubick_planner::exact::ExactSolver;
+use rubick_planner::place::Repack;
+use rubick_planner::round::assemble;
+use rubick_planner::{CandidateFilter, Current, JobInput, Restriction, current_of_assignment, eligible_groups};
 
 use super::planner::RoundReport;
 use super::{Policy, PolicyOptions, View, home_group, request_config, request_plan, traced_plan, users_plan};
@@ -262,7 +262,7 @@ impl<'a> GoodputPolicy<'a> {
             let g = &cluster.node_groups[r.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
             let thr =
-                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
+                throughput::samples_per_s(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
             let thr = if thr.is_finite() && thr > 0.0 { thr } else { 1.0 };
             (r.clone(), thr, host_memory_gib(&self.evaluator.config, g, &pj.job.model, &r.plan))
         });
@@ -285,7 +285,7 @@ impl<'a> GoodputPolicy<'a> {
         let factor = if cur.is_none() && self.rule.factor_only_running {
             1.0
         } else {
-            rubick_core::planner::restart_factor((now_s - pj.job.submit_time_s).max(0.0), pj.restarts, delay)
+            rubick_planner::restart_factor((now_s - pj.job.submit_time_s).max(0.0), pj.restarts, delay)
         };
         let mut candidates: Vec<Candidate> = Vec::with_capacity(raw.len() + 1);
         let mut has_current = false;
@@ -312,7 +312,7 @@ impl<'a> GoodputPolicy<'a> {
             let g = &cluster.node_groups[c.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
             let thr =
-                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref);
+                throughput::samples_per_s(&pj.job.model, &pj.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref);
             let resources = (c.placement.gpus(), c.cpus, c.host_memory_gib);
             candidates.push(self.candidate(c.group, resources, c.placement.clone(), c.plan, thr, base, true, factor));
         }
@@ -433,7 +433,7 @@ impl Policy for GoodputPolicy<'_> {
                 (kept, stats)
             }
         };
-        let objective = rubick_core::planner::objective(&book, &choice);
+        let objective = rubick_planner::objective(&book, &choice);
         let outcome = assemble(
             &mut self.evaluator,
             &book,
@@ -465,7 +465,7 @@ mod tests {
     fn options() -> PolicyOptions {
         PolicyOptions {
             queue: crate::Queue::Fifo,
-            planner: rubick_core::planner::PlannerConfig { explain: false, ..Default::default() },
+            planner: rubick_planner::PlannerConfig { explain: false, ..Default::default() },
             milp_time_limit: std::time::Duration::from_secs(5),
         }
     }

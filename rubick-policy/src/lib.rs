@@ -17,11 +17,13 @@
 
 use std::time::Duration;
 
-use rubick_core::perfmodel::Params;
-use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{CandidateFilter, Current, JobInput, PlannerConfig, Restriction};
-use rubick_core::space::resolve_code;
-use rubick_core::{Cluster, Job, MemoryEstimator, Placement, Plan, PlanCode, PlanRequest};
+use rubick_core::{Cluster, Job, Placement, Plan, PlanCode, PlanRequest};
+use rubick_model::MemoryEstimator;
+use rubick_model::perfmodel::Params;
+use rubick_model::space::resolve_code;
+use rubick_model::throughput;
+use rubick_planner::curves::Evaluator;
+use rubick_planner::{CandidateFilter, Current, JobInput, PlannerConfig, Restriction};
 
 mod goodput;
 pub mod planner;
@@ -112,7 +114,7 @@ pub struct View<'a> {
 #[cfg(test)]
 pub(crate) fn example(name: &str, code: PlanCode, gpus: u32, cpus: u32) -> JobInput {
     let job = Job::example(name, code, gpus, cpus, false);
-    let belief = rubick_core::planner::Belief::prior(&job.model);
+    let belief = rubick_model::belief::Belief::prior(&job.model);
     JobInput::example(job, belief, None, false)
 }
 
@@ -199,7 +201,7 @@ pub fn lookup(name: &str) -> Result<&'static Registration, String> {
 /// (the first group when it names none, or none matches). What its remaining work and
 /// its guarantee are measured by.
 pub fn home_group(job: &Job, cluster: &Cluster) -> usize {
-    rubick_core::planner::eligible_groups(job, cluster).next().map_or(0, |(i, _)| i)
+    rubick_planner::eligible_groups(job, cluster).next().map_or(0, |(i, _)| i)
 }
 
 /// The user's request as a concrete plan: its code resolved on its GPUs of `group`.
@@ -228,7 +230,7 @@ pub fn traced_plan(job: &Job, code: Option<PlanCode>, cluster: &Cluster, group: 
     let per_replica = u32::try_from((job.model.global_batch / u64::from(plan.dp.max(1))).max(1)).ok()?;
     let memory = cluster.node_groups[group].gpu_memory_gib;
     let estimator = MemoryEstimator::default();
-    let fitting = rubick_core::space::divisors(u64::from(per_replica)).rev().find_map(|mb| {
+    let fitting = rubick_core::plan::divisors(u64::from(per_replica)).rev().find_map(|mb| {
         let mb = u32::try_from(mb).ok()?;
         let p = Plan { micro_batch: mb, ga: per_replica / mb, ..plan };
         estimator.fits(&job.model, &p, memory).0.then_some(mb)
@@ -315,7 +317,7 @@ pub fn work_per_iteration(job: &Job, params: &Params, request: Option<&Request>,
     let thr = request.map(|r| {
         let g = &evaluator.cluster.node_groups[r.group];
         let cpu_ref = evaluator.config.cpu_reference(g);
-        Evaluator::throughput(&job.model, params, g, &r.plan, &r.placement, r.cpus, cpu_ref)
+        throughput::samples_per_s(&job.model, params, g, &r.plan, &r.placement, r.cpus, cpu_ref)
     });
     let thr = thr.filter(|t| t.is_finite() && *t > 0.0).unwrap_or(1.0);
     job.model.global_batch as f64 / thr * f64::from(job.request.gpus.max(1))

@@ -4,15 +4,15 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{Current, JobInput, Restriction, current_of_assignment};
 use rubick_core::schedule::Schedule;
 use rubick_core::{Cluster, PlanRequest};
+use rubick_planner::curves::Evaluator;
+use rubick_planner::{Current, JobInput, Restriction, current_of_assignment};
 
 use super::queue::queue_order;
 use super::{PolicyOptions, Queue, View, home_group, request_plan, traced_plan};
-use rubick_core::planner::round::{Solver, plan_round_with};
 use rubick_milp::Milp;
+use rubick_planner::round::{Solver, plan_round_with};
 
 /// The last round of a planner-family policy, for `schedule`.
 #[derive(Debug, Clone)]
@@ -67,7 +67,7 @@ impl ServiceHistory {
         &mut self,
         jobs: &[JobInput],
         now_s: f64,
-        rule: rubick_core::planner::ServiceQuantum,
+        rule: rubick_planner::ServiceQuantum,
         oversubscribed: bool,
     ) -> Option<f64> {
         let now: BTreeMap<&str, f64> = jobs.iter().map(|j| (j.job.name.as_str(), j.progress.attained_gpu_s)).collect();
@@ -112,7 +112,7 @@ impl<'a> PlannerFamily<'a> {
         options: &PolicyOptions,
         solver: Solver,
         keep_layout: bool,
-        adjust: impl FnOnce(&mut rubick_core::planner::PlannerConfig),
+        adjust: impl FnOnce(&mut rubick_planner::PlannerConfig),
     ) -> Self {
         let mut planner = options.planner.clone();
         adjust(&mut planner);
@@ -227,7 +227,7 @@ impl super::Policy for PlannerFamily<'_> {
 #[cfg(test)]
 mod tests {
     use rubick_core::PlanCode;
-    use rubick_core::planner::{JobInput, ServiceQuantum};
+    use rubick_planner::{JobInput, ServiceQuantum};
 
     use super::ServiceHistory;
 

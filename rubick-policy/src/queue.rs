@@ -3,9 +3,9 @@
 //! of the queue does not fit and in how they hand out CPU cores.
 
 use rubick_core::Placement;
-use rubick_core::planner::curves::{Evaluator, host_memory_gib};
-use rubick_core::planner::place::{NodeState, layout, nodes_of, split, take};
-use rubick_core::planner::{Current, JobInput, eligible_groups};
+use rubick_planner::curves::{Evaluator, host_memory_gib};
+use rubick_planner::place::{NodeState, layout, nodes_of, split, take};
+use rubick_planner::{Current, JobInput, eligible_groups};
 
 use super::{PolicyOptions, Queue, View, request_placement, users_plan};
 

@@ -6,7 +6,7 @@ use rubick_core::Cluster;
 
 use super::planner::PlannerFamily;
 use super::{Policy, PolicyOptions};
-use rubick_core::planner::round::Solver;
+use rubick_planner::round::Solver;
 
 pub(super) const SUMMARY: &str = "Rubick (MLSys 2025): plans and resources together, the heuristic";
 

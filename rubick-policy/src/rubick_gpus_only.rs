@@ -8,7 +8,7 @@ use rubick_core::Cluster;
 
 use super::planner::PlannerFamily;
 use super::{Policy, PolicyOptions};
-use rubick_core::planner::round::Solver;
+use rubick_planner::round::Solver;
 
 pub(super) const SUMMARY: &str = "ablation: Rubick with the user's plan layout and fair-share cores (GPU counts only)";
 

@@ -5,7 +5,7 @@ use rubick_core::Cluster;
 
 use super::planner::PlannerFamily;
 use super::{Policy, PolicyOptions};
-use rubick_core::planner::round::Solver;
+use rubick_planner::round::Solver;
 
 pub(super) const SUMMARY: &str = "ablation: Rubick without resizing (plans only, the requested GPUs)";
 

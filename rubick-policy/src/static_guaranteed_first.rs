@@ -11,9 +11,9 @@
 //! (nor the reference any measurement of it), so that mechanism cannot be modelled
 //! here honestly, and no policy claims it.
 
-use rubick_core::planner::JobInput;
-use rubick_core::planner::curves::Evaluator;
 use rubick_core::{Cluster, Placement, Plan};
+use rubick_planner::JobInput;
+use rubick_planner::curves::Evaluator;
 
 use super::queue::QueuePolicy;
 use super::{Policy, PolicyOptions};

@@ -19,9 +19,10 @@
 //! authors' trace the two give the same figures; on the CPU-tight testbed (6 per GPU)
 //! offloading jobs get 12 and the others give them up.
 
-use rubick_core::planner::JobInput;
-use rubick_core::planner::curves::Evaluator;
 use rubick_core::{Cluster, Placement, Plan};
+use rubick_model::throughput;
+use rubick_planner::JobInput;
+use rubick_planner::curves::Evaluator;
 
 use super::queue::QueuePolicy;
 use super::{Policy, PolicyOptions};
@@ -48,7 +49,7 @@ pub(super) fn cores(
     levels.sort_unstable();
     levels.dedup();
     let cpu_ref = evaluator.config.cpu_reference(g);
-    let thr = |c: u32| Evaluator::throughput(&job.job.model, &job.belief.params, g, plan, placement, c, cpu_ref);
+    let thr = |c: u32| throughput::samples_per_s(&job.job.model, &job.belief.params, g, plan, placement, c, cpu_ref);
     let best = levels.iter().map(|&c| thr(c)).fold(0.0, f64::max);
     let Some(demand) = levels.iter().copied().find(|&c| thr(c) >= best * 0.99) else { return vec![fair * gpus] };
     if demand > fair * gpus { vec![demand, fair * gpus] } else { vec![demand] }
@@ -74,7 +75,7 @@ mod tests {
         cluster.node_groups[0].cpu_cores = 48;
         let options = PolicyOptions {
             queue: crate::Queue::Fifo,
-            planner: rubick_core::planner::PlannerConfig { profiled_cpus_per_gpu: Some(4), ..Default::default() },
+            planner: rubick_planner::PlannerConfig { profiled_cpus_per_gpu: Some(4), ..Default::default() },
             milp_time_limit: std::time::Duration::from_secs(1),
         };
         let offload = example("offload", PlanCode::ZeroOffload, 4, 24);

@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use rubick_core::fit::{FitOptions, Observation, fit};
-use rubick_core::perfmodel::predict;
-use rubick_core::select::{Candidate, select};
 use rubick_core::tables::{PROFILE, ProfileRow};
 use rubick_core::{Cluster, Job};
+use rubick_model::fit::{FitOptions, Observation, fit};
+use rubick_model::perfmodel::predict;
+use rubick_model::select::{Candidate, select};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace").to_path_buf()

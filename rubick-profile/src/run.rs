@@ -17,12 +17,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use rubick_core::launch::{Launch, LaunchContext, MetricLine, iteration_times, mean_sd, measured_iterations};
 use rubick_core::schedule::NodeShare;
-use rubick_core::select::{Candidate, select};
 use rubick_core::tables::{PROFILE, ProfileRow, ProfileStatus};
-use rubick_core::{Cluster, Job, MemoryEstimator, NodeGroup, Placement, Plan};
+use rubick_core::{Cluster, Job, NodeGroup, Placement, Plan};
 use rubick_io::cli::Outcome;
 use rubick_io::files::{is_std, load_artifact};
 use rubick_launch::{Executor, RunOutcome, RunRequest, RunStatus, Submission};
+use rubick_model::MemoryEstimator;
+use rubick_model::select::{Candidate, select};
 
 use crate::devices::{self, CPU_GPU_TYPE, GpuMetrics, Sampler};
 
@@ -211,7 +212,7 @@ fn configurations(args: &RunArgs, job: &Job, group: &NodeGroup) -> anyhow::Resul
     }
     anyhow::ensure!(args.budget >= 1, "--budget: must be at least 1");
     let estimator = MemoryEstimator::default();
-    let candidates: Vec<Candidate> = rubick_core::select::one_node_candidates(job, group, &estimator);
+    let candidates: Vec<Candidate> = rubick_model::select::one_node_candidates(job, group, &estimator);
     anyhow::ensure!(
         !candidates.is_empty(),
         "job `{}`: no plan of its model fits one node of group `{}` ({} x {} GiB)",

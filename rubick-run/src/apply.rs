@@ -69,7 +69,7 @@ pub(crate) fn desired_of(
         // on the assignment's node group, this machine (local runs) and the directory the
         // runs start in (Kubernetes runs start in their image: not checked).
         let group = cluster.and_then(|c| {
-            let (g, _) = rubick_core::planner::node_by_name(c, &a.nodes.first()?.node)?;
+            let (g, _) = c.node_by_name(&a.nodes.first()?.node)?;
             c.node_groups.get(g)
         });
         let site = rubick_launch::requires::Site {
@@ -88,7 +88,7 @@ pub(crate) fn desired_of(
         }
         for (k, share) in a.nodes.iter().enumerate() {
             if let Some(c) = cluster {
-                let (g, _) = rubick_core::planner::node_by_name(c, &share.node).with_context(|| {
+                let (g, _) = c.node_by_name(&share.node).with_context(|| {
                     at(i, &format!("nodes[{k}].node: `{}` is not a node of cluster `{}`", share.node, c.name))
                 })?;
                 let group = &c.node_groups[g];

@@ -91,11 +91,11 @@ pub(crate) fn jobs(args: &StateArgs, output: &Path, cluster: Option<&Path>) -> a
 /// A plan the model got wrong is measured by its run, and the next round's plan is
 /// chosen by a model that knows it.
 pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Cluster) -> anyhow::Result<Option<PathBuf>> {
-    use rubick_core::fit::{FitOptions, Observation, fit};
     use rubick_core::launch::MetricLine;
     use rubick_core::tables::{PROFILE, ProfileRow, ProfileStatus};
+    use rubick_model::fit::{FitOptions, Observation, fit};
     let warmup = rec.job.launch.as_ref().map_or(3, |l| l.warmup_iterations);
-    let links = rubick_core::perfmodel::Links::of_cluster(cluster);
+    let links = rubick_model::perfmodel::Links::of_cluster(cluster);
     let (mut rows, mut observations) = (Vec::new(), Vec::new());
     for attempt in 1..=rec.attempts {
         let adir = dir.attempt_dir(name, attempt);
@@ -132,7 +132,7 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
     let runs = observations.len();
     let mut source = table.display().to_string();
     if let Some(path) = &rec.job.perf_model {
-        let submitted: rubick_core::perf::PerfModel = load_artifact(Path::new(path))?;
+        let submitted: rubick_model::perf::PerfModel = load_artifact(Path::new(path))?;
         if let Some(d) = &submitted.diagnostics {
             let profiled: Vec<Observation> = d
                 .rows
@@ -154,7 +154,7 @@ pub(crate) fn refit(dir: &StateDir, name: &str, rec: &JobRecord, cluster: &Clust
         return Ok(None);
     }
     let fitted = fit(&rec.job.model, &observations, &FitOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let model = rubick_core::perf::PerfModel::of_fit(&rec.job.model, &observations, &fitted, &source);
+    let model = rubick_model::perf::PerfModel::of_fit(&rec.job.model, &observations, &fitted, &source);
     let path = std::path::absolute(dir.job_dir(name).join("model.yaml"))?;
     state::write_private(&path, to_yaml(&model).as_bytes())?;
     tracing::info!(

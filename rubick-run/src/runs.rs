@@ -411,7 +411,7 @@ pub(crate) fn record_stop(rec: &mut JobRecord, attempt_dir: &Path, run: &RunReco
 /// global batch, so iteration times compare as throughputs do.
 fn judge_move(dir: &StateDir, name: &str, rec: &mut JobRecord, run: &RunRecord) {
     use rubick_core::launch::{iteration_times, mean_sd, measured_iterations};
-    use rubick_core::planner::RUN_NOISE;
+    use rubick_model::belief::RUN_NOISE;
     let plan = run.plan.to_string();
     let Some(last) = rec.reconfigurations.last() else { return };
     if last.after_iter_time_s.is_some() || last.to.as_deref() != Some(plan.as_str()) || last.from == plan {

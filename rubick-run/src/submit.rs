@@ -26,7 +26,7 @@ pub(crate) fn submit(paths: &[PathBuf], args: &StateArgs, retries: u32, replace:
             let abs =
                 std::path::absolute(base.join(model)).with_context(|| format!("{}: perfModel", path.display()))?;
             job.perf_model = Some(abs.display().to_string());
-            let model: rubick_core::perf::PerfModel =
+            let model: rubick_model::perf::PerfModel =
                 load_artifact(&abs).with_context(|| format!("{}: perfModel", path.display()))?;
             model.params().map_err(|e| anyhow::anyhow!("{}: perfModel: {}: {e}", path.display(), abs.display()))?;
         }

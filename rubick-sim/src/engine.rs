@@ -23,10 +23,11 @@ use std::borrow::Borrow;
 use std::time::Duration;
 
 use crate::truth::Truth;
-use rubick_core::perfmodel::Params;
-use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{Belief, Candidates, Current, JobInput, PlannerConfig, Progress, ReferencePlans};
 use rubick_core::{Cluster, Job, PlanCode};
+use rubick_model::belief::Belief;
+use rubick_model::perfmodel::Params;
+use rubick_planner::curves::Evaluator;
+use rubick_planner::{Candidates, Current, JobInput, PlannerConfig, Progress, ReferencePlans};
 
 use rubick_policy::{Policy, PolicyOptions, Queue, Registration, View};
 
@@ -82,7 +83,7 @@ impl SimConfig {
                 guarantee_keeps_layout: true,
                 change_min_gain: PlannerConfig::default().change_min_gain,
                 cooldown_rounds: PlannerConfig::default().cooldown_rounds,
-                profiled_cpus_per_gpu: Some(rubick_core::reference::TESTBED_PROFILED_CPUS_PER_GPU),
+                profiled_cpus_per_gpu: Some(rubick_model::reference::TESTBED_PROFILED_CPUS_PER_GPU),
                 ..PlannerConfig::default()
             },
             milp_time_limit: Duration::from_secs(2),
@@ -113,7 +114,7 @@ impl SimJob {
     /// [`Job::example`] with its belief the FLOPs-based default (for tests and examples).
     pub fn example(name: &str, code: PlanCode, gpus: u32, cpus: u32, guaranteed: bool) -> SimJob {
         let job = Job::example(name, code, gpus, cpus, guaranteed);
-        let params = rubick_core::planner::curves::default_params(&job.model);
+        let params = rubick_model::belief::default_params(&job.model);
         SimJob { job, params, trace_code: None }
     }
 }
@@ -441,7 +442,7 @@ impl<'a, J: Borrow<SimJob>, I: Iterator<Item = (usize, J)>> Simulation<'a, J, I>
                 max_gpus: s.max_gpus,
             };
         }
-        let configs: Option<&dyn rubick_core::planner::CandidateFilter> = Some(self.truth.table.as_ref());
+        let configs: Option<&dyn rubick_planner::CandidateFilter> = Some(self.truth.table.as_ref());
         let view = View { cluster: self.cluster, jobs: &self.seen, now_s: t, configs };
         let new = policy.decide(&view, self.round_no);
         self.round_no += 1;
@@ -548,7 +549,7 @@ pub fn simulate_seeds<S: JobSource + ?Sized>(
 #[cfg(test)]
 mod tests {
     use rubick_core::Placement;
-    use rubick_core::perfmodel::Links;
+    use rubick_model::perfmodel::Links;
 
     use crate::truth::TruthMode;
     use rubick_policy::request_plan;

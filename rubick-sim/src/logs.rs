@@ -35,13 +35,13 @@ use anyhow::{Context, bail};
 use rubick_core::artifact::parse_yaml;
 use rubick_core::limits::MAX_CLOCK_SECONDS;
 use rubick_core::plan::PlanCode;
-use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::rng::SplitMix64;
-use rubick_core::planner::{Candidates, PlannerConfig, ReferencePlans, Restriction};
-use rubick_core::reference::TraceJob;
 use rubick_core::{Cluster, Job, JobBatch, Placement};
 use rubick_io::beliefs::{ModelSource, job_params};
 use rubick_io::reference::ReferenceData;
+use rubick_model::reference::TraceJob;
+use rubick_planner::curves::Evaluator;
+use rubick_planner::rng::SplitMix64;
+use rubick_planner::{Candidates, PlannerConfig, ReferencePlans, Restriction};
 
 static PAPER_JOBS: &str = include_str!("../../data/jobs-paper.yaml");
 
@@ -270,7 +270,7 @@ pub fn read_sacct(path: &str, text: &str) -> anyhow::Result<(Vec<LoggedJob>, Lef
 /// coded plan and throughput (memoised).
 struct Candidate {
     job: Job,
-    params: rubick_core::perfmodel::Params,
+    params: rubick_model::perfmodel::Params,
     typical: u32,
     plans: HashMap<u32, Option<(PlanCode, f64)>>,
 }

@@ -48,15 +48,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use rubick_core::cluster::{Cluster, NodeGroup};
-use rubick_core::fit::{FitOptions, Observation, fit};
 use rubick_core::job::{JobRequest, Resharding};
 use rubick_core::launch::{Launch, PlanSupport, StopSignal};
 use rubick_core::model::ModelSpec;
-use rubick_core::perfmodel::{Links, Params};
 use rubick_core::placement::Placement;
 use rubick_core::plan::{Plan, PlanCode, PlanRequest};
 use rubick_core::{Job, limits};
 use rubick_io::files::read_text;
+use rubick_model::fit::{FitOptions, Observation, fit};
+use rubick_model::perfmodel::{Links, Params};
 
 use crate::truth::Basis;
 

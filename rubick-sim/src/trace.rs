@@ -6,13 +6,13 @@ use std::path::Path;
 use crate::truth::{Truth, TruthMode};
 use anyhow::Context;
 use rubick_core::job::{JobRequest, Resharding};
-use rubick_core::perfmodel::Links;
-use rubick_core::perfmodel::Params;
-use rubick_core::reference::TESTBED_PROFILED_CPUS_PER_GPU;
-use rubick_core::reference::TraceJob;
 use rubick_core::{Cluster, Job, JobBatch, ModelSpec, PlanCode, PlanRequest};
 use rubick_io::files::{parse_artifact, read_text};
 use rubick_io::reference::{ReferenceData, read_trace};
+use rubick_model::perfmodel::Links;
+use rubick_model::perfmodel::Params;
+use rubick_model::reference::TESTBED_PROFILED_CPUS_PER_GPU;
+use rubick_model::reference::TraceJob;
 
 use crate::SimJob;
 use crate::engine::JobSource;

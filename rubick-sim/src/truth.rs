@@ -28,16 +28,16 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use rubick_core::cluster::NodeGroup;
-use rubick_core::fit::{FitError, FitOptions, Observation, fit};
-use rubick_core::memory::MemoryEstimator;
 use rubick_core::model::ModelSpec;
-use rubick_core::perfmodel::{Links, Params};
 use rubick_core::placement::Placement;
 use rubick_core::plan::{Plan, PlanCode, PlanFamily};
-use rubick_core::planner::CandidateFilter;
-use rubick_core::planner::curves::{Evaluator, iter_time_with_cpus};
-use rubick_core::reference::{MeasuredRow, resolve_rows};
 pub use rubick_core::simulation::TruthMode;
+use rubick_model::fit::{FitError, FitOptions, Observation, fit};
+use rubick_model::memory::MemoryEstimator;
+use rubick_model::perfmodel::{Links, Params};
+use rubick_model::reference::{MeasuredRow, resolve_rows};
+use rubick_model::throughput::{self, iter_time_with_cpus};
+use rubick_planner::CandidateFilter;
 
 /// How the truth of a configuration was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
@@ -162,7 +162,7 @@ impl Oracle {
         let errors: Vec<f64> = observations
             .iter()
             .map(|o| {
-                let t = rubick_core::perfmodel::predict(model, &o.plan, &o.placement, &links, &fitted.params).total;
+                let t = rubick_model::perfmodel::predict(model, &o.plan, &o.placement, &links, &fitted.params).total;
                 (t / o.iter_time_s - 1.0).abs()
             })
             .collect();
@@ -273,7 +273,7 @@ impl Truth {
         }
         let reference = f64::from(self.profiled_cpus_per_gpu);
         let predict_on = |g: &NodeGroup, params: &Params, plan: &Plan, cpus: u32| {
-            let pred = Evaluator::prediction(model, params, g, plan, placement);
+            let pred = throughput::predicted(model, params, g, plan, placement);
             iter_time_with_cpus(plan, &pred, cpus, reference)
         };
         let predict = |params: &Params, plan: &Plan, cpus: u32| predict_on(group, params, plan, cpus);
@@ -330,7 +330,7 @@ mod tests {
         let model = ModelSpec::example();
         let g = group();
         let links = Links::from(&g);
-        let params = rubick_core::planner::curves::default_params(&model);
+        let params = rubick_model::belief::default_params(&model);
         let mut rows = Vec::new();
         let codes = [PlanCode::ZeroDp, PlanCode::ZeroOffload, PlanCode::ThreeD { pp: 2, tp: 2, dp: 1 }];
         for code in codes {
@@ -340,8 +340,8 @@ mod tests {
                 }
                 let placement = Placement::new(vec![gpus]).unwrap();
                 let plan =
-                    rubick_core::space::resolve_code(&code, &model, gpus, 80.0, &MemoryEstimator::default()).unwrap();
-                let t = rubick_core::perfmodel::predict(&model, &plan, &placement, &links, &params).total;
+                    rubick_model::space::resolve_code(&code, &model, gpus, 80.0, &MemoryEstimator::default()).unwrap();
+                let t = rubick_model::perfmodel::predict(&model, &plan, &placement, &links, &params).total;
                 rows.push(MeasuredRow { code, placement, iter_time_s: t * 1.1, phases: None });
             }
         }
@@ -361,7 +361,7 @@ mod tests {
     #[test]
     fn a_measured_configuration_runs_at_its_row() {
         let (model, row, plan, truth) = measured_row(PlanCode::ZeroDp);
-        let belief = rubick_core::planner::curves::default_params(&model);
+        let belief = rubick_model::belief::default_params(&model);
         let (t, basis) = truth.iter_time_s(&model, &belief, &group(), &plan, &row.placement, 16);
         assert_eq!(basis, Basis::Measured);
         assert!((t / row.iter_time_s - 1.0).abs() < 1e-9, "{t} vs {}", row.iter_time_s);
@@ -375,7 +375,7 @@ mod tests {
     #[test]
     fn a_measured_row_on_other_hardware_is_scaled_and_extrapolated() {
         let (model, row, plan, truth) = measured_row(PlanCode::ZeroDp);
-        let belief = rubick_core::planner::curves::default_params(&model);
+        let belief = rubick_model::belief::default_params(&model);
         let g = group();
         let (native, basis) = truth.iter_time_s(&model, &belief, &g, &plan, &row.placement, 16);
         assert_eq!(basis, Basis::Measured);
@@ -393,7 +393,7 @@ mod tests {
     fn the_truth_of_a_measured_row_follows_its_accumulation_and_micro_batch() {
         // A pipeline: its bubble shrinks with more micro-batches.
         let (model, row, plan, truth) = measured_row(PlanCode::ThreeD { pp: 2, tp: 2, dp: 1 });
-        let (g, belief) = (group(), rubick_core::planner::curves::default_params(&model));
+        let (g, belief) = (group(), rubick_model::belief::default_params(&model));
         let t = truth.iter_time_s(&model, &belief, &g, &plan, &row.placement, 16).0;
         let mut ga = plan;
         (ga.micro_batch, ga.ga) = (1, plan.ga * plan.micro_batch);
@@ -402,7 +402,7 @@ mod tests {
         assert_eq!(basis, Basis::Measured);
         assert!((t2 / t - 1.0).abs() > 1e-3, "accumulation changes the truth: {t2} vs {t}");
         let o = &truth.oracles[&model.name].params;
-        let oracle = |p: &Plan| rubick_core::perfmodel::predict(&model, p, &row.placement, &Links::from(&g), o).total;
+        let oracle = |p: &Plan| rubick_model::perfmodel::predict(&model, p, &row.placement, &Links::from(&g), o).total;
         assert!((t2 / t - oracle(&ga) / oracle(&plan)).abs() < 1e-9, "{t2} vs {t}");
         // The old rule ignores it.
         let old = Truth { mode: TruthMode::Belief, ..truth.clone() };
@@ -414,7 +414,7 @@ mod tests {
     #[test]
     fn the_truth_of_an_offload_row_follows_its_cores() {
         let (model, row, plan, truth) = measured_row(PlanCode::ZeroOffload);
-        let (g, belief) = (group(), rubick_core::planner::curves::default_params(&model));
+        let (g, belief) = (group(), rubick_model::belief::default_params(&model));
         // Taken with 4 cores per GPU: 16 cores is the row, more is faster, fewer slower.
         let at = |cpus| truth.iter_time_s(&model, &belief, &g, &plan, &row.placement, cpus).0;
         assert!((at(16) / row.iter_time_s - 1.0).abs() < 1e-9);
@@ -426,17 +426,17 @@ mod tests {
         let (model, _, truth) = fixture();
         let three = Placement::new(vec![3]).unwrap();
         if let Some(p3) =
-            rubick_core::space::resolve_code(&PlanCode::ZeroDp, &model, 3, 80.0, &MemoryEstimator::default())
+            rubick_model::space::resolve_code(&PlanCode::ZeroDp, &model, 3, 80.0, &MemoryEstimator::default())
         {
             assert_eq!(truth.basis(&model.name, &p3, &three), Basis::Interpolated);
         }
         // Sixteen GPUs over two nodes: beyond every measured count.
         let sixteen = Placement::new(vec![8, 8]).unwrap();
-        let p16 =
-            rubick_core::space::resolve_code(&PlanCode::ZeroDp, &model, 16, 80.0, &MemoryEstimator::default()).unwrap();
+        let p16 = rubick_model::space::resolve_code(&PlanCode::ZeroDp, &model, 16, 80.0, &MemoryEstimator::default())
+            .unwrap();
         assert_eq!(truth.basis(&model.name, &p16, &sixteen), Basis::Extrapolated);
         let slow = Truth { extrapolated_slowdown: 0.3, ..truth.clone() };
-        let belief = rubick_core::planner::curves::default_params(&model);
+        let belief = rubick_model::belief::default_params(&model);
         let (a, b) = (
             truth.iter_time_s(&model, &belief, &group(), &p16, &sixteen, 64).0,
             slow.iter_time_s(&model, &belief, &group(), &p16, &sixteen, 64).0,

@@ -18,10 +18,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use rubick_core::planner::curves::Evaluator;
-use rubick_core::planner::{JobInput, Restriction, eligible_groups};
 use rubick_core::{Cluster, Placement};
 use rubick_io::reference::ReferenceData;
+use rubick_model::throughput;
+use rubick_planner::curves::Evaluator;
+use rubick_planner::{JobInput, Restriction, eligible_groups};
 use rubick_policy::{Policy, PolicyOptions, Queue, View, request_config, request_plan, traced_plan};
 use rubick_sim::SimConfig;
 use rubick_sim::engine::{JobSource, Simulation, planner_config};
@@ -144,7 +145,7 @@ impl Recorder<'_> {
     }
 
     /// The job, once: its artifact, belief, restart cost, goodput row and table.
-    fn record_job(&mut self, pj: &JobInput, configs: Option<&dyn rubick_core::planner::CandidateFilter>) {
+    fn record_job(&mut self, pj: &JobInput, configs: Option<&dyn rubick_planner::CandidateFilter>) {
         if self.jobs.contains_key(&pj.job.name) {
             return;
         }
@@ -187,7 +188,7 @@ impl Recorder<'_> {
             let g = &cluster.node_groups[r.group];
             let cpu_ref = self.evaluator.config.cpu_reference(g);
             let thr =
-                Evaluator::throughput(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
+                throughput::samples_per_s(&pj.job.model, &pj.belief.params, g, &r.plan, &r.placement, r.cpus, cpu_ref);
             json!({"group": r.group, "gpus": r.placement.gpus(), "throughput": thr})
         });
         self.jobs.insert(
@@ -205,7 +206,7 @@ impl Recorder<'_> {
     }
 }
 
-fn current_json(c: Option<&rubick_core::planner::Current>) -> Value {
+fn current_json(c: Option<&rubick_planner::Current>) -> Value {
     c.map_or(Value::Null, |c| {
         json!({
             "group": c.group,
@@ -225,7 +226,7 @@ impl Policy for Recorder<'_> {
         self.inner.reconfigures()
     }
 
-    fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<rubick_core::planner::Current>> {
+    fn decide(&mut self, view: &View<'_>, round: u64) -> Vec<Option<rubick_planner::Current>> {
         self.evaluator.config.now_s = view.now_s;
         let record = self.rounds.len() < self.limit && view.jobs.len() >= self.min_jobs.max(1);
         if record {

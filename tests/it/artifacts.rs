@@ -8,11 +8,11 @@ use rubick_core::artifact::{Artifact, parse_yaml, to_yaml};
 use rubick_core::cluster::NodeGroup;
 use rubick_core::job::{CurrentAllocation, JobRequest, Resharding};
 use rubick_core::model::{MeasuredLimits, StateBytes, TpPp};
-use rubick_core::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
 use rubick_core::schedule::{
     Assignment, Change, ExactStatus, GuaranteeStatus, NodeShare, Schedule, SolverStats, SolverStatus, Totals,
 };
 use rubick_core::*;
+use rubick_model::perf::{FitDiagnostics, FitSource, FittedParameter, PerfModel, RowFit};
 
 fn pow2(max_exp: u32) -> impl Strategy<Value = u32> {
     (0..=max_exp).prop_map(|e| 1u32 << e)
@@ -178,7 +178,7 @@ fn perf_model() -> impl Strategy<Value = PerfModel> {
     (
         name(),
         prop::collection::btree_map(
-            prop::sample::select(rubick_core::perfmodel::PARAMS.iter().map(|p| p.name.to_owned()).collect::<Vec<_>>()),
+            prop::sample::select(rubick_model::perfmodel::PARAMS.iter().map(|p| p.name.to_owned()).collect::<Vec<_>>()),
             (num(), prop::option::of(num())),
             0..6,
         ),
@@ -190,7 +190,7 @@ fn perf_model() -> impl Strategy<Value = PerfModel> {
             kind: None,
             model,
             model_spec: None,
-            form: rubick_core::perfmodel::FORM.into(),
+            form: rubick_model::perfmodel::FORM.into(),
             parameters: params
                 .into_iter()
                 .map(|(k, (v, se))| {
@@ -200,9 +200,9 @@ fn perf_model() -> impl Strategy<Value = PerfModel> {
             fitted_from: FitSource { source: "profile.parquet".into(), rows },
             diagnostics: diag.then(|| FitDiagnostics {
                 mean_rel_error: 0.125,
-                log_covariance: (0..rubick_core::perfmodel::PARAMS.len())
+                log_covariance: (0..rubick_model::perfmodel::PARAMS.len())
                     .map(|i| {
-                        (0..rubick_core::perfmodel::PARAMS.len()).map(|j| if i == j { 0.01 } else { 0.0 }).collect()
+                        (0..rubick_model::perfmodel::PARAMS.len()).map(|j| if i == j { 0.01 } else { 0.0 }).collect()
                     })
                     .collect(),
                 cv_mean_rel_error: Some(0.25),
@@ -321,7 +321,7 @@ fn committed_schemas_match_the_types() {
     let dir = rubick_tests::repo().join("schemas");
     let update = std::env::var_os("RUBICK_UPDATE_SCHEMAS").is_some();
     let mut drifted = Vec::new();
-    for (name, text) in rubick_core::schema::all_schemas() {
+    for (name, text) in rubick_model::schema::all_schemas() {
         let path = dir.join(&name);
         if update {
             std::fs::write(&path, &text).unwrap();

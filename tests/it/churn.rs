@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use rubick_core::planner::round::{Solver, plan_round};
-use rubick_core::planner::{JobInput, PlannerConfig, restart_factor};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_milp::Milp;
-use rubick_plan::synth;
+use rubick_planner::round::{Solver, plan_round};
+use rubick_planner::synth;
+use rubick_planner::{JobInput, PlannerConfig, restart_factor};
 
 /// Random instances of `jobs` jobs on `nodes` 8-GPU nodes, at one hour on the clock,
 /// every running job out of its cooldown (so that rules, not cooldowns, decide).

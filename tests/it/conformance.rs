@@ -9,9 +9,10 @@
 
 use std::collections::BTreeMap;
 
-use rubick_core::perfmodel::Params;
-use rubick_core::planner::{Belief, Current, JobInput, Progress, Restriction};
 use rubick_core::{Cluster, Job, PlanCode};
+use rubick_model::belief::Belief;
+use rubick_model::perfmodel::Params;
+use rubick_planner::{Current, JobInput, Progress, Restriction};
 use rubick_policy::{PolicyOptions, Queue, View};
 use rubick_sim::SimConfig;
 use serde_json::Value;

@@ -65,7 +65,7 @@ fn evaluate_all_models_with_eight_rows_each() {
     assert_eq!(num(overall, "fitted_rows"), 56.0);
     // 15.2 % when the form landed, 14.7-14.8 % before the micro-batch term, 15.6 % with
     // the micro-batch as a selection coordinate, 14.8 % with accumulation as the only new
-    // one (see rubick_core::select).
+    // one (see rubick_model::select).
     assert!(num(overall, "mean_rel_error") <= 0.15, "{overall:?}");
     assert!(num(overall, "median_rel_error") <= 0.10, "{overall:?}");
     let models = summary["models"].as_mapping().unwrap();
@@ -183,22 +183,22 @@ fn profiled_rows_loo() {
     let Some(dir) = reference() else { return };
     let data = rubick_io::reference::ReferenceData::open(&dir).unwrap();
     let cluster: rubick_core::Cluster = rubick_io::load_artifact(&repo().join("data/cluster-a800-8x8.yaml")).unwrap();
-    let links = rubick_core::perfmodel::Links::from(&cluster.node_groups[0]);
-    let estimator = rubick_core::MemoryEstimator::default();
+    let links = rubick_model::perfmodel::Links::from(&cluster.node_groups[0]);
+    let estimator = rubick_model::MemoryEstimator::default();
     let mut errors = Vec::new();
     for model in data.model_names() {
         let spec = data.model_spec(model).unwrap().unwrap();
         let measured = data.measured_rows(model).unwrap();
-        let resolved = rubick_core::reference::resolve_rows(&measured, &spec, &estimator);
-        let (_, obs) = rubick_core::reference::profiled_rows(&resolved, 8, links);
+        let resolved = rubick_model::reference::resolve_rows(&measured, &spec, &estimator);
+        let (_, obs) = rubick_model::reference::profiled_rows(&resolved, 8, links);
         for i in 0..obs.len() {
             let mut train = obs.clone();
             let test = train.remove(i);
-            let Ok(fit) = rubick_core::fit::fit(&spec, &train, &rubick_core::fit::FitOptions::default()) else {
+            let Ok(fit) = rubick_model::fit::fit(&spec, &train, &rubick_model::fit::FitOptions::default()) else {
                 continue;
             };
             let pred =
-                rubick_core::perfmodel::predict(&spec, &test.plan, &test.placement, &test.links, &fit.params).total;
+                rubick_model::perfmodel::predict(&spec, &test.plan, &test.placement, &test.links, &fit.params).total;
             errors.push((pred - test.iter_time_s).abs() / test.iter_time_s);
         }
     }

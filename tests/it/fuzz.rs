@@ -12,9 +12,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use rubick_core::artifact::parse_yaml;
-use rubick_core::planner::rng::SplitMix64;
-use rubick_core::{Cluster, Job, JobBatch, MemoryEstimator};
+use rubick_core::{Cluster, Job, JobBatch};
 use rubick_milp::Milp;
+use rubick_model::MemoryEstimator;
+use rubick_planner::rng::SplitMix64;
 use rubick_tests::repo;
 
 mod state;
@@ -165,12 +166,12 @@ fn exercise(text: &str, cluster: &Cluster, jobs: &[Job]) -> bool {
         for job in jobs.iter().take(3) {
             for group in &c.node_groups {
                 for gpus in [1, group.gpus_per_node.min(8)] {
-                    let _ = rubick_core::space::PlanSpace::enumerate(
+                    let _ = rubick_model::space::PlanSpace::enumerate(
                         &job.model,
                         gpus,
                         group,
                         &estimator,
-                        rubick_core::space::Dimensions::of(job.supports()),
+                        rubick_model::space::Dimensions::of(job.supports()),
                     );
                 }
             }
@@ -186,18 +187,18 @@ fn exercise(text: &str, cluster: &Cluster, jobs: &[Job]) -> bool {
         for job in js.iter().take(4) {
             let group = &cluster.node_groups[0];
             for gpus in [1, 8] {
-                let space = rubick_core::space::PlanSpace::enumerate(
+                let space = rubick_model::space::PlanSpace::enumerate(
                     &job.model,
                     gpus,
                     group,
                     &estimator,
-                    rubick_core::space::Dimensions::of(job.supports()),
+                    rubick_model::space::Dimensions::of(job.supports()),
                 );
-                let params = rubick_core::planner::curves::default_params(&job.model);
-                let links = rubick_core::perfmodel::Links::of_cluster(cluster);
+                let params = rubick_model::belief::default_params(&job.model);
+                let links = rubick_model::perfmodel::Links::of_cluster(cluster);
                 for entry in space.plans.iter().take(5) {
                     if let Some(placement) = rubick_core::Placement::packed(gpus, group.gpus_per_node) {
-                        let _ = rubick_core::perfmodel::predict(&job.model, &entry.plan, &placement, &links, &params);
+                        let _ = rubick_model::perfmodel::predict(&job.model, &entry.plan, &placement, &links, &params);
                     }
                 }
             }
@@ -208,35 +209,35 @@ fn exercise(text: &str, cluster: &Cluster, jobs: &[Job]) -> bool {
         valid = true;
         let _ = rubick_core::artifact::to_yaml(&s);
     }
-    if let Ok(m) = parse_yaml::<rubick_core::perf::PerfModel>(text)
+    if let Ok(m) = parse_yaml::<rubick_model::perf::PerfModel>(text)
         && let Ok(params) = m.params()
         && let Some(spec) = &m.model_spec
     {
         let placement = rubick_core::Placement::packed(8, 8).unwrap();
         let plan: rubick_core::Plan = "dp8-tp1-pp1-mb2-ga1".parse().unwrap();
-        let links = rubick_core::perfmodel::Links::of_cluster(cluster);
+        let links = rubick_model::perfmodel::Links::of_cluster(cluster);
         let _ = m.predict_interval(&params, &plan, &placement, &links);
-        let _ = rubick_core::perfmodel::predict(spec, &plan, &placement, &links, &params);
+        let _ = rubick_model::perfmodel::predict(spec, &plan, &placement, &links, &params);
     }
     valid |= parse_yaml::<rubick_core::ModelSpec>(text).is_ok();
-    let _ = rubick_core::external::parse("fuzz", text);
-    let _ = rubick_core::external::csv_records(text);
+    let _ = rubick_model::external::parse("fuzz", text);
+    let _ = rubick_model::external::csv_records(text);
     valid
 }
 
 /// One heuristic round of `jobs` on `cluster` (FLOPs-based models).
 fn round(cluster: &Cluster, jobs: &[Job]) {
-    let config = rubick_core::planner::PlannerConfig::default();
+    let config = rubick_planner::PlannerConfig::default();
     let believed = rubick_plan::round::on_priors(jobs.to_vec());
     let Ok(inputs) = rubick_plan::round::job_inputs(std::path::Path::new("<fuzz>"), believed, cluster, &config, None)
     else {
         return;
     };
-    let _ = rubick_core::planner::round::plan_round(
+    let _ = rubick_planner::round::plan_round(
         cluster,
         &config,
         &inputs,
-        rubick_core::planner::round::Solver::Heuristic,
+        rubick_planner::round::Solver::Heuristic,
         &Milp::new(Duration::from_secs(1)),
         0,
     );

@@ -2,8 +2,8 @@
 //! group of its GPU type, the planner's on the best one, and the truth on another GPU
 //! type is the measured hardware's scaled by the model (and called extrapolated).
 
-use rubick_core::perfmodel::Links;
 use rubick_core::{Cluster, PlanCode};
+use rubick_model::perfmodel::Links;
 use rubick_policy::Queue;
 use rubick_policy::lookup;
 use rubick_sim::truth::{Basis, Truth, TruthMode};

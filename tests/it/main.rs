@@ -1,5 +1,5 @@
 //! The workspace's integration tests, one binary (`cargo test -p rubick-tests --test
-//! it`; a module's name filters, e.g. `-- planner::` or `-- run::`): the real tools run
+//! it`; a module's name filters, e.g. `-- schedule::` or `-- run::`): the real tools run
 //! end to end on the example inputs, the reference data, a stand-in workload and the
 //! PyTorch workload, with the kit of `tests/src` (temporary directories, reapers, needs,
 //! locks). The tools must be built first (`cargo build --workspace --bins`; `make test`
@@ -7,6 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
+mod architecture;
 mod artifacts;
 mod bad_input;
 mod churn;
@@ -18,7 +19,6 @@ mod heterogeneous;
 mod launch;
 mod outputs;
 mod pipeline;
-mod planner;
 mod profile;
 mod pytorch;
 mod readme;

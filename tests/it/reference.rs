@@ -1,9 +1,9 @@
 //! The reference data adapter reads the authors' data as it is, and the memory
 //! estimate is compared with their measured micro-batch limits.
 
-use rubick_core::MemoryEstimator;
-use rubick_core::reference::{Agreement, agreement_table, memory_agreement};
 use rubick_io::reference::ReferenceData;
+use rubick_model::MemoryEstimator;
+use rubick_model::reference::{Agreement, agreement_table, memory_agreement};
 
 /// The reference data set, opened.
 fn data() -> Option<ReferenceData> {

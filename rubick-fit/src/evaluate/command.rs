@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use rubick_core::artifact::to_yaml;
-use rubick_core::perfmodel::Links;
 use rubick_core::tables::TableSchema;
 use rubick_core::{Cluster, Job};
 use rubick_io::cli::{Outcome, ensure_one_stdin};
 use rubick_io::files::{is_std, load_artifact};
 use rubick_io::{Format, check_output, write_output};
+use rubick_model::perfmodel::Links;
 
 use super::{EvaluatedRow, Evaluation, brief, configs_of, evaluate_job, evaluate_model, samples_for, summarize};
 use crate::fit::profile_observations;

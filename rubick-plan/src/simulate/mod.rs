@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use rubick_core::artifact::to_yaml;
-use rubick_core::planner::PlannerConfig;
 use rubick_core::simulation::SimulationSummary;
 use rubick_core::tables::{SIM_JOBS, SimJobRow};
 use rubick_io::cli::Outcome;
@@ -18,6 +17,7 @@ use rubick_io::files::load_artifact;
 use rubick_io::flags;
 use rubick_io::plot::write_figure;
 use rubick_io::reference::ReferenceData;
+use rubick_planner::PlannerConfig;
 use rubick_sim::truth::TruthMode;
 
 use plots::{CdfFigure, GanttFigure, RestartsFigure, UsageFigure};

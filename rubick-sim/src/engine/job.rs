@@ -3,10 +3,10 @@
 //! makes of it ([`State::apply`]), a round's progress ([`State::advance`]) and its
 //! outcome ([`State::result`]).
 
-use rubick_core::planner::Current;
-use rubick_core::planner::curves::Evaluator;
 use rubick_core::schedule::Change;
 use rubick_core::{Cluster, Placement, Plan};
+use rubick_planner::Current;
+use rubick_planner::curves::Evaluator;
 use rubick_policy::{Request, request_config, work_per_iteration};
 
 use super::{JobResult, SimConfig, SimJob};
@@ -64,7 +64,7 @@ pub(super) fn true_iter_s(job: &SimJob, truth: &Truth, cluster: &Cluster, c: &Cu
 
 /// A standard normal draw for (seed, job, allocation): the same on every platform.
 pub(super) fn normal(seed: u64, job: usize, allocation: u64) -> f64 {
-    let mut rng = rubick_core::planner::rng::SplitMix64::new(
+    let mut rng = rubick_planner::rng::SplitMix64::new(
         seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (job as u64).wrapping_mul(0xD1B5_4A32_D192_ED03) ^ allocation,
     );
     let (u1, u2) = (rng.unit().max(1e-300), rng.unit());

@@ -14,7 +14,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-use rubick_core::planner::rng::SplitMix64;
+use rubick_planner::rng::SplitMix64;
 use rubick_tests::{Reaper, alive, binary};
 
 /// A `sleep` in a process group of its own, carrying `mark` (a run's metrics path) when

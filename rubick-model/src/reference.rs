@@ -8,12 +8,12 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ValidationError, ensure};
-use crate::limits;
 use crate::memory::MemoryEstimator;
-use crate::model::{MeasuredLimits, ModelSpec, StateBytes, TpPp};
-use crate::placement::Placement;
-use crate::plan::{Offload, Plan, PlanCode, PlanFamily, Recompute, ZeroStage};
+use rubick_core::error::{ValidationError, ensure};
+use rubick_core::limits;
+use rubick_core::model::{MeasuredLimits, ModelSpec, StateBytes, TpPp};
+use rubick_core::placement::Placement;
+use rubick_core::plan::{Offload, Plan, PlanCode, PlanFamily, Recompute, ZeroStage};
 
 /// GPU memory of the authors' testbed (A800-80GB).
 pub const TESTBED_GPU_MEMORY_GIB: f64 = 80.0;
@@ -121,8 +121,8 @@ impl MeasuredRow {
         iter_time_s: f64,
         phases: Option<[f64; 3]>,
     ) -> Result<Self, String> {
-        let code: PlanCode = code.parse().map_err(|e: crate::ParseError| e.to_string())?;
-        let placement: Placement = placement.parse().map_err(|e: crate::ParseError| e.to_string())?;
+        let code: PlanCode = code.parse().map_err(|e: rubick_core::ParseError| e.to_string())?;
+        let placement: Placement = placement.parse().map_err(|e: rubick_core::ParseError| e.to_string())?;
         if !(iter_time_s.is_finite() && iter_time_s > 0.0) {
             return Err(format!("iter_time must be a positive number, got {iter_time_s}"));
         }
@@ -338,7 +338,7 @@ pub fn memory_agreement(
         .map(|(&family, &fact)| {
             let mut estimate = 0;
             let mut deciding = None;
-            for mb in crate::space::divisors(batch) {
+            for mb in rubick_core::plan::divisors(batch) {
                 let mb = mb as u32;
                 let best = family_configs(&model, family, mb, gpus_per_node)
                     .into_iter()
@@ -375,7 +375,7 @@ pub fn memory_agreement(
 
 /// The comparison as a Markdown table, one line per (model, family).
 pub fn agreement_table(rows: &[AgreementRow]) -> String {
-    let mut table = crate::markdown::Table::new(&[
+    let mut table = rubick_core::markdown::Table::new(&[
         "model",
         "family",
         "global batch",

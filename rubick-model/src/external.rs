@@ -17,10 +17,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::cluster::{Cluster, NodeGroup};
-use crate::model::{ModelSpec, StateBytes};
-use crate::placement::Placement;
-use crate::plan::{Plan, Recompute};
+use rubick_core::cluster::{Cluster, NodeGroup};
+use rubick_core::model::{ModelSpec, StateBytes};
+use rubick_core::placement::Placement;
+use rubick_core::plan::{Plan, Recompute};
 
 /// One measured row of an external table.
 #[derive(Debug, Clone, PartialEq)]
@@ -310,8 +310,8 @@ pub fn parse(set: &str, text: &str) -> Result<ExternalSet, ExternalError> {
                     measured_limits: None,
                 };
                 let cluster = Cluster {
-                    api_version: Some(crate::ApiVersion::CURRENT),
-                    kind: Some(crate::Kind::Cluster),
+                    api_version: Some(rubick_core::ApiVersion::CURRENT),
+                    kind: Some(rubick_core::Kind::Cluster),
                     name: format!("{set}-{}", gpu_type.to_ascii_lowercase()),
                     node_groups: vec![NodeGroup {
                         name: gpu_type.to_ascii_lowercase(),

@@ -6,15 +6,18 @@
 
 use std::time::{Duration, Instant};
 
-use crate::Cluster;
-use crate::schedule::{
+use rubick_core::Cluster;
+use rubick_core::schedule::{
     Assignment, Change, GuaranteeStatus, NodeShare, Schedule, SolverStats, SolverStatus, Uses, round6,
 };
 
 use super::curves::{CurveBook, Evaluator};
 use super::exact::{ExactError, ExactSolver};
 use super::place::{NodeState, Repack, place, stranded};
-use super::{Current, Infeasible, JobInput, PlannerConfig, Support, heuristic};
+use rubick_model::belief::Support;
+use rubick_model::throughput;
+
+use super::{Current, Infeasible, JobInput, PlannerConfig, heuristic};
 
 /// The schedule of a decision, and one explanation line per job.
 #[derive(Debug)]
@@ -25,7 +28,7 @@ pub struct Outcome {
     pub nodes: Vec<NodeState>,
 }
 
-fn describe(plan: &crate::plan::Plan, placement: &crate::placement::Placement, cpus: u32) -> String {
+fn describe(plan: &rubick_core::plan::Plan, placement: &rubick_core::placement::Placement, cpus: u32) -> String {
     format!("{plan} on {placement} ({} GPUs, {cpus} cores)", placement.gpus())
 }
 
@@ -224,7 +227,7 @@ pub fn assemble_allocations(
         let throughput = alloc.as_ref().map_or(0.0, |c| {
             let g = &cluster.node_groups[c.group];
             let cpu_ref = evaluator.config.cpu_reference(g);
-            Evaluator::throughput(&input.job.model, &input.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref)
+            throughput::samples_per_s(&input.job.model, &input.belief.params, g, &c.plan, &c.placement, c.cpus, cpu_ref)
         });
         let reason = match change {
             Change::Pending => "waits: its request does not fit now".to_owned(),

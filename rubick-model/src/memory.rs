@@ -24,8 +24,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::model::ModelSpec;
-use crate::plan::{Offload, Plan, Recompute, ZeroStage};
+use rubick_core::model::ModelSpec;
+use rubick_core::plan::{Offload, Plan, Recompute, ZeroStage};
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -143,7 +143,7 @@ impl MemoryEstimator {
 
     /// Whether the plan fits on GPUs of `gpu_memory_gib`, and on what basis: the
     /// model's measured limits when they were taken on GPUs of this size, at the plan's
-    /// family and degree ([`crate::model::MeasuredLimits::limit_for`]), the estimate
+    /// family and degree ([`rubick_core::model::MeasuredLimits::limit_for`]), the estimate
     /// otherwise.
     pub fn fits(&self, model: &ModelSpec, plan: &Plan, gpu_memory_gib: f64) -> (bool, FitBasis) {
         if let Some(limits) = &model.measured_limits
@@ -220,14 +220,14 @@ mod tests {
     /// model parallel on 80 GiB GPUs needing ~245 GiB each.
     #[test]
     fn a_measured_limit_decides_only_at_its_family_and_degree() {
-        use crate::model::{MeasuredLimits, TpPp};
+        use rubick_core::model::{MeasuredLimits, TpPp};
         let mut model = ModelSpec::example();
         model.name = "llama30".into();
         model.parameters = Some(32_528_943_616);
         (model.layers, model.hidden, model.heads, model.seq_len, model.global_batch) = (60, 6656, 52, 1024, 4);
         model.measured_limits = Some(MeasuredLimits {
             gpu_memory_gib: 80.0,
-            max_micro_batch: [(crate::plan::PlanFamily::TpPp, 8)].into_iter().collect(),
+            max_micro_batch: [(rubick_core::plan::PlanFamily::TpPp, 8)].into_iter().collect(),
             tp_pp_degrees: vec![TpPp { tp: 4, pp: 4 }],
         });
         let e = MemoryEstimator::default();

@@ -38,10 +38,10 @@
 //!
 //! All times are seconds per iteration (one global batch).
 
-use crate::cluster::NodeGroup;
-use crate::model::ModelSpec;
-use crate::placement::Placement;
-use crate::plan::{Offload, Plan, Recompute, ZeroStage};
+use rubick_core::cluster::NodeGroup;
+use rubick_core::model::ModelSpec;
+use rubick_core::placement::Placement;
+use rubick_core::plan::{Offload, Plan, Recompute, ZeroStage};
 
 /// Name and version of the model form, stored in every `PerfModel`.
 pub const FORM: &str = "rubick-whitebox/3";
@@ -169,7 +169,7 @@ pub struct Links {
 impl Links {
     /// The links of a cluster's node group with the most GPUs (where multi-node jobs
     /// run); 1 GB/s everywhere for a cluster without groups.
-    pub fn of_cluster(cluster: &crate::Cluster) -> Links {
+    pub fn of_cluster(cluster: &rubick_core::Cluster) -> Links {
         cluster.node_groups.iter().max_by_key(|g| g.total_gpus()).map(Links::from).unwrap_or(Links {
             nvlink_gbps: 1.0,
             network_gbps: 1.0,
@@ -386,7 +386,7 @@ fn predict_3d(model: &ModelSpec, plan: &Plan, placement: &Placement, links: &Lin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Cluster;
+    use rubick_core::cluster::Cluster;
 
     fn links() -> Links {
         Links::from(&Cluster::example().node_groups[0])

@@ -4,8 +4,8 @@
 //! the binaries that plan link a solver.
 
 use super::curves::CurveBook;
-use crate::Cluster;
-use crate::schedule::ExactStatus;
+use rubick_core::Cluster;
+use rubick_core::schedule::ExactStatus;
 
 /// A solved round.
 #[derive(Debug, Clone, PartialEq)]

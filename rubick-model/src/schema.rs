@@ -6,9 +6,10 @@
 use schemars::JsonSchema;
 use serde_json::{Value, json};
 
-use crate::artifact::{Artifact, Kind};
-use crate::tables::{ProfileRow, SimJobRow, TableSchema};
-use crate::{Cluster, Job, JobBatch, ModelSpec, perf::PerfModel, schedule::Schedule};
+use crate::perf::PerfModel;
+use rubick_core::artifact::{Artifact, Kind};
+use rubick_core::tables::{ProfileRow, SimJobRow, TableSchema};
+use rubick_core::{Cluster, Job, JobBatch, ModelSpec, schedule::Schedule};
 
 fn artifact_schema<T: Artifact>() -> Value {
     let mut schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or(Value::Null);
@@ -39,7 +40,7 @@ fn table_schema<T: JsonSchema>(table: &TableSchema) -> Value {
             json!(format!(
                 "One row of the `{}` table (CSV or Parquet; Parquet files carry `rubick.schema = {} {}` in their metadata).",
                 table.name,
-                crate::tables::TABLE_SCHEMA_VERSION,
+                rubick_core::tables::TABLE_SCHEMA_VERSION,
                 table.name
             )),
         );
@@ -67,9 +68,15 @@ pub fn all_schemas() -> Vec<(String, String)> {
         (file_stem(Kind::ModelSpec), artifact_schema::<ModelSpec>()),
         (file_stem(Kind::PerfModel), artifact_schema::<PerfModel>()),
         (file_stem(Kind::Schedule), artifact_schema::<Schedule>()),
-        (file_stem(Kind::SimulationSummary), artifact_schema::<crate::simulation::SimulationSummary>()),
-        (format!("table-{}", crate::tables::PROFILE.name), table_schema::<ProfileRow>(&crate::tables::PROFILE)),
-        (format!("table-{}", crate::tables::SIM_JOBS.name), table_schema::<SimJobRow>(&crate::tables::SIM_JOBS)),
+        (file_stem(Kind::SimulationSummary), artifact_schema::<rubick_core::simulation::SimulationSummary>()),
+        (
+            format!("table-{}", rubick_core::tables::PROFILE.name),
+            table_schema::<ProfileRow>(&rubick_core::tables::PROFILE),
+        ),
+        (
+            format!("table-{}", rubick_core::tables::SIM_JOBS.name),
+            table_schema::<SimJobRow>(&rubick_core::tables::SIM_JOBS),
+        ),
     ];
     schemas
         .into_iter()
@@ -83,7 +90,7 @@ pub fn all_schemas() -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tables::{PROFILE, SIM_JOBS};
+    use rubick_core::tables::{PROFILE, SIM_JOBS};
 
     fn properties(schema: &str) -> Vec<(String, bool)> {
         let value: Value = serde_json::from_str(schema).unwrap();

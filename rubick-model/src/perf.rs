@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::artifact::{ApiVersion, Artifact, Kind};
-use crate::error::{ValidationError, ensure};
-use crate::placement::Placement;
-use crate::plan::Plan;
+use rubick_core::artifact::{ApiVersion, Artifact, Kind};
+use rubick_core::error::{ValidationError, ensure};
+use rubick_core::placement::Placement;
+use rubick_core::plan::Plan;
 
 /// A `PerfModel` artifact.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -25,7 +25,7 @@ pub struct PerfModel {
     pub model: String,
     /// The model's specification, so that the fitted model predicts on its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_spec: Option<crate::model::ModelSpec>,
+    pub model_spec: Option<rubick_core::model::ModelSpec>,
     /// Name and version of the model form, e.g. `rubick-whitebox/3`.
     pub form: String,
     /// Fitted parameters by name.
@@ -125,7 +125,7 @@ impl PerfModel {
     /// spec, and the fit on every row (rows more than [`FLAG_FACTOR`] off listed apart).
     /// Shared by `rubick-fit fit` and `rubick-run`'s online refit.
     pub fn of_fit(
-        spec: &crate::ModelSpec,
+        spec: &rubick_core::ModelSpec,
         rows: &[crate::fit::Observation],
         fitted: &crate::fit::Fit,
         source: &str,
@@ -216,7 +216,7 @@ impl PerfModel {
 }
 
 impl Artifact for PerfModel {
-    crate::artifact_header!(Kind::PerfModel);
+    rubick_core::artifact_header!(Kind::PerfModel);
 
     fn validate(&self) -> Result<(), ValidationError> {
         ensure(!self.model.trim().is_empty(), "model", || "must not be empty".into())?;

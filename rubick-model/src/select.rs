@@ -19,12 +19,12 @@
 //! Ties go to the earlier candidate, so the selection is deterministic for a given
 //! candidate order.
 
-use crate::cluster::NodeGroup;
-use crate::job::Job;
 use crate::memory::MemoryEstimator;
-use crate::placement::Placement;
-use crate::plan::{Plan, PlanFamily};
 use crate::space::{Dimensions, PlanSpace};
+use rubick_core::cluster::NodeGroup;
+use rubick_core::job::Job;
+use rubick_core::placement::Placement;
+use rubick_core::plan::{Plan, PlanFamily};
 
 /// A configuration that could be profiled.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,10 +11,10 @@
 use levenberg_marquardt::{LeastSquaresProblem, LevenbergMarquardt};
 use nalgebra::{DMatrix, DVector, Dyn, Owned};
 
-use crate::model::ModelSpec;
 use crate::perfmodel::{Links, PARAMS, Params, idx, predict};
-use crate::placement::Placement;
-use crate::plan::Plan;
+use rubick_core::model::ModelSpec;
+use rubick_core::placement::Placement;
+use rubick_core::plan::Plan;
 
 const N: usize = PARAMS.len();
 /// Patience of each start's short search, and of the winner's run to convergence.
@@ -367,7 +367,7 @@ pub fn interval(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Cluster;
+    use rubick_core::cluster::Cluster;
 
     fn rows(truth: &Params, model: &ModelSpec) -> Vec<Observation> {
         let links = Links::from(&Cluster::example().node_groups[0]);

@@ -1,48 +1,25 @@
-//! Invariants of a round, on thousands of random instances: no node over-allocated,
-//! guarantees met whenever brute force says they can be, the MILP equal to brute
-//! force and the heuristic never better than the MILP, checkpoints and gangs and the
-//! global batch respected, byte-identical output for the same input.
+//! Invariants of whole rounds, on thousands of random instances: no node
+//! over-allocated, guarantees met whenever brute force says they can be, the MILP equal
+//! to brute force and the heuristic never better than the MILP, checkpoints and gangs
+//! and the global batch respected, byte-identical output for the same input.
+//!
+//! Here rather than in `rubick-planner`: a round ([`plan_round`]) takes an exact solver
+//! (the heuristic falls back on it when it misses a guarantee), and the planner's own
+//! unit tests cannot name this crate's (a dev-dependency on `rubick-milp` would link a
+//! second `rubick-planner`, whose `ExactSolver` is another trait). The planner's tests of
+//! its parts (curves, placement, `Current`) live beside them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use rubick_core::artifact::to_yaml;
-use rubick_core::planner::curves;
-use rubick_core::planner::round::{RoundResult, Solver, plan_round, plan_round_strict};
-use rubick_core::planner::{JobInput, PlannerConfig, Restriction, brute, node_by_name, objective};
 use rubick_core::schedule::{Change, Schedule};
 use rubick_core::{Artifact, Cluster};
-use rubick_milp::Milp;
-use rubick_plan::synth;
+use rubick_planner::round::{RoundResult, Solver, plan_round, plan_round_strict};
+use rubick_planner::{JobInput, PlannerConfig, Restriction, brute, curves, objective, synth};
 
-/// A small random instance: `nodes` nodes of `per_node` GPUs with random cores and
-/// memory, and `jobs` synthetic jobs (some running, some guaranteed, some locked).
-fn instance(
-    seed: u64,
-    nodes: u32,
-    per_node: u32,
-    cores: u32,
-    mem: f64,
-    jobs: u32,
-) -> (Cluster, Vec<JobInput>, PlannerConfig) {
-    let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
-    let mut cluster = synth::cluster(nodes * 8);
-    let g = &mut cluster.node_groups[0];
-    g.gpus_per_node = per_node;
-    g.cpu_cores = cores;
-    g.host_memory_gib = mem;
-    let batch = synth::jobs(&cluster, jobs, seed).expect("synthetic jobs");
-    let inputs = rubick_plan::round::job_inputs(
-        std::path::Path::new("<synthetic>"),
-        rubick_plan::round::on_priors(batch.jobs),
-        &cluster,
-        &config,
-        None,
-    )
-    .expect("inputs");
-    (cluster, inputs, config)
-}
+use crate::Milp;
 
 /// Node capacity, gang, global batch and checkpoint rules of one schedule.
 fn check_schedule(cluster: &Cluster, inputs: &[JobInput], r: &RoundResult) -> Result<(), TestCaseError> {
@@ -64,7 +41,7 @@ fn check_schedule(cluster: &Cluster, inputs: &[JobInput], r: &RoundResult) -> Re
             r => prop_assert!(r.allows(&plan), "{}: {plan} breaks {r:?}", a.job),
         }
         for n in &a.nodes {
-            prop_assert!(node_by_name(cluster, &n.node).is_some(), "{}", n.node);
+            prop_assert!(cluster.node_by_name(&n.node).is_some(), "{}", n.node);
             let e = used.entry(n.node.clone()).or_default();
             e.0.extend(&n.gpus);
             e.1 += n.cpus;
@@ -115,7 +92,7 @@ proptest! {
         mem in 64.0f64..=1600.0,
         jobs in 1u32..=6,
     ) {
-        let (cluster, inputs, config) = instance(seed, nodes, per_node, cores, mem.round(), jobs);
+        let (cluster, inputs, config) = synth::varied(seed, nodes, per_node, cores, mem.round(), jobs);
         let book = curves::build(&cluster, &config, &inputs);
         // Jobs in their cooldown keep their allocation unless guarantees need them.
         let best = brute::solve(&book).or_else(|| {
@@ -175,7 +152,7 @@ proptest! {
         mem in 64.0f64..=1600.0,
         jobs in 1u32..=40,
     ) {
-        let (cluster, inputs, config) = instance(seed, nodes, 8, cores, mem.round(), jobs);
+        let (cluster, inputs, config) = synth::varied(seed, nodes, 8, cores, mem.round(), jobs);
         let first = plan_round(&cluster, &config, &inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(5)), 0);
         let second = plan_round(&cluster, &config, &inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(5)), 0);
         match (first, second) {
@@ -190,12 +167,12 @@ proptest! {
 }
 
 /// Prints one instance's rounds: `SEED=.. NODES=.. PER_NODE=.. CORES=.. MEM=.. JOBS=..
-/// cargo test -p rubick-tests --test it -- --ignored --nocapture show_instance`.
+/// cargo test -p rubick-milp -- --ignored --nocapture show_instance`.
 #[test]
 #[ignore = "a debugging aid, run by hand"]
 fn show_instance() {
     let var = |k: &str, d: f64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let (cluster, inputs, config) = instance(
+    let (cluster, inputs, config) = synth::varied(
         std::env::var("SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1),
         var("NODES", 2.0) as u32,
         var("PER_NODE", 8.0) as u32,
@@ -244,94 +221,18 @@ fn show_instance() {
     }
 }
 
-/// The elastic baseline's cores: with `fair_cores_only`, every configuration the
-/// planner builds gives a job the node's fair share of cores per GPU; without it, the
-/// planner uses cores as a decision (fewer for jobs that do not need them, more for
-/// CPU offload).
-#[test]
-fn fair_cores_only_gives_every_configuration_the_fair_share() {
-    let (cluster, inputs, config) = instance(7, 4, 8, 96, 1600.0, 12);
-    let fair = cluster.node_groups[0].fair_cpus_per_gpu();
-    let built = |config: &PlannerConfig| {
-        let book = curves::build(&cluster, config, &inputs);
-        book.jobs
-            .iter()
-            .flat_map(|j| j.candidates.iter().filter(|c| !c.is_request && !c.is_current))
-            .map(|c| (c.gpus, c.cpus))
-            .collect::<Vec<_>>()
-    };
-    let free = built(&config);
-    assert!(free.iter().any(|&(g, c)| c != fair * g), "cores are a decision by default");
-    let fixed = built(&PlannerConfig { fair_cores_only: true, ..config.clone() });
-    assert!(!fixed.is_empty());
-    for (g, c) in fixed {
-        assert_eq!(c, fair * g, "{g} GPUs got {c} cores, not the fair {fair} per GPU");
-    }
-}
-
-/// Jobs the decision paused (or moved where placement found no room) were paused even
-/// when nobody took their resources, and resumed, restarted, a round later: the
-/// simulator's pause/resume thrash.
-#[test]
-fn a_running_job_whose_freed_resources_go_unused_keeps_running() {
-    let mut kept = 0;
-    for seed in 0..40 {
-        let (cluster, inputs, config) = instance(seed, 2, 8, 96, 1600.0, 6);
-        let book = curves::build(&cluster, &config, &inputs);
-        let mut evaluator = rubick_core::planner::curves::Evaluator::new(&cluster, &config);
-        let nobody = vec![None; inputs.len()];
-        let (placed, _) = rubick_core::planner::place::place(
-            &mut evaluator,
-            &book,
-            &inputs,
-            &nobody,
-            rubick_core::planner::place::Repack::None,
-        );
-        for (input, p) in inputs.iter().zip(&placed) {
-            match (&input.current, p) {
-                (Some(cur), Some(p)) if !cur.nodes.is_empty() => {
-                    let nodes: Vec<(u32, Vec<u32>)> =
-                        p.shares.iter().map(|s| (cluster_node_index(&cluster, s.node), s.gpus.clone())).collect();
-                    assert_eq!(cur.change_to(p.group, &p.plan, &p.placement, &nodes, p.cpus), Change::Kept);
-                    kept += 1;
-                }
-                (Some(cur), None) => assert!(cur.nodes.is_empty(), "{}: paused for nothing", input.job.name),
-                (None, Some(_)) => panic!("{}: started without a decision", input.job.name),
-                _ => {}
-            }
-        }
-    }
-    assert!(kept > 0, "the instances have running jobs");
-}
-
-/// The index within its group of the cluster's `node`-th node (see `nodes_of`).
-fn cluster_node_index(cluster: &Cluster, node: usize) -> u32 {
-    rubick_core::planner::place::nodes_of(cluster)[node].index
-}
-
-/// The schedule's explanation and the simulator used different rules for "changed";
-/// cores alone did not count.
-#[test]
-fn a_change_of_cores_alone_is_a_change() {
-    let (cluster, inputs, _) = instance(3, 1, 8, 96, 1600.0, 4);
-    let cur = inputs.iter().find_map(|i| i.current.clone()).expect("a running job");
-    let _ = cluster;
-    assert_eq!(cur.change_to(cur.group, &cur.plan, &cur.placement, &cur.nodes, cur.cpus), Change::Kept);
-    assert_eq!(cur.change_to(cur.group, &cur.plan, &cur.placement, &cur.nodes, cur.cpus + 4), Change::Recored);
-}
-
 /// Choices that respect uncertainty. A job running on a measured
 /// configuration leaves it for an unmeasured one only when the gain holds at the low end
 /// of the other's ~95 % interval: with wide intervals no running job is replanned,
 /// resized or moved; with intervals of nothing, the rounds are those without evidence.
 #[test]
 fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
-    use rubick_core::planner::{Evidence, Measured};
+    use rubick_model::belief::{Evidence, Measured};
     use std::sync::Arc;
-    let n = rubick_core::perfmodel::PARAMS.len();
+    let n = rubick_model::perfmodel::PARAMS.len();
     let mut moved_without = 0;
     for seed in 0..30 {
-        let (cluster, inputs, config) = instance(seed, 2, 8, 96, 1600.0, 8);
+        let (cluster, inputs, config) = synth::varied(seed, 2, 8, 96, 1600.0, 8);
         let with = |variance: f64| -> Vec<JobInput> {
             inputs
                 .iter()
@@ -390,12 +291,19 @@ fn a_measured_configuration_is_traded_only_for_a_gain_beyond_the_interval() {
 /// decision equals the exhaustive ranking's bit for bit.
 #[test]
 fn the_indexed_heuristic_decides_exactly_as_the_exhaustive_one() {
-    use rubick_core::planner::curves::Evaluator;
-    use rubick_core::planner::{CurveBook, heuristic};
+    use rubick_planner::curves::Evaluator;
+    use rubick_planner::{CurveBook, heuristic};
     let mut rounds = 0;
     let mut instances: Vec<(Cluster, Vec<JobInput>, PlannerConfig)> = Vec::new();
     for seed in 1..=6 {
-        instances.push(instance(seed, 2 + seed as u32, 4 + 2 * (seed as u32 % 3), 20 + 8 * seed as u32, 600.0, 12));
+        instances.push(synth::varied(
+            seed,
+            2 + seed as u32,
+            4 + 2 * (seed as u32 % 3),
+            20 + 8 * seed as u32,
+            600.0,
+            12,
+        ));
     }
     for (gpus, jobs, seed) in [(64, 60, 1), (256, 128, 2), (1024, 500, 3), (2048, 1000, 2)] {
         let config = PlannerConfig { now_s: 3600.0, ..PlannerConfig::default() };
@@ -406,11 +314,7 @@ fn the_indexed_heuristic_decides_exactly_as_the_exhaustive_one() {
         let first = plan_round(cluster, config, inputs, Solver::Heuristic, &Milp::new(Duration::from_secs(10)), 0)
             .expect("round");
         // The second round starts from the first's schedule.
-        let believed = inputs.iter().map(|i| (rubick_core::Job::clone(&i.job), i.belief.clone())).collect();
-        let path = std::path::Path::new("<synthetic>");
-        let second =
-            rubick_plan::round::job_inputs(path, believed, cluster, config, Some((path, &first.outcome.schedule)))
-                .expect("second round's inputs");
+        let second = synth::next_round(cluster, inputs, &first.outcome.schedule).expect("second round's inputs");
         for inputs in [inputs, &second] {
             let mut evaluator = Evaluator::new(cluster, config);
             let jobs = inputs.iter().map(|i| evaluator.job_curves(i, None)).collect();

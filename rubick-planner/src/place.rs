@@ -8,9 +8,9 @@
 //! over the nodes with the most free GPUs and its plan re-chosen for that placement;
 //! failing that it takes a smaller candidate, or waits. No node is ever over-allocated.
 
-use crate::cluster::Cluster;
-use crate::placement::Placement;
-use crate::plan::Plan;
+use rubick_core::cluster::Cluster;
+use rubick_core::placement::Placement;
+use rubick_core::plan::Plan;
 
 use super::curves::{CurveBook, Evaluator};
 use super::{Capacity, Current, JobInput, PlannerConfig, Restriction};
@@ -28,7 +28,7 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    /// The node's name: `<group>-<index>`, or its host name ([`crate::cluster::NodeGroup::node_name`]).
+    /// The node's name: `<group>-<index>`, or its host name ([`rubick_core::cluster::NodeGroup::node_name`]).
     pub fn name(&self, cluster: &Cluster) -> String {
         cluster.node_groups[self.group].node_name(self.index)
     }
@@ -532,3 +532,6 @@ pub fn stranded(nodes: &[NodeState], cluster: &Cluster, config: &PlannerConfig) 
     }
     out
 }
+
+#[cfg(test)]
+mod tests;
