@@ -279,11 +279,19 @@ pub fn run(wrap: &Wrap) -> std::io::Result<i32> {
 /// The lock on the pid file the wrapper holds while its run is on (its launcher or
 /// what it left behind): an exclusive `flock`, opened close-on-exec so that no process
 /// of the run inherits it, released when the wrapper drops it or dies (`kill -9`
-/// included). Best effort: without it a look at the run reads /proc instead.
+/// included). Best effort, and never a wait on a lock that does not come (a file
+/// system whose locks hang): tried for a moment (a look holds it shared for
+/// microseconds), else the run goes on without it and a look reads /proc instead.
 fn hold_alive_lock(pid_file: &Path) -> Option<std::fs::File> {
     let file = std::fs::File::open(pid_file).ok()?;
-    file.lock().ok()?;
-    Some(file)
+    for _ in 0..100 {
+        match file.try_lock() {
+            Ok(()) => return Some(file),
+            Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
+            Err(std::fs::TryLockError::Error(_)) => return None,
+        }
+    }
+    None
 }
 
 /// Whether a run wrapper holds the lock on `pid_file` ([`hold_alive_lock`]): the run
@@ -369,6 +377,12 @@ mod tests {
         assert!(alive_lock_held(&pid_file), "a look takes nothing away");
         drop(held);
         assert!(!alive_lock_held(&pid_file));
+        // A lock that does not come is not waited for: the run goes on without it.
+        let other = std::fs::File::open(&pid_file).unwrap();
+        other.lock_shared().unwrap();
+        assert!(hold_alive_lock(&pid_file).is_none());
+        drop(other);
+        assert!(hold_alive_lock(&pid_file).is_some());
     }
 
     #[test]
