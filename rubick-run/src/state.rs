@@ -40,7 +40,6 @@ use crate::reconcile::Allocation;
 
 mod applied;
 mod dir;
-mod parts;
 
 pub use applied::{CURRENT_CACHE_FILE, Loaded, load_schedule};
 pub use dir::{CACHE_FILE, INTENT_FILE, SEAL_FILE, STATE_FILE, StateDir, write_if_changed, write_private};

@@ -180,7 +180,7 @@ impl StateDir {
             .with_context(|| format!("{}: cannot read", path.display()))?;
         // Parsed once (every command reads it); a state this build cannot read is told
         // apart by its version alone: a newer one is named as such.
-        let state: State = match super::parts::parse_state(&text) {
+        let state: State = match serde_yaml_ng::from_str(&text) {
             Ok(state) => state,
             Err(e) => {
                 #[derive(Deserialize)]
