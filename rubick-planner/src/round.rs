@@ -91,7 +91,17 @@ pub fn assemble(
                 Change::Kept if input.restoring => "kept: in the middle of a checkpoint-restore".to_string(),
                 Change::Kept if jc.locked => "kept: in its cooldown after a change".to_string(),
                 Change::Kept if input.restarts_spent(&evaluator.config) => {
-                    format!("kept for churn: restarted {} times, the most a job is shrunk or paused", input.restarts)
+                    if input.restart_cap(&evaluator.config) == evaluator.config.restart_cap {
+                        format!(
+                            "kept for churn: restarted {} times, the most a job is shrunk or paused",
+                            input.restarts
+                        )
+                    } else {
+                        format!(
+                            "kept for churn: restarted {} times, the most for its service (one restart per doubling of it past the service quantum)",
+                            input.restarts
+                        )
+                    }
                 }
                 Change::Kept => match jc.refused {
                     Some(r) => format!(
